@@ -1,0 +1,3 @@
+"""attnforge: layered, validated container images for AMD ROCm attention stacks."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,138 @@
+"""Printing for people: plan tables, per-layer progress, summaries, and user errors."""
+
+from __future__ import annotations
+
+import functools
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from invoke.exceptions import Exit
+from rich.console import Console
+from rich.table import Table
+
+from .build import Outcome
+from .errors import UserError
+from .plan import Plan, Step
+
+out = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
+err = Console(stderr=True, highlight=False)
+
+STATUS_STYLE = {
+    "build": "yellow",
+    "built": "green",
+    "cached": "cyan",
+    "unsupported": "red",
+    "blocked": "red",
+    "failed": "bold red",
+    "interrupted": "bold red",
+    "skipped": "dim",
+    "not run": "dim",
+}
+
+
+def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn UserError into a red sentence and exit status 2 (1 for failed work); --debug adds the traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        debug = kwargs.get("debug", False)
+        try:
+            return fn(*args, **kwargs)
+        except UserError as exc:
+            if debug:
+                traceback.print_exc()
+            err.print(f"[bold red]error:[/] {exc.message}", markup=True, soft_wrap=True)
+            if exc.hint:
+                err.print(f"[yellow]hint:[/] {exc.hint}", soft_wrap=True)
+            raise Exit(code=getattr(exc, "exit_code", 2)) from None
+        except KeyboardInterrupt:
+            err.print(
+                "[bold red]interrupted[/]; `invoke build --continue` resumes where this stopped"
+            )
+            raise Exit(code=130) from None
+
+    return wrapper
+
+
+def plan_table(plan: Plan, *, cache_known: bool) -> Table:
+    table = Table(title=f"plan: stack {plan.stack} for {plan.arch}", title_justify="left")
+    for col in ("#", "layer", "status", "tag", "why"):
+        table.add_column(col, overflow="fold")
+    for i, s in enumerate(plan.steps, 1):
+        name = f"{s.layer}:{s.variant}" if s.variant else s.layer
+        why = s.reason
+        if s.floating:
+            why = (why + "; " if why else "") + "floating pin: " + "; ".join(s.floating)
+        status = s.status if cache_known or s.status != "build" else "build?"
+        style = STATUS_STYLE.get(s.status, "")
+        table.add_row(str(i), name, f"[{style}]{status}[/]", s.hash_tag or "-", why or "")
+    return table
+
+
+def summary_table(outcomes: list[Outcome], total_s: float) -> Table:
+    table = Table(title=f"build summary ({total_s:.1f}s)", title_justify="left")
+    for col in ("layer", "result", "time", "tag / reason"):
+        table.add_column(col, overflow="fold")
+    for o in outcomes:
+        style = STATUS_STYLE.get(o.status, "")
+        table.add_row(
+            o.layer,
+            f"[{style}]{o.status}[/]",
+            f"{o.seconds:.0f}s" if o.seconds else "",
+            o.tag or o.detail,
+        )
+    return table
+
+
+class LayerProgress:
+    """Per-layer progress: a live line on a terminal, start/end lines in CI logs."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.index = 0
+        self.status = None
+        self.started = 0.0
+        self.last_beat = 0.0
+        self.tty = out.is_terminal
+
+    def __call__(self, event: str, step: Step, detail: str) -> None:
+        name = f"{step.layer}:{step.variant}" if step.variant else step.layer
+        if event == "cached":
+            self.index += 1
+            out.print(f"[{self.index}/{self.total}] [cyan]cached[/] {name}  {detail}")
+        elif event == "start":
+            self.index += 1
+            self.started = self.last_beat = time.monotonic()
+            out.print(f"[{self.index}/{self.total}] [yellow]building[/] {name}  (log: {detail})")
+            if self.tty:
+                self.status = out.status(f"{name}: starting")
+                self.status.start()
+        elif event == "line":
+            elapsed = time.monotonic() - self.started
+            if self.status is not None:
+                self.status.update(f"{name} {elapsed:5.0f}s  {detail[-100:]}")
+            elif time.monotonic() - self.last_beat > 30:  # a heartbeat for non-terminal logs
+                self.last_beat = time.monotonic()
+                out.print(f"    … {name} {elapsed:.0f}s: {detail[-100:]}", markup=False)
+        elif event == "smoke":
+            self._stop()
+            out.print(f"    smoke {detail}", markup=False)
+        elif event == "built":
+            self._stop()
+            out.print(f"    [green]built[/] {name} in {detail}")
+
+    def _stop(self) -> None:
+        if self.status is not None:
+            self.status.stop()
+            self.status = None
+
+    def close(self) -> None:
+        self._stop()
+
+
+def write(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()

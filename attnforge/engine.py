@@ -1,0 +1,356 @@
+"""The one module that talks to a container engine: Docker (BuildKit) first, Podman second.
+
+Everything here is I/O. Requests are values (`BuildRequest`, `RunRequest`) so that a dry run can
+print them and tests can record them; the engines execute them for real.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Protocol
+
+from .errors import UserError
+
+HOW_TO_START = (
+    "start one with `sudo systemctl start docker` (or `sudo dockerd &`), point DOCKER_HOST at a "
+    "remote engine, or pass --engine podman"
+)
+
+
+class BuildFailed(Exception):
+    def __init__(self, returncode: int) -> None:
+        super().__init__(f"build exited with status {returncode}")
+        self.returncode = returncode
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    """One image build: a staged context folder, its Dockerfile, args, labels and secrets."""
+
+    context: Path
+    dockerfile: Path
+    build_args: dict[str, str]
+    labels: dict[str, str]
+    iidfile: Path
+    secrets: dict[str, Path] = field(default_factory=dict)  # id -> file; never in a layer
+
+    def argv(self, cli: Sequence[str], mode: str) -> list[str]:
+        if mode == "podman":
+            cmd = [*cli, "build"]
+        elif mode == "buildx":
+            cmd = [*cli, "buildx", "build", "--load", "--progress=plain"]
+        else:
+            cmd = [*cli, "build", "--progress=plain"]
+        cmd += ["-f", str(self.dockerfile), "--iidfile", str(self.iidfile)]
+        for key, value in sorted(self.build_args.items()):
+            cmd += ["--build-arg", f"{key}={value}"]
+        for key, value in sorted(self.labels.items()):
+            cmd += ["--label", f"{key}={value}"]
+        for sid, path in sorted(self.secrets.items()):
+            cmd += ["--secret", f"id={sid},src={path}"]
+        return [*cmd, str(self.context)]
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """One container run: image, command, and the host resources it gets."""
+
+    image: str
+    command: list[str]
+    devices: list[str] = field(default_factory=list)
+    groups: list[str] = field(default_factory=list)
+    mounts: list[tuple[Path, str, bool]] = field(default_factory=list)  # host, container, read-only
+    env: dict[str, str] = field(default_factory=dict)
+    extra: list[str] = field(default_factory=list)  # e.g. --ipc=host, --gpus=all
+    network: str | None = None
+    stdin: bool = False
+
+    def argv(self, cli: Sequence[str]) -> list[str]:
+        cmd = [*cli, "run", "--rm"]
+        if self.stdin:
+            cmd.append("-i")
+        if self.network:
+            cmd += ["--network", self.network]
+        for dev in self.devices:
+            cmd += ["--device", dev]
+        for group in self.groups:
+            cmd += ["--group-add", group]
+        for host, target, ro in self.mounts:
+            cmd += ["-v", f"{host}:{target}{':ro' if ro else ''}"]
+        for key, value in sorted(self.env.items()):
+            cmd += ["-e", f"{key}={value}"]
+        return [*cmd, *self.extra, self.image, *self.command]
+
+
+class Engine(Protocol):
+    name: str
+
+    def describe(self) -> str: ...
+    def build(
+        self, req: BuildRequest, log: IO[str], on_line: Callable[[str], None] | None = None
+    ) -> str: ...
+    def image_id(self, ref: str) -> str | None: ...
+    def existing(self, refs: Iterable[str]) -> set[str]: ...
+    def tag(self, image: str, ref: str) -> None: ...
+    def run(
+        self, req: RunRequest, input: str | None = None, timeout: float | None = None
+    ) -> subprocess.CompletedProcess[str]: ...
+    def push(self, ref: str, log: IO[str]) -> None: ...
+
+
+def _stream(
+    argv: list[str], log: IO[str], on_line: Callable[[str], None] | None, env: dict[str, str]
+) -> int:
+    """Run argv, copying its output into log line by line; Ctrl-C stops the child too."""
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+        env=env, start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            log.write(line)
+            log.flush()
+            if on_line:
+                on_line(line.rstrip("\n"))
+        return proc.wait()
+    except BaseException:
+        # Interrupted: stop the build client (and with it the build) before unwinding.
+        try:
+            os.killpg(proc.pid, signal.SIGINT)
+            proc.wait(timeout=20)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(proc.pid, signal.SIGKILL)
+        raise
+
+
+def _client_major(cli: str) -> int | None:
+    try:
+        out = subprocess.run(
+            [cli, "version", "--format", "{{.Client.Version}}"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        ).stdout.strip()
+        return int(out.split(".")[0])
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None
+
+
+def _docker_clis() -> list[str]:
+    if os.environ.get("ATTNFORGE_DOCKER"):
+        return [os.environ["ATTNFORGE_DOCKER"]]
+    found: list[str] = []
+    for d in os.environ.get("PATH", "").split(os.pathsep) + ["/usr/bin"]:
+        cand = os.path.join(d, "docker")
+        if os.access(cand, os.X_OK) and os.path.realpath(cand) not in map(os.path.realpath, found):
+            found.append(cand)
+    return found
+
+
+def pick_docker_cli() -> tuple[str, str]:
+    """(cli path, mode): a docker CLI that can drive BuildKit, with buildx or built in (< 23)."""
+    clis = _docker_clis()
+    if not clis:
+        raise UserError(
+            "no docker command found", hint="install Docker (Debian: apt-get install docker.io)"
+        )
+    for cli in clis:
+        ok = (
+            subprocess.run([cli, "buildx", "version"], capture_output=True, timeout=20).returncode
+            == 0
+        )
+        if ok:
+            return cli, "buildx"
+    for cli in clis:
+        major = _client_major(cli)
+        if major is not None and major < 23:  # these clients run BuildKit themselves
+            return cli, "classic"
+    raise UserError(
+        f"no docker CLI here can use BuildKit: {', '.join(clis)} lack the buildx plugin",
+        hint="install docker-buildx (or Debian's docker.io 20.10 CLI), or set ATTNFORGE_DOCKER to one that has it",
+    )
+
+
+class DockerEngine:
+    """Docker: builds through the CLI with BuildKit, inspects and tags through the SDK."""
+
+    name = "docker"
+
+    def __init__(self) -> None:
+        import docker  # the SDK; imported here so planning never needs it
+
+        self.cli, self.mode = pick_docker_cli()
+        base_url = os.environ.get("DOCKER_HOST") or self._context_host()
+        try:
+            self.client = docker.DockerClient(base_url=base_url) if base_url else docker.from_env()
+            self.client.ping()
+        except Exception as exc:  # noqa: BLE001 - any failure here means: no engine to talk to
+            where = base_url or "the default socket (unix:///var/run/docker.sock)"
+            raise UserError(
+                f"no Docker engine is reachable at {where} ({type(exc).__name__})",
+                hint=HOW_TO_START,
+            ) from None
+        self.env = dict(os.environ, DOCKER_BUILDKIT="1")
+        if base_url:
+            self.env["DOCKER_HOST"] = base_url
+
+    def _context_host(self) -> str | None:
+        """The endpoint of the current docker context, so a remote context works like DOCKER_HOST."""
+        try:
+            out = subprocess.run(
+                [self.cli, "context", "inspect", "--format", "{{.Endpoints.docker.Host}}"],
+                capture_output=True, text=True, timeout=20,
+            )  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        host = out.stdout.strip()
+        return (
+            host if out.returncode == 0 and host and host != "unix:///var/run/docker.sock" else None
+        )
+
+    def describe(self) -> str:
+        info = self.client.version()
+        return f"Docker {info.get('Version', '?')} via {self.cli} ({'buildx' if self.mode == 'buildx' else 'BuildKit'})"
+
+    def build(
+        self, req: BuildRequest, log: IO[str], on_line: Callable[[str], None] | None = None
+    ) -> str:
+        argv = req.argv([self.cli], self.mode)
+        log.write("$ " + " ".join(argv) + "\n")
+        code = _stream(argv, log, on_line, self.env)
+        if code != 0:
+            raise BuildFailed(code)
+        return req.iidfile.read_text().strip()
+
+    def image_id(self, ref: str) -> str | None:
+        import docker
+
+        try:
+            return self.client.images.get(ref).id
+        except docker.errors.ImageNotFound:
+            return None
+
+    def existing(self, refs: Iterable[str]) -> set[str]:
+        return {r for r in refs if r and self.image_id(r)}
+
+    def tag(self, image: str, ref: str) -> None:
+        repo, _, tag = ref.rpartition(":")
+        self.client.images.get(image).tag(repo, tag)
+
+    def labels(self, ref: str) -> dict[str, str]:
+        return dict(self.client.images.get(ref).labels or {})
+
+    def run(
+        self, req: RunRequest, input: str | None = None, timeout: float | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            req.argv([self.cli]),
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=self.env,
+        )
+
+    def run_streaming(
+        self, req: RunRequest, log: IO[str], on_line: Callable[[str], None] | None = None
+    ) -> int:
+        return _stream(req.argv([self.cli]), log, on_line, self.env)
+
+    def push(self, ref: str, log: IO[str]) -> None:
+        code = _stream([self.cli, "push", ref], log, None, self.env)
+        if code != 0:
+            raise UserError(
+                f"pushing {ref} failed (exit {code}); is the registry reachable and are you logged in?"
+            )
+
+
+class PodmanEngine:
+    """Podman: everything through its CLI (it builds with Buildah, secrets and cache mounts included)."""
+
+    name = "podman"
+
+    def __init__(self) -> None:
+        self.cli = shutil.which("podman")
+        if not self.cli:
+            raise UserError(
+                "podman is not installed", hint="apt-get install podman, or use --engine docker"
+            )
+        if subprocess.run([self.cli, "info"], capture_output=True, timeout=60).returncode != 0:
+            raise UserError(
+                "podman cannot reach its storage or service", hint="run `podman info` to see why"
+            )
+        self.mode = "podman"
+        self.env = dict(os.environ)
+
+    def describe(self) -> str:
+        out = subprocess.run([self.cli, "--version"], capture_output=True, text=True).stdout.strip()
+        return out or "podman"
+
+    def build(
+        self, req: BuildRequest, log: IO[str], on_line: Callable[[str], None] | None = None
+    ) -> str:
+        argv = req.argv([self.cli], "podman")
+        log.write("$ " + " ".join(argv) + "\n")
+        code = _stream(argv, log, on_line, self.env)
+        if code != 0:
+            raise BuildFailed(code)
+        return req.iidfile.read_text().strip()
+
+    def image_id(self, ref: str) -> str | None:
+        out = subprocess.run(
+            [self.cli, "image", "inspect", "--format", "{{.Id}}", ref],
+            capture_output=True,
+            text=True,
+        )
+        return out.stdout.strip() or None if out.returncode == 0 else None
+
+    def existing(self, refs: Iterable[str]) -> set[str]:
+        return {r for r in refs if r and self.image_id(r)}
+
+    def tag(self, image: str, ref: str) -> None:
+        subprocess.run([self.cli, "tag", image, ref], check=True, capture_output=True)
+
+    def labels(self, ref: str) -> dict[str, str]:
+        import json
+
+        out = subprocess.run(
+            [self.cli, "image", "inspect", "--format", "{{json .Labels}}", ref],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return json.loads(out.stdout or "{}") or {}
+
+    def run(
+        self, req: RunRequest, input: str | None = None, timeout: float | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            req.argv([self.cli]), input=input, capture_output=True, text=True, timeout=timeout
+        )
+
+    def run_streaming(
+        self, req: RunRequest, log: IO[str], on_line: Callable[[str], None] | None = None
+    ) -> int:
+        return _stream(req.argv([self.cli]), log, on_line, self.env)
+
+    def push(self, ref: str, log: IO[str]) -> None:
+        code = _stream([self.cli, "push", ref], log, None, self.env)
+        if code != 0:
+            raise UserError(f"pushing {ref} failed (exit {code})")
+
+
+def connect(name: str) -> DockerEngine | PodmanEngine:
+    """The engine by name; a UserError that says how to start one when it is not reachable."""
+    if name == "docker":
+        return DockerEngine()
+    if name == "podman":
+        return PodmanEngine()
+    raise UserError(f"unknown engine {name!r}; valid engines: docker, podman")

@@ -1,0 +1,484 @@
+"""The planner: recipes + arch + stack + overrides -> an ordered Plan of Steps.
+
+Pure: it reads files under the repo root (Dockerfiles, context files, patches) to hash
+them, and nothing else. What exists in an engine comes in as data (`mark_cached`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from packaging.version import InvalidVersion, Version
+
+from .errors import UserError, unknown
+from .recipes import Arch, Layer, Recipes, Stack, StackEntry, selector_matches
+
+# Bumping this rebuilds everything: for changes to how images are made that the hashed
+# inputs cannot see (a new label, a changed staging layout).
+EPOCH = 1
+PATCH_ENGINE = "attnforge/patches.py"
+IGNORED_PARTS = {"__pycache__", ".pytest_cache", ".ruff_cache"}
+
+
+@dataclass(frozen=True)
+class ContextFile:
+    path: str  # repo-relative, POSIX
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Step:
+    """One layer of one image chain: everything needed to build it, and why (not)."""
+
+    layer: str
+    variant: str | None
+    arch: str
+    dockerfile: str
+    parent: str | None  # layer name of the parent step; None for the root
+    base_ref: str  # what FROM ${BASE_IMAGE} resolves to
+    args: dict[str, str]  # hashed build args (pins included)
+    hint_args: dict[str, str]  # passed to the build, left out of the hash
+    context: tuple[ContextFile, ...]
+    patches: tuple[str, ...]
+    wheelhouse: bool
+    manifest: dict[str, Any]  # cumulative versions manifest written into the image
+    smoke: tuple[dict[str, Any], ...]
+    floating: tuple[str, ...]  # pins that make the hash lie
+    hash: str
+    hash_tag: str
+    moving_tags: tuple[str, ...]
+    status: str  # build | cached | unsupported | skipped | blocked
+    reason: str = ""
+
+    @property
+    def short_hash(self) -> str:
+        return self.hash[:12]
+
+    @property
+    def runs(self) -> bool:
+        return self.status in ("build", "cached")
+
+
+@dataclass(frozen=True)
+class Plan:
+    arch: str
+    stack: str
+    steps: tuple[Step, ...]
+    expect: dict[str, Any]
+    final_tag: str | None
+
+    @property
+    def chain(self) -> list[Step]:
+        """The steps that make images, in build order."""
+        return [s for s in self.steps if s.runs]
+
+    @property
+    def blocked_by(self) -> list[Step]:
+        return [s for s in self.steps if s.status == "unsupported"]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "arch": self.arch,
+            "stack": self.stack,
+            "final_tag": self.final_tag,
+            "expect": self.expect,
+            "steps": [
+                {
+                    "layer": s.layer,
+                    "variant": s.variant,
+                    "status": s.status,
+                    "reason": s.reason,
+                    "hash": s.hash,
+                    "tag": s.hash_tag,
+                    "moving_tags": list(s.moving_tags),
+                    "parent": s.parent,
+                    "base_ref": s.base_ref,
+                    "dockerfile": s.dockerfile,
+                    "args": s.args,
+                    "hint_args": s.hint_args,
+                    "context": [c.path for c in s.context],
+                    "patches": list(s.patches),
+                    "floating": list(s.floating),
+                }
+                for s in self.steps
+            ],
+        }
+
+
+@dataclass(frozen=True)
+class Options:
+    """Planning inputs that do not come from the recipes."""
+
+    base_image: str | None = None  # overrides the stack's base image
+    base_digest: str | None = None  # the engine's id of the base image, when known
+    jobs: int = 2
+    namespace: str = "attnforge"
+    only: str | None = None
+    overrides: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------- overrides
+
+
+def parse_overrides(items: Iterable[str], recipes: Recipes) -> dict[str, dict[str, str]]:
+    """`--set layer.KEY=value` -> {layer: {KEY: value}}; KEY is an arg, hint arg, pin or 'variant'."""
+    out: dict[str, dict[str, str]] = {}
+    for item in items:
+        target, eq, value = item.partition("=")
+        layer, dot, key = target.partition(".")
+        if not eq or not dot or not layer or not key:
+            raise UserError(
+                f"bad --set {item!r}: expected LAYER.KEY=VALUE, e.g. pytorch.TORCH_VERSION=2.13.0"
+            )
+        if layer not in recipes.layers:
+            raise unknown("layer", layer, recipes.layers)
+        spec = recipes.layers[layer]
+        keys = {"variant", *spec.args, *spec.hint_args, *spec.pins}
+        for v in spec.variants.values():
+            keys |= set(v.args) | set(v.pins)
+        if key not in keys:
+            raise UserError(
+                f"bad --set {item!r}: layer {layer!r} has no setting {key!r}; "
+                f"valid: {', '.join(sorted(keys))}"
+            )
+        if key == "variant" and value not in spec.variants:
+            raise unknown(f"variant of {layer}", value, spec.variants)
+        out.setdefault(layer, {})[key] = value
+    return out
+
+
+# ---------------------------------------------------------------------------- ordering
+
+
+def order_layers(stack: Stack, layers: Mapping[str, Layer]) -> list[StackEntry]:
+    """Topologically order a stack's entries by needs/provides, stable in stack order."""
+    entries = stack.entries()
+    index = {e.layer: i for i, e in enumerate(entries)}
+    providers: dict[str, list[str]] = {}
+    for e in entries:
+        for cap in (e.layer, *layers[e.layer].provides):
+            providers.setdefault(cap, []).append(e.layer)
+    deps: dict[str, list[str]] = {}
+    for e in entries:
+        need_layers: list[str] = []
+        for need in layers[e.layer].needs:
+            if need not in providers:
+                raise UserError(
+                    f"layer {e.layer!r} needs {need!r}, which no layer of stack {stack.name!r} provides"
+                )
+            need_layers += [p for p in providers[need] if p != e.layer]
+        deps[e.layer] = sorted(set(need_layers), key=index.__getitem__)
+    return [
+        next(e for e in entries if e.layer == name)
+        for name in topo_sort(deps, key=index.__getitem__)
+    ]
+
+
+def topo_sort(deps: Mapping[str, list[str]], key=None) -> list[str]:
+    """Nodes before their dependants; ties in `key` order. Raises UserError naming a cycle."""
+    order: list[str] = []
+    state: dict[str, int] = {}  # 1 = on the path, 2 = done
+    path: list[str] = []
+
+    def visit(node: str) -> None:
+        if state.get(node) == 2:
+            return
+        if state.get(node) == 1:
+            cycle = path[path.index(node) :] + [node]
+            raise UserError(f"dependency cycle: {' -> '.join(cycle)}")
+        state[node] = 1
+        path.append(node)
+        for dep in sorted(deps.get(node, []), key=key):
+            visit(dep)
+        path.pop()
+        state[node] = 2
+        order.append(node)
+
+    for node in sorted(deps, key=key):
+        visit(node)
+    return order
+
+
+# ---------------------------------------------------------------------------- pins
+
+
+_HEX40 = re.compile(r"^[0-9a-f]{40}$")
+_HEX64 = re.compile(r"^(sha256:)?[0-9a-f]{64}$")
+
+
+def classify_pin(value: str) -> str | None:
+    """None when value pins its input exactly, else why it floats."""
+    if _HEX40.match(value) or _HEX64.match(value) or "@sha256:" in value:
+        return None
+    if not value:
+        return "empty"
+    if value in {"latest", "main", "master", "nightly", "develop", "HEAD"}:
+        return f"{value!r} moves"
+    try:
+        Version(value)
+    except InvalidVersion:
+        return f"{value!r} is neither a commit, a sha256 nor an exact version"
+    return None
+
+
+# ---------------------------------------------------------------------------- resolve
+
+
+def _vars(arch: Arch, variant: str | None, layer: Layer, jobs: int) -> dict[str, Any]:
+    status = arch.aotriton_status(layer.aotriton)
+    return {
+        "arch": arch.name,
+        "family": arch.family,
+        "vendor": arch.vendor,
+        "wave_size": arch.wave_size,
+        "therock_extra": arch.therock_extra,
+        "variant": variant,
+        "jobs": jobs,
+        "aotriton_status": status,
+        "aotriton_experimental": "1" if status == "experimental" else "0",
+    }
+
+
+_TEMPLATE = re.compile(r"{(\w+)}")
+
+
+def _render(
+    values: Mapping[str, Any], tvars: Mapping[str, Any], where: str, strict: bool = True
+) -> dict[str, Any]:
+    """Fill {name} templates. Strict: every name must have a value for this arch (else _Gated);
+    lenient (smoke code): only known names are filled, other braces are left alone."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if not isinstance(value, str):
+            out[key] = value
+            continue
+        if strict:
+            missing = [n for n in _TEMPLATE.findall(value) if tvars.get(n) is None]
+            if missing:
+                raise _Gated(f"{where}.{key} needs {{{missing[0]}}}, which this arch does not have")
+
+        def fill(m: re.Match[str]) -> str:
+            name = m.group(1)
+            return str(tvars[name]) if tvars.get(name) is not None else m.group(0)
+
+        out[key] = _TEMPLATE.sub(fill, value)
+    return out
+
+
+class _Gated(Exception):
+    """A layer cannot be built for this arch; the message says why (from the data)."""
+
+
+def _gate(layer: Layer, entry: StackEntry, arch: Arch, chosen: str | None) -> str | None:
+    """The variant to use, or raise _Gated with the reason."""
+    if not any(selector_matches(s, arch) for s in layer.arches):
+        raise _Gated(layer.gated_because or f"{layer.name} supports {', '.join(layer.arches)}")
+    if not layer.variants:
+        return None
+    if chosen:
+        candidates = [chosen]
+    elif isinstance(entry.variant, str):
+        candidates = [entry.variant]
+    else:
+        candidates = entry.variant or list(layer.variants)
+    reasons = []
+    for name in candidates:
+        v = layer.variants[name]
+        if v.arches is None or any(selector_matches(s, arch) for s in v.arches):
+            return name
+        reasons.append(f"{name}: {v.gated_because or 'supports ' + ', '.join(v.arches)}")
+    raise _Gated("; ".join(reasons))
+
+
+def hash_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def context_files(root: Path, rels: Iterable[str]) -> tuple[ContextFile, ...]:
+    """Every file under the given repo paths, sorted, with its sha256."""
+    files: dict[str, ContextFile] = {}
+    for rel in rels:
+        path = root / rel
+        found = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+        for p in found:
+            rp = p.relative_to(root)
+            if IGNORED_PARTS & set(rp.parts) or p.suffix == ".pyc":
+                continue
+            files[rp.as_posix()] = ContextFile(rp.as_posix(), hash_file(p))
+    return tuple(files[k] for k in sorted(files))
+
+
+def content_hash(inputs: Mapping[str, Any]) -> str:
+    """sha256 over the canonical JSON of a step's inputs: this JSON *is* the cache key."""
+    blob = json.dumps(inputs, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def resolve(
+    recipes: Recipes, arch_name: str, stack_name: str, options: Options = Options()
+) -> Plan:
+    """Resolve a stack for an arch into a Plan. Raises UserError for bad input."""
+    if arch_name not in recipes.arches:
+        raise unknown("arch", arch_name, recipes.arches)
+    if stack_name not in recipes.stacks:
+        raise unknown("stack", stack_name, recipes.stacks)
+    arch, stack = recipes.arches[arch_name], recipes.stacks[stack_name]
+    if not any(selector_matches(s, arch) for s in stack.arches):
+        fits = [
+            n for n, s in recipes.stacks.items() if any(selector_matches(x, arch) for x in s.arches)
+        ]
+        raise UserError(
+            f"stack {stack_name!r} is not for arch {arch_name!r} (it is for {', '.join(stack.arches)}); "
+            f"stacks for {arch_name}: {', '.join(fits) or 'none'}"
+        )
+    entries = order_layers(stack, recipes.layers)
+    names = [e.layer for e in entries]
+    if options.only is not None and options.only not in names:
+        raise unknown(f"layer of stack {stack_name}", options.only, names)
+
+    root = recipes.root
+    base_ref = options.base_image or stack.base_image
+    steps: list[Step] = []
+    parent: Step | None = None
+    blocked_by: str | None = None
+    expect: dict[str, Any] = dict(stack.expect)
+    for entry in entries:
+        layer = recipes.layers[entry.layer]
+        ov = dict(options.overrides.get(layer.name, {}))
+        status, reason, variant = "build", "", None
+        try:
+            variant = _gate(layer, entry, arch, ov.pop("variant", None))
+            tvars = _vars(arch, variant, layer, options.jobs)
+            vspec = layer.variants.get(variant) if variant else None
+            where = recipes.layer_files[layer.name]
+            args = _render({**layer.args, **(vspec.args if vspec else {})}, tvars, f"{where}: args")
+            pins = _render({**layer.pins, **(vspec.pins if vspec else {})}, tvars, f"{where}: pins")
+            hints = _render(layer.hint_args, tvars, f"{where}: hint_args")
+            layer_expect = _render(
+                {**layer.expect, **(vspec.expect if vspec else {})}, tvars, f"{where}: expect"
+            )
+        except _Gated as gated:
+            status, reason = ("skipped" if entry.optional else "unsupported"), str(gated)
+        if status == "build" and blocked_by:
+            status, reason = "blocked", f"needs {blocked_by}, which is unsupported on {arch_name}"
+        if status != "build":
+            if status == "unsupported" and not blocked_by:
+                blocked_by = layer.name
+            steps.append(_placeholder(layer, variant, arch_name, status, reason))
+            continue
+
+        for key, value in ov.items():  # --set wins over recipes
+            target = hints if key in hints else pins if key in pins else args
+            target[key] = value
+        if layer.source:
+            pins = {"SOURCE_REPO": layer.source.repo, "SOURCE_REF": layer.source.ref, **pins}
+        floating = []
+        for key, value in pins.items():
+            if key == "SOURCE_REPO":
+                continue
+            why = classify_pin(str(value))
+            if key == "SOURCE_REF" and not _HEX40.match(str(value)):
+                why = why or f"{value!r} is not a commit"
+            if why:
+                floating.append(f"{key}: {why}")
+
+        if layer.patches:
+            args["PATCH_SERIES"] = " ".join(layer.patches)
+        files = [*layer.context, *layer.patches] + ([PATCH_ENGINE] if layer.patches else [])
+        ctx = context_files(root, files)
+        if parent is None:
+            parent_key: Any = {"image": base_ref, "digest": options.base_digest}
+            if not options.base_digest and "@sha256:" not in base_ref:
+                floating.append(
+                    f"BASE_IMAGE: {base_ref!r} is a moving tag and its digest is unknown"
+                )
+            manifest: dict[str, Any] = {
+                "base_image": {"ref": base_ref, "digest": options.base_digest}
+            }
+            from_ref = base_ref
+        else:
+            parent_key = parent.hash
+            manifest = {k: v for k, v in parent.manifest.items()}
+            from_ref = parent.hash_tag
+        manifest[layer.name] = {"variant": variant, **pins} if variant else dict(pins)
+        hashed = {
+            "epoch": EPOCH,
+            "layer": layer.name,
+            "variant": variant,
+            "arch": arch_name,
+            "dockerfile": hash_file(root / layer.dockerfile),
+            "args": {**args, **pins},
+            "context": {c.path: c.sha256 for c in ctx},
+            "wheelhouse": layer.wheelhouse,
+            "parent": parent_key,
+        }
+        digest = content_hash(hashed)
+        tag_base = f"{options.namespace}/{layer.name}"
+        step = Step(
+            layer=layer.name,
+            variant=variant,
+            arch=arch_name,
+            dockerfile=layer.dockerfile,
+            parent=parent.layer if parent else None,
+            base_ref=from_ref,
+            args={**args, **pins},
+            hint_args=hints,
+            context=ctx,
+            patches=tuple(layer.patches),
+            wheelhouse=layer.wheelhouse,
+            manifest=manifest,
+            smoke=tuple(
+                _render(
+                    c.model_dump(exclude_none=True), {**tvars, **args, **pins}, where, strict=False
+                )
+                for c in layer.smoke
+            ),
+            floating=tuple(floating),
+            hash=digest,
+            hash_tag=f"{tag_base}:{arch_name}-{digest[:12]}",
+            moving_tags=(f"{tag_base}:{arch_name}",),
+            status="build",
+        )
+        steps.append(step)
+        expect.update(layer_expect)
+        parent = step
+        if options.only == layer.name:
+            break
+
+    chain = [s for s in steps if s.runs]
+    final_tag = None
+    if chain and not blocked_by and options.only is None:
+        last = chain[-1]
+        final_tag = f"{options.namespace}/{stack_name}:{arch_name}"
+        steps[steps.index(last)] = replace(last, moving_tags=(*last.moving_tags, final_tag))
+    return Plan(arch_name, stack_name, tuple(steps), expect, final_tag)
+
+
+def _placeholder(layer: Layer, variant: str | None, arch: str, status: str, reason: str) -> Step:
+    return Step(
+        layer=layer.name, variant=variant, arch=arch, dockerfile=layer.dockerfile, parent=None,
+        base_ref="", args={}, hint_args={}, context=(), patches=(), wheelhouse=False, manifest={},
+        smoke=(), floating=(), hash="", hash_tag="", moving_tags=(), status=status, reason=reason,
+    )  # fmt: skip
+
+
+def mark_cached(plan: Plan, existing: Iterable[str]) -> Plan:
+    """Steps whose hash tag already exists in the engine become 'cached'."""
+    have = set(existing)
+    steps = tuple(
+        replace(s, status="cached", reason="image with this hash exists")
+        if s.status == "build" and s.hash_tag in have
+        else s
+        for s in plan.steps
+    )
+    return replace(plan, steps=steps)

@@ -1,0 +1,447 @@
+"""Recipe models and loading: recipes/*.yaml -> checked, cross-referenced Recipes.
+
+Strict: unknown keys are errors, and every error names the file, the line and the field.
+Pure: reads files under the repo root and nothing else.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from packaging.version import InvalidVersion, Version
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from . import yamlsrc
+from .errors import RecipeError, UserError
+
+# Names a template in args, pins or expectations may use, and what they mean.
+TEMPLATE_VARS = {
+    "arch": "the arch name (gfx1151)",
+    "family": "the arch family (rdna3.5)",
+    "vendor": "amd, nvidia or cpu",
+    "wave_size": "32 or 64",
+    "therock_extra": "TheRock pip extra for the arch (device-gfx1151)",
+    "variant": "the layer variant chosen for the arch",
+    "jobs": "build parallelism (hint args only)",
+    "aotriton_experimental": "1 if the layer's AOTriton marks the arch experimental, else 0",
+    "aotriton_status": "supported, experimental or none for the layer's AOTriton",
+}
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AotritonSupport(Strict):
+    since: str = Field(description="first AOTriton tag that builds kernels for this arch")
+    experimental: list[str] = Field(
+        default_factory=list,
+        description="AOTriton tags in which torch needs TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL=1",
+    )
+
+
+class Arch(Strict):
+    name: str = ""
+    description: str
+    vendor: Literal["amd", "nvidia", "cpu"]
+    family: str
+    wave_size: int | None = None
+    matrix_unit: str | None = None
+    lds_bytes: int | None = None
+    therock_extra: str | None = None
+    aotriton: AotritonSupport | None = None
+
+    def aotriton_status(self, version: str | None) -> str:
+        """supported / experimental / none for an AOTriton version ('none' without one)."""
+        if version is None or self.aotriton is None:
+            return "none"
+        try:
+            if _aotriton_key(version) < _aotriton_key(self.aotriton.since):
+                return "none"
+        except InvalidVersion:
+            return "none"
+        return "experimental" if version in self.aotriton.experimental else "supported"
+
+
+def _aotriton_key(tag: str) -> Version:
+    # AOTriton tags look like 0.11.2b or 0.13.50tp; the suffix is a channel, not a pre-release.
+    return Version(re.sub(r"[a-z]+$", "", tag))
+
+
+class SmokeCheck(Strict):
+    """One assertion run in a freshly built image; exactly one kind per check."""
+
+    name: str
+    dist: str | None = Field(None, description="a distribution that must be installed")
+    version: str | None = Field(None, description="with dist: its exact version")
+    absent: str | None = Field(None, description="a distribution that must NOT be installed")
+    torch_build: Literal["cpu", "hip", "cuda"] | None = Field(
+        None, description="what torch must be built for"
+    )
+    python: str | None = Field(None, description="a Python snippet that must exit 0")
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> SmokeCheck:
+        kinds = [k for k in ("dist", "absent", "torch_build", "python") if getattr(self, k)]
+        if len(kinds) != 1:
+            raise ValueError("a smoke check needs exactly one of dist, absent, torch_build, python")
+        if self.version and not self.dist:
+            raise ValueError("version goes with dist")
+        return self
+
+
+class SourcePin(Strict):
+    repo: str
+    ref: str
+
+
+class Variant(Strict):
+    arches: list[str] | None = None
+    gated_because: str | None = None
+    args: dict[str, str] = Field(default_factory=dict)
+    pins: dict[str, str] = Field(default_factory=dict)
+    expect: dict[str, Any] = Field(default_factory=dict)
+
+
+class Layer(Strict):
+    name: str
+    description: str
+    dockerfile: str
+    follows: str = Field(description="the upstream file(s) this layer's steps follow")
+    provides: list[str] = Field(default_factory=list)
+    needs: list[str] = Field(default_factory=list)
+    arches: list[str] = Field(default_factory=lambda: ["all"])
+    gated_because: str | None = Field(None, description="why arches excludes the rest")
+    args: dict[str, str] = Field(default_factory=dict)
+    hint_args: dict[str, str] = Field(
+        default_factory=dict, description="build args that do not change the output"
+    )
+    pins: dict[str, str] = Field(default_factory=dict)
+    source: SourcePin | None = None
+    patches: list[str] = Field(default_factory=list)
+    context: list[str] = Field(default_factory=list)
+    wheelhouse: bool = False
+    aotriton: str | None = Field(None, description="the AOTriton tag this layer's torch carries")
+    smoke: list[SmokeCheck] = Field(default_factory=list)
+    expect: dict[str, Any] = Field(default_factory=dict)
+    variants: dict[str, Variant] = Field(default_factory=dict)
+
+
+class StackEntry(Strict):
+    layer: str
+    variant: str | list[str] | None = None
+    optional: bool = False
+
+
+class Stack(Strict):
+    name: str = ""
+    description: str
+    arches: list[str]
+    base_image: str
+    layers: list[str | StackEntry]
+    expect: dict[str, Any] = Field(default_factory=dict)
+
+    def entries(self) -> list[StackEntry]:
+        out = []
+        for item in self.layers:
+            if isinstance(item, str):
+                layer, _, variant = item.partition(":")
+                out.append(StackEntry(layer=layer, variant=variant or None))
+            else:
+                out.append(item)
+        return out
+
+
+class ArchesFile(Strict):
+    arches: dict[str, Arch]
+
+
+class StacksFile(Strict):
+    stacks: dict[str, Stack]
+
+
+@dataclass(frozen=True)
+class Recipes:
+    """Everything under recipes/, loaded and cross-checked."""
+
+    root: Path
+    arches: dict[str, Arch]
+    layers: dict[str, Layer]
+    stacks: dict[str, Stack]
+    layer_files: dict[str, str]
+
+
+def _validate(model: type[BaseModel], src: yamlsrc.Source) -> Any:
+    try:
+        return model.model_validate(src.data if src.data is not None else {})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = tuple(err["loc"])
+        field = ".".join(str(p) for p in loc) or None
+        choices = None
+        if err["type"] == "extra_forbidden":
+            message = "unknown key"
+            parent = _model_at(model, loc[:-1])
+            if parent is not None:
+                choices = list(parent.model_fields)
+        elif err["type"] == "literal_error":
+            message = f"{err['msg'].lower()}"
+        else:
+            message = err["msg"].removeprefix("Value error, ")
+        raise RecipeError(
+            src.file, message, line=src.line_of(loc), field=field, choices=choices
+        ) from None
+
+
+def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The nested model class at a pydantic error location (to list its valid keys)."""
+    current: Any = model
+    for part in loc:
+        if isinstance(current, type) and issubclass(current, BaseModel):
+            info = current.model_fields.get(str(part))
+            if info is None:
+                return None
+            current = info.annotation
+        else:
+            current = _unwrap(current)
+            if current is None:
+                return None
+    current = (
+        _unwrap(current)
+        if not (isinstance(current, type) and issubclass(current, BaseModel))
+        else current
+    )
+    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+
+
+def _unwrap(annotation: Any) -> Any:
+    args = getattr(annotation, "__args__", ())
+    for arg in reversed(args):
+        if isinstance(arg, type) and issubclass(arg, BaseModel):
+            return arg
+    return args[-1] if args else None
+
+
+def selector_matches(selector: str, arch: Arch) -> bool:
+    """An arch selector: 'all', an arch name, 'family:<f>' or 'vendor:<v>'."""
+    if selector == "all":
+        return True
+    kind, _, value = selector.partition(":")
+    if not value:
+        return selector == arch.name
+    return (kind == "family" and value == arch.family) or (
+        kind == "vendor" and value == arch.vendor
+    )
+
+
+def _check_selectors(
+    selectors: list[str], arches: dict[str, Arch], file: str, src: yamlsrc.Source, loc: tuple
+) -> None:
+    families = {a.family for a in arches.values()}
+    vendors = {a.vendor for a in arches.values()}
+    for i, sel in enumerate(selectors):
+        kind, _, value = sel.partition(":")
+        ok = (
+            sel == "all"
+            or (not value and sel in arches)
+            or (kind == "family" and value in families)
+            or (kind == "vendor" and value in vendors)
+        )
+        if not ok:
+            valid = [
+                "all",
+                *arches,
+                *(f"family:{f}" for f in families),
+                *(f"vendor:{v}" for v in vendors),
+            ]
+            raise RecipeError(
+                file,
+                f"unknown arch selector {sel!r}",
+                line=src.line_of((*loc, i)),
+                field=".".join(map(str, loc)),
+                choices=valid,
+            )
+
+
+def _check_templates(values: dict[str, Any], file: str, src: yamlsrc.Source, loc: tuple) -> None:
+    for key, value in values.items():
+        if not isinstance(value, str):
+            continue
+        try:
+            names = {f for _, f, _, _ in string.Formatter().parse(value) if f is not None}
+        except ValueError as exc:
+            raise RecipeError(
+                file,
+                f"bad template: {exc}",
+                line=src.line_of((*loc, key)),
+                field=f"{'.'.join(map(str, loc))}.{key}",
+            ) from None
+        for name in names:
+            if name not in TEMPLATE_VARS:
+                raise RecipeError(
+                    file,
+                    f"unknown template variable {{{name}}}",
+                    line=src.line_of((*loc, key)),
+                    field=f"{'.'.join(map(str, loc))}.{key}",
+                    choices=TEMPLATE_VARS,
+                )
+
+
+def known_expect_keys() -> dict[str, str] | None:
+    """The validation suite's expectation vocabulary, when the validate package is importable."""
+    try:
+        from validate.expect import KNOWN_KEYS  # stdlib-only module of the in-image suite
+    except Exception:  # noqa: BLE001 - absent or broken: skip this check, validation will catch it
+        return None
+    return dict(KNOWN_KEYS)
+
+
+def _check_expect(expect: dict[str, Any], file: str, src: yamlsrc.Source, loc: tuple) -> None:
+    keys = known_expect_keys()
+    if keys is None:
+        return
+    for key in expect:
+        if key not in keys:
+            raise RecipeError(
+                file,
+                "unknown expectation key",
+                line=src.line_of((*loc, key)),
+                field=f"{'.'.join(map(str, loc))}.{key}",
+                choices=keys,
+            )
+
+
+def load_recipes(root: Path) -> Recipes:
+    """Load and cross-check recipes/arches.yaml, recipes/stacks.yaml and recipes/layers/*.yaml."""
+    root = Path(root)
+    rdir = root / "recipes"
+    if not rdir.is_dir():
+        raise UserError(f"no recipes/ folder under {root}; run attnforge from the repository root")
+
+    arches_src = yamlsrc.load(rdir / "arches.yaml", "recipes/arches.yaml")
+    arches_file: ArchesFile = _validate(ArchesFile, arches_src)
+    arches = {n: a.model_copy(update={"name": n}) for n, a in arches_file.arches.items()}
+
+    layers: dict[str, Layer] = {}
+    layer_files: dict[str, str] = {}
+    for path in sorted((rdir / "layers").glob("*.yaml")):
+        rel = f"recipes/layers/{path.name}"
+        src = yamlsrc.load(path, rel)
+        layer: Layer = _validate(Layer, src)
+        if layer.name != path.stem:
+            raise RecipeError(
+                rel,
+                f"name {layer.name!r} must match the file name {path.stem!r}",
+                line=src.line_of(("name",)),
+                field="name",
+            )
+        _check_layer(layer, root, arches, rel, src)
+        layers[layer.name] = layer
+        layer_files[layer.name] = rel
+
+    stacks_src = yamlsrc.load(rdir / "stacks.yaml", "recipes/stacks.yaml")
+    stacks_file: StacksFile = _validate(StacksFile, stacks_src)
+    stacks = {n: s.model_copy(update={"name": n}) for n, s in stacks_file.stacks.items()}
+    for stack in stacks.values():
+        _check_stack(stack, layers, arches, stacks_src)
+    return Recipes(root, arches, layers, stacks, layer_files)
+
+
+def _check_layer(
+    layer: Layer, root: Path, arches: dict[str, Arch], file: str, src: yamlsrc.Source
+) -> None:
+    if not (root / layer.dockerfile).is_file():
+        raise RecipeError(
+            file,
+            f"{layer.dockerfile} does not exist",
+            line=src.line_of(("dockerfile",)),
+            field="dockerfile",
+        )
+    for i, rel in enumerate(layer.context):
+        if not (root / rel).exists():
+            raise RecipeError(
+                file, f"{rel} does not exist", line=src.line_of(("context", i)), field="context"
+            )
+    for i, rel in enumerate(layer.patches):
+        if not (root / rel).is_dir():
+            raise RecipeError(
+                file,
+                f"patch series {rel} is not a folder",
+                line=src.line_of(("patches", i)),
+                field="patches",
+            )
+    _check_selectors(layer.arches, arches, file, src, ("arches",))
+    for section in ("args", "hint_args", "pins"):
+        _check_templates(getattr(layer, section), file, src, (section,))
+    _check_expect(layer.expect, file, src, ("expect",))
+    overlap = (
+        set(layer.args) & set(layer.hint_args)
+        | set(layer.args) & set(layer.pins)
+        | set(layer.pins) & set(layer.hint_args)
+    )
+    if overlap:
+        raise RecipeError(
+            file, f"{sorted(overlap)} declared twice among args, hint_args and pins", field="args"
+        )
+    for vname, variant in layer.variants.items():
+        loc = ("variants", vname)
+        if variant.arches is not None:
+            _check_selectors(variant.arches, arches, file, src, (*loc, "arches"))
+        for section in ("args", "pins"):
+            _check_templates(getattr(variant, section), file, src, (*loc, section))
+        _check_expect(variant.expect, file, src, (*loc, "expect"))
+
+
+def _check_stack(
+    stack: Stack, layers: dict[str, Layer], arches: dict[str, Arch], src: yamlsrc.Source
+) -> None:
+    file = "recipes/stacks.yaml"
+    base = ("stacks", stack.name)
+    _check_selectors(stack.arches, arches, file, src, (*base, "arches"))
+    _check_expect(stack.expect, file, src, (*base, "expect"))
+    for i, entry in enumerate(stack.entries()):
+        loc = (*base, "layers", i)
+        if entry.layer not in layers:
+            raise RecipeError(
+                file,
+                f"unknown layer {entry.layer!r}",
+                line=src.line_of(loc),
+                field=f"stacks.{stack.name}.layers",
+                choices=layers,
+            )
+        variants = [entry.variant] if isinstance(entry.variant, str) else (entry.variant or [])
+        for v in variants:
+            if v not in layers[entry.layer].variants:
+                raise RecipeError(
+                    file,
+                    f"layer {entry.layer!r} has no variant {v!r}",
+                    line=src.line_of(loc),
+                    field=f"stacks.{stack.name}.layers",
+                    choices=layers[entry.layer].variants,
+                )
+
+
+def json_schema() -> dict[str, Any]:
+    """JSON Schema of the recipe formats, for editors (one definition per file kind)."""
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "attnforge recipes",
+        "oneOf": [
+            {"$ref": "#/$defs/Layer"},
+            {"$ref": "#/$defs/StacksFile"},
+            {"$ref": "#/$defs/ArchesFile"},
+        ],
+        "$defs": {
+            "Layer": Layer.model_json_schema(ref_template="#/$defs/Layer/$defs/{model}"),
+            "StacksFile": StacksFile.model_json_schema(
+                ref_template="#/$defs/StacksFile/$defs/{model}"
+            ),
+            "ArchesFile": ArchesFile.model_json_schema(
+                ref_template="#/$defs/ArchesFile/$defs/{model}"
+            ),
+        },
+    }

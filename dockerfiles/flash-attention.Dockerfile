@@ -1,0 +1,37 @@
+# attnforge layer: flash-attention (ROCm fork)
+# Follows: ROCm/flash-attention main_perf README, "AMD ROCm Support":
+#   Triton backend: FLASH_ATTENTION_TRITON_AMD_ENABLE="TRUE" python setup.py install
+#   CK backend:     GPU_ARCHS=<arch> MAX_JOBS=<n> python setup.py install (csrc/composable_kernel)
+# installed with pip --no-deps --no-build-isolation so the torch and triton of earlier layers
+# stay; the patch series (PATCH_SERIES) is applied by attnforge's patch engine, all or nothing.
+ARG BASE_IMAGE
+FROM ${BASE_IMAGE}
+ARG SOURCE_REPO
+ARG SOURCE_REF
+ARG FLASH_ATTENTION_TRITON_AMD_ENABLE
+ARG GPU_ARCHS
+ARG PATCH_SERIES=""
+ARG MAX_JOBS=2
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+
+WORKDIR /src
+# hadolint ignore=DL3042
+RUN --mount=type=secret,id=ca,required=false \
+    --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=bind,source=.,target=/ctx \
+    if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca GIT_SSL_CAINFO=/run/secrets/ca; fi \
+ && git init -q flash-attention && cd flash-attention \
+ && git fetch -q --depth 1 "${SOURCE_REPO}" "${SOURCE_REF}" && git checkout -q FETCH_HEAD \
+ && if [ -n "${PATCH_SERIES}" ]; then \
+        (cd /ctx && python3 attnforge/patches.py apply --src /src/flash-attention ${PATCH_SERIES}); fi \
+ && if [ "${FLASH_ATTENTION_TRITON_AMD_ENABLE}" != "TRUE" ]; then \
+        git submodule update -q --init --depth 1 csrc/composable_kernel; fi \
+ && pip install einops packaging ninja \
+ && FLASH_ATTENTION_TRITON_AMD_ENABLE="${FLASH_ATTENTION_TRITON_AMD_ENABLE}" GPU_ARCHS="${GPU_ARCHS}" \
+    MAX_JOBS="${MAX_JOBS}" pip install --no-deps --no-build-isolation . \
+ && cd / && rm -rf /src/flash-attention
+
+# flash_attn_interface.py reads this at import to pick the Triton backend.
+ENV FLASH_ATTENTION_TRITON_AMD_ENABLE=${FLASH_ATTENTION_TRITON_AMD_ENABLE}
+
+COPY attnforge-manifest.json /opt/attnforge/versions.json

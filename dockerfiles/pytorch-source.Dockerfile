@@ -1,0 +1,45 @@
+# attnforge layer: pytorch-source
+# Follows: pytorch/pytorch README, "From Source" ("If you're compiling for AMD ROCm then first run
+# python tools/amd_build/build_amd.py"), cmake/External/aotriton.cmake (AOTRITON_INSTALLED_PREFIX
+# takes a preinstalled AOTriton), and ROCm/TheRock@89553ce3 external-builds/pytorch/
+# build_prod_wheels.py (USE_ROCM=ON USE_CUDA=OFF PYTORCH_ROCM_ARCH, USE_FLASH_ATTENTION and
+# USE_MEM_EFF_ATTENTION together, CMAKE_PREFIX_PATH=$(rocm-sdk path --cmake)).
+ARG BASE_IMAGE
+FROM ${BASE_IMAGE}
+ARG SOURCE_REPO
+ARG SOURCE_REF
+ARG PYTORCH_ROCM_ARCH
+ARG PYTORCH_BUILD_VERSION
+ARG TRITON_VERSION
+ARG AOTRITON_EXPERIMENTAL=0
+ARG PATCH_SERIES=""
+ARG MAX_JOBS=2
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+
+WORKDIR /src
+# hadolint ignore=DL3042
+RUN --mount=type=secret,id=ca,required=false \
+    --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=cache,target=/root/.cache/ccache \
+    --mount=type=bind,source=.,target=/ctx \
+    if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca GIT_SSL_CAINFO=/run/secrets/ca; fi \
+ && git init -q pytorch && cd pytorch \
+ && git fetch -q --depth 1 "${SOURCE_REPO}" "${SOURCE_REF}" && git checkout -q FETCH_HEAD \
+ && git submodule update -q --init --recursive --depth 1 \
+ && python3 /ctx/dockerfiles/scripts/check_aotriton_pin.py . /opt/attnforge/versions.json \
+ && if [ -n "${PATCH_SERIES}" ]; then \
+        (cd /ctx && python3 attnforge/patches.py apply --src /src/pytorch ${PATCH_SERIES}); fi \
+ && pip install -r requirements.txt "triton==${TRITON_VERSION}" \
+ && python3 tools/amd_build/build_amd.py \
+ && USE_ROCM=1 USE_CUDA=0 USE_FLASH_ATTENTION=1 USE_MEM_EFF_ATTENTION=1 \
+    PYTORCH_ROCM_ARCH="${PYTORCH_ROCM_ARCH}" AOTRITON_INSTALLED_PREFIX=/opt/aotriton \
+    CMAKE_PREFIX_PATH="$(rocm-sdk path --cmake)" CMAKE_C_COMPILER_LAUNCHER=ccache \
+    CMAKE_CXX_COMPILER_LAUNCHER=ccache PYTORCH_BUILD_VERSION="${PYTORCH_BUILD_VERSION}" \
+    PYTORCH_BUILD_NUMBER=1 MAX_JOBS="${MAX_JOBS}" \
+    pip wheel --no-build-isolation --no-deps -w /tmp/torch-wheel . \
+ && pip install --no-deps /tmp/torch-wheel/torch-*.whl \
+ && cd / && rm -rf /src/pytorch /tmp/torch-wheel
+
+ENV TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL=${AOTRITON_EXPERIMENTAL}
+
+COPY attnforge-manifest.json /opt/attnforge/versions.json

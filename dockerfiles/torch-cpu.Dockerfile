@@ -1,0 +1,19 @@
+# attnforge layer: torch-cpu
+# Follows: pytorch.org "Start Locally" for pip/Linux/CPU (index https://download.pytorch.org/whl/cpu).
+# /wheelhouse is a bind mount of local wheels offered to pip (--wheelhouse); it adds no layer.
+ARG BASE_IMAGE
+FROM ${BASE_IMAGE}
+ARG TORCH_VERSION
+ARG TORCH_INDEX_URL=""
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+
+# The pip cache is a cache mount, so --no-cache-dir would only slow rebuilds down.
+# hadolint ignore=DL3042
+RUN --mount=type=secret,id=ca,required=false \
+    --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=bind,source=wheelhouse,target=/wheelhouse \
+    if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
+ && pip install --find-links /wheelhouse ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} \
+        "torch==${TORCH_VERSION}"
+
+COPY attnforge-manifest.json /opt/attnforge/versions.json

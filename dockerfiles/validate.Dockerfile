@@ -1,0 +1,12 @@
+# attnforge layer: validate
+# Follows: attnforge's validate/ and kernels/ packages, which need only Python, torch and triton.
+ARG BASE_IMAGE
+FROM ${BASE_IMAGE}
+
+COPY validate /opt/attnforge/src/validate
+COPY kernels /opt/attnforge/src/kernels
+ENV PYTHONPATH=/opt/attnforge/src
+WORKDIR /opt/attnforge/src
+
+COPY attnforge-manifest.json /opt/attnforge/versions.json
+CMD ["python3", "-m", "validate", "all"]
