@@ -1,0 +1,103 @@
+"""Invoke tasks for patch series: check, apply, status, new (the `patches` collection)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from invoke import task
+from invoke.exceptions import Exit
+
+from attnforge import patches as engine
+
+PATCHES_ROOT = Path(__file__).resolve().parents[2] / "patches"
+
+
+def _series_dirs(root: Path, component: str, series: str | None) -> list[Path]:
+    base = root / component
+    components = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+    if not base.is_dir():
+        raise Exit(
+            f"No patch series for component {component!r} under {root}; "
+            f"components: {', '.join(components) or 'none'}.",
+            code=2,
+        )
+    available = sorted(p.name for p in base.iterdir() if (p / engine.SERIES_FILE).is_file())
+    if not series:
+        if not available:
+            note = " (see README.md there)" if (base / "README.md").is_file() else ""
+            print(f"{component}: no patch series under {base}{note}; nothing to do.")
+        return [base / name for name in available]
+    chosen = [s.strip() for s in series.split(",") if s.strip()]
+    unknown = [s for s in chosen if s not in available]
+    if unknown:
+        raise Exit(
+            f"No series {', '.join(unknown)} for component {component!r}; "
+            f"choices: {', '.join(available) or 'none'}.",
+            code=2,
+        )
+    return [base / name for name in chosen]
+
+
+def _run(command: str, component: str, src: str, series: str | None, root: str | None) -> None:
+    dirs = _series_dirs(Path(root) if root else PATCHES_ROOT, component, series)
+    if not dirs:
+        return
+    action = {"check": engine.check, "apply": engine.apply, "status": engine.status}[command]
+    try:
+        loaded = [engine.load_series(d, component) for d in dirs]
+        results = action(loaded, Path(src), component=component)
+    except engine.PatchConflict as exc:
+        if exc.results[:-1]:
+            print(engine.format_results(exc.results[:-1], command))
+        raise Exit(f"error: {exc}", code=1) from None
+    except engine.PatchError as exc:
+        raise Exit(f"error: {exc}", code=1) from None
+    print(engine.format_results(results, command))
+    conflicts = [r for r in results if r.state == engine.CONFLICT]
+    if conflicts:
+        raise Exit("error: " + "\n".join(r.detail for r in conflicts), code=1)
+
+
+_HELP = {
+    "component": "component whose series to use (a folder under patches/)",
+    "src": "source tree to patch",
+    "series": "comma-separated series names (default: every series of the component)",
+    "root": "patches folder (default: the repository's patches/)",
+}
+
+
+@task(help=_HELP)
+def check(c, component, src, series=None, root=None):
+    """Show what apply would do, per patch; fail on a conflict."""
+    _run("check", component, src, series, root)
+
+
+@task(help=_HELP)
+def apply(c, component, src, series=None, root=None):
+    """Apply the component's patch series to a source tree, all or nothing."""
+    _run("apply", component, src, series, root)
+
+
+@task(help=_HELP)
+def status(c, component, src, series=None, root=None):
+    """Show whether each patch is applied, not applied or conflicting."""
+    _run("status", component, src, series, root)
+
+
+@task(
+    help={
+        "component": _HELP["component"],
+        "series": "series to add the patch to (created if missing)",
+        "src": "git checkout holding the uncommitted change",
+        "name": "what the patch does, in a few words (becomes NNNN-<name>.patch)",
+        "root": _HELP["root"],
+    }
+)
+def new(c, component, series, src, name, root=None):
+    """Turn a checkout's uncommitted change into the series' next numbered patch."""
+    try:
+        path = engine.new_patch(component, series, Path(src), name, Path(root or PATCHES_ROOT))
+    except engine.PatchError as exc:
+        raise Exit(f"error: {exc}", code=1) from None
+    print(f"wrote {path}")
+    print(f"Now edit its header (why, upstream links) and {path.parent / engine.SERIES_FILE}.")
