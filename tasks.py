@@ -3,6 +3,7 @@
 from invoke import Collection
 
 from attnforge.cli import build as build_tasks
+from attnforge.cli import patches as patch_tasks
 from attnforge.cli import validate as validate_tasks
 
 ns = Collection()
@@ -11,17 +12,4 @@ ns.add_task(build_tasks.schema)
 ns.add_task(build_tasks.arches)
 ns.add_task(validate_tasks.validate)
 ns.add_task(validate_tasks.report)
-
-# Collections that other parts of the tree contribute, when present.
-try:
-    from attnforge.cli import patches as patch_tasks
-
-    ns.add_collection(Collection.from_module(patch_tasks), "patches")
-except ImportError:  # pragma: no cover - only while the patch tasks are being written
-    pass
-try:
-    from attnforge.cli import kernels as kernel_tasks
-
-    ns.add_collection(Collection.from_module(kernel_tasks), "kernels")
-except ImportError:  # pragma: no cover
-    pass
+ns.add_collection(Collection.from_module(patch_tasks), "patches")

@@ -39,4 +39,5 @@ class RecipeError(UserError):
 
 def unknown(kind: str, name: str, choices: Iterable[str]) -> UserError:
     """Error for an unknown arch, stack, layer...: lists the valid ones."""
-    return UserError(f"unknown {kind} {name!r}; valid {kind}s: {', '.join(sorted(choices))}")
+    plural = f"{kind}es" if kind.endswith(("ch", "sh", "s", "x")) else f"{kind}s"
+    return UserError(f"unknown {kind} {name!r}; valid {plural}: {', '.join(sorted(choices))}")

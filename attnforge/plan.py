@@ -181,28 +181,31 @@ def order_layers(stack: Stack, layers: Mapping[str, Layer]) -> list[StackEntry]:
 
 
 def topo_sort(deps: Mapping[str, list[str]], key=None) -> list[str]:
-    """Nodes before their dependants; ties in `key` order. Raises UserError naming a cycle."""
+    """Dependencies before dependants; among nodes that are ready, the lowest `key` goes first
+    (Kahn's algorithm, so the listing order of a stack decides ties). A cycle is named."""
+    key = key or (lambda n: n)
+    nodes = sorted(set(deps) | {d for ds in deps.values() for d in ds}, key=key)
+    waiting = {n: set(deps.get(n, [])) for n in nodes}
     order: list[str] = []
-    state: dict[str, int] = {}  # 1 = on the path, 2 = done
-    path: list[str] = []
-
-    def visit(node: str) -> None:
-        if state.get(node) == 2:
-            return
-        if state.get(node) == 1:
-            cycle = path[path.index(node) :] + [node]
-            raise UserError(f"dependency cycle: {' -> '.join(cycle)}")
-        state[node] = 1
-        path.append(node)
-        for dep in sorted(deps.get(node, []), key=key):
-            visit(dep)
-        path.pop()
-        state[node] = 2
+    while waiting:
+        ready = [n for n in nodes if n in waiting and not waiting[n]]
+        if not ready:
+            raise UserError(f"dependency cycle: {' -> '.join(_find_cycle(waiting, key))}")
+        node = ready[0]
         order.append(node)
-
-    for node in sorted(deps, key=key):
-        visit(node)
+        del waiting[node]
+        for rest in waiting.values():
+            rest.discard(node)
     return order
+
+
+def _find_cycle(waiting: Mapping[str, set[str]], key) -> list[str]:
+    node = min(waiting, key=key)
+    path: list[str] = []
+    while node not in path:
+        path.append(node)
+        node = min(waiting[node], key=key)
+    return [*path[path.index(node) :], node]
 
 
 # ---------------------------------------------------------------------------- pins
@@ -351,7 +354,8 @@ def resolve(
     steps: list[Step] = []
     parent: Step | None = None
     blocked_by: str | None = None
-    expect: dict[str, Any] = dict(stack.expect)
+    arch_vars = {"arch": arch.name, "family": arch.family, "vendor": arch.vendor, "wave_size": arch.wave_size}
+    expect: dict[str, Any] = _render(stack.expect, arch_vars, "recipes/stacks.yaml: expect", strict=False)
     for entry in entries:
         layer = recipes.layers[entry.layer]
         ov = dict(options.overrides.get(layer.name, {}))

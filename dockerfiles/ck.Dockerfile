@@ -14,7 +14,9 @@ ARG MAX_JOBS=2
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
 WORKDIR /src
-# hadolint ignore=DL3042
+# One RUN fetches, builds and deletes the source tree, so no layer keeps it (hence cd, not
+# WORKDIR); the pip cache is a cache mount (hence no --no-cache-dir).
+# hadolint ignore=DL3003,DL3042
 RUN --mount=type=secret,id=ca,required=false \
     --mount=type=cache,target=/root/.cache/pip \
     --mount=type=cache,target=/root/.cache/ccache \

@@ -15,7 +15,9 @@ ARG MAX_JOBS=2
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
 WORKDIR /src
-# hadolint ignore=DL3042
+# One RUN fetches, builds and deletes the source tree, so no layer keeps it (hence cd, not
+# WORKDIR); the pip cache is a cache mount (hence no --no-cache-dir).
+# hadolint ignore=DL3003,DL3042
 RUN --mount=type=secret,id=ca,required=false \
     --mount=type=cache,target=/root/.cache/pip \
     --mount=type=bind,source=.,target=/ctx \
@@ -23,10 +25,10 @@ RUN --mount=type=secret,id=ca,required=false \
  && git init -q flash-attention && cd flash-attention \
  && git fetch -q --depth 1 "${SOURCE_REPO}" "${SOURCE_REF}" && git checkout -q FETCH_HEAD \
  && if [ -n "${PATCH_SERIES}" ]; then \
-        (cd /ctx && python3 attnforge/patches.py apply --src /src/flash-attention ${PATCH_SERIES}); fi \
+        (cd /ctx && python3 attnforge/patches.py apply --component flash-attention --src /src/flash-attention ${PATCH_SERIES}); fi \
  && if [ "${FLASH_ATTENTION_TRITON_AMD_ENABLE}" != "TRUE" ]; then \
         git submodule update -q --init --depth 1 csrc/composable_kernel; fi \
- && pip install einops packaging ninja \
+ && pip install einops==0.8.1 packaging==25.0 ninja==1.13.0 \
  && FLASH_ATTENTION_TRITON_AMD_ENABLE="${FLASH_ATTENTION_TRITON_AMD_ENABLE}" GPU_ARCHS="${GPU_ARCHS}" \
     MAX_JOBS="${MAX_JOBS}" pip install --no-deps --no-build-isolation . \
  && cd / && rm -rf /src/flash-attention

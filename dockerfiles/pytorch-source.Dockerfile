@@ -17,7 +17,9 @@ ARG MAX_JOBS=2
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
 WORKDIR /src
-# hadolint ignore=DL3042
+# One RUN fetches, builds and deletes the source tree, so no layer keeps it (hence cd, not
+# WORKDIR); the pip cache is a cache mount (hence no --no-cache-dir).
+# hadolint ignore=DL3003,DL3042
 RUN --mount=type=secret,id=ca,required=false \
     --mount=type=cache,target=/root/.cache/pip \
     --mount=type=cache,target=/root/.cache/ccache \
@@ -28,7 +30,7 @@ RUN --mount=type=secret,id=ca,required=false \
  && git submodule update -q --init --recursive --depth 1 \
  && python3 /ctx/dockerfiles/scripts/check_aotriton_pin.py . /opt/attnforge/versions.json \
  && if [ -n "${PATCH_SERIES}" ]; then \
-        (cd /ctx && python3 attnforge/patches.py apply --src /src/pytorch ${PATCH_SERIES}); fi \
+        (cd /ctx && python3 attnforge/patches.py apply --component pytorch --src /src/pytorch ${PATCH_SERIES}); fi \
  && pip install -r requirements.txt "triton==${TRITON_VERSION}" \
  && python3 tools/amd_build/build_amd.py \
  && USE_ROCM=1 USE_CUDA=0 USE_FLASH_ATTENTION=1 USE_MEM_EFF_ATTENTION=1 \

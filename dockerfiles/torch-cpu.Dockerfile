@@ -8,7 +8,8 @@ ARG TORCH_INDEX_URL=""
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
 # The pip cache is a cache mount, so --no-cache-dir would only slow rebuilds down.
-# hadolint ignore=DL3042
+# hadolint cannot see the pin through the optional index flag: torch is pinned to TORCH_VERSION.
+# hadolint ignore=DL3013,DL3042
 RUN --mount=type=secret,id=ca,required=false \
     --mount=type=cache,target=/root/.cache/pip \
     --mount=type=bind,source=wheelhouse,target=/wheelhouse \

@@ -16,7 +16,17 @@ from ..errors import UserError
 from ..plan import Options, Plan, mark_cached, parse_overrides, resolve
 from ..recipes import Recipes, json_schema, load_recipes, selector_matches
 
-ROOT = Path(__file__).resolve().parents[2]
+def find_root(start: Path | None = None) -> Path:
+    """The attnforge tree to work on: the nearest folder above the working directory that holds
+    recipes/stacks.yaml (so a copy of the tree works on itself), else the one this code is in."""
+    here = (start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        if (folder / "recipes" / "stacks.yaml").is_file():
+            return folder
+    return Path(__file__).resolve().parents[2]
+
+
+ROOT = find_root()
 
 
 def default_arch() -> tuple[str, str]:

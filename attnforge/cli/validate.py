@@ -70,28 +70,22 @@ def print_summary(report_path: Path) -> None:
         "quick": "fewer cases (a smoke-level run)",
         "timeout": "seconds each check may run before it counts as a timeout",
         "engine": "container engine: docker (default) or podman",
+        "namespace": "image name prefix the stack was built under (default: attnforge)",
         "debug": "show tracebacks",
     }
 )
 @user_errors
 def validate(
-    c,
-    arch=None,
-    stack=None,
-    image=None,
-    local=False,
-    quick=False,
-    timeout=0,
-    engine="docker",
-    debug=False,
-):
+    c, arch=None, stack=None, image=None, local=False, quick=False, timeout=0, engine="docker",
+    namespace="attnforge", debug=False,
+):  # fmt: skip
     """Run the validation suite in the stack's image; writes reports/<arch>/<stack>/report.{json,md}."""
     recipes = load_recipes(ROOT)
     if arch is None:
         arch, why = default_arch()
         out.print(f"[dim]--arch not given: {why}[/]")
     stack = stack or default_stack(recipes, arch)
-    plan = resolve(recipes, arch, stack, Options())
+    plan = resolve(recipes, arch, stack, Options(namespace=namespace))
     if plan.blocked_by and not (local or image):
         first = plan.blocked_by[0]
         raise UserError(
@@ -115,6 +109,7 @@ def validate(
         out.print(f"running the suite on this host: {' '.join(argv)}")
         code = subprocess.run(argv, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT))).returncode
     else:
+        flags = device_flags(recipes.arches[arch].vendor)  # before anything else: the usual miss
         eng = connect(engine)
         ref = image or plan.final_tag
         if not ref or eng.image_id(ref) is None:
@@ -122,7 +117,6 @@ def validate(
                 f"image {ref} not found",
                 hint=f"build it first: invoke build --arch {arch} --stack {stack}",
             )
-        flags = device_flags(recipes.arches[arch].vendor)
         req = RunRequest(
             image=ref,
             command=[

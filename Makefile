@@ -1,0 +1,39 @@
+# Thin wrappers: the work is in tools/setup.sh (machine set-up), invoke (attnforge) and pytest.
+VENV ?= .venv
+BIN := $(VENV)/bin
+BASE_IMAGE ?= attnforge-local/debian:bookworm
+WHEELHOUSE ?= build/wheelhouse
+CA_CERT ?= /etc/ssl/certs/ca-certificates.crt
+CA_FLAG := $(if $(wildcard $(CA_CERT)),--ca-cert $(CA_CERT),)
+export BASE_IMAGE WHEELHOUSE
+
+.PHONY: demo test test-unit lint setup venv clean
+
+## demo: set up, then build and validate the cpu reference stack
+demo: setup
+	$(BIN)/invoke build --arch cpu --base-image $(BASE_IMAGE) --wheelhouse $(WHEELHOUSE) \
+	    --set torch-cpu.TORCH_INDEX_URL= $(CA_FLAG)
+	$(BIN)/invoke validate --arch cpu
+
+## test: set up (engine, base image, wheels, registry), then every test, end-to-end included
+test: setup
+	tools/setup.sh registry
+	ATTNFORGE_REQUIRE_E2E=1 ATTNFORGE_E2E_BASE_IMAGE=$(BASE_IMAGE) \
+	ATTNFORGE_E2E_WHEELHOUSE=$(abspath $(WHEELHOUSE)) ATTNFORGE_E2E_CA_CERT=$(CA_CERT) \
+	ATTNFORGE_E2E_REGISTRY=127.0.0.1:5000 $(BIN)/python -m pytest
+
+## test-unit: the tests that need no engine (seconds)
+test-unit: venv
+	$(BIN)/python -m pytest -m "not e2e"
+
+lint: venv
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+setup:
+	tools/setup.sh all
+
+venv:
+	tools/setup.sh venv
+
+clean:
+	rm -rf build reports .pytest_cache

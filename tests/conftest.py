@@ -1,0 +1,19 @@
+"""Shared fixtures: the repository root and disposable copies of it."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+COPY_IGNORE = shutil.ignore_patterns(".venv", ".git", "build", "reports", "__pycache__", "*.pyc", ".pytest_cache")
+
+
+@pytest.fixture
+def repo_copy(tmp_path: Path) -> Path:
+    """A copy of the tree (recipes, Dockerfiles, packages) that a test may change freely."""
+    dest = tmp_path / "tree"
+    shutil.copytree(REPO, dest, ignore=COPY_IGNORE)
+    return dest

@@ -1,0 +1,234 @@
+"""The planner: gating from data, ordering, hashing, tags, overrides and floating pins."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from attnforge.errors import UserError
+from attnforge.plan import Options, classify_pin, mark_cached, parse_overrides, resolve, topo_sort
+from attnforge.recipes import load_recipes
+from tests.conftest import REPO
+
+
+@pytest.fixture(scope="module")
+def recipes():
+    return load_recipes(REPO)
+
+
+def statuses(plan):
+    return {s.layer: s.status for s in plan.steps}
+
+
+# ------------------------------------------------------------------ gating (table-driven)
+
+
+@pytest.mark.parametrize(
+    ("arch", "stack", "expected"),
+    [
+        # the reference stack builds every layer on cpu
+        ("cpu", "cpu", {"base": "build", "torch-cpu": "build", "triton": "build", "validate": "build"}),
+        # RDNA: CK's fused MHA is CDNA-only upstream -> the optional ck layer is skipped, FA falls back to triton
+        ("gfx1151", "source", {"ck": "skipped", "flash-attention": "build", "pytorch-source": "build"}),
+        # CDNA3 gets CK and flash-attention's CK variant
+        ("gfx942", "source", {"ck": "build", "flash-attention": "build"}),
+        # gfx90a has no TheRock device extra -> both wheel layers unsupported, the rest blocked
+        ("gfx90a", "default", {"rocm-sdk": "unsupported", "pytorch-wheels": "unsupported", "flash-attention": "blocked", "validate": "blocked"}),
+    ],
+)
+def test_layers_are_gated_by_the_arch_data(recipes, arch, stack, expected):
+    got = statuses(resolve(recipes, arch, stack))
+    assert {k: got[k] for k in expected} == expected
+
+
+def test_variant_choice_prefers_ck_where_supported_and_falls_back_to_triton(recipes):
+    fa = {a: next(s for s in resolve(recipes, a, "source").steps if s.layer == "flash-attention") for a in ("gfx942", "gfx1151")}
+    assert fa["gfx942"].variant == "ck" and fa["gfx1151"].variant == "triton"
+
+
+def test_unsupported_layer_reason_comes_from_the_recipe(recipes):
+    ck = next(s for s in resolve(recipes, "gfx1151", "source").steps if s.layer == "ck")
+    assert "gfx94 or gfx90a" in ck.reason
+    sdk = next(s for s in resolve(recipes, "gfx90a", "default").steps if s.layer == "rocm-sdk")
+    assert "therock_extra" in sdk.reason
+
+
+def test_a_stack_for_another_arch_is_refused_with_the_stacks_that_fit(recipes):
+    with pytest.raises(UserError, match="stack 'default' is not for arch 'cpu'.*stacks for cpu: cpu"):
+        resolve(recipes, "cpu", "default")
+
+
+@pytest.mark.parametrize(("kind", "call"), [("arch", ("gfx9999", "cpu")), ("stack", ("cpu", "fast"))])
+def test_unknown_arch_or_stack_lists_the_valid_ones(recipes, kind, call):
+    with pytest.raises(UserError, match=f"unknown {kind} .*valid {kind}e?s: "):
+        resolve(recipes, *call)
+
+
+def test_aotriton_experimental_env_follows_the_torch_aotriton_version(recipes):
+    def knob(arch):
+        step = next(s for s in resolve(recipes, arch, "default").steps if s.layer == "pytorch-wheels")
+        return step.args["AOTRITON_EXPERIMENTAL"]
+
+    assert knob("gfx1151") == "1"  # AOTriton 0.11.2b: gfx1151 experimental
+    assert knob("gfx942") == "0"
+
+
+# ------------------------------------------------------------------ ordering
+
+
+def test_layers_are_ordered_parent_first_and_chained(recipes):
+    plan = resolve(recipes, "cpu", "cpu")
+    assert [s.layer for s in plan.chain] == ["base", "torch-cpu", "triton", "validate"]
+    for parent, child in zip(plan.chain, plan.chain[1:]):
+        assert child.parent == parent.layer and child.base_ref == parent.hash_tag
+
+
+@pytest.mark.parametrize(
+    ("graph", "order"),
+    [
+        ({"a": [], "b": ["a"], "c": ["b"]}, ["a", "b", "c"]),  # a chain
+        ({"c": ["a"], "b": [], "a": []}, ["b", "a", "c"]),  # stable: ties keep input order
+        ({"a": [], "b": ["a"], "c": ["a"], "d": ["b", "c"]}, ["a", "b", "c", "d"]),  # a diamond
+    ],
+)
+def test_topo_sort_puts_dependencies_first(graph, order):
+    keys = list(graph)
+    assert topo_sort(graph, key=keys.index) == order
+
+
+def test_a_dependency_cycle_is_named():
+    with pytest.raises(UserError, match="dependency cycle: a -> b -> c -> a"):
+        topo_sort({"a": ["b"], "b": ["c"], "c": ["a"]})
+
+
+def test_a_need_nobody_provides_is_an_error(repo_copy):
+    text = (repo_copy / "recipes/layers/triton.yaml").read_text().replace("needs: [torch]", "needs: [cuda]")
+    (repo_copy / "recipes/layers/triton.yaml").write_text(text)
+    with pytest.raises(UserError, match="layer 'triton' needs 'cuda', which no layer of stack 'cpu' provides"):
+        resolve(load_recipes(repo_copy), "cpu", "cpu")
+
+
+def test_only_stops_at_the_layer_and_keeps_what_it_sits_on(recipes):
+    plan = resolve(recipes, "cpu", "cpu", Options(only="torch-cpu"))
+    assert [s.layer for s in plan.chain] == ["base", "torch-cpu"]
+    assert plan.final_tag is None  # a partial chain is not the stack's image
+
+
+# ------------------------------------------------------------------ hashing
+
+
+def hashes(root: Path, arch="cpu", stack="cpu", **opts):
+    return {s.layer: s.hash for s in resolve(load_recipes(root), arch, stack, Options(**opts)).chain}
+
+
+def test_hash_is_deterministic(recipes):
+    assert hashes(REPO) == hashes(REPO)
+
+
+def test_one_byte_in_a_context_file_changes_that_layer_and_its_descendants_only(repo_copy):
+    before = hashes(repo_copy)
+    target = next(p for p in sorted((repo_copy / "validate").rglob("*.py")))
+    target.write_bytes(target.read_bytes() + b"#")
+    after = hashes(repo_copy)
+    assert [k for k in before if before[k] != after[k]] == ["validate"]
+
+
+def test_a_dockerfile_change_rebuilds_from_that_layer_down(repo_copy):
+    before = hashes(repo_copy)
+    path = repo_copy / "dockerfiles/torch-cpu.Dockerfile"
+    path.write_text(path.read_text() + "\n# a comment\n")
+    after = hashes(repo_copy)
+    assert [k for k in before if before[k] != after[k]] == ["torch-cpu", "triton", "validate"]
+
+
+def test_hint_args_such_as_jobs_stay_out_of_the_hash(recipes):
+    assert hashes(REPO, jobs=1) == hashes(REPO, jobs=64)
+
+
+def test_a_set_override_changes_the_hash_of_that_layer_and_below(recipes):
+    base = hashes(REPO)
+    changed = hashes(REPO, overrides=parse_overrides(["triton.NUMPY_VERSION=2.3.5"], recipes))
+    assert [k for k in base if base[k] != changed[k]] == ["triton", "validate"]
+
+
+def test_the_base_image_digest_is_part_of_the_root_hash(recipes):
+    a, b = hashes(REPO, base_digest="sha256:" + "a" * 64), hashes(REPO, base_digest="sha256:" + "b" * 64)
+    assert all(a[k] != b[k] for k in a)
+
+
+@pytest.mark.parametrize(
+    ("item", "message"),
+    [
+        ("triton", "expected LAYER.KEY=VALUE"),
+        ("triton.NUMPY_VERSION", "expected LAYER.KEY=VALUE"),
+        ("tritn.NUMPY_VERSION=1", "unknown layer 'tritn'"),
+        ("triton.NUMPY=1", "layer 'triton' has no setting 'NUMPY'; valid: NUMPY_VERSION, TRITON_VERSION, variant"),
+        ("base.variant=huge", "unknown variant of base 'huge'"),
+    ],
+)
+def test_bad_set_overrides_say_what_is_valid(recipes, item, message):
+    with pytest.raises(UserError, match=message.replace("(", r"\(")):
+        parse_overrides([item], recipes)
+
+
+# ------------------------------------------------------------------ tags, pins, cache
+
+
+def test_tags_are_content_addressed_plus_moving_and_stack_tags(recipes):
+    plan = resolve(recipes, "cpu", "cpu", Options(namespace="reg.example/team"))
+    first, last = plan.chain[0], plan.chain[-1]
+    assert first.hash_tag == f"reg.example/team/base:cpu-{first.hash[:12]}"
+    assert first.moving_tags == ("reg.example/team/base:cpu",)
+    assert last.moving_tags == ("reg.example/team/validate:cpu", "reg.example/team/cpu:cpu")
+
+
+@pytest.mark.parametrize(
+    ("value", "floats"),
+    [
+        ("2.13.0+cpu", False),
+        ("0123456789abcdef0123456789abcdef01234567", False),
+        ("sha256:" + "0" * 64, False),
+        ("ubuntu@sha256:" + "0" * 64, False),
+        ("main", True),
+        ("latest", True),
+        (">=2.9", True),
+        ("", True),
+    ],
+)
+def test_classify_pin(value, floats):
+    assert (classify_pin(value) is not None) == floats
+
+
+def test_a_moving_base_tag_is_flagged_floating_until_its_digest_is_known(recipes):
+    plan = resolve(recipes, "cpu", "cpu")
+    assert any("BASE_IMAGE" in f for f in plan.chain[0].floating)
+    plan = resolve(recipes, "cpu", "cpu", Options(base_digest="sha256:" + "c" * 64))
+    assert not plan.chain[0].floating
+
+
+def test_every_shipped_pin_is_exact_apart_from_the_base_image(recipes):
+    floating = {}
+    for arch in ("gfx1151", "gfx942", "cpu"):
+        for stack in recipes.stacks:
+            try:
+                plan = resolve(recipes, arch, stack, Options(base_digest="sha256:" + "d" * 64))
+            except UserError:
+                continue
+            for s in plan.chain:
+                if s.floating:
+                    floating[f"{stack}/{arch}/{s.layer}"] = s.floating
+    assert floating == {}
+
+
+def test_mark_cached_flags_steps_whose_hash_tag_exists(recipes):
+    plan = resolve(recipes, "cpu", "cpu")
+    cached = mark_cached(plan, {plan.chain[0].hash_tag, plan.chain[1].hash_tag})
+    assert [s.status for s in cached.chain] == ["cached", "cached", "build", "build"]
+
+
+def test_plan_json_is_what_dry_run_json_prints(recipes):
+    data = resolve(recipes, "gfx1151", "default").to_json()
+    assert data["arch"] == "gfx1151" and data["final_tag"] == "attnforge/default:gfx1151"
+    assert data["expect"]["sdpa.default_backend"] == "flash"
+    assert data["expect"]["torch.device_arch"] == "gfx1151"

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Prepares this machine for `make demo` and `make test`: a Python venv with the dev extra, a
+# reachable Docker engine, a local base image, a wheelhouse for the cpu stack and (for the
+# tests) a local registry. Safe to run again: every step checks before it acts.
+#
+#   tools/setup.sh venv|engine|base-image|wheelhouse|registry|all
+#
+# Nothing here needs the network beyond the distro's package mirror and PyPI; no registry is
+# pulled from: the base image is made with debootstrap and `docker import`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PY:-python3}
+VENV=${VENV:-.venv}
+BASE_IMAGE=${BASE_IMAGE:-attnforge-local/debian:bookworm}
+DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+WHEELHOUSE=${WHEELHOUSE:-build/wheelhouse}
+REGISTRY_ADDR=${REGISTRY_ADDR:-127.0.0.1:5000}
+# The cpu stack's pins (recipes/layers/torch-cpu.yaml, triton.yaml); images run Debian 12's Python 3.11.
+WHEELS=("torch==2.13.0+cpu" "triton==3.6.0" "numpy==2.4.6")
+
+say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
+die() { printf '\033[31merror:\033[0m %s\n' "$*" >&2; exit 1; }
+
+# Debian's 20.10 CLI drives BuildKit itself; a newer CLI without the buildx plugin cannot.
+docker_cli() { if [ -x /usr/bin/docker ]; then echo /usr/bin/docker; else command -v docker; fi; }
+
+apt_install() {
+  local missing=()
+  for pkg in "$@"; do dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg"); done
+  ((${#missing[@]})) || return 0
+  [ "$(id -u)" = 0 ] || die "missing packages: ${missing[*]}; install them (sudo apt-get install ${missing[*]}) and re-run"
+  say "installing ${missing[*]}"
+  apt-get update -q >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+venv() {
+  if [ ! -x "$VENV/bin/invoke" ] || [ pyproject.toml -nt "$VENV/bin/invoke" ]; then
+    say "python venv at $VENV (editable attnforge with the dev extra)"
+    "$PY" -m venv "$VENV"
+    "$VENV/bin/pip" install -q --upgrade pip >/dev/null
+    "$VENV/bin/pip" install -q -e '.[dev]'
+    touch "$VENV/bin/invoke"
+  fi
+}
+
+engine() {
+  local cli
+  if cli=$(docker_cli) && [ -n "$cli" ] && "$cli" info >/dev/null 2>&1; then return 0; fi
+  if [ -n "${DOCKER_HOST:-}" ]; then die "DOCKER_HOST=$DOCKER_HOST does not answer; start that engine or unset DOCKER_HOST"; fi
+  [ "$(id -u)" = 0 ] || die "no Docker engine is reachable. Start one (sudo systemctl start docker), or run this as root so it can install Debian's docker.io and start dockerd"
+  apt_install docker.io
+  say "starting dockerd (log: /tmp/attnforge-dockerd.log)"
+  if command -v systemctl >/dev/null && systemctl start docker 2>/dev/null; then :; else
+    setsid dockerd >/tmp/attnforge-dockerd.log 2>&1 < /dev/null &
+  fi
+  for _ in $(seq 60); do "$(docker_cli)" info >/dev/null 2>&1 && return 0; sleep 1; done
+  die "dockerd did not come up; see /tmp/attnforge-dockerd.log"
+}
+
+base_image() {
+  local cli; cli=$(docker_cli)
+  "$cli" image inspect "$BASE_IMAGE" >/dev/null 2>&1 && return 0
+  apt_install debootstrap
+  local root; root=$(mktemp -d /tmp/attnforge-rootfs.XXXXXX)
+  say "making $BASE_IMAGE with debootstrap (Debian 12, minbase + python3)"
+  debootstrap --variant=minbase --include=python3,python3-venv bookworm "$root" "$DEBIAN_MIRROR" >/tmp/attnforge-debootstrap.log 2>&1 \
+    || die "debootstrap failed; see /tmp/attnforge-debootstrap.log"
+  tar -C "$root" -c . | "$cli" import -c 'CMD ["/bin/bash"]' - "$BASE_IMAGE" >/dev/null
+  rm -rf "$root"
+}
+
+wheelhouse() {
+  mkdir -p "$WHEELHOUSE"
+  local want=() w
+  for w in "${WHEELS[@]}"; do
+    local name=${w%%==*} ver=${w#*==}
+    ls "$WHEELHOUSE"/"$name"-"${ver//+/?}"-*.whl >/dev/null 2>&1 || want+=("$w")
+  done
+  ((${#want[@]})) || return 0
+  say "wheelhouse $WHEELHOUSE: ${want[*]}"
+  local pip=("$VENV/bin/pip" download -q --no-deps --only-binary=:all: --python-version 3.11
+             --implementation cp --platform manylinux_2_28_x86_64 -d "$WHEELHOUSE")
+  # torch's +cpu builds live on PyTorch's own index; try the configured indexes first.
+  "${pip[@]}" "${want[@]}" 2>/dev/null \
+    || "${pip[@]}" --extra-index-url https://download.pytorch.org/whl/cpu "${want[@]}" \
+    || die "could not download ${want[*]}"
+}
+
+registry() {
+  curl -fsS "http://$REGISTRY_ADDR/v2/" >/dev/null 2>&1 && return 0
+  apt_install docker-registry
+  say "starting a local registry on $REGISTRY_ADDR"
+  setsid docker-registry serve .ci/registry.yml >/tmp/attnforge-registry.log 2>&1 < /dev/null &
+  for _ in $(seq 30); do curl -fsS "http://$REGISTRY_ADDR/v2/" >/dev/null 2>&1 && return 0; sleep 1; done
+  die "the registry did not come up; see /tmp/attnforge-registry.log"
+}
+
+case "${1:-all}" in
+  venv) venv ;;
+  engine) engine ;;
+  base-image) engine; base_image ;;
+  wheelhouse) venv; wheelhouse ;;
+  registry) registry ;;
+  all) venv; engine; base_image; wheelhouse ;;
+  *) die "unknown step ${1}; valid: venv engine base-image wheelhouse registry all" ;;
+esac
