@@ -74,3 +74,14 @@ def test_every_task_has_help():
     for name in ("build", "validate", "report", "schema", "arches"):
         line = next((l for l in proc.stdout.splitlines() if l.strip().startswith(name + " ")), "")
         assert len(line.split()) > 1, f"{name} has no one-line help in --list"
+
+
+def test_no_reachable_engine_says_how_to_start_one():
+    import os
+
+    env = dict(os.environ, DOCKER_HOST="unix:///nonexistent/docker.sock")
+    proc = invoke("build", "--arch", "cpu", env=env)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    err = " ".join(proc.stderr.split())
+    assert "no Docker engine is reachable at unix:///nonexistent/docker.sock" in err
+    assert "systemctl start docker" in err and "Traceback" not in proc.stderr

@@ -1,0 +1,263 @@
+"""End to end on a real Docker engine: build, cache, change, fail, interrupt, resume, validate, push.
+
+Runs `invoke` as a user would, in a copy of the tree (so tests may edit files) under a fresh image
+namespace. Inputs come from the environment that .ci/run prepares:
+  ATTNFORGE_E2E_BASE_IMAGE  a local base image (debootstrap + docker import; no registry here)
+  ATTNFORGE_E2E_WHEELHOUSE  local wheels (torch CPU, triton, numpy) offered to pip in builds
+  ATTNFORGE_E2E_CA_CERT     the host CA bundle, handed to builds as a BuildKit secret
+  ATTNFORGE_E2E_REGISTRY    a local registry (host:port) for the push test
+  ATTNFORGE_REQUIRE_E2E=1   fail, not skip, when no engine is reachable (CI sets it)
+The tests in this module run in order and share one tree and namespace.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import COPY_IGNORE, REPO
+
+pytestmark = pytest.mark.e2e
+
+BASE = os.environ.get("ATTNFORGE_E2E_BASE_IMAGE", "attnforge-local/debian:bookworm")
+WHEELHOUSE = os.environ.get("ATTNFORGE_E2E_WHEELHOUSE", str(REPO / "build" / "wheelhouse"))
+CA_CERT = os.environ.get("ATTNFORGE_E2E_CA_CERT", "/etc/ssl/certs/ca-certificates.crt")
+REGISTRY = os.environ.get("ATTNFORGE_E2E_REGISTRY", "")
+NAMESPACE = f"attnforge-e2e-{uuid.uuid4().hex[:8]}"
+
+
+def _engine_problem() -> str | None:
+    try:
+        from attnforge.engine import DockerEngine
+
+        engine = DockerEngine()
+    except Exception as exc:  # noqa: BLE001 - any reason is a reason to skip or fail
+        return str(exc)
+    if engine.image_id(BASE) is None:
+        return f"base image {BASE} is missing (make it with `make base-image`)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def engine_ready():
+    problem = _engine_problem()
+    if problem:
+        if os.environ.get("ATTNFORGE_REQUIRE_E2E") == "1":
+            pytest.fail(f"end-to-end tests are required here but cannot run: {problem}")
+        pytest.skip(f"no container engine for end-to-end tests: {problem}")
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory, engine_ready) -> Path:
+    dest = tmp_path_factory.mktemp("e2e") / "tree"
+    shutil.copytree(REPO, dest, ignore=COPY_IGNORE)
+    yield dest
+    tags = subprocess.run(
+        ["docker", "images", "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True, text=True
+    ).stdout.split()
+    mine = [t for t in tags if NAMESPACE in t]
+    if mine:
+        subprocess.run(["docker", "rmi", "-f", *mine], capture_output=True)
+
+
+def build_args(*extra: str) -> list[str]:
+    args = ["build", "--arch", "cpu", "--base-image", BASE, "--namespace", NAMESPACE]
+    if Path(WHEELHOUSE).is_dir():
+        # the wheelhouse holds torch's CPU wheel, so pip need not reach download.pytorch.org
+        args += ["--wheelhouse", WHEELHOUSE, "--set", "torch-cpu.TORCH_INDEX_URL="]
+    if Path(CA_CERT).is_file():
+        args += ["--ca-cert", CA_CERT]
+    return [*args, *extra]
+
+
+def invoke(tree: Path, *args: str, timeout: int = 1800) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "invoke", *args], cwd=tree, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def outcomes(stdout: str) -> dict[str, str]:
+    """layer -> built/cached from the summary table."""
+    found = {}
+    for line in stdout.splitlines():
+        cells = [c.strip() for c in line.replace("┃", "│").split("│") if c.strip()]
+        if len(cells) >= 2 and cells[1] in {"built", "cached", "failed", "skipped"}:
+            found[cells[0]] = cells[1]
+    return found
+
+
+def image_id(ref: str) -> str | None:
+    proc = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", ref], capture_output=True, text=True)
+    return proc.stdout.strip() or None if proc.returncode == 0 else None
+
+
+def docker_run(image: str, *cmd: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["docker", "run", "--rm", image, *cmd], capture_output=True, text=True, timeout=300)
+
+
+def test_the_cpu_stack_builds_and_every_layer_passes_its_smoke_checks(tree):
+    proc = invoke(tree, *build_args())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert outcomes(proc.stdout) == dict.fromkeys(["base", "torch-cpu", "triton", "validate"], "built")
+    assert "smoke ok" in proc.stdout and "FAIL" not in proc.stdout
+    assert image_id(f"{NAMESPACE}/cpu:cpu") == image_id(f"{NAMESPACE}/validate:cpu")
+    assert (tree / "build/logs/cpu/torch-cpu.log").read_text().strip()
+
+
+def test_the_image_carries_its_versions_manifest_as_file_and_label(tree):
+    final = f"{NAMESPACE}/cpu:cpu"
+    manifest = json.loads(docker_run(final, "cat", "/opt/attnforge/versions.json").stdout)
+    assert manifest["torch-cpu"]["TORCH_VERSION"] == "2.13.0+cpu"
+    assert manifest["triton"]["TRITON_VERSION"] == "3.6.0"
+    assert manifest["base_image"]["ref"] == BASE and manifest["base_image"]["digest"].startswith("sha256:")
+    labels = json.loads(
+        subprocess.run(["docker", "image", "inspect", "--format", "{{json .Config.Labels}}", final], capture_output=True, text=True).stdout
+    )
+    assert json.loads(labels["org.attnforge.versions"]) == manifest
+    assert labels["org.attnforge.layer"] == "validate"
+
+
+def test_the_build_time_ca_bundle_is_in_no_layer(tree):
+    if not Path(CA_CERT).is_file():
+        pytest.skip("no CA bundle was handed to the build")
+    size = Path(CA_CERT).stat().st_size
+    digest = __import__("hashlib").sha256(Path(CA_CERT).read_bytes()).hexdigest()
+    script = (
+        "import hashlib, os, sys\n"
+        f"size, digest = {size}, {digest!r}\n"
+        "hits = []\n"
+        "for root, dirs, files in os.walk('/'):\n"
+        "    dirs[:] = [d for d in dirs if os.path.join(root, d) not in ('/proc', '/sys', '/dev')]\n"
+        "    for f in files:\n"
+        "        p = os.path.join(root, f)\n"
+        "        try:\n"
+        "            if os.path.getsize(p) == size and hashlib.sha256(open(p, 'rb').read()).hexdigest() == digest:\n"
+        "                hits.append(p)\n"
+        "        except OSError:\n"
+        "            pass\n"
+        "print(hits); sys.exit(1 if hits else 0)\n"
+    )
+    proc = docker_run(f"{NAMESPACE}/cpu:cpu", "python3", "-c", script)
+    assert proc.returncode == 0, f"the host CA bundle was found in the image: {proc.stdout}"
+
+
+def test_a_rebuild_with_nothing_changed_is_all_cached(tree):
+    started = time.monotonic()
+    proc = invoke(tree, *build_args())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert outcomes(proc.stdout) == dict.fromkeys(["base", "torch-cpu", "triton", "validate"], "cached")
+    print(f"no-op rebuild took {time.monotonic() - started:.1f}s")  # the number lives in docs/benchmarks.md
+
+
+def test_changing_one_file_of_the_validate_layer_rebuilds_only_that_layer(tree):
+    path = tree / "validate" / "__init__.py"
+    path.write_text(path.read_text() + "\n# touched by the e2e test\n")
+    before = image_id(f"{NAMESPACE}/triton:cpu")
+    proc = invoke(tree, *build_args())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert outcomes(proc.stdout) == {"base": "cached", "torch-cpu": "cached", "triton": "cached", "validate": "built"}
+    assert image_id(f"{NAMESPACE}/triton:cpu") == before
+    assert "touched by the e2e test" in docker_run(f"{NAMESPACE}/cpu:cpu", "cat", "/opt/attnforge/src/validate/__init__.py").stdout
+
+
+def test_a_failing_layer_names_itself_its_log_and_its_tail_and_moves_no_tag(tree):
+    moving = {ref: image_id(ref) for ref in (f"{NAMESPACE}/triton:cpu", f"{NAMESPACE}/cpu:cpu")}
+    proc = invoke(tree, *build_args("--set", "triton.TRITON_VERSION=0.0.1"))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    err = " ".join(proc.stderr.split())
+    assert "layer 'triton' failed to build" in err
+    assert "build/logs/cpu/triton.log" in err
+    assert "triton==0.0.1" in err  # the tail of the log shows pip's complaint
+    assert "Traceback" not in proc.stderr
+    assert {ref: image_id(ref) for ref in moving} == moving
+
+
+def test_a_conflicting_patch_series_fails_the_build_with_the_engines_message(tree):
+    recipe = tree / "recipes/layers/triton.yaml"
+    original = recipe.read_text()
+    recipe.write_text(original.replace(
+        "patches: [patches/selftest/cpu-demo]",
+        "patches: [patches/selftest/cpu-demo, tests/patches/fixtures/selftest-conflict]",
+    ))  # fmt: skip
+    try:
+        proc = invoke(tree, *build_args())
+    finally:
+        recipe.write_text(original)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    err = " ".join(proc.stderr.split())
+    assert "layer 'triton' failed to build" in err
+    assert "triton/errors.py" in err and "hunk" in err  # the patch engine's own words, from the log tail
+    assert "Traceback" not in proc.stderr
+
+
+def test_an_interrupted_build_leaves_no_tag_and_continue_finishes_it(tree):
+    args = build_args("--set", "triton.NUMPY_VERSION=2.3.5")
+    log = tree / "build/logs/cpu/triton.log"
+    log.unlink(missing_ok=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "invoke", *args], cwd=tree, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and proc.poll() is None:
+        if log.exists() and "pip install" in log.read_text(errors="replace"):
+            break
+        time.sleep(0.5)
+    assert proc.poll() is None, "the build ended before it could be interrupted"
+    time.sleep(2)  # mid-RUN
+    os.killpg(proc.pid, signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert "--continue" in stderr
+    state = json.loads((tree / "build/state/last-build.json").read_text())
+    assert state["failed"] == "triton" and state["interrupted"] is True
+
+    plan = json.loads(invoke(tree, *args, "--dry-run", "--json").stdout)
+    triton = next(s for s in plan["steps"] if s["layer"] == "triton")
+    assert triton["status"] == "build" and image_id(triton["tag"]) is None  # no tag on a partial image
+
+    resumed = invoke(tree, "build", "--continue")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "continuing the last build" in resumed.stdout and "stopped at layer triton" in resumed.stdout
+    assert outcomes(resumed.stdout) == {"base": "cached", "torch-cpu": "cached", "triton": "built", "validate": "built"}
+    assert image_id(triton["tag"]) is not None
+    assert "2.3.5" in docker_run(f"{NAMESPACE}/cpu:cpu", "python3", "-c", "import numpy; print(numpy.__version__)").stdout
+
+
+def test_validate_runs_the_suite_in_the_image_and_writes_the_report(tree):
+    proc = invoke(tree, "validate", "--arch", "cpu", "--namespace", NAMESPACE, "--quick", timeout=1200)
+    report = tree / "reports/cpu/cpu/report.json"
+    assert report.exists(), proc.stdout + proc.stderr
+    data = json.loads(report.read_text())
+    assert "schema_version" in data
+    assert (tree / "reports/cpu/cpu/report.md").read_text().strip()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    expect = json.loads((tree / "reports/cpu/cpu/expect.json").read_text())
+    assert expect["expect"]["torch.hip"] is False
+
+
+def test_push_publishes_every_tag_to_a_real_registry(tree):
+    if not REGISTRY:
+        if os.environ.get("ATTNFORGE_REQUIRE_E2E") == "1":
+            pytest.fail("ATTNFORGE_E2E_REGISTRY is not set")
+        pytest.skip("no local registry (set ATTNFORGE_E2E_REGISTRY=host:port)")
+    ns = f"{REGISTRY}/{NAMESPACE}"
+    args = [a if a != NAMESPACE else ns for a in build_args("--push")]
+    proc = invoke(tree, *args)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with urllib.request.urlopen(f"http://{REGISTRY}/v2/{NAMESPACE}/cpu/tags/list", timeout=30) as resp:
+        assert json.load(resp)["tags"] == ["cpu"]
+    with urllib.request.urlopen(f"http://{REGISTRY}/v2/{NAMESPACE}/validate/tags/list", timeout=30) as resp:
+        tags = json.load(resp)["tags"]
+    assert "cpu" in tags and any(t.startswith("cpu-") for t in tags)
+    subprocess.run(["docker", "rmi", "-f", *(f"{ns}/{layer}:cpu" for layer in ("base", "torch-cpu", "triton", "validate", "cpu"))], capture_output=True)
