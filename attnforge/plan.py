@@ -354,8 +354,15 @@ def resolve(
     steps: list[Step] = []
     parent: Step | None = None
     blocked_by: str | None = None
-    arch_vars = {"arch": arch.name, "family": arch.family, "vendor": arch.vendor, "wave_size": arch.wave_size}
-    expect: dict[str, Any] = _render(stack.expect, arch_vars, "recipes/stacks.yaml: expect", strict=False)
+    arch_vars = {
+        "arch": arch.name,
+        "family": arch.family,
+        "vendor": arch.vendor,
+        "wave_size": arch.wave_size,
+    }
+    expect: dict[str, Any] = _render(
+        stack.expect, arch_vars, "recipes/stacks.yaml: expect", strict=False
+    )
     for entry in entries:
         layer = recipes.layers[entry.layer]
         ov = dict(options.overrides.get(layer.name, {}))

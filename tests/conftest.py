@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-COPY_IGNORE = shutil.ignore_patterns(".venv", ".git", "build", "reports", "__pycache__", "*.pyc", ".pytest_cache")
+COPY_IGNORE = shutil.ignore_patterns(
+    ".venv", ".git", "build", "reports", "__pycache__", "*.pyc", ".pytest_cache"
+)
 
 
 @pytest.fixture

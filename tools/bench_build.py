@@ -20,7 +20,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def wall(argv: list[str]) -> tuple[float, subprocess.CompletedProcess[str]]:
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "invoke", *argv], cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "invoke", *argv], cwd=ROOT, capture_output=True, text=True
+    )
     return time.perf_counter() - start, proc
 
 
@@ -40,7 +42,10 @@ def main() -> int:
                 print(proc.stdout + proc.stderr, file=sys.stderr)
                 return 1
             if "build" in argv and "--dry-run" not in argv and "built" in proc.stdout:
-                print("a layer was rebuilt: build the cpu stack once before timing the no-op", file=sys.stderr)
+                print(
+                    "a layer was rebuilt: build the cpu stack once before timing the no-op",
+                    file=sys.stderr,
+                )
                 return 1
             times.append(seconds)
         rows.append((label, statistics.median(times), min(times), max(times)))

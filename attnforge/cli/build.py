@@ -16,6 +16,7 @@ from ..errors import UserError
 from ..plan import Options, Plan, mark_cached, parse_overrides, resolve
 from ..recipes import Recipes, json_schema, load_recipes, selector_matches
 
+
 def find_root(start: Path | None = None) -> Path:
     """The attnforge tree to work on: the nearest folder above the working directory that holds
     recipes/stacks.yaml (so a copy of the tree works on itself), else the one this code is in."""

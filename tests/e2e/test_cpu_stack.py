@@ -82,7 +82,11 @@ def build_args(*extra: str) -> list[str]:
 
 def invoke(tree: Path, *args: str, timeout: int = 1800) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "invoke", *args], cwd=tree, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "invoke", *args],
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -97,18 +101,24 @@ def outcomes(stdout: str) -> dict[str, str]:
 
 
 def image_id(ref: str) -> str | None:
-    proc = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", ref], capture_output=True, text=True)
+    proc = subprocess.run(
+        ["docker", "image", "inspect", "--format", "{{.Id}}", ref], capture_output=True, text=True
+    )
     return proc.stdout.strip() or None if proc.returncode == 0 else None
 
 
 def docker_run(image: str, *cmd: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["docker", "run", "--rm", image, *cmd], capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        ["docker", "run", "--rm", image, *cmd], capture_output=True, text=True, timeout=300
+    )
 
 
 def test_the_cpu_stack_builds_and_every_layer_passes_its_smoke_checks(tree):
     proc = invoke(tree, *build_args())
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert outcomes(proc.stdout) == dict.fromkeys(["base", "torch-cpu", "triton", "validate"], "built")
+    assert outcomes(proc.stdout) == dict.fromkeys(
+        ["base", "torch-cpu", "triton", "validate"], "built"
+    )
     assert "smoke ok" in proc.stdout and "FAIL" not in proc.stdout
     assert image_id(f"{NAMESPACE}/cpu:cpu") == image_id(f"{NAMESPACE}/validate:cpu")
     assert (tree / "build/logs/cpu/torch-cpu.log").read_text().strip()
@@ -119,9 +129,15 @@ def test_the_image_carries_its_versions_manifest_as_file_and_label(tree):
     manifest = json.loads(docker_run(final, "cat", "/opt/attnforge/versions.json").stdout)
     assert manifest["torch-cpu"]["TORCH_VERSION"] == "2.13.0+cpu"
     assert manifest["triton"]["TRITON_VERSION"] == "3.6.0"
-    assert manifest["base_image"]["ref"] == BASE and manifest["base_image"]["digest"].startswith("sha256:")
+    assert manifest["base_image"]["ref"] == BASE and manifest["base_image"]["digest"].startswith(
+        "sha256:"
+    )
     labels = json.loads(
-        subprocess.run(["docker", "image", "inspect", "--format", "{{json .Config.Labels}}", final], capture_output=True, text=True).stdout
+        subprocess.run(
+            ["docker", "image", "inspect", "--format", "{{json .Config.Labels}}", final],
+            capture_output=True,
+            text=True,
+        ).stdout
     )
     assert json.loads(labels["org.attnforge.versions"]) == manifest
     assert labels["org.attnforge.layer"] == "validate"
@@ -155,8 +171,12 @@ def test_a_rebuild_with_nothing_changed_is_all_cached(tree):
     started = time.monotonic()
     proc = invoke(tree, *build_args())
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert outcomes(proc.stdout) == dict.fromkeys(["base", "torch-cpu", "triton", "validate"], "cached")
-    print(f"no-op rebuild took {time.monotonic() - started:.1f}s")  # the number lives in docs/benchmarks.md
+    assert outcomes(proc.stdout) == dict.fromkeys(
+        ["base", "torch-cpu", "triton", "validate"], "cached"
+    )
+    print(
+        f"no-op rebuild took {time.monotonic() - started:.1f}s"
+    )  # the number lives in docs/benchmarks.md
 
 
 def test_changing_one_file_of_the_validate_layer_rebuilds_only_that_layer(tree):
@@ -165,9 +185,19 @@ def test_changing_one_file_of_the_validate_layer_rebuilds_only_that_layer(tree):
     before = image_id(f"{NAMESPACE}/triton:cpu")
     proc = invoke(tree, *build_args())
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert outcomes(proc.stdout) == {"base": "cached", "torch-cpu": "cached", "triton": "cached", "validate": "built"}
+    assert outcomes(proc.stdout) == {
+        "base": "cached",
+        "torch-cpu": "cached",
+        "triton": "cached",
+        "validate": "built",
+    }
     assert image_id(f"{NAMESPACE}/triton:cpu") == before
-    assert "touched by the e2e test" in docker_run(f"{NAMESPACE}/cpu:cpu", "cat", "/opt/attnforge/src/validate/__init__.py").stdout
+    assert (
+        "touched by the e2e test"
+        in docker_run(
+            f"{NAMESPACE}/cpu:cpu", "cat", "/opt/attnforge/src/validate/__init__.py"
+        ).stdout
+    )
 
 
 def test_a_failing_layer_names_itself_its_log_and_its_tail_and_moves_no_tag(tree):
@@ -196,7 +226,9 @@ def test_a_conflicting_patch_series_fails_the_build_with_the_engines_message(tre
     assert proc.returncode == 1, proc.stdout + proc.stderr
     err = " ".join(proc.stderr.split())
     assert "layer 'triton' failed to build" in err
-    assert "triton/errors.py" in err and "hunk" in err  # the patch engine's own words, from the log tail
+    assert (
+        "triton/errors.py" in err and "hunk" in err
+    )  # the patch engine's own words, from the log tail
     assert "Traceback" not in proc.stderr
 
 
@@ -224,18 +256,35 @@ def test_an_interrupted_build_leaves_no_tag_and_continue_finishes_it(tree):
 
     plan = json.loads(invoke(tree, *args, "--dry-run", "--json").stdout)
     triton = next(s for s in plan["steps"] if s["layer"] == "triton")
-    assert triton["status"] == "build" and image_id(triton["tag"]) is None  # no tag on a partial image
+    assert (
+        triton["status"] == "build" and image_id(triton["tag"]) is None
+    )  # no tag on a partial image
 
     resumed = invoke(tree, "build", "--continue")
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert "continuing the last build" in resumed.stdout and "stopped at layer triton" in resumed.stdout
-    assert outcomes(resumed.stdout) == {"base": "cached", "torch-cpu": "cached", "triton": "built", "validate": "built"}
+    assert (
+        "continuing the last build" in resumed.stdout
+        and "stopped at layer triton" in resumed.stdout
+    )
+    assert outcomes(resumed.stdout) == {
+        "base": "cached",
+        "torch-cpu": "cached",
+        "triton": "built",
+        "validate": "built",
+    }
     assert image_id(triton["tag"]) is not None
-    assert "2.3.5" in docker_run(f"{NAMESPACE}/cpu:cpu", "python3", "-c", "import numpy; print(numpy.__version__)").stdout
+    assert (
+        "2.3.5"
+        in docker_run(
+            f"{NAMESPACE}/cpu:cpu", "python3", "-c", "import numpy; print(numpy.__version__)"
+        ).stdout
+    )
 
 
 def test_validate_runs_the_suite_in_the_image_and_writes_the_report(tree):
-    proc = invoke(tree, "validate", "--arch", "cpu", "--namespace", NAMESPACE, "--quick", timeout=1200)
+    proc = invoke(
+        tree, "validate", "--arch", "cpu", "--namespace", NAMESPACE, "--quick", timeout=1200
+    )
     report = tree / "reports/cpu/cpu/report.json"
     assert report.exists(), proc.stdout + proc.stderr
     data = json.loads(report.read_text())
@@ -255,9 +304,21 @@ def test_push_publishes_every_tag_to_a_real_registry(tree):
     args = [a if a != NAMESPACE else ns for a in build_args("--push")]
     proc = invoke(tree, *args)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    with urllib.request.urlopen(f"http://{REGISTRY}/v2/{NAMESPACE}/cpu/tags/list", timeout=30) as resp:
+    with urllib.request.urlopen(
+        f"http://{REGISTRY}/v2/{NAMESPACE}/cpu/tags/list", timeout=30
+    ) as resp:
         assert json.load(resp)["tags"] == ["cpu"]
-    with urllib.request.urlopen(f"http://{REGISTRY}/v2/{NAMESPACE}/validate/tags/list", timeout=30) as resp:
+    with urllib.request.urlopen(
+        f"http://{REGISTRY}/v2/{NAMESPACE}/validate/tags/list", timeout=30
+    ) as resp:
         tags = json.load(resp)["tags"]
     assert "cpu" in tags and any(t.startswith("cpu-") for t in tags)
-    subprocess.run(["docker", "rmi", "-f", *(f"{ns}/{layer}:cpu" for layer in ("base", "torch-cpu", "triton", "validate", "cpu"))], capture_output=True)
+    subprocess.run(
+        [
+            "docker",
+            "rmi",
+            "-f",
+            *(f"{ns}/{layer}:cpu" for layer in ("base", "torch-cpu", "triton", "validate", "cpu")),
+        ],
+        capture_output=True,
+    )

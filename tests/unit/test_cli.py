@@ -13,18 +13,38 @@ from tests.conftest import REPO
 
 def invoke(*args, cwd=REPO, env=None):
     return subprocess.run(
-        [sys.executable, "-m", "invoke", *args], cwd=cwd, capture_output=True, text=True, env=env, timeout=120
+        [sys.executable, "-m", "invoke", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
     )
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["build", "--arch", "gfx9000", "--dry-run"], "unknown arch 'gfx9000'; valid arches: cpu, gfx1100"),
-        (["build", "--arch", "cpu", "--stack", "fast", "--dry-run"], "unknown stack 'fast'; valid stacks: cpu, default, source"),
-        (["build", "--arch", "cpu", "--only", "ck", "--dry-run"], "unknown layer of stack cpu 'ck'"),
-        (["build", "--arch", "cpu", "--set", "triton.X=1", "--dry-run"], "layer 'triton' has no setting 'X'"),
-        (["build", "--arch", "cpu", "--wheelhouse", "/nonexistent", "--dry-run"], "--wheelhouse /nonexistent: no such file"),
+        (
+            ["build", "--arch", "gfx9000", "--dry-run"],
+            "unknown arch 'gfx9000'; valid arches: cpu, gfx1100",
+        ),
+        (
+            ["build", "--arch", "cpu", "--stack", "fast", "--dry-run"],
+            "unknown stack 'fast'; valid stacks: cpu, default, source",
+        ),
+        (
+            ["build", "--arch", "cpu", "--only", "ck", "--dry-run"],
+            "unknown layer of stack cpu 'ck'",
+        ),
+        (
+            ["build", "--arch", "cpu", "--set", "triton.X=1", "--dry-run"],
+            "layer 'triton' has no setting 'X'",
+        ),
+        (
+            ["build", "--arch", "cpu", "--wheelhouse", "/nonexistent", "--dry-run"],
+            "--wheelhouse /nonexistent: no such file",
+        ),
         (["validate", "--arch", "gfx1151"], "not found: this host has no ROCm GPU driver"),
     ],
 )
@@ -52,7 +72,13 @@ def test_dry_run_json_is_the_plan(tmp_path):
     proc = invoke("build", "--arch", "gfx1151", "--dry-run", "--json")
     assert proc.returncode == 0, proc.stderr
     plan = json.loads(proc.stdout)
-    assert [s["layer"] for s in plan["steps"]] == ["base", "rocm-sdk", "pytorch-wheels", "flash-attention", "validate"]
+    assert [s["layer"] for s in plan["steps"]] == [
+        "base",
+        "rocm-sdk",
+        "pytorch-wheels",
+        "flash-attention",
+        "validate",
+    ]
     assert plan["steps"][2]["args"]["AOTRITON_EXPERIMENTAL"] == "1"
     assert plan["steps"][1]["args"]["THEROCK_EXTRA"] == "device-gfx1151"
 
@@ -72,7 +98,9 @@ def test_schema_task_prints_a_json_schema():
 def test_every_task_has_help():
     proc = invoke("--list")
     for name in ("build", "validate", "report", "schema", "arches"):
-        line = next((l for l in proc.stdout.splitlines() if l.strip().startswith(name + " ")), "")
+        line = next(
+            (row for row in proc.stdout.splitlines() if row.strip().startswith(name + " ")), ""
+        )
         assert len(line.split()) > 1, f"{name} has no one-line help in --list"
 
 

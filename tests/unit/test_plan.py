@@ -28,13 +28,30 @@ def statuses(plan):
     ("arch", "stack", "expected"),
     [
         # the reference stack builds every layer on cpu
-        ("cpu", "cpu", {"base": "build", "torch-cpu": "build", "triton": "build", "validate": "build"}),
+        (
+            "cpu",
+            "cpu",
+            {"base": "build", "torch-cpu": "build", "triton": "build", "validate": "build"},
+        ),
         # RDNA: CK's fused MHA is CDNA-only upstream -> the optional ck layer is skipped, FA falls back to triton
-        ("gfx1151", "source", {"ck": "skipped", "flash-attention": "build", "pytorch-source": "build"}),
+        (
+            "gfx1151",
+            "source",
+            {"ck": "skipped", "flash-attention": "build", "pytorch-source": "build"},
+        ),
         # CDNA3 gets CK and flash-attention's CK variant
         ("gfx942", "source", {"ck": "build", "flash-attention": "build"}),
         # gfx90a has no TheRock device extra -> both wheel layers unsupported, the rest blocked
-        ("gfx90a", "default", {"rocm-sdk": "unsupported", "pytorch-wheels": "unsupported", "flash-attention": "blocked", "validate": "blocked"}),
+        (
+            "gfx90a",
+            "default",
+            {
+                "rocm-sdk": "unsupported",
+                "pytorch-wheels": "unsupported",
+                "flash-attention": "blocked",
+                "validate": "blocked",
+            },
+        ),
     ],
 )
 def test_layers_are_gated_by_the_arch_data(recipes, arch, stack, expected):
@@ -43,7 +60,10 @@ def test_layers_are_gated_by_the_arch_data(recipes, arch, stack, expected):
 
 
 def test_variant_choice_prefers_ck_where_supported_and_falls_back_to_triton(recipes):
-    fa = {a: next(s for s in resolve(recipes, a, "source").steps if s.layer == "flash-attention") for a in ("gfx942", "gfx1151")}
+    fa = {
+        a: next(s for s in resolve(recipes, a, "source").steps if s.layer == "flash-attention")
+        for a in ("gfx942", "gfx1151")
+    }
     assert fa["gfx942"].variant == "ck" and fa["gfx1151"].variant == "triton"
 
 
@@ -55,11 +75,15 @@ def test_unsupported_layer_reason_comes_from_the_recipe(recipes):
 
 
 def test_a_stack_for_another_arch_is_refused_with_the_stacks_that_fit(recipes):
-    with pytest.raises(UserError, match="stack 'default' is not for arch 'cpu'.*stacks for cpu: cpu"):
+    with pytest.raises(
+        UserError, match="stack 'default' is not for arch 'cpu'.*stacks for cpu: cpu"
+    ):
         resolve(recipes, "cpu", "default")
 
 
-@pytest.mark.parametrize(("kind", "call"), [("arch", ("gfx9999", "cpu")), ("stack", ("cpu", "fast"))])
+@pytest.mark.parametrize(
+    ("kind", "call"), [("arch", ("gfx9999", "cpu")), ("stack", ("cpu", "fast"))]
+)
 def test_unknown_arch_or_stack_lists_the_valid_ones(recipes, kind, call):
     with pytest.raises(UserError, match=f"unknown {kind} .*valid {kind}e?s: "):
         resolve(recipes, *call)
@@ -67,7 +91,9 @@ def test_unknown_arch_or_stack_lists_the_valid_ones(recipes, kind, call):
 
 def test_aotriton_experimental_env_follows_the_torch_aotriton_version(recipes):
     def knob(arch):
-        step = next(s for s in resolve(recipes, arch, "default").steps if s.layer == "pytorch-wheels")
+        step = next(
+            s for s in resolve(recipes, arch, "default").steps if s.layer == "pytorch-wheels"
+        )
         return step.args["AOTRITON_EXPERIMENTAL"]
 
     assert knob("gfx1151") == "1"  # AOTriton 0.11.2b: gfx1151 experimental
@@ -80,7 +106,7 @@ def test_aotriton_experimental_env_follows_the_torch_aotriton_version(recipes):
 def test_layers_are_ordered_parent_first_and_chained(recipes):
     plan = resolve(recipes, "cpu", "cpu")
     assert [s.layer for s in plan.chain] == ["base", "torch-cpu", "triton", "validate"]
-    for parent, child in zip(plan.chain, plan.chain[1:]):
+    for parent, child in zip(plan.chain, plan.chain[1:], strict=False):
         assert child.parent == parent.layer and child.base_ref == parent.hash_tag
 
 
@@ -103,9 +129,15 @@ def test_a_dependency_cycle_is_named():
 
 
 def test_a_need_nobody_provides_is_an_error(repo_copy):
-    text = (repo_copy / "recipes/layers/triton.yaml").read_text().replace("needs: [torch]", "needs: [cuda]")
+    text = (
+        (repo_copy / "recipes/layers/triton.yaml")
+        .read_text()
+        .replace("needs: [torch]", "needs: [cuda]")
+    )
     (repo_copy / "recipes/layers/triton.yaml").write_text(text)
-    with pytest.raises(UserError, match="layer 'triton' needs 'cuda', which no layer of stack 'cpu' provides"):
+    with pytest.raises(
+        UserError, match="layer 'triton' needs 'cuda', which no layer of stack 'cpu' provides"
+    ):
         resolve(load_recipes(repo_copy), "cpu", "cpu")
 
 
@@ -119,7 +151,9 @@ def test_only_stops_at_the_layer_and_keeps_what_it_sits_on(recipes):
 
 
 def hashes(root: Path, arch="cpu", stack="cpu", **opts):
-    return {s.layer: s.hash for s in resolve(load_recipes(root), arch, stack, Options(**opts)).chain}
+    return {
+        s.layer: s.hash for s in resolve(load_recipes(root), arch, stack, Options(**opts)).chain
+    }
 
 
 def test_hash_is_deterministic(recipes):
@@ -153,7 +187,10 @@ def test_a_set_override_changes_the_hash_of_that_layer_and_below(recipes):
 
 
 def test_the_base_image_digest_is_part_of_the_root_hash(recipes):
-    a, b = hashes(REPO, base_digest="sha256:" + "a" * 64), hashes(REPO, base_digest="sha256:" + "b" * 64)
+    a, b = (
+        hashes(REPO, base_digest="sha256:" + "a" * 64),
+        hashes(REPO, base_digest="sha256:" + "b" * 64),
+    )
     assert all(a[k] != b[k] for k in a)
 
 
@@ -163,7 +200,10 @@ def test_the_base_image_digest_is_part_of_the_root_hash(recipes):
         ("triton", "expected LAYER.KEY=VALUE"),
         ("triton.NUMPY_VERSION", "expected LAYER.KEY=VALUE"),
         ("tritn.NUMPY_VERSION=1", "unknown layer 'tritn'"),
-        ("triton.NUMPY=1", "layer 'triton' has no setting 'NUMPY'; valid: NUMPY_VERSION, TRITON_VERSION, variant"),
+        (
+            "triton.NUMPY=1",
+            "layer 'triton' has no setting 'NUMPY'; valid: NUMPY_VERSION, TRITON_VERSION, variant",
+        ),
         ("base.variant=huge", "unknown variant of base 'huge'"),
     ],
 )

@@ -14,11 +14,23 @@ from tests.conftest import REPO
 
 def test_shipped_recipes_load_and_cover_the_required_arches_and_stacks():
     recipes = load_recipes(REPO)
-    for arch in ("gfx1151", "gfx1150", "gfx1100", "gfx1101", "gfx1201", "gfx90a", "gfx942", "gfx950", "cpu"):
+    for arch in (
+        "gfx1151",
+        "gfx1150",
+        "gfx1100",
+        "gfx1101",
+        "gfx1201",
+        "gfx90a",
+        "gfx942",
+        "gfx950",
+        "cpu",
+    ):
         assert arch in recipes.arches
     assert {"default", "source", "cpu"} <= set(recipes.stacks)
     assert recipes.arches["gfx1151"].therock_extra == "device-gfx1151"
-    assert recipes.arches["gfx942"].wave_size == 64 and recipes.arches["gfx942"].matrix_unit == "mfma"
+    assert (
+        recipes.arches["gfx942"].wave_size == 64 and recipes.arches["gfx942"].matrix_unit == "mfma"
+    )
 
 
 @pytest.mark.parametrize(
@@ -42,11 +54,18 @@ def _edit(tree: Path, rel: str, old: str, new: str) -> None:
 
 
 def _line_of(tree: Path, rel: str, needle: str) -> int:
-    return next(i for i, line in enumerate((tree / rel).read_text().splitlines(), 1) if needle in line)
+    return next(
+        i for i, line in enumerate((tree / rel).read_text().splitlines(), 1) if needle in line
+    )
 
 
 def test_unknown_key_names_file_line_field_and_valid_keys(repo_copy):
-    _edit(repo_copy, "recipes/layers/triton.yaml", "wheelhouse: true", "wheelhouse: true\nwheelhose: false")
+    _edit(
+        repo_copy,
+        "recipes/layers/triton.yaml",
+        "wheelhouse: true",
+        "wheelhouse: true\nwheelhose: false",
+    )
     with pytest.raises(RecipeError) as exc:
         load_recipes(repo_copy)
     line = _line_of(repo_copy, "recipes/layers/triton.yaml", "wheelhose")
@@ -56,7 +75,12 @@ def test_unknown_key_names_file_line_field_and_valid_keys(repo_copy):
 
 
 def test_unknown_key_in_a_nested_smoke_check_lists_that_models_keys(repo_copy):
-    _edit(repo_copy, "recipes/layers/triton.yaml", "    dist: triton\n", "    dist: triton\n    versoin: x\n")
+    _edit(
+        repo_copy,
+        "recipes/layers/triton.yaml",
+        "    dist: triton\n",
+        "    dist: triton\n    versoin: x\n",
+    )
     with pytest.raises(RecipeError) as exc:
         load_recipes(repo_copy)
     assert "smoke.0.versoin: unknown key" in str(exc.value)
@@ -70,7 +94,12 @@ def test_malformed_yaml_names_the_line(repo_copy):
 
 
 def test_unknown_arch_selector_lists_valid_selectors(repo_copy):
-    _edit(repo_copy, "recipes/layers/ck.yaml", "arches: [gfx90a, family:cdna3]", "arches: [gfx90a, family:cdna9]")
+    _edit(
+        repo_copy,
+        "recipes/layers/ck.yaml",
+        "arches: [gfx90a, family:cdna3]",
+        "arches: [gfx90a, family:cdna9]",
+    )
     with pytest.raises(RecipeError) as exc:
         load_recipes(repo_copy)
     assert "unknown arch selector 'family:cdna9'" in str(exc.value)
@@ -78,7 +107,12 @@ def test_unknown_arch_selector_lists_valid_selectors(repo_copy):
 
 
 def test_stack_naming_an_unknown_layer_is_an_error_with_the_layers(repo_copy):
-    _edit(repo_copy, "recipes/stacks.yaml", "[base:minimal, torch-cpu, triton, validate]", "[base:minimal, torch-gpu, triton, validate]")
+    _edit(
+        repo_copy,
+        "recipes/stacks.yaml",
+        "[base:minimal, torch-cpu, triton, validate]",
+        "[base:minimal, torch-gpu, triton, validate]",
+    )
     with pytest.raises(RecipeError) as exc:
         load_recipes(repo_copy)
     assert "unknown layer 'torch-gpu'" in str(exc.value) and "torch-cpu" in str(exc.value)
@@ -109,14 +143,24 @@ def test_missing_dockerfile_is_an_error(repo_copy):
 
 
 def test_smoke_check_needs_exactly_one_kind(repo_copy):
-    _edit(repo_copy, "recipes/layers/triton.yaml", "    absent: pytorch-triton-rocm", "    absent: pytorch-triton-rocm\n    dist: x")
+    _edit(
+        repo_copy,
+        "recipes/layers/triton.yaml",
+        "    absent: pytorch-triton-rocm",
+        "    absent: pytorch-triton-rocm\n    dist: x",
+    )
     with pytest.raises(RecipeError, match="exactly one of dist, absent, torch_build, python"):
         load_recipes(repo_copy)
 
 
 def test_unknown_expectation_key_is_an_error(repo_copy):
     pytest.importorskip("validate.expect")
-    _edit(repo_copy, "recipes/stacks.yaml", "      torch.cuda: false", "      torch.cuda: false\n      sdpa.favourite: flash")
+    _edit(
+        repo_copy,
+        "recipes/stacks.yaml",
+        "      torch.cuda: false",
+        "      torch.cuda: false\n      sdpa.favourite: flash",
+    )
     with pytest.raises(RecipeError, match="sdpa.favourite: unknown expectation key"):
         load_recipes(repo_copy)
 
@@ -125,5 +169,7 @@ def test_json_schema_describes_layers_stacks_and_arches():
     schema = json_schema()
     json.dumps(schema)  # serialisable
     layer = schema["$defs"]["Layer"]
-    assert {"name", "dockerfile", "pins", "hint_args", "smoke", "variants"} <= set(layer["properties"])
+    assert {"name", "dockerfile", "pins", "hint_args", "smoke", "variants"} <= set(
+        layer["properties"]
+    )
     assert layer.get("additionalProperties") is False  # unknown keys are errors for editors too
