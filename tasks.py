@@ -4,6 +4,7 @@ from invoke import Collection
 
 from attnforge.cli import build as build_tasks
 from attnforge.cli import patches as patch_tasks
+from attnforge.cli import publish as publish_tasks
 from attnforge.cli import validate as validate_tasks
 
 ns = Collection()
@@ -12,4 +13,5 @@ ns.add_task(build_tasks.schema)
 ns.add_task(build_tasks.arches)
 ns.add_task(validate_tasks.validate)
 ns.add_task(validate_tasks.report)
+ns.add_task(publish_tasks.publish)
 ns.add_collection(Collection.from_module(patch_tasks), "patches")

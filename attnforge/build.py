@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -106,6 +107,10 @@ def labels_for(step: Step) -> dict[str, str]:
         "org.attnforge.arch": step.arch,
         "org.attnforge.hash": step.hash,
         "org.attnforge.versions": json.dumps(step.manifest, sort_keys=True, separators=(",", ":")),
+        # the layers this image is made of, root first: what `invoke publish` pushes
+        "org.attnforge.lineage": json.dumps(
+            [[layer, h[:12]] for layer, h in step.lineage], separators=(",", ":")
+        ),
     }
 
 
@@ -132,9 +137,24 @@ def stage_context(step: Step, root: Path, dest: Path, wheelhouse: Path | None) -
     return dest / "Dockerfile"
 
 
-def _tail(path: Path, n: int = 25) -> list[str]:
+_STEP_LINE = re.compile(r"^#(\d+) \d+\.\d+ (.*)$")
+_STEP_ERROR = re.compile(r"^#(\d+) ERROR: (.*)$")
+
+
+def failure_tail(text: str, n: int = 30) -> list[str]:
+    """The lines that explain a failed build: the failing BuildKit step's own output (without
+    BuildKit's '#6 7.408' prefixes and the echo of the whole RUN command), else the log's tail."""
+    lines = text.splitlines()
+    failed = next((m.group(1) for m in map(_STEP_ERROR.match, reversed(lines)) if m), None)
+    if failed is None:
+        return lines[-n:]
+    output = [m.group(2) for m in map(_STEP_LINE.match, lines) if m and m.group(1) == failed]
+    return output[-n:] or lines[-n:]
+
+
+def _tail(path: Path, n: int = 30) -> list[str]:
     try:
-        return path.read_text(errors="replace").splitlines()[-n:]
+        return failure_tail(path.read_text(errors="replace"), n)
     except OSError:
         return []
 
@@ -189,7 +209,6 @@ def execute(
     logs.mkdir(parents=True, exist_ok=True)
     outcomes: list[Outcome] = []
     secrets = {"ca": ca_cert} if ca_cert else {}
-    images: dict[str, str] = {}
     for step in plan.steps:
         if not step.runs:
             outcomes.append(Outcome(step.layer, step.status, detail=step.reason))
@@ -205,54 +224,68 @@ def execute(
             state.save(root)
             continue
 
-        log_path = logs / f"{step.layer}.log"
-        notify("start", step, str(log_path))
-        started = time.monotonic()
-        with (
-            tempfile.TemporaryDirectory(prefix=f"attnforge-{step.layer}-") as tmp,
-            log_path.open("w") as log,
-        ):
-            ctx = Path(tmp) / "context"
-            dockerfile = stage_context(step, root, ctx, wheelhouse)
-            req = BuildRequest(
-                context=ctx,
-                dockerfile=dockerfile,
-                build_args={"BASE_IMAGE": step.base_ref, **step.args, **step.hint_args},
-                labels=labels_for(step),
-                iidfile=Path(tmp) / "iid",
-                secrets=secrets,
+        try:
+            outcomes.append(
+                _build_step(step, engine, root, logs, state, wheelhouse, secrets, notify)
             )
-            try:
-                image = engine.build(req, log, on_line=lambda line, s=step: notify("line", s, line))
-            except BuildFailed as exc:
-                state.failed = step.layer
-                state.save(root)
-                log.flush()
-                raise LayerFailed(
-                    step.layer, log_path, _tail(log_path), f"failed to build ({exc})"
-                ) from None
-            except KeyboardInterrupt:
-                state.failed, state.interrupted = step.layer, True
-                state.save(root)
-                raise
-            results = smoke(engine, image, step, log)
-        bad = [r for r in results if not r["ok"]]
-        for r in results:
-            notify("smoke", step, f"{'ok ' if r['ok'] else 'FAIL'} {r['name']}: {r['detail']}")
-        if bad:
+        except KeyboardInterrupt:
+            state.failed, state.interrupted = step.layer, True
+            state.save(root)
+            raise
+    return outcomes
+
+
+def _build_step(
+    step: Step,
+    engine: Any,
+    root: Path,
+    logs: Path,
+    state: BuildState,
+    wheelhouse: Path | None,
+    secrets: dict[str, Path],
+    notify: Progress,
+) -> Outcome:
+    """Build, smoke-check and tag one step; LayerFailed if any of it fails."""
+    log_path = logs / f"{step.layer}.log"
+    notify("start", step, str(log_path))
+    started = time.monotonic()
+    with (
+        tempfile.TemporaryDirectory(prefix=f"attnforge-{step.layer}-") as tmp,
+        log_path.open("w") as log,
+    ):
+        ctx = Path(tmp) / "context"
+        dockerfile = stage_context(step, root, ctx, wheelhouse)
+        req = BuildRequest(
+            context=ctx,
+            dockerfile=dockerfile,
+            build_args={"BASE_IMAGE": step.base_ref, **step.args, **step.hint_args},
+            labels=labels_for(step),
+            iidfile=Path(tmp) / "iid",
+            secrets=secrets,
+        )
+        try:
+            image = engine.build(req, log, on_line=lambda line, s=step: notify("line", s, line))
+        except BuildFailed as exc:
             state.failed = step.layer
             state.save(root)
-            tail = [f"{r['name']}: {r['detail']}" for r in bad]
+            log.flush()
             raise LayerFailed(
-                step.layer, log_path, tail, f"built but failed {len(bad)} smoke check(s)"
-            )
-        for ref in (step.hash_tag, *step.moving_tags):
-            engine.tag(image, ref)
-        images[step.layer] = image
-        seconds = time.monotonic() - started
-        notify("built", step, f"{seconds:.0f}s")
-        outcomes.append(Outcome(step.layer, "built", seconds, step.hash_tag))
-        state.done.append(step.hash)
-        state.failed, state.interrupted = None, False
+                step.layer, log_path, _tail(log_path), f"failed to build ({exc})"
+            ) from None
+        results = smoke(engine, image, step, log)
+    bad = [r for r in results if not r["ok"]]
+    for r in results:
+        notify("smoke", step, f"{'ok ' if r['ok'] else 'FAIL'} {r['name']}: {r['detail']}")
+    if bad:
+        state.failed = step.layer
         state.save(root)
-    return outcomes
+        tail = [f"{r['name']}: {r['detail']}" for r in bad]
+        raise LayerFailed(step.layer, log_path, tail, f"built but failed {len(bad)} smoke check(s)")
+    for ref in (step.hash_tag, *step.moving_tags):
+        engine.tag(image, ref)
+    seconds = time.monotonic() - started
+    notify("built", step, f"{seconds:.0f}s")
+    state.done.append(step.hash)
+    state.failed, state.interrupted = None, False
+    state.save(root)
+    return Outcome(step.layer, "built", seconds, step.hash_tag)

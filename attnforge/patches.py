@@ -1125,7 +1125,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         results = action(series_list, Path(args.src))
     except PatchConflict as exc:
         if exc.results[:-1]:
-            print(format_results(exc.results[:-1], args.command))
+            # What would have happened before the conflict; all of it was rolled back.
+            print("before the conflict (rolled back, nothing written):", file=sys.stderr)
+            print(format_results(exc.results[:-1], "check"), file=sys.stderr)
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except PatchError as exc:

@@ -55,6 +55,7 @@ class Step:
     moving_tags: tuple[str, ...]
     status: str  # build | cached | unsupported | skipped | blocked
     reason: str = ""
+    lineage: tuple[tuple[str, str], ...] = ()  # (layer, hash) from the root to this step
 
     @property
     def short_hash(self) -> str:
@@ -459,6 +460,7 @@ def resolve(
             hash_tag=f"{tag_base}:{arch_name}-{digest[:12]}",
             moving_tags=(f"{tag_base}:{arch_name}",),
             status="build",
+            lineage=(*(parent.lineage if parent else ()), (layer.name, digest)),
         )
         steps.append(step)
         expect.update(layer_expect)

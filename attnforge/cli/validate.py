@@ -21,6 +21,7 @@ from .build import ROOT, default_arch, default_stack
 # TheRock dockerfiles/README.md: docker run --device=/dev/kfd --device=/dev/dri --ipc=host
 # --group-add=video --group-add=render; ROCm's "Running ROCm Docker containers" page also
 # advises --security-opt seccomp=unconfined (some HIP/HSA calls are blocked by the default profile).
+VALIDATED = "validated.json"
 ROCM_DEVICES = ["/dev/kfd", "/dev/dri"]
 ROCM_GROUPS = ["video", "render"]
 ROCM_EXTRA = ["--ipc=host", "--security-opt", "seccomp=unconfined"]
@@ -98,7 +99,8 @@ def validate(
         json.dumps({"stack": stack, "arch": arch, "expect": plan.expect}, indent=2) + "\n"
     )
     report = reports / "report.json"
-    for stale in (report, reports / "report.md"):
+    stamp = reports / VALIDATED
+    for stale in (report, reports / "report.md", stamp):
         stale.unlink(missing_ok=True)  # a report on disk is always this run's
 
     if local:
@@ -141,6 +143,15 @@ def validate(
             )
     if not report.exists():
         raise UserError(f"the suite wrote no report (exit {code}); see {reports / 'validate.log'}")
+    if not local:
+        # What `invoke publish` checks: this very image passed (image ids, not tags, which move).
+        stamp.write_text(
+            json.dumps(
+                {"image": ref, "image_id": eng.image_id(ref), "exit": code, "passed": code == 0},
+                indent=2,
+            )
+            + "\n"
+        )
     print_summary(report)
     out.print(f"report: {report}")
     if code != 0:

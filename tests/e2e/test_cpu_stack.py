@@ -234,6 +234,10 @@ def test_a_conflicting_patch_series_fails_the_build_with_the_engines_message(tre
 
 def test_an_interrupted_build_leaves_no_tag_and_continue_finishes_it(tree):
     args = build_args("--set", "triton.NUMPY_VERSION=2.3.5")
+    # A nonce in the triton layer's context, so BuildKit's own cache cannot finish the step
+    # before the interrupt lands (a warm machine has built numpy 2.3.5 before).
+    patch = next((tree / "patches/selftest/cpu-demo").glob("0001-*.patch"))
+    patch.write_text(patch.read_text().replace("Subject:", f"X-Nonce: {uuid.uuid4()}\nSubject:", 1))
     log = tree / "build/logs/cpu/triton.log"
     log.unlink(missing_ok=True)
     proc = subprocess.Popen(
@@ -295,30 +299,45 @@ def test_validate_runs_the_suite_in_the_image_and_writes_the_report(tree):
     assert expect["expect"]["torch.hip"] is False
 
 
-def test_push_publishes_every_tag_to_a_real_registry(tree):
+def test_publish_refuses_an_image_that_changed_since_validation(tree):
+    stamp = tree / "reports/cpu/cpu/validated.json"
+    record = json.loads(stamp.read_text())
+    stamp.write_text(json.dumps({**record, "image_id": "sha256:" + "0" * 64}))
+    try:
+        proc = invoke(
+            tree,
+            "publish",
+            "--arch",
+            "cpu",
+            "--namespace",
+            NAMESPACE,
+            "--to",
+            f"{REGISTRY or '127.0.0.1:5000'}/{NAMESPACE}",
+        )
+    finally:
+        stamp.write_text(json.dumps(record))
+    assert proc.returncode == 2 and "changed since it was validated" in " ".join(
+        proc.stderr.split()
+    )
+
+
+def test_publish_pushes_the_validated_stack_to_a_real_registry(tree):
     if not REGISTRY:
         if os.environ.get("ATTNFORGE_REQUIRE_E2E") == "1":
             pytest.fail("ATTNFORGE_E2E_REGISTRY is not set")
         pytest.skip("no local registry (set ATTNFORGE_E2E_REGISTRY=host:port)")
-    ns = f"{REGISTRY}/{NAMESPACE}"
-    args = [a if a != NAMESPACE else ns for a in build_args("--push")]
-    proc = invoke(tree, *args)
+    target = f"{REGISTRY}/{NAMESPACE}"
+    proc = invoke(tree, "publish", "--arch", "cpu", "--namespace", NAMESPACE, "--to", target)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    with urllib.request.urlopen(
-        f"http://{REGISTRY}/v2/{NAMESPACE}/cpu/tags/list", timeout=30
-    ) as resp:
-        assert json.load(resp)["tags"] == ["cpu"]
-    with urllib.request.urlopen(
-        f"http://{REGISTRY}/v2/{NAMESPACE}/validate/tags/list", timeout=30
-    ) as resp:
-        tags = json.load(resp)["tags"]
-    assert "cpu" in tags and any(t.startswith("cpu-") for t in tags)
-    subprocess.run(
-        [
-            "docker",
-            "rmi",
-            "-f",
-            *(f"{ns}/{layer}:cpu" for layer in ("base", "torch-cpu", "triton", "validate", "cpu")),
-        ],
-        capture_output=True,
-    )
+
+    def tags(repo):
+        with urllib.request.urlopen(
+            f"http://{REGISTRY}/v2/{NAMESPACE}/{repo}/tags/list", timeout=30
+        ) as resp:
+            return sorted(json.load(resp)["tags"])
+
+    assert tags("cpu") == ["cpu"]
+    for layer in ("base", "torch-cpu", "triton", "validate"):
+        got = tags(layer)
+        assert "cpu" in got and any(t.startswith("cpu-") for t in got), (layer, got)
+    subprocess.run(["docker", "pull", f"{target}/cpu:cpu"], capture_output=True, check=True)

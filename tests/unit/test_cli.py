@@ -97,7 +97,7 @@ def test_schema_task_prints_a_json_schema():
 
 def test_every_task_has_help():
     proc = invoke("--list")
-    for name in ("build", "validate", "report", "schema", "arches"):
+    for name in ("build", "validate", "report", "publish", "schema", "arches"):
         line = next(
             (row for row in proc.stdout.splitlines() if row.strip().startswith(name + " ")), ""
         )

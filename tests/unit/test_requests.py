@@ -67,3 +67,35 @@ def test_rocm_with_kfd_gets_devices_groups_and_ipc(tmp_path):
 def test_nvidia_gets_gpus_and_cpu_gets_nothing():
     assert "--gpus" in device_flags("nvidia")["extra"]
     assert device_flags("cpu") == {"devices": [], "groups": [], "extra": []}
+
+
+def test_publish_pushes_each_layer_of_the_lineage_and_the_stack_tag_last():
+    from attnforge.cli.publish import publish_refs
+
+    refs = publish_refs([["base", "aaa"], ["validate", "bbb"]], "cpu", "cpu", "ns")
+    assert refs == [
+        ("ns/base:cpu-aaa", ["base:cpu-aaa", "base:cpu"]),
+        ("ns/validate:cpu-bbb", ["validate:cpu-bbb", "validate:cpu", "cpu:cpu"]),
+    ]
+
+
+def test_a_failed_buildkit_log_is_cut_to_the_failing_steps_own_output():
+    from attnforge.build import failure_tail
+
+    log = "\n".join(
+        [
+            "#5 [1/2] FROM base",
+            "#5 0.1 ok",
+            "#6 [2/2] RUN pip install x",
+            "#6 0.4 Collecting x",
+            "#6 1.2 ERROR: No matching distribution found for x==0.0.1",
+            "#6 ERROR: executor failed running [/bin/sh -c pip install x]: exit code: 1",
+            "------",
+            " > [2/2] RUN pip install x:",
+        ]
+    )
+    assert failure_tail(log) == [
+        "Collecting x",
+        "ERROR: No matching distribution found for x==0.0.1",
+    ]
+    assert failure_tail("plain\nlog\nlines", n=2) == ["log", "lines"]

@@ -1,0 +1,95 @@
+"""invoke publish: push a stack's images to a registry, only when its final image passed validation."""
+
+from __future__ import annotations
+
+import json
+
+from invoke import task
+
+from ..console import out, user_errors
+from ..engine import connect
+from ..errors import UserError
+from ..plan import Options, resolve
+from ..recipes import load_recipes
+from .build import ROOT, default_arch, default_stack
+from .validate import VALIDATED
+
+
+def publish_refs(
+    lineage: list[list[str]], arch: str, stack: str, namespace: str
+) -> list[tuple[str, list[str]]]:
+    """(local content tag, [tags to push]) for each layer of a final image, root first."""
+    refs = []
+    for i, (layer, short) in enumerate(lineage):
+        tags = [f"{layer}:{arch}-{short}", f"{layer}:{arch}"]
+        if i == len(lineage) - 1:
+            tags.append(f"{stack}:{arch}")
+        refs.append((f"{namespace}/{layer}:{arch}-{short}", tags))
+    return refs
+
+
+@task(
+    help={
+        "to": "registry namespace to push to, e.g. ghcr.io/org/attnforge (required)",
+        "arch": "arch of the stack to publish (default: the host's AMD GPU, else cpu)",
+        "stack": "stack to publish (default: as for build)",
+        "namespace": "local image name prefix the stack was built under (default: attnforge)",
+        "engine": "container engine: docker (default) or podman",
+        "debug": "show tracebacks",
+    }
+)
+@user_errors
+def publish(c, to=None, arch=None, stack=None, namespace="attnforge", engine="docker", debug=False):
+    """Push every layer of a validated stack (content and moving tags); refuse an unvalidated one."""
+    if not to:
+        raise UserError(
+            "--to is required: the registry namespace to push to (e.g. ghcr.io/org/attnforge)"
+        )
+    recipes = load_recipes(ROOT)
+    if arch is None:
+        arch, why = default_arch()
+        out.print(f"[dim]--arch not given: {why}[/]")
+    stack = stack or default_stack(recipes, arch)
+    final = resolve(recipes, arch, stack, Options(namespace=namespace)).final_tag
+    eng = connect(engine)
+    final_id = eng.image_id(final) if final else None
+    if final_id is None:
+        raise UserError(f"no image {final}", hint=f"invoke build --arch {arch} --stack {stack}")
+    stamp = ROOT / "reports" / arch / stack / VALIDATED
+    if not stamp.exists():
+        raise UserError(
+            f"{final} was never validated here; it is not published",
+            hint=f"invoke validate --arch {arch} --stack {stack}",
+        )
+    record = json.loads(stamp.read_text())
+    if record.get("image_id") != final_id:
+        raise UserError(
+            f"{final} changed since it was validated (validated {str(record.get('image_id'))[:19]}, now {final_id[:19]}); it is not published",
+            hint=f"invoke validate --arch {arch} --stack {stack}",
+        )
+    if not record.get("passed"):
+        raise UserError(
+            f"{final} failed validation (exit {record.get('exit')}); it is not published",
+            hint=f"see reports/{arch}/{stack}/report.md",
+        )
+    lineage = json.loads(eng.labels(final).get("org.attnforge.lineage", "[]"))
+    if not lineage:
+        raise UserError(f"{final} has no org.attnforge.lineage label: was it built by attnforge?")
+
+    log_path = ROOT / "build" / "logs" / arch / "publish.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    pushed = 0
+    with log_path.open("w") as log:
+        for local, tags in publish_refs(lineage, arch, stack, namespace):
+            image = eng.image_id(local)
+            if image is None:
+                raise UserError(
+                    f"{local} (a layer of {final}) is missing locally; nothing more was pushed"
+                )
+            for tag in tags:
+                target = f"{to.rstrip('/')}/{tag}"
+                eng.tag(image, target)
+                out.print(f"pushing {target}")
+                eng.push(target, log)
+                pushed += 1
+    out.print(f"[green]published[/] {pushed} tags of the validated {final} to {to}")
