@@ -6,6 +6,7 @@ print them and tests can record them; the engines execute them for real.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -178,7 +179,56 @@ def pick_docker_cli() -> tuple[str, str]:
     )
 
 
-class DockerEngine:
+class _CliEngine:
+    """What Docker and Podman do the same way: builds, runs and pushes through their CLI."""
+
+    name = ""
+    cli = ""
+    mode = ""
+    env: dict[str, str] = {}
+
+    def build(
+        self, req: BuildRequest, log: IO[str], on_line: Callable[[str], None] | None = None
+    ) -> str:
+        argv = req.argv([self.cli], self.mode)
+        log.write("$ " + " ".join(argv) + "\n")
+        code = _stream(argv, log, on_line, self.env)
+        if code != 0:
+            raise BuildFailed(code)
+        return req.iidfile.read_text().strip()
+
+    def existing(self, refs: Iterable[str]) -> set[str]:
+        return {r for r in refs if r and self.image_id(r)}
+
+    def image_id(self, ref: str) -> str | None:
+        raise NotImplementedError
+
+    def run(
+        self, req: RunRequest, input: str | None = None, timeout: float | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            req.argv([self.cli]),
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=self.env,
+        )
+
+    def run_streaming(
+        self, req: RunRequest, log: IO[str], on_line: Callable[[str], None] | None = None
+    ) -> int:
+        return _stream(req.argv([self.cli]), log, on_line, self.env)
+
+    def push(self, ref: str, log: IO[str]) -> None:
+        code = _stream([self.cli, "push", ref], log, None, self.env)
+        if code != 0:
+            raise UserError(
+                f"pushing {ref} failed (exit {code}); is the registry reachable and are you logged in?"
+            )
+
+
+class DockerEngine(_CliEngine):
     """Docker: builds through the CLI with BuildKit, inspects and tags through the SDK."""
 
     name = "docker"
@@ -219,16 +269,6 @@ class DockerEngine:
         info = self.client.version()
         return f"Docker {info.get('Version', '?')} via {self.cli} ({'buildx' if self.mode == 'buildx' else 'BuildKit'})"
 
-    def build(
-        self, req: BuildRequest, log: IO[str], on_line: Callable[[str], None] | None = None
-    ) -> str:
-        argv = req.argv([self.cli], self.mode)
-        log.write("$ " + " ".join(argv) + "\n")
-        code = _stream(argv, log, on_line, self.env)
-        if code != 0:
-            raise BuildFailed(code)
-        return req.iidfile.read_text().strip()
-
     def image_id(self, ref: str) -> str | None:
         import docker
 
@@ -237,9 +277,6 @@ class DockerEngine:
         except docker.errors.ImageNotFound:
             return None
 
-    def existing(self, refs: Iterable[str]) -> set[str]:
-        return {r for r in refs if r and self.image_id(r)}
-
     def tag(self, image: str, ref: str) -> None:
         repo, _, tag = ref.rpartition(":")
         self.client.images.get(image).tag(repo, tag)
@@ -247,62 +284,27 @@ class DockerEngine:
     def labels(self, ref: str) -> dict[str, str]:
         return dict(self.client.images.get(ref).labels or {})
 
-    def run(
-        self, req: RunRequest, input: str | None = None, timeout: float | None = None
-    ) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            req.argv([self.cli]),
-            input=input,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=self.env,
-        )
 
-    def run_streaming(
-        self, req: RunRequest, log: IO[str], on_line: Callable[[str], None] | None = None
-    ) -> int:
-        return _stream(req.argv([self.cli]), log, on_line, self.env)
-
-    def push(self, ref: str, log: IO[str]) -> None:
-        code = _stream([self.cli, "push", ref], log, None, self.env)
-        if code != 0:
-            raise UserError(
-                f"pushing {ref} failed (exit {code}); is the registry reachable and are you logged in?"
-            )
-
-
-class PodmanEngine:
+class PodmanEngine(_CliEngine):
     """Podman: everything through its CLI (it builds with Buildah, secrets and cache mounts included)."""
 
     name = "podman"
 
     def __init__(self) -> None:
-        self.cli = shutil.which("podman")
-        if not self.cli:
+        cli = shutil.which("podman")
+        if not cli:
             raise UserError(
                 "podman is not installed", hint="apt-get install podman, or use --engine docker"
             )
-        if subprocess.run([self.cli, "info"], capture_output=True, timeout=60).returncode != 0:
+        if subprocess.run([cli, "info"], capture_output=True, timeout=60).returncode != 0:
             raise UserError(
                 "podman cannot reach its storage or service", hint="run `podman info` to see why"
             )
-        self.mode = "podman"
-        self.env = dict(os.environ)
+        self.cli, self.mode, self.env = cli, "podman", dict(os.environ)
 
     def describe(self) -> str:
         out = subprocess.run([self.cli, "--version"], capture_output=True, text=True).stdout.strip()
         return out or "podman"
-
-    def build(
-        self, req: BuildRequest, log: IO[str], on_line: Callable[[str], None] | None = None
-    ) -> str:
-        argv = req.argv([self.cli], "podman")
-        log.write("$ " + " ".join(argv) + "\n")
-        code = _stream(argv, log, on_line, self.env)
-        if code != 0:
-            raise BuildFailed(code)
-        return req.iidfile.read_text().strip()
 
     def image_id(self, ref: str) -> str | None:
         out = subprocess.run(
@@ -310,41 +312,17 @@ class PodmanEngine:
             capture_output=True,
             text=True,
         )
-        return out.stdout.strip() or None if out.returncode == 0 else None
-
-    def existing(self, refs: Iterable[str]) -> set[str]:
-        return {r for r in refs if r and self.image_id(r)}
+        return (out.stdout.strip() or None) if out.returncode == 0 else None
 
     def tag(self, image: str, ref: str) -> None:
         subprocess.run([self.cli, "tag", image, ref], check=True, capture_output=True)
 
     def labels(self, ref: str) -> dict[str, str]:
-        import json
-
         out = subprocess.run(
             [self.cli, "image", "inspect", "--format", "{{json .Labels}}", ref],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
         return json.loads(out.stdout or "{}") or {}
-
-    def run(
-        self, req: RunRequest, input: str | None = None, timeout: float | None = None
-    ) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            req.argv([self.cli]), input=input, capture_output=True, text=True, timeout=timeout
-        )
-
-    def run_streaming(
-        self, req: RunRequest, log: IO[str], on_line: Callable[[str], None] | None = None
-    ) -> int:
-        return _stream(req.argv([self.cli]), log, on_line, self.env)
-
-    def push(self, ref: str, log: IO[str]) -> None:
-        code = _stream([self.cli, "push", ref], log, None, self.env)
-        if code != 0:
-            raise UserError(f"pushing {ref} failed (exit {code})")
 
 
 def connect(name: str) -> DockerEngine | PodmanEngine:
