@@ -1,0 +1,223 @@
+"""Pure parts: numerics rule, grid, warning capture, backend naming, planning and exit status."""
+
+import os
+
+import pytest
+import torch
+
+from validate import grid, suite
+from validate.checks import env, flash_attn, numerics, sdpa
+
+
+def _case(dtype="fp16", causal=False, hq=4, hkv=4):
+    return grid.Case("t", dtype, causal, 32, hq, hkv, 40, 40, batch=1)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_reference_matches_torch_math_sdpa(dtype, causal):
+    q, k, v = numerics.make_inputs(_case(dtype, causal), "cpu")
+    assert numerics.attention_math(q, k, v, causal, upcast=True).dtype == q.dtype
+    ref = numerics.attention_math(q.float(), k.float(), v.float(), causal, upcast=True)
+    with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.MATH]):
+        sdpa = torch.nn.functional.scaled_dot_product_attention(
+            q.float(), k.float(), v.float(), is_causal=causal
+        )
+    torch.testing.assert_close(ref, sdpa, atol=1e-5, rtol=1e-5)
+
+
+def test_reference_expands_gqa_heads():
+    q, k, v = numerics.make_inputs(_case(hq=4, hkv=2), "cpu")
+    ref = numerics.attention_math(q, k, v, False, upcast=True)
+    full = numerics.attention_math(
+        q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), False, upcast=True
+    )
+    torch.testing.assert_close(ref, full)
+
+
+def test_judge_accepts_the_low_precision_reference_itself():
+    q, k, v = numerics.make_inputs(_case(), "cpu")
+    ref = numerics.attention_math(q, k, v, False, upcast=True)
+    lp = numerics.attention_math(q, k, v, False, upcast=False)
+    j = numerics.judge(lp, ref, lp)
+    assert j.ok and j.max_abs_err <= j.tolerance
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "fragment"),
+    [
+        (lambda o: o.fill_(float("nan")), "non-finite"),
+        (lambda o: o.add_(0.1), "max|err|"),
+        (lambda o: o[..., :-1], "shape"),
+    ],
+)
+def test_judge_rejects(corrupt, fragment):
+    q, k, v = numerics.make_inputs(_case(), "cpu")
+    ref = numerics.attention_math(q, k, v, False, upcast=True)
+    lp = numerics.attention_math(q, k, v, False, upcast=False)
+    j = numerics.judge(corrupt(lp.clone()), ref, lp)
+    assert not j.ok and fragment in j.message
+
+
+def test_grid_covers_the_issue_and_quick_keeps_reference():
+    cases = grid.grid(quick=False)
+    assert {c.dtype for c in cases} == {"fp16", "bf16"}
+    assert {c.causal for c in cases} == {True, False}
+    assert {64, 128} <= {c.head_dim for c in cases} and any(c.head_dim % 8 for c in cases)
+    assert any(c.gqa for c in cases) and any(c.seqlen_q % 64 for c in cases)
+    assert grid.REFERENCE_CASE in {c.name for c in grid.grid(quick=True)}
+    capped = grid.for_cpu(grid.Case("x", "fp16", False, 64, 1, 1, 1024, 512))
+    assert (capped.seqlen_q, capped.seqlen_k) == (256, 128)
+
+
+@pytest.mark.parametrize(
+    ("line", "text"),
+    [
+        (
+            "[W1122 00:21:03.123456789 sdp_utils.cpp:612] Warning: head_dim should be a multiple of 8 (function check_head_dim_size_cudnn)",
+            "head_dim should be a multiple of 8",
+        ),
+        (
+            "[W sdp_utils.cpp:1] Flash attention has been runtime disabled.",
+            "Flash attention has been runtime disabled.",
+        ),
+        ("plain text", "plain text"),
+    ],
+)
+def test_clean_warning(line, text):
+    assert sdpa.clean_warning(line) == text
+
+
+def test_captured_warnings_takes_fd2_and_python_warnings():
+    import warnings
+
+    with sdpa.captured_warnings() as lines:
+        os.write(2, b"[W1 x.cpp:1] Warning: from C++ (function f)\n")
+        warnings.warn("from Python", stacklevel=1)
+    assert lines == ["from C++", "from Python"]
+
+
+@pytest.mark.parametrize(
+    ("value", "name"),
+    [
+        (torch.nn.attention.SDPBackend.FLASH_ATTENTION, "flash"),
+        ("EFFICIENT_ATTENTION", "efficient"),
+        ("SDPBackend.MATH", "math"),
+        ("OVERRIDEABLE", "overrideable"),
+    ],
+)
+def test_enum_to_name(value, name):
+    assert sdpa.enum_to_name(value) == name
+
+
+@pytest.mark.parametrize(
+    ("ops", "backend"),
+    [
+        (
+            [
+                "aten::scaled_dot_product_attention",
+                "aten::_scaled_dot_product_flash_attention_for_cpu",
+            ],
+            "flash",
+        ),
+        (
+            ["aten::_scaled_dot_product_efficient_attention", "aten::_efficient_attention_forward"],
+            "efficient",
+        ),
+        (["aten::_scaled_dot_product_cudnn_attention"], "cudnn"),
+        (["aten::_scaled_dot_product_attention_math"], "math"),
+        (["aten::scaled_dot_product_attention"], None),
+    ],
+)
+def test_backend_from_profiler_ops(ops, backend):
+    assert sdpa.backend_from_ops(ops) == backend
+
+
+def test_fused_choice_on_cpu_names_a_backend():
+    c = _case()
+    q, k, v = numerics.make_inputs(c, "cpu")
+    pick, how = sdpa.fused_choice(torch, q, k, v, c)
+    assert pick in ("flash", "math") and how == "torch._fused_sdp_choice"
+
+
+@pytest.mark.parametrize(
+    ("module", "hip", "backend"),
+    [
+        ("flash_attn_2_cuda", False, "cuda"),
+        ("flash_attn_2_cuda", True, "ck"),
+        ("flash_attn.flash_attn_triton_amd.interface_fa", True, "triton"),
+        ("aiter.ops.triton._triton_kernels.flash_attn_triton_amd.flash_attn_2", True, "triton"),
+        ("something_else", True, "unknown"),
+    ],
+)
+def test_flash_attn_backend_from_bound_module(module, hip, backend):
+    assert flash_attn.classify_backend(module, hip) == backend
+
+
+def test_env_knobs_and_arch_names():
+    got = env.attention_env(
+        {"TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL": "1", "TRITON_CACHE_DIR": "/c", "HOME": "/root"}
+    )
+    assert got == {"TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL": "1", "TRITON_CACHE_DIR": "/c"}
+    assert env.base_arch("gfx1151:sramecc-:xnack-") == "gfx1151"
+
+
+def _rec(cid, status, required=True, **kw):
+    return {
+        "id": cid,
+        "status": status,
+        "required": required,
+        "message": "m",
+        "observations": {},
+        "details": {},
+        **kw,
+    }
+
+
+@pytest.mark.parametrize(
+    ("records", "broken", "code"),
+    [
+        ([_rec("a", "pass"), _rec("b", "skip")], 0, 0),
+        ([_rec("a", "pass")], 1, 1),
+        ([_rec("a", "crash")], 0, 1),
+        ([_rec("a", "timeout")], 0, 1),
+        ([_rec("a", "fail", required=False)], 0, 0),
+    ],
+)
+def test_exit_code(records, broken, code):
+    assert suite.exit_code(records, broken) == code
+
+
+def test_kernels_works_needs_a_case_that_ran():
+    assert suite.observations([_rec("kernels.case.a", "skip")])["kernels.works"] is False
+    assert (
+        suite.observations([_rec("kernels.case.a", "pass"), _rec("kernels.case.b", "skip")])[
+            "kernels.works"
+        ]
+        is True
+    )
+    assert "kernels.works" not in suite.observations([_rec("kernels.list", "skip")])
+
+
+def test_every_known_key_has_a_provider():
+    from validate.expect import KNOWN_KEYS
+
+    planned = {c["id"] for c in suite.plan("all", quick=False)}
+    for key in KNOWN_KEYS:
+        pid = suite.provider(key)
+        assert pid == "kernels.case.*" or pid in planned, key
+
+
+def test_execute_discovers_kernel_cases_and_skips_flash_attn_run():
+    seen = []
+
+    def fake_runner(spec, timeout):
+        seen.append(spec["id"])
+        status = "skip" if spec["id"] == "flash_attn.info" else "pass"
+        details = {"cases": ["k1", "k2"]} if spec["id"] == "kernels.list" else {}
+        return _rec(spec["id"], status, details=details, group="g", title="t")
+
+    records = suite.execute(suite.plan("all", quick=True), 5, runner=fake_runner)
+    ids = [r["id"] for r in records]
+    assert "flash_attn.run" in ids and "flash_attn.run" not in seen
+    assert ids[-2:] == ["kernels.case.k1", "kernels.case.k2"]

@@ -1,0 +1,5 @@
+import sys
+
+from validate.cli import main
+
+sys.exit(main())

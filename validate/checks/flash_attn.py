@@ -1,0 +1,128 @@
+"""flash_attn package checks: version, which backend it uses and why, forward+backward."""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Any
+
+from validate.checks.numerics import attention_math, judge, make_inputs
+from validate.grid import Case
+
+TRITON_ENV = "FLASH_ATTENTION_TRITON_AMD_ENABLE"
+
+
+def classify_backend(module_name: str, hip: bool) -> str:
+    """The backend implied by the module flash_attn_interface bound as its GPU implementation.
+
+    Upstream binds ``flash_attn_gpu`` to ``flash_attn_2_cuda`` (CUDA, or CK when built for
+    ROCm), to ``flash_attn.flash_attn_triton_amd.interface_fa`` (ROCm fork, Triton) or to
+    ``aiter.ops.triton._triton_kernels.flash_attn_triton_amd.flash_attn_2`` (Dao-AILab
+    after the 2026 migration to aiter, Triton).
+    """
+    name = module_name.lower()
+    if "triton" in name:
+        return "triton"
+    if "flash_attn_2_cuda" in name or name.endswith("_cuda"):
+        return "ck" if hip else "cuda"
+    return "unknown"
+
+
+def info(params: dict[str, Any], ctx) -> dict[str, Any]:
+    import torch
+
+    hip = bool(getattr(torch.version, "hip", None))
+    details: dict[str, Any] = {"env": {TRITON_ENV: os.environ.get(TRITON_ENV)}}
+    ctx.progress("import flash_attn")
+    try:
+        fa = importlib.import_module("flash_attn")
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.split(".")[0] == "flash_attn":
+            return {
+                "status": "skip",
+                "message": "flash_attn is not installed",
+                "observations": {"flash_attn.backend": "absent"},
+                "details": details,
+            }
+        raise
+    obs: dict[str, Any] = {"flash_attn.version": str(getattr(fa, "__version__", "unknown"))}
+    details["file"] = getattr(fa, "__file__", None)
+    ctx.progress("import flash_attn.flash_attn_interface")
+    iface = importlib.import_module("flash_attn.flash_attn_interface")
+    gpu = getattr(iface, "flash_attn_gpu", None) or getattr(iface, "flash_attn_cuda", None)
+    if gpu is None:
+        obs["flash_attn.backend"] = "unknown"
+        how = "flash_attn_interface has neither flash_attn_gpu nor flash_attn_cuda"
+    else:
+        mod_name = getattr(gpu, "__name__", type(gpu).__name__)
+        obs["flash_attn.backend"] = classify_backend(mod_name, hip)
+        how = (
+            f"flash_attn.flash_attn_interface.flash_attn_gpu is {mod_name} "
+            f"({getattr(gpu, '__file__', '?')}); torch is a {'ROCm' if hip else 'CUDA/CPU'} build; "
+            f"{TRITON_ENV}={os.environ.get(TRITON_ENV)!r}"
+        )
+    details["backend_determined_by"] = how
+    return {
+        "status": "pass",
+        "message": f"flash_attn {obs['flash_attn.version']}, backend {obs['flash_attn.backend']}",
+        "observations": obs,
+        "details": details,
+    }
+
+
+_CASES = (
+    Case("fa-fp16-d64-s256-causal", "fp16", True, 64, 8, 8, 256, 256),
+    Case("fa-bf16-d128-s512", "bf16", False, 128, 8, 8, 512, 512),
+)
+
+
+def run(params: dict[str, Any], ctx) -> dict[str, Any]:
+    """Forward and backward of flash_attn_func against the fp32 reference."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {
+            "status": "skip",
+            "message": "no GPU: flash_attn runs on CUDA/ROCm devices only",
+            "observations": {},
+        }
+    from flash_attn import flash_attn_func
+
+    results, fails = {}, []
+    for c in _CASES[: 1 if ctx.quick else None]:
+        ctx.progress(f"flash_attn {c.name}")
+        base = make_inputs(c, "cuda")
+        q, k, v = (t.clone().requires_grad_(True) for t in base)
+        out = flash_attn_func(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=c.causal
+        ).transpose(1, 2)
+        g = torch.randn_like(out)
+        dq, dk, dv = torch.autograd.grad(out, (q, k, v), g)
+        qf, kf, vf = (t.float().requires_grad_(True) for t in base)
+        ref = attention_math(qf, kf, vf, c.causal, upcast=True)
+        rq, rk, rv = torch.autograd.grad(ref, (qf, kf, vf), g.float())
+        ql, kl, vl = (t.clone().requires_grad_(True) for t in base)
+        ref_lp = attention_math(ql, kl, vl, c.causal, upcast=False)
+        lq, lk, lv = torch.autograd.grad(ref_lp, (ql, kl, vl), g)
+        verdicts = {
+            "out": judge(out.detach(), ref.detach(), ref_lp.detach()),
+            "dq": judge(dq, rq, lq),
+            "dk": judge(dk, rk, lk),
+            "dv": judge(dv, rv, lv),
+        }
+        results[c.name] = {n: j.to_json() for n, j in verdicts.items()}
+        fails += [f"{c.name} {n}: {j.message}" for n, j in verdicts.items() if not j.ok]
+    obs = {"flash_attn.works": not fails}
+    if fails:
+        return {
+            "status": "fail",
+            "message": "; ".join(fails),
+            "observations": obs,
+            "details": {"cases": results},
+        }
+    return {
+        "status": "pass",
+        "message": f"forward+backward within tolerance on {len(results)} case(s)",
+        "observations": obs,
+        "details": {"cases": results},
+    }

@@ -1,0 +1,77 @@
+"""Bundled kernels: list the cases of ``kernels.check`` and run each in its own process.
+
+Contract with the kernels package: ``kernels.check.list_cases(quick) -> list[str]``,
+``kernels.check.run_case(name) -> {"status", "message", "metrics"}`` and
+``kernels.sdpa_shim.stats() -> {"routed", "fallback", "reasons"}``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+CASE_STATUSES = ("pass", "fail", "skip")
+
+
+def _import_check():
+    try:
+        return importlib.import_module("kernels.check"), None
+    except ImportError as exc:
+        return None, f"the kernels package is not importable ({type(exc).__name__}: {exc})"
+
+
+def list_cases(params: dict[str, Any], ctx) -> dict[str, Any]:
+    ctx.progress("import kernels.check")
+    mod, why = _import_check()
+    if mod is None:
+        return {"status": "skip", "message": why, "observations": {"kernels.present": False}}
+    fn = getattr(mod, "list_cases", None)
+    if fn is None:
+        return {
+            "status": "fail",
+            "message": "kernels.check has no list_cases(quick)",
+            "observations": {"kernels.present": True},
+        }
+    ctx.progress("kernels.check.list_cases")
+    cases = [str(c) for c in fn(bool(ctx.quick))]
+    return {
+        "status": "pass",
+        "message": f"{len(cases)} case(s)",
+        "observations": {"kernels.present": True},
+        "details": {"cases": cases},
+    }
+
+
+def run_case(params: dict[str, Any], ctx) -> dict[str, Any]:
+    name = params["name"]
+    mod, why = _import_check()
+    if mod is None:
+        return {"status": "skip", "message": why}
+    ctx.progress(f"kernels.check.run_case({name!r})")
+    res = mod.run_case(name)
+    if not isinstance(res, dict) or res.get("status") not in CASE_STATUSES:
+        return {
+            "status": "fail",
+            "message": f"run_case returned {res!r:.200}, not a status in {CASE_STATUSES}",
+        }
+    metrics = {
+        str(k): float(v)
+        for k, v in (res.get("metrics") or {}).items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
+    details: dict[str, Any] = {}
+    try:
+        shim = importlib.import_module("kernels.sdpa_shim")
+        stats = shim.stats()
+        details["shim_stats"] = stats
+        for key in ("routed", "fallback"):
+            if isinstance(stats.get(key), int):
+                metrics[f"shim.{key}"] = float(stats[key])
+    except Exception as exc:  # noqa: BLE001 - the shim is optional for a case
+        details["shim_stats_error"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    return {
+        "status": res["status"],
+        "message": str(res.get("message", "")),
+        "metrics": metrics,
+        "details": details,
+    }

@@ -1,0 +1,116 @@
+"""Attention references and the flash-attention error rule.
+
+Rule (Dao-AILab tests/test_flash_attn.py; FA3 hopper tests): with ``ref`` the attention
+computed in fp32 from the same inputs (rounded to the input dtype, as ``attention_ref`` does) and ``pt`` the same math in the input dtype,
+``max|out - ref| <= 2 * max|pt - ref| + atol`` where ``atol`` is twice the rounding
+granularity of the reference at its magnitude, ``2 * max|(ref + 0.3 - 0.3) - ref|`` in the
+input dtype (the FA3 ``fwd_atol``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from validate.grid import Case
+
+__all__ = ["Case", "attention_math", "judge", "make_inputs"]
+
+ERROR_FACTOR = 2.0
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    return {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[name]
+
+
+def make_inputs(case: Case, device: str, seed: int = 0):
+    """Deterministic q, k, v in (batch, heads, seqlen, head_dim) layout."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    dt = torch_dtype(case.dtype)
+
+    def rnd(h: int, s: int) -> torch.Tensor:
+        return torch.randn(case.batch, h, s, case.head_dim, generator=gen).to(
+            device=device, dtype=dt
+        )
+
+    return (
+        rnd(case.heads_q, case.seqlen_q),
+        rnd(case.heads_kv, case.seqlen_k),
+        rnd(case.heads_kv, case.seqlen_k),
+    )
+
+
+def attention_math(q, k, v, causal: bool, upcast: bool) -> torch.Tensor:
+    """Plain attention (no SDPA), in fp32 when ``upcast`` else in the input dtype.
+
+    Either way the output comes back in the input dtype, as flash-attention's
+    ``attention_ref`` returns it (pass fp32 inputs for an fp32 result).
+
+    The low-precision variant scales k rather than q, as flash-attention's ``reorder_ops``
+    does, to estimate the error that reordering alone causes.
+    """
+    dtype = q.dtype
+    if upcast:
+        q, k, v = q.float(), k.float(), v.float()
+    if k.shape[1] != q.shape[1]:
+        rep = q.shape[1] // k.shape[1]
+        k = k.repeat_interleave(rep, dim=1)
+        v = v.repeat_interleave(rep, dim=1)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    if upcast:
+        scores = (q * scale) @ k.transpose(-2, -1)
+    else:
+        scores = q @ (k * scale).transpose(-2, -1)
+    if causal:
+        sq, sk = q.shape[-2], k.shape[-2]
+        # Top-left aligned mask, as torch SDPA's is_causal uses.
+        mask = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(diagonal=0)
+        scores = scores.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores.float(), dim=-1).to(scores.dtype)
+    out = probs @ v
+    return out.to(dtype)
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """Whether an output is within the rule, with the numbers that decided it."""
+
+    ok: bool
+    max_abs_err: float
+    ref_err: float
+    tolerance: float
+    message: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "max_abs_err": self.max_abs_err,
+            "ref_err": self.ref_err,
+            "tolerance": self.tolerance,
+            "message": self.message,
+        }
+
+
+def judge(out: torch.Tensor, ref: torch.Tensor, ref_lowp: torch.Tensor) -> Judgement:
+    """Apply the flash-attention rule to ``out`` (any dtype) against fp32 ``ref``."""
+    if out.shape != ref.shape:
+        return Judgement(
+            False, math.inf, math.nan, math.nan, f"shape {tuple(out.shape)} != {tuple(ref.shape)}"
+        )
+    outf = out.float()
+    nonfinite = int((~torch.isfinite(outf)).sum().item())
+    ref_err = (ref_lowp.float() - ref).abs().max().item()
+    ref_d = ref.to(out.dtype)
+    atol = 2.0 * ((ref_d + 0.3 - 0.3) - ref_d).abs().max().float().item()
+    tol = ERROR_FACTOR * ref_err + atol
+    if nonfinite:
+        return Judgement(
+            False, math.nan, ref_err, tol, f"{nonfinite} non-finite values (NaN/inf) in the output"
+        )
+    err = (outf - ref).abs().max().item()
+    ok = err <= tol
+    msg = f"max|err| {err:.3g} {'<=' if ok else '>'} tolerance {tol:.3g} (2 x ref err {ref_err:.3g} + {atol:.3g})"
+    return Judgement(ok, err, ref_err, tol, msg)

@@ -1,0 +1,246 @@
+"""Command line: ``python -m validate [env|backends|flash-attn|kernels|all|render] ...``."""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import os
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+from validate import __version__, render, report, suite
+from validate.expect import KNOWN_KEYS, ExpectError, evaluate, load_expect
+
+DESCRIPTION = """\
+Validate the attention stack of this Python environment: which SDPA backend really runs,
+whether it is right, flash_attn and the bundled kernels. Every check runs in its own
+subprocess; a crash or hang becomes that check's result and the run goes on.
+
+exit status: 0 every required check passed (or skipped) and every expectation held;
+1 a required check failed/crashed/timed out or an expectation was broken; 2 usage error."""
+
+RUN_EPILOG = "\n".join(
+    [
+        '--expect FILE is JSON: {"stack": "default", "arch": "gfx1151",',
+        '  "expect": {"sdpa.default_backend": "flash", "rocm.effective_fa_library": "aotriton"}}',
+        textwrap.fill("keys: " + ", ".join(KNOWN_KEYS), 88, subsequent_indent="  "),
+        "(one-line meanings: validate/expect.py KNOWN_KEYS, docs/validation.md)",
+    ]
+)
+
+COMMAND_HELP = {
+    "env": "versions, device, attention-related environment variables",
+    "backends": "SDPA backends over the case grid (+ env)",
+    "flash-attn": "the flash_attn package (+ env)",
+    "kernels": "the bundled kernels package (+ env)",
+    "all": "everything (default)",
+}
+
+
+class UsageError(Exception):
+    """A mistake in how the tool was called; reported in one sentence with exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse exits 2; keep that, add a hint
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}\nTry '{self.prog} --help'.\n")
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError("the timeout must be more than 0 seconds")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="python -m validate",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"validate {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name in suite.COMMANDS:
+        p = sub.add_parser(
+            name,
+            help=COMMAND_HELP[name],
+            description=COMMAND_HELP[name],
+            epilog=RUN_EPILOG,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        p.add_argument("--json", metavar="PATH", help="write the report as JSON")
+        p.add_argument("--md", metavar="PATH", help="write the report as Markdown")
+        p.add_argument("--expect", metavar="FILE", help="JSON expectations to hold the stack to")
+        p.add_argument("--quick", action="store_true", help="fewer cases, for CI and smoke tests")
+        p.add_argument(
+            "--timeout",
+            type=_positive,
+            default=300.0,
+            metavar="SECONDS",
+            help="per-check timeout (default 300)",
+        )
+        p.add_argument(
+            "--only",
+            metavar="GLOB",
+            action="append",
+            help="run only checks whose id matches (repeatable), e.g. 'sdpa.case.*'",
+        )
+        p.add_argument(
+            "--skip",
+            metavar="GLOB",
+            action="append",
+            help="leave out checks whose id matches (repeatable), e.g. 'kernels.case.*'",
+        )
+    r = sub.add_parser("render", help="render a report.json as Markdown and/or HTML")
+    r.add_argument("report", metavar="REPORT_JSON")
+    r.add_argument("--md", metavar="PATH", help="write Markdown here ('-' for stdout)")
+    r.add_argument("--html", metavar="PATH", help="write HTML here ('-' for stdout)")
+    return parser
+
+
+def _write(text: str, path: str) -> None:
+    if path == "-":
+        sys.stdout.write(text)
+        return
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(text, encoding="utf-8")
+
+
+def _check_writable(path: str | None, flag: str) -> None:
+    """Refuse an output path that cannot be written before spending minutes on checks."""
+    if not path or path == "-":
+        return
+    target = Path(path)
+    if target.is_dir():
+        raise UsageError(f"{flag} {path}: is a directory; give a file name.")
+    probe = target.parent
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise UsageError(f"{flag} {path}: {probe} is not a directory.")
+    if not os.access(probe, os.W_OK):
+        raise UsageError(f"{flag} {path}: directory {probe} is not writable.")
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    if not args.md and not args.html:
+        raise UsageError("render needs --md PATH and/or --html PATH.")
+    try:
+        data = report.load(args.report)
+    except report.ReportError as exc:
+        raise UsageError(str(exc)) from None
+    _check_writable(args.md, "--md")
+    _check_writable(args.html, "--html")
+    try:
+        if args.md:
+            _write(render.to_markdown(data), args.md)
+        if args.html:
+            _write(render.to_html(data), args.html)
+    except OSError as exc:
+        raise UsageError(f"cannot write: {exc}") from None
+    return 0
+
+
+def _print_record(rec: dict[str, Any]) -> None:
+    req = "" if rec.get("required", True) else " (optional)"
+    line = f"{rec['status']:>7}  {rec['id']}{req}  ({rec.get('duration_s', 0):.1f}s)  {rec.get('message', '')}"
+    print(line[:400], flush=True)
+
+
+def cmd_run(args: argparse.Namespace, argv: list[str]) -> int:
+    _check_writable(args.json, "--json")
+    _check_writable(args.md, "--md")
+    spec = None
+    if args.expect:
+        try:
+            spec = load_expect(args.expect)
+        except ExpectError as exc:
+            raise UsageError(str(exc)) from None
+    try:
+        checks = suite.plan(args.command, args.quick)
+    except (OSError, ValueError, SyntaxError, KeyError) as exc:
+        raise UsageError(f"{suite.EXTRA_CHECKS_ENV}: {exc}") from None
+    only = None
+    if args.only or args.skip:
+        include, exclude = list(args.only or ["*"]), list(args.skip or [])
+
+        def only(cid: str) -> bool:
+            return any(fnmatch.fnmatchcase(cid, p) for p in include) and not any(
+                fnmatch.fnmatchcase(cid, p) for p in exclude
+            )
+
+    started_at = report.now()
+    t0 = time.monotonic()
+    print(
+        f"validate {args.command}{' --quick' if args.quick else ''}: one subprocess per check",
+        flush=True,
+    )
+    records = suite.execute(checks, args.timeout, only=only, on_record=_print_record)
+    obs = suite.observations(records)
+    expectations = None
+    broken = 0
+    if spec is not None:
+        results = evaluate(spec.expect, obs, suite.missing_reasons(records, args.command))
+        broken = sum(not r.met for r in results)
+        expectations = {
+            "file": spec.path,
+            "stack": spec.stack,
+            "arch": spec.arch,
+            "results": [r.to_json() for r in results],
+        }
+        for r in results:
+            print(f"{'met' if r.met else 'BROKEN':>7}  expect {r.key}: {r.message}", flush=True)
+    code = suite.exit_code(records, broken)
+    doc = report.build(
+        command=args.command,
+        argv=argv,
+        quick=args.quick,
+        started_at=started_at,
+        duration_s=time.monotonic() - t0,
+        records=records,
+        observations=obs,
+        expectations=expectations,
+        exit_code=code,
+    )
+    try:
+        if args.json:
+            report.write_json(doc, args.json)
+        if args.md:
+            _write(render.to_markdown(doc), args.md)
+    except OSError as exc:
+        raise UsageError(f"cannot write the report: {exc}") from None
+    s = doc["summary"]
+    counts = ", ".join(f"{n} {k}" for k, n in s["counts"].items() if n)
+    print(f"validate: {s['status'].upper()} ({counts}; {broken} broken expectation(s))", flush=True)
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    full = argv
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
+        full = ["all", *argv]
+    parser = build_parser()
+    args = parser.parse_args(full)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        if args.command == "render":
+            return cmd_render(args)
+        return cmd_run(args, argv)
+    except UsageError as exc:
+        print(f"python -m validate: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("python -m validate: interrupted", file=sys.stderr)
+        return 130

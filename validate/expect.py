@@ -1,0 +1,314 @@
+"""Expectations: what a stack promises, checked against what validation observed.
+
+Standard library only: the host's recipe checker imports ``KNOWN_KEYS`` without torch.
+
+An expect file is JSON::
+
+    {"stack": "default", "arch": "gfx1151",
+     "expect": {"sdpa.default_backend": "flash", "rocm.preferred_fa_library": "aotriton"}}
+
+A value may be a list, meaning "any of these". Keys whose description says *prefix* match
+when the observed string starts with the expected one (``"2.9"`` matches ``"2.9.1+rocm7.0"``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+KNOWN_KEYS: dict[str, str] = {
+    "torch.version": "torch version string (prefix match: '2.9' matches '2.9.1+rocm7.1')",
+    "torch.hip": "torch is a ROCm/HIP build (true/false)",
+    "torch.cuda": "torch is a CUDA build (true/false)",
+    "torch.gpu_available": "torch sees at least one GPU (true/false)",
+    "torch.device_arch": "GPU arch: gfx name without features (gfx1151) or sm_XY on NVIDIA",
+    "triton.present": "the triton package imports (true/false)",
+    "triton.version": "triton version string (prefix match)",
+    "aotriton.present": "torch ships an AOTriton runtime library, libaotriton* (true/false)",
+    "sdpa.default_backend": "backend SDPA picks for the reference case: flash|efficient|cudnn|math|overrideable",
+    "sdpa.flash.available": "torch.backends.cuda.is_flash_attention_available() (true/false)",
+    "sdpa.flash.enabled": "torch.backends.cuda.flash_sdp_enabled() in a fresh process (true/false)",
+    "sdpa.flash.can_use": "can_use_flash_attention() for the reference case (true/false)",
+    "sdpa.flash.works": "forced FLASH_ATTENTION run of the reference case ran and matched the reference",
+    "sdpa.efficient.can_use": "can_use_efficient_attention() for the reference case (true/false)",
+    "sdpa.efficient.works": "forced EFFICIENT_ATTENTION run of the reference case ran and matched",
+    "sdpa.cudnn.can_use": "can_use_cudnn_attention() for the reference case (true/false)",
+    "sdpa.cudnn.works": "forced CUDNN_ATTENTION run of the reference case ran and matched",
+    "sdpa.math.works": "forced MATH run of the reference case ran and matched",
+    "rocm.preferred_fa_library": "torch.backends.cuda.preferred_rocm_fa_library() at start: aotriton|ck|default",
+    "rocm.effective_fa_library": "library flash attention uses on ROCm: aotriton|ck ('default' resolved)",
+    "rocm.ck_sdpa_available": "torch.backends.cuda.is_ck_sdpa_available() (true/false)",
+    "flash_attn.backend": "backend of the flash_attn package: triton|ck|cuda|absent",
+    "flash_attn.version": "flash_attn version string (prefix match)",
+    "flash_attn.works": "flash_attn forward+backward matched the reference (true/false)",
+    "kernels.present": "the bundled kernels package imports (true/false)",
+    "kernels.works": "every bundled kernel case that ran passed, and at least one ran (true/false)",
+}
+
+PREFIX_KEYS = frozenset({"torch.version", "triton.version", "flash_attn.version"})
+
+
+class ExpectError(Exception):
+    """A user's expect file is unusable; the message is a sentence for them."""
+
+
+@dataclass(frozen=True)
+class ExpectSpec:
+    """A parsed expect file."""
+
+    path: str
+    stack: str | None
+    arch: str | None
+    expect: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ExpectationResult:
+    """One promise, what was seen, and whether it held."""
+
+    key: str
+    expected: Any
+    observed: Any
+    met: bool
+    message: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "expected": self.expected,
+            "observed": self.observed,
+            "status": "met" if self.met else "broken",
+            "message": self.message,
+        }
+
+
+def parse_expect(data: Any, path: str = "<expect>") -> ExpectSpec:
+    """Validate the structure of an expect document; raise ExpectError with a sentence."""
+    if not isinstance(data, dict):
+        raise ExpectError(f"{path}: the top level must be a JSON object with 'expect'.")
+    unknown_top = sorted(set(data) - {"stack", "arch", "expect"})
+    if unknown_top:
+        raise ExpectError(
+            f"{path}: unknown top-level field(s) {', '.join(unknown_top)}; "
+            "valid fields: stack, arch, expect."
+        )
+    expect = data.get("expect", {})
+    if not isinstance(expect, dict):
+        raise ExpectError(f"{path}: 'expect' must be an object mapping keys to values.")
+    for field in ("stack", "arch"):
+        if data.get(field) is not None and not isinstance(data[field], str):
+            raise ExpectError(f"{path}: '{field}' must be a string.")
+    unknown = sorted(k for k in expect if k not in KNOWN_KEYS)
+    if unknown:
+        raise ExpectError(
+            f"{path}: unknown expectation key(s) {', '.join(unknown)}; "
+            f"valid keys: {', '.join(sorted(KNOWN_KEYS))}."
+        )
+    for key, value in expect.items():
+        values = value if isinstance(value, list) else [value]
+        if not values or not all(isinstance(v, (str, bool, int, float)) for v in values):
+            raise ExpectError(
+                f"{path}: expectation {key!r} must be a string, boolean, number, "
+                "or a non-empty list of them."
+            )
+    return ExpectSpec(path=path, stack=data.get("stack"), arch=data.get("arch"), expect=expect)
+
+
+def load_expect(path: str | Path) -> ExpectSpec:
+    """Read and validate an expect file."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ExpectError(f"cannot read expect file {p}: {exc.strerror or exc}.") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ExpectError(f"{p}:{exc.lineno}:{exc.colno}: not valid JSON ({exc.msg}).") from None
+    return parse_expect(data, str(p))
+
+
+def _norm(value: Any) -> Any:
+    if isinstance(value, str):
+        low = value.strip().lower()
+        if low in ("true", "false"):
+            return low == "true"
+        return low
+    return value
+
+
+def matches(key: str, expected: Any, observed: Any) -> bool:
+    """Whether one observed value satisfies an expected value (or any of a list)."""
+    candidates = expected if isinstance(expected, list) else [expected]
+    obs = _norm(observed)
+    for cand in candidates:
+        exp = _norm(cand)
+        if key in PREFIX_KEYS and isinstance(obs, str) and isinstance(exp, str):
+            if obs == exp or obs.startswith(exp + ".") or obs.startswith(exp + "+"):
+                return True
+            if obs.startswith(exp) and not exp[-1:].isdigit():
+                return True
+        elif isinstance(exp, bool) or isinstance(obs, bool):
+            if exp is obs:
+                return True
+        elif exp == obs:
+            return True
+    return False
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, list):
+        return " or ".join(_show(v) for v in value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _reasons(context: dict[str, Any], backend: str) -> str:
+    reasons = context.get(f"sdpa.{backend}.reasons") or []
+    if not reasons:
+        return ""
+    text = "; ".join(str(r).strip().rstrip(".") for r in reasons[:3])
+    return f" PyTorch says: {text}."
+
+
+def likely_fix(key: str, expected: Any, observed: Any, context: dict[str, Any]) -> str:
+    """The most likely remedy for a broken expectation, as a sentence (may be empty)."""
+    hip = context.get("torch.hip") is True
+    exp = _norm(expected if not isinstance(expected, list) else expected[0])
+    obs = _norm(observed)
+    if key in ("sdpa.default_backend", "sdpa.flash.works", "sdpa.flash.can_use") and exp in (
+        "flash",
+        True,
+    ):
+        parts = [_reasons(context, "flash").strip()]
+        if (
+            key == "sdpa.default_backend"
+            and obs in ("cudnn", "efficient")
+            and context.get("sdpa.flash.can_use") is True
+            and context.get("sdpa.flash.enabled") is not False
+        ):
+            parts.append(
+                f"Flash is usable here (can_use_flash_attention is true), but SDPA ranks {obs} "
+                "above it for this GPU and torch version: promise that backend, or disable it "
+                f"(torch.backends.cuda.enable_{'cudnn' if obs == 'cudnn' else 'mem_efficient'}_sdp(False))."
+                + (
+                    " Recent torch puts cuDNN first on sm90/sm100 with cuDNN > 9.15; "
+                    "TORCH_CUDNN_SDPA_DEPRIORITIZED=1 restores flash first."
+                    if obs == "cudnn"
+                    else ""
+                )
+            )
+        if context.get("sdpa.flash.enabled") is False:
+            parts.append(
+                "Flash SDPA is disabled in this process: something calls "
+                "torch.backends.cuda.enable_flash_sdp(False) (or sdpa_kernel without FLASH_ATTENTION)."
+            )
+        if context.get("sdpa.flash.available") is False:
+            parts.append(
+                "This torch has no flash attention compiled in: rebuild it with "
+                "USE_FLASH_ATTENTION=1 (and USE_MEM_EFF_ATTENTION=1)."
+            )
+        if hip:
+            parts.append(
+                "On an AOTriton-experimental arch (gfx1151 with AOTriton < 0.12b, gfx1150, gfx110[1-3], "
+                "gfx1200, ...) set TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL=1; check that "
+                "PYTORCH_ROCM_ARCH at build time included this GPU's arch."
+            )
+        return " ".join(p for p in parts if p)
+    if key.startswith("sdpa.") and key.endswith((".works", ".can_use")):
+        backend = key.split(".")[1]
+        flag = {
+            "efficient": "USE_MEM_EFF_ATTENTION=1",
+            "cudnn": "a CUDA build with cuDNN >= 9",
+            "math": "nothing (math always exists): this is a torch bug",
+        }.get(backend, "")
+        return (_reasons(context, backend) + (f" Needs {flag}." if flag else "")).strip()
+    if key in ("rocm.preferred_fa_library", "rocm.effective_fa_library"):
+        if exp == "ck":
+            return (
+                "Set TORCH_ROCM_FA_PREFER_CK=1 and build torch with USE_ROCM_CK_SDPA=1 for an arch "
+                "that CK SDPA supports (gfx90a/gfx942/gfx950); otherwise torch falls back to AOTriton."
+            )
+        if obs == "ck":
+            return "Unset TORCH_ROCM_FA_PREFER_CK (it makes CK the preferred library)."
+        if not hip:
+            return "torch is not a ROCm build, so there is no ROCm flash-attention library."
+        return ""
+    if key == "rocm.ck_sdpa_available" and exp is True:
+        return (
+            "Build torch with USE_ROCM_CK_SDPA=1 and PYTORCH_ROCM_ARCH containing gfx942 or gfx950."
+        )
+    if key == "flash_attn.backend":
+        if obs == "absent":
+            return "flash_attn does not import: install the flash-attention layer into this image."
+        if exp == "triton":
+            return (
+                'Set FLASH_ATTENTION_TRITON_AMD_ENABLE="TRUE" (exact string) both when building '
+                "and when running flash_attn."
+            )
+        if exp == "ck":
+            return (
+                "Unset FLASH_ATTENTION_TRITON_AMD_ENABLE and build flash_attn's CK extension "
+                "(GPU_ARCHS=<arch>)."
+            )
+        return ""
+    if key == "torch.hip" and exp is True:
+        return "Install a ROCm build of torch (TheRock or download.pytorch.org/whl/rocmX.Y)."
+    if key == "torch.device_arch":
+        return (
+            "The image was built for another GPU: build for this arch, or check "
+            "HSA_OVERRIDE_GFX_VERSION / HIP_VISIBLE_DEVICES."
+        )
+    if key == "torch.gpu_available" and exp is True:
+        return (
+            "No GPU is visible: pass the devices to the container (ROCm: --device /dev/kfd "
+            "--device /dev/dri; NVIDIA: --gpus all) and check HIP_VISIBLE_DEVICES."
+        )
+    if key == "aotriton.present" and exp is True:
+        return "Build torch with USE_FLASH_ATTENTION=1 so AOTriton is downloaded or built."
+    if key.startswith("kernels."):
+        return "See the kernels.case.* checks for the failing cases."
+    if key == "flash_attn.works":
+        return "See the flash_attn.run check for the error."
+    return ""
+
+
+def evaluate(
+    expect: dict[str, Any],
+    observations: dict[str, Any],
+    sources: dict[str, str] | None = None,
+) -> list[ExpectationResult]:
+    """Compare each promise with the observations; ``sources`` explains missing keys."""
+    sources = sources or {}
+    results = []
+    for key, expected in expect.items():
+        if key not in observations:
+            why = sources.get(key, "no check produced it")
+            results.append(
+                ExpectationResult(
+                    key,
+                    expected,
+                    None,
+                    False,
+                    f"The stack promised {key} = {_show(expected)}, but it was not observed "
+                    f"({why}).",
+                )
+            )
+            continue
+        observed = observations[key]
+        if matches(key, expected, observed):
+            results.append(
+                ExpectationResult(
+                    key, expected, observed, True, f"{key} = {_show(observed)} as promised."
+                )
+            )
+            continue
+        fix = likely_fix(key, expected, observed, observations)
+        msg = f"The stack promised {key} = {_show(expected)}, but validation saw {_show(observed)}."
+        if fix:
+            msg += f" Likely fix: {fix}"
+        results.append(ExpectationResult(key, expected, observed, False, msg))
+    return results

@@ -1,0 +1,131 @@
+"""The report document (schema ``validate/report.schema.json``, version SCHEMA_VERSION)."""
+
+from __future__ import annotations
+
+import json
+import platform
+import socket
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from validate import SCHEMA_VERSION, __version__
+from validate.runner import STATUSES
+
+BACKENDS = ("flash", "efficient", "cudnn", "math")
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def backend_matrix(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per SDPA case: default pick, kernels seen, and each backend's verdict."""
+    rows = []
+    for rec in records:
+        if not rec["id"].startswith("sdpa.case."):
+            continue
+        d = rec.get("details") or {}
+        row: dict[str, Any] = {
+            "case": rec["id"][len("sdpa.case.") :],
+            "status": rec["status"],
+            "params": d.get("case"),
+            "device": d.get("device"),
+            "default_backend": d.get("default_backend"),
+            "default_backend_source": d.get("default_backend_source"),
+            "profiler_backend": d.get("profiler_backend"),
+            "default_kernels": d.get("default_kernels", []),
+            "backends": {},
+        }
+        for b in BACKENDS:
+            e = (d.get("backends") or {}).get(b)
+            if e is None:
+                continue
+            j = e.get("judgement") or {}
+            row["backends"][b] = {
+                "can_use": e.get("can_use"),
+                "reasons": e.get("reasons", []),
+                "run": e.get("run"),
+                "error": e.get("error"),
+                "max_abs_err": j.get("max_abs_err"),
+                "tolerance": j.get("tolerance"),
+            }
+        rows.append(row)
+    return rows
+
+
+def build(
+    *,
+    command: str,
+    argv: list[str],
+    quick: bool,
+    started_at: str,
+    duration_s: float,
+    records: list[dict[str, Any]],
+    observations: dict[str, Any],
+    expectations: dict[str, Any] | None,
+    exit_code: int,
+) -> dict[str, Any]:
+    """Assemble the report document."""
+    counts = {s: 0 for s in STATUSES}
+    for r in records:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    env_rec = next((r for r in records if r["id"] == "env"), None)
+    broken = [e for e in (expectations or {}).get("results", []) if e["status"] == "broken"]
+    failed = [
+        r["id"] for r in records if r["required"] and r["status"] in ("fail", "crash", "timeout")
+    ]
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "tool": {"name": "attnforge-validate", "version": __version__},
+        "command": command,
+        "argv": argv,
+        "quick": quick,
+        "started_at": started_at,
+        "duration_s": round(duration_s, 3),
+        "host": {"hostname": socket.gethostname(), "platform": platform.platform()},
+        "stack": (expectations or {}).get("stack"),
+        "arch": (expectations or {}).get("arch"),
+        "environment": (env_rec or {}).get("details", {}),
+        "observations": observations,
+        "checks": records,
+        "backend_matrix": backend_matrix(records),
+        "expectations": expectations,
+        "summary": {
+            "status": "pass" if exit_code == 0 else "fail",
+            "exit_code": exit_code,
+            "counts": counts,
+            "failed_required": failed,
+            "broken_expectations": len(broken),
+        },
+    }
+
+
+class ReportError(Exception):
+    """A report file is unusable; the message is a sentence for the user."""
+
+
+def load(path: str | Path) -> dict[str, Any]:
+    """Read a report.json, checking that it is one this renderer understands."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ReportError(f"cannot read report {p}: {exc.strerror or exc}.") from None
+    except json.JSONDecodeError as exc:
+        raise ReportError(f"{p}:{exc.lineno}:{exc.colno}: not valid JSON ({exc.msg}).") from None
+    if not isinstance(data, dict) or "schema_version" not in data:
+        raise ReportError(f"{p}: not a validate report (no schema_version).")
+    major = str(data["schema_version"]).split(".")[0]
+    if major != SCHEMA_VERSION.split(".")[0]:
+        raise ReportError(
+            f"{p}: schema_version {data['schema_version']} is not supported; "
+            f"this renderer reads {SCHEMA_VERSION.split('.')[0]}.x."
+        )
+    return data
+
+
+def write_json(report: dict[str, Any], path: str | Path) -> None:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(report, indent=2, sort_keys=False) + "\n", encoding="utf-8")
