@@ -1,7 +1,8 @@
 """Bundled kernels: list the cases of ``kernels.check`` and run each in its own process.
 
 Contract with the kernels package: ``kernels.check.list_cases(quick) -> list[str]``,
-``kernels.check.run_case(name) -> {"status", "message", "metrics"}`` and
+``kernels.check.run_case(name) -> {"status", "message", "metrics"}``, optionally
+``kernels.check.unavailable() -> str`` (why no case can run here, '' when they can), and
 ``kernels.sdpa_shim.stats() -> {"routed", "fallback", "reasons"}``.
 """
 
@@ -34,6 +35,16 @@ def list_cases(params: dict[str, Any], ctx) -> dict[str, Any]:
         }
     ctx.progress("kernels.check.list_cases")
     cases = [str(c) for c in fn(bool(ctx.quick))]
+    # Optional in the contract: unavailable() -> "" or why the cases cannot run on this machine.
+    why_not = getattr(mod, "unavailable", lambda: "")()
+    if why_not:
+        # Say it once instead of starting a process per case only for it to skip.
+        return {
+            "status": "skip",
+            "message": f"{len(cases)} case(s) not run: {why_not}",
+            "observations": {"kernels.present": True},
+            "details": {"cases_not_run": cases},
+        }
     return {
         "status": "pass",
         "message": f"{len(cases)} case(s)",
