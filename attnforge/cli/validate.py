@@ -160,13 +160,14 @@ def validate(
 
 
 @task(
+    positional=["path"],
     help={
         "path": "a report.json (default: reports/<arch>/<stack>/report.json)",
         "arch": "with --stack: find the report under reports/",
         "stack": "with --arch: find the report under reports/",
         "html": "also write HTML next to it",
         "debug": "show tracebacks",
-    }
+    },
 )
 @user_errors
 def report(c, path=None, arch=None, stack=None, html=False, debug=False):

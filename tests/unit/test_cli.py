@@ -113,3 +113,19 @@ def test_no_reachable_engine_says_how_to_start_one():
     err = " ".join(proc.stderr.split())
     assert "no Docker engine is reachable at unix:///nonexistent/docker.sock" in err
     assert "systemctl start docker" in err and "Traceback" not in proc.stderr
+
+
+def test_report_renders_a_real_report_to_markdown_and_html(tmp_path):
+    import shutil
+
+    report = tmp_path / "report.json"
+    shutil.copy(REPO / "tests/validate/fixtures/h200_report.json", report)
+    proc = invoke("report", str(report), "--html")
+    assert proc.returncode == 0, proc.stderr
+    assert "cudnn" in (tmp_path / "report.md").read_text()
+    assert (tmp_path / "report.html").read_text().lstrip().lower().startswith("<!doctype html")
+
+
+def test_report_of_a_missing_file_is_a_clear_error(tmp_path):
+    proc = invoke("report", str(tmp_path / "nope.json"))
+    assert proc.returncode == 2 and "no such report" in proc.stderr
