@@ -1,0 +1,17 @@
+"""attnforge's bundled Triton FlashAttention kernels (needs only torch and triton).
+
+``flash_attn_func`` / ``flash_attn_varlen_func`` follow flash_attn's API; ``kernels.sdpa_shim``
+routes ``F.scaled_dot_product_attention`` to them on request (``ATTNFORGE_SDPA_SHIM=1``).
+"""
+
+from __future__ import annotations
+
+import os
+
+from . import sdpa_shim
+from .interface import flash_attn_func, flash_attn_varlen_func
+
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "sdpa_shim"]
+
+if os.environ.get("ATTNFORGE_SDPA_SHIM") == "1":
+    sdpa_shim.enable()

@@ -1,0 +1,360 @@
+"""Ahead-of-time compile check: build the kernels for every arch in recipes/arches.yaml on the CPU.
+
+    python -m kernels.aot --arch gfx1151 | --all [--head-dims 64,128 | --all-head-dims] [--json]
+
+For each arch, head dim and kernel (forward; backward delta, dK/dV and dQ) it compiles the
+family's default config with Triton's HIP or CUDA target and reports VGPRs/registers, SGPRs,
+spills, scratch, LDS bytes, occupancy and the matrix instructions in the ISA. Exit status 1 when
+a default config spills registers or needs more LDS than the arch allows.
+
+Occupancy (waves per SIMD; warps per SM sub-partition on NVIDIA) is the smaller of a register
+limit and an LDS limit:
+
+* AMD registers: ``min(max_waves, floor(vgprs_per_simd / roundup(vgprs, granule)))``, with, per
+  LLVM's AMDGPU target (AMDGPUBaseInfo.cpp getTotalNumVGPRs / getVGPRAllocGranule /
+  getMaxWavesPerEU): CDNA (gfx90a/gfx942/gfx950) 512 unified VGPR+AGPR per lane (the
+  metadata's ``.vgpr_count`` already counts both), granule 8, 8 waves; RDNA3/3.5/4 wave32 1536 VGPRs with granule 24 on parts with the full register file
+  (gfx1100, gfx1101, gfx1151, gfx1200, gfx1201) and 1024 / granule 16 otherwise, 16 waves.
+* AMD LDS: ``floor(lds_pool / lds_per_workgroup) * waves_per_workgroup / 4`` where the pool is
+  what the 4 SIMDs that share it have: one CDNA CU (``lds_bytes``: 64 KiB, 160 KiB on gfx950) or
+  one RDNA WGP in WGP mode (2 x ``lds_bytes`` = 128 KiB).
+* NVIDIA: 65536 registers per SM allocated per warp in units of 256, 64 warps per SM, shared
+  memory 228 KiB (sm90) / 164 KiB (sm80) per SM, whole blocks; reported per SM sub-partition (/4).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+DEFAULT_HEAD_DIMS = (64, 128)
+ALL_HEAD_DIMS = (40, 64, 72, 80, 96, 128, 160, 256)
+REPO = Path(__file__).resolve().parent.parent
+ARCHES_YAML = REPO / "recipes" / "arches.yaml"
+
+FULL_VGPR_RDNA = {"gfx1100", "gfx1101", "gfx1151", "gfx1200", "gfx1201"}
+
+
+@dataclass
+class KernelReport:
+    arch: str
+    family: str
+    head_dim: int
+    kernel: str
+    tile: str
+    vgprs: int = 0
+    agprs: int = 0
+    sgprs: int = 0
+    spills: int = 0
+    scratch_bytes: int = 0
+    lds_bytes: int = 0
+    occupancy: float = 0.0
+    matrix_instrs: dict = field(default_factory=dict)
+    problems: list = field(default_factory=list)
+
+
+def load_arches(path: Path = ARCHES_YAML) -> dict:
+    """The ``arches:`` mapping of recipes/arches.yaml (PyYAML is imported here: host-only tool)."""
+    import yaml
+
+    with open(path) as f:
+        data = yaml.safe_load(f)
+    return data["arches"]
+
+
+def _signature(fn, ptr_types: dict, constexprs: dict):
+    """Signature and divisibility attrs for a kernel, like the JIT would specialize them."""
+    sig, attrs = {}, {}
+    floats = {"qk_scale", "cap_in", "cap_out", "sm_scale"}
+    for i, name in enumerate(fn.arg_names):
+        if name in constexprs:
+            sig[name] = "constexpr"
+        elif name in ptr_types:
+            sig[name] = ptr_types[name]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif name in floats:
+            sig[name] = "fp32"
+        else:
+            sig[name] = "i32"
+            # Strides of contiguous BSHD tensors are multiples of 16 for the usual head counts.
+            if re.match(r"^s[a-z]*_[bsh]$", name) and not name.startswith("sa_"):
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    return sig, attrs
+
+
+def _kernels(head_dim: int, cfg, dtype: str = "bf16"):
+    """(name, jit fn, pointer types, constexprs, tile) for the fwd and the three bwd kernels."""
+    from . import flash
+    from .configs import padded_head_dim
+
+    bd = padded_head_dim(head_dim)
+    flags = dict(
+        HEAD_DIM=head_dim,
+        BLOCK_D=bd,
+        IS_VARLEN=False,
+        HAS_LEFT=False,
+        HAS_RIGHT=True,
+        HAS_SOFTCAP=False,
+        HAS_ALIBI=False,
+    )
+    p = f"*{dtype}"
+    fwd_ptrs = dict(Q=p, K=p, V=p, Out=p, LSE="*fp32", CuQ="*i32", CuK="*i32", Slopes="*fp32")
+    dq_type = "*fp32" if cfg.atomic_dq else p
+    bwd_ptrs = dict(
+        Q=p,
+        K=p,
+        V=p,
+        DO=p,
+        DK=p,
+        DV=p,
+        DQ=dq_type,
+        LSE="*fp32",
+        Delta="*fp32",
+        CuQ="*i32",
+        CuK="*i32",
+        Slopes="*fp32",
+    )
+    out = [
+        (
+            "fwd",
+            flash._attn_fwd,
+            fwd_ptrs,
+            dict(flags, BLOCK_M=cfg.fwd.block_m, BLOCK_N=cfg.fwd.block_n, REVERSE=True),
+            cfg.fwd,
+        ),
+        (
+            "bwd_dkdv",
+            flash._attn_bwd_dkdv,
+            bwd_ptrs,
+            dict(
+                flags,
+                BLOCK_M=cfg.bwd_kv.block_m,
+                BLOCK_N=cfg.bwd_kv.block_n,
+                ATOMIC_DQ=cfg.atomic_dq,
+                RELOAD=cfg.reload,
+            ),
+            cfg.bwd_kv,
+        ),
+    ]
+    if not cfg.atomic_dq:
+        out.append(
+            (
+                "bwd_dq",
+                flash._attn_bwd_dq,
+                bwd_ptrs,
+                dict(
+                    flags,
+                    BLOCK_M=cfg.bwd_q.block_m,
+                    BLOCK_N=cfg.bwd_q.block_n,
+                    REVERSE=True,
+                    RELOAD=cfg.reload,
+                ),
+                cfg.bwd_q,
+            )
+        )
+    return out
+
+
+def _meta_int(asm: str, key: str) -> int:
+    m = re.search(rf"\.{key}:\s+(\d+)", asm)
+    return int(m.group(1)) if m else 0
+
+
+def _amd_occupancy(arch: str, spec: dict, vgprs: int, agprs: int, lds: int, waves_per_wg: int):
+    family = spec["family"]
+    if family.startswith("cdna"):
+        # On gfx90a+ the metadata's .vgpr_count is already the unified VGPR+AGPR total
+        # (NumVGPRsForWavesPerEU in LLVM's metadata streamer).
+        total, granule, max_waves = 512, 8, 8
+        used = vgprs
+        pool = spec["lds_bytes"]
+    else:
+        full = arch in FULL_VGPR_RDNA
+        total, granule, max_waves = (1536, 24, 16) if full else (1024, 16, 16)
+        used = vgprs
+        pool = 2 * spec["lds_bytes"]
+    used = max(granule, -(-used // granule) * granule)
+    by_regs = min(max_waves, total // used)
+    by_lds = max_waves if lds == 0 else (pool // lds) * waves_per_wg / 4
+    return min(by_regs, by_lds)
+
+
+def _compile_amd(arch: str, spec: dict, name, fn, ptrs, consts, tile) -> KernelReport:
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    sig, attrs = _signature(fn, ptrs, consts)
+    src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
+    opts = tile.launch_options(hip=True)
+    k = triton.compile(src, target=GPUTarget("hip", arch, spec["wave_size"]), options=opts)
+    asm = k.asm["amdgcn"]
+    r = KernelReport(arch, spec["family"], consts["HEAD_DIM"], name, _tile_str(tile))
+    r.vgprs = _meta_int(asm, "vgpr_count")
+    r.agprs = _meta_int(asm, "agpr_count")
+    r.sgprs = _meta_int(asm, "sgpr_count")
+    r.spills = _meta_int(asm, "vgpr_spill_count") + _meta_int(asm, "sgpr_spill_count")
+    r.scratch_bytes = _meta_int(asm, "private_segment_fixed_size")
+    r.lds_bytes = max(_meta_int(asm, "group_segment_fixed_size"), int(k.metadata.shared))
+    r.occupancy = _amd_occupancy(arch, spec, r.vgprs, r.agprs, r.lds_bytes, tile.num_warps)
+    r.matrix_instrs = _count(asm, r"\b(v_wmma_\w+|v_mfma_\w+|v_smfmac_\w+)")
+    return r
+
+
+def _ptxas() -> str:
+    import triton
+
+    return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas")
+
+
+def _compile_nvidia(arch: str, spec: dict, name, fn, ptrs, consts, tile) -> KernelReport:
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    cc = int(arch.removeprefix("sm"))
+    sig, attrs = _signature(fn, ptrs, consts)
+    src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
+    k = triton.compile(
+        src, target=GPUTarget("cuda", cc, 32), options=tile.launch_options(hip=False)
+    )
+    ptx = k.asm["ptx"]
+    r = KernelReport(arch, spec["family"], consts["HEAD_DIM"], name, _tile_str(tile))
+    r.lds_bytes = int(k.metadata.shared)
+    gpu = "sm_90a" if cc == 90 else f"sm_{cc}"
+    with tempfile.TemporaryDirectory() as tmp:
+        src_ptx = Path(tmp) / "k.ptx"
+        src_ptx.write_text(ptx)
+        res = subprocess.run(
+            [_ptxas(), f"-arch={gpu}", "-v", str(src_ptx), "-o", str(Path(tmp) / "k.o")],
+            capture_output=True,
+            text=True,
+        )
+    info = res.stderr
+    m = re.search(r"Used (\d+) registers", info)
+    r.vgprs = int(m.group(1)) if m else 0
+    m = re.search(r"(\d+) bytes spill stores", info)
+    r.spills = int(m.group(1)) if m else 0
+    m = re.search(r"(\d+) bytes stack frame", info)
+    r.scratch_bytes = int(m.group(1)) if m else 0
+    regs_per_warp = max(256, -(-r.vgprs * 32 // 256) * 256)
+    smem_sm = 233472 if cc >= 90 else 167936
+    blocks = min(
+        64 // tile.num_warps,
+        65536 // (regs_per_warp * tile.num_warps),
+        smem_sm // r.lds_bytes if r.lds_bytes else 64,
+    )
+    r.occupancy = blocks * tile.num_warps / 4
+    r.matrix_instrs = _count(ptx, r"\b(wgmma\.mma_async\.[\w.]+|mma\.sync\.[\w.]+)")
+    return r
+
+
+def _count(text: str, pattern: str) -> dict:
+    counts: dict[str, int] = {}
+    for m in re.finditer(pattern, text):
+        counts[m.group(1)] = counts.get(m.group(1), 0) + 1
+    return counts
+
+
+def _tile_str(t) -> str:
+    s = f"{t.block_m}x{t.block_n} w{t.num_warps} s{t.num_stages}"
+    return s + (f" wpe{t.waves_per_eu}" if t.waves_per_eu else "")
+
+
+def check_arch(arch: str, spec: dict, head_dims) -> list[KernelReport]:
+    """Compile every kernel of the family's default config for one arch."""
+    from .configs import config_for
+
+    os.environ.pop("TRITON_INTERPRET", None)
+    reports = []
+    for d in head_dims:
+        cfg = config_for(spec["family"], d)
+        for name, fn, ptrs, consts, tile in _kernels(d, cfg):
+            comp = _compile_amd if spec["vendor"] == "amd" else _compile_nvidia
+            try:
+                r = comp(arch, spec, name, fn, ptrs, consts, tile)
+            except Exception as e:  # a compile failure is a result, not a crash of the check
+                r = KernelReport(arch, spec["family"], d, name, _tile_str(tile))
+                r.problems.append(
+                    f"compile failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+                )
+            if r.spills:
+                r.problems.append(f"{r.spills} spilled registers")
+            if r.lds_bytes > spec["lds_bytes"]:
+                r.problems.append(f"LDS {r.lds_bytes} > {spec['lds_bytes']}")
+            reports.append(r)
+    return reports
+
+
+def format_table(reports) -> str:
+    lines = [
+        "| arch | family | d | kernel | tile | VGPR | AGPR | SGPR | spills | scratch | LDS | occupancy | matrix instrs |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in reports:
+        mi = ", ".join(f"{k} x{v}" for k, v in sorted(r.matrix_instrs.items())) or "none"
+        occ = f"{r.occupancy:g}"
+        prob = f" **{'; '.join(r.problems)}**" if r.problems else ""
+        lines.append(
+            f"| {r.arch} | {r.family} | {r.head_dim} | {r.kernel} | {r.tile} | {r.vgprs} | {r.agprs} | "
+            f"{r.sgprs} | {r.spills} | {r.scratch_bytes} | {r.lds_bytes} | {occ} | {mi}{prob} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m kernels.aot", description=__doc__.splitlines()[0])
+    sel = ap.add_mutually_exclusive_group(required=True)
+    sel.add_argument(
+        "--arch", action="append", help="arch name from recipes/arches.yaml (repeatable)"
+    )
+    sel.add_argument("--all", action="store_true", help="every GPU arch in recipes/arches.yaml")
+    ap.add_argument(
+        "--head-dims",
+        default=",".join(map(str, DEFAULT_HEAD_DIMS)),
+        help="comma-separated head dims (default 64,128)",
+    )
+    ap.add_argument(
+        "--all-head-dims", action="store_true", help=f"check {','.join(map(str, ALL_HEAD_DIMS))}"
+    )
+    ap.add_argument("--arches-file", default=str(ARCHES_YAML))
+    ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    args = ap.parse_args(argv)
+    arches = load_arches(Path(args.arches_file))
+    if args.all:
+        names = [n for n, s in arches.items() if s.get("vendor") in ("amd", "nvidia")]
+    else:
+        unknown = [a for a in args.arch if a not in arches]
+        if unknown:
+            valid = ", ".join(n for n, s in arches.items() if s.get("vendor") != "cpu")
+            print(
+                f"unknown arch {', '.join(unknown)} (recipes/arches.yaml has: {valid})",
+                file=sys.stderr,
+            )
+            return 2
+        names = args.arch
+        cpu = [a for a in names if arches[a].get("vendor") not in ("amd", "nvidia")]
+        if cpu:
+            print(f"{', '.join(cpu)}: not a GPU arch, nothing to compile", file=sys.stderr)
+            return 2
+    dims = ALL_HEAD_DIMS if args.all_head_dims else tuple(int(x) for x in args.head_dims.split(","))
+    reports = []
+    for name in names:
+        reports += check_arch(name, arches[name], dims)
+    if args.json:
+        print(json.dumps([asdict(r) for r in reports], indent=1))
+    else:
+        print(format_table(reports))
+    bad = [r for r in reports if r.problems]
+    if bad:
+        print(f"{len(bad)} kernel(s) with problems", file=sys.stderr)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,282 @@
+"""Benchmark: the kernels against PyTorch SDPA's flash and cuDNN backends, on one GPU, in one run.
+
+FLOPs are counted as flash-attention does (perf.md section 0): forward 4*b*h*sq*sk*d, halved when
+causal; forward+backward 3.5x that. Times are medians of ``triton.testing.do_bench``.
+
+    python -m kernels.bench [--quick] [--json FILE] [--variant NAME=JSON ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from contextlib import contextmanager
+
+SHAPES = [
+    # (b, h, s, d, causal, mode)
+    (4, 16, 4096, 128, False, "fwd"),
+    (4, 16, 4096, 128, True, "fwd"),
+    (4, 16, 4096, 128, False, "fwd+bwd"),
+    (4, 16, 4096, 128, True, "fwd+bwd"),
+    (1, 24, 6032, 128, False, "fwd"),
+    (1, 24, 6889, 128, False, "fwd"),
+    (1, 24, 6889, 128, False, "fwd+bwd"),
+    (4, 32, 4096, 64, False, "fwd"),
+    (4, 32, 4096, 64, True, "fwd"),
+    (4, 32, 4096, 64, False, "fwd+bwd"),
+    (16, 32, 1024, 64, False, "fwd"),
+    (2, 10, 4096, 64, False, "fwd"),  # SDXL 1024^2, 640-ch level
+]
+QUICK = [SHAPES[0], SHAPES[1], SHAPES[2], SHAPES[4]]
+MEMORY_SHAPE = (1, 16, 32768, 128)
+
+
+def flops(b, h, s, d, causal, mode) -> float:
+    f = 4.0 * b * h * s * s * d / (2 if causal else 1)
+    return f if mode == "fwd" else 3.5 * f
+
+
+@contextmanager
+def _env(key, value):
+    old = os.environ.get(key)
+    if value is None:
+        os.environ.pop(key, None)
+    else:
+        os.environ[key] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = old
+
+
+def _providers(variants: dict):
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from .interface import flash_attn_func
+
+    def ours(spec):
+        def run(q, k, v, causal):
+            return flash_attn_func(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal
+            ).transpose(1, 2)
+
+        # The config override must cover the backward too, which runs outside this call:
+        # _time and _peak hold it around the whole step.
+        run.config_override = spec or ""
+        return run
+
+    def sdpa(backend):
+        def run(q, k, v, causal):
+            with sdpa_kernel([backend]):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+        return run
+
+    provs = {"ours": ours(None)}
+    for name, spec in variants.items():
+        provs[f"ours[{name}]"] = ours(spec)
+    provs["sdpa-flash"] = sdpa(SDPBackend.FLASH_ATTENTION)
+    provs["sdpa-cudnn"] = sdpa(SDPBackend.CUDNN_ATTENTION)
+    return provs
+
+
+def _time(fn, q, k, v, causal, mode):
+    spec = getattr(fn, "config_override", None)
+    if spec is None:
+        return _time_inner(fn, q, k, v, causal, mode)
+    with _env("ATTNFORGE_KERNELS_CONFIG", spec or None):
+        return _time_inner(fn, q, k, v, causal, mode)
+
+
+def _time_inner(fn, q, k, v, causal, mode):
+    import torch
+    from triton.testing import do_bench
+
+    if mode == "fwd":
+        with torch.no_grad():
+            return do_bench(lambda: fn(q, k, v, causal), warmup=25, rep=200, return_mode="median")
+    qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+    do = torch.randn_like(q)
+
+    def step():
+        fn(qg, kg, vg, causal).backward(do)
+
+    return do_bench(step, warmup=25, rep=200, grad_to_none=[qg, kg, vg], return_mode="median")
+
+
+def _peak(fn, shape):
+    import torch
+
+    b, h, s, d = shape
+    torch.cuda.empty_cache()
+    q, k, v = (
+        torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        for _ in range(3)
+    )
+    do = torch.randn_like(q)
+    fn(q, k, v, False).backward(do)  # warm-up: compile, workspaces
+    q.grad = k.grad = v.grad = None
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn(q, k, v, False).backward(do)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated()
+    del q, k, v, do
+    return base, peak
+
+
+def breakdown(shape=(4, 16, 4096, 128), causal=False, iters=10) -> dict:
+    """Average GPU time per kernel name over fwd+bwd steps (torch.profiler)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from .interface import flash_attn_func
+
+    b, h, s, d = shape
+    q, k, v = (
+        torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        for _ in range(3)
+    )
+    do = torch.randn_like(q)
+    for _ in range(3):
+        flash_attn_func(q, k, v, causal=causal).backward(do)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            flash_attn_func(q, k, v, causal=causal).backward(do)
+        torch.cuda.synchronize()
+    out = {}
+    for e in prof.key_averages():
+        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if t:
+            out[e.key[:60]] = t / iters / 1000.0
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def run(shapes, variants: dict, memory: bool = True) -> dict:
+    import torch
+
+    torch.manual_seed(0)
+    provs = _providers(variants)
+    rows = []
+    for b, h, s, d, causal, mode in shapes:
+        q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        row = {"shape": [b, h, s, d], "causal": causal, "mode": mode, "tflops": {}, "ms": {}}
+        for name, fn in provs.items():
+            try:
+                ms = _time(fn, q, k, v, causal, mode)
+                row["ms"][name] = ms
+                row["tflops"][name] = flops(b, h, s, d, causal, mode) / ms / 1e9
+            except Exception as e:  # a backend that cannot run this shape is reported, not fatal
+                row["ms"][name] = None
+                row["tflops"][name] = None
+                row.setdefault("errors", {})[name] = f"{type(e).__name__}: {str(e)[:200]}"
+        rows.append(row)
+        print(_fmt_row(row), flush=True)
+        del q, k, v
+    result = {"rows": rows}
+    if memory:
+        mem = {}
+        for name in ("ours", "sdpa-flash", "sdpa-cudnn"):
+            try:
+                base, peak = _peak(provs[name], MEMORY_SHAPE)
+                mem[name] = {"inputs_bytes": base, "peak_bytes": peak}
+            except Exception as e:
+                mem[name] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+        result["memory"] = {"shape": list(MEMORY_SHAPE), "mode": "fwd+bwd", "bf16": True, **mem}
+    return result
+
+
+def _fmt_row(row) -> str:
+    b, h, s, d = row["shape"]
+    tf = row["tflops"]
+    cells = " ".join(f"{k}={v:7.1f}" if v is not None else f"{k}=   n/a" for k, v in tf.items())
+    return f"({b},{h},{s},{d}) {'causal' if row['causal'] else 'full  '} {row['mode']:8s} {cells}"
+
+
+def table(result) -> str:
+    """Markdown table of TFLOP/s with ratios against SDPA-flash and cuDNN."""
+    rows = result["rows"]
+    names = list(rows[0]["tflops"]) if rows else []
+    head = (
+        "| shape (b,h,s,d) | causal | mode | " + " | ".join(names) + " | ours/flash | ours/cuDNN |"
+    )
+    lines = [head, "|" + "---|" * (len(names) + 5)]
+    for r in rows:
+        tf = r["tflops"]
+
+        def ratio(other, tf=tf):
+            return f"{tf['ours'] / tf[other]:.2f}" if tf.get("ours") and tf.get(other) else "n/a"
+
+        cells = " | ".join(f"{tf[n]:.1f}" if tf[n] is not None else "n/a" for n in names)
+        lines.append(
+            f"| {tuple(r['shape'])} | {'yes' if r['causal'] else 'no'} | {r['mode']} | {cells} | "
+            f"{ratio('sdpa-flash')} | {ratio('sdpa-cudnn')} |"
+        )
+    mem = result.get("memory")
+    if mem:
+        lines.append("")
+        lines.append(
+            f"Memory, fwd+bwd at {tuple(mem['shape'])} bf16 (peak allocated, inputs included):"
+        )
+        for name in ("ours", "sdpa-flash", "sdpa-cudnn"):
+            m = mem.get(name, {})
+            if "peak_bytes" in m:
+                lines.append(
+                    f"- {name}: peak {m['peak_bytes'] / 2**20:.0f} MiB (before the call: "
+                    f"{m['inputs_bytes'] / 2**20:.0f} MiB)"
+                )
+            else:
+                lines.append(f"- {name}: {m.get('error')}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m kernels.bench", description=__doc__.splitlines()[0]
+    )
+    ap.add_argument("--quick", action="store_true", help="four shapes only")
+    ap.add_argument("--no-memory", action="store_true")
+    ap.add_argument("--json", help="write results here")
+    ap.add_argument("--mode", choices=("fwd", "fwd+bwd"), help="only shapes of this mode")
+    ap.add_argument("--breakdown", action="store_true", help="per-kernel times at (4,16,4096,128)")
+    ap.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="NAME=JSON config override (see kernels.configs.override) to time as well",
+    )
+    args = ap.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("no GPU: nothing to benchmark", file=sys.stderr)
+        return 2
+    variants = dict(v.split("=", 1) for v in args.variant)
+    if args.breakdown:
+        for causal in (False, True):
+            print(f"per-kernel ms, fwd+bwd, causal={causal}:")
+            for name, ms in breakdown(causal=causal).items():
+                print(f"  {ms:8.3f}  {name}")
+    shapes = QUICK if args.quick else SHAPES
+    if args.mode:
+        shapes = [s for s in shapes if s[5] == args.mode]
+    result = run(shapes, variants, memory=not args.no_memory)
+    result["device"] = torch.cuda.get_device_name()
+    result["torch"] = torch.__version__
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    print(table(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,202 @@
+"""Per-family tile configurations, chosen without autotuning.
+
+A family comes from the device (``gcnArchName`` on ROCm, compute capability on CUDA) or is named
+by the AOT check. Configs depend on the family and the padded head dimension only, so a new
+sequence length never recompiles a kernel. Opt-in autotuning lives in ``kernels.autotune``.
+
+Why these numbers (the AOT check in docs/kernels.md shows their registers, spills and LDS):
+
+* RDNA (wave32, WMMA 16x16x16, 64 KiB LDS per workgroup, 128 KiB per WGP): small tiles, 4 waves,
+  one stage (Triton's HIP backend does no useful multi-stage pipelining on RDNA), and
+  ``waves_per_eu=2`` as AITER tuned for gfx1151 (perf.md 2c); bigger tiles spill.
+* CDNA (wave64, MFMA): 128x64 forward tiles like the ROCm Triton backend's gfx942/gfx950 defaults,
+  ``waves_per_eu=2``; the backward uses 64x64-ish tiles that do not spill at d=128.
+* Hopper: 128-row forward tiles, 8 warps, 3 stages (perf.md 1d); Ampere: same shapes, 2 stages.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, replace
+
+# Triton decides at decoration time whether kernels run in its CPU interpreter; remember that
+# mode here so that later changes of the environment cannot split the two.
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+FAMILIES = (
+    "rdna3",
+    "rdna3.5",
+    "rdna4",
+    "cdna2",
+    "cdna3",
+    "cdna4",
+    "hopper",
+    "ampere",
+    "nvidia",
+    "interpreter",
+)
+
+
+@dataclass(frozen=True)
+class Tile:
+    """Launch shape of one kernel: BLOCK_M query rows x BLOCK_N key rows."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    waves_per_eu: int = 0  # HIP only; 0 leaves the compiler's choice
+
+    def launch_options(self, hip: bool) -> dict:
+        opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
+        if hip and self.waves_per_eu:
+            opts["waves_per_eu"] = self.waves_per_eu
+        return opts
+
+
+@dataclass(frozen=True)
+class AttnConfig:
+    """Tiles for the forward, the dK/dV kernel, the dQ kernel, and how dQ is reduced."""
+
+    fwd: Tile
+    bwd_kv: Tile  # block_n keys stay resident, block_m query rows stream
+    bwd_q: Tile  # block_m query rows stay resident, block_n keys stream
+    atomic_dq: bool = False  # dQ by fp32 atomics inside the dK/dV kernel instead of a dQ kernel
+    reload: bool = False  # backward re-reads its resident tiles each step (RDNA: no spills)
+
+
+def padded_head_dim(d: int) -> int:
+    p = 16
+    while p < d:
+        p *= 2
+    return p
+
+
+def _rdna(d: int, family: str) -> AttnConfig:
+    if d <= 64:
+        return AttnConfig(Tile(64, 64, 4, 1, 2), Tile(16, 32, 8, 1, 1), Tile(32, 32, 4, 1, 1))
+    # RDNA3/3.5 WMMA holds a whole K row of an operand per lane: resident d>=128 tiles in the
+    # backward cost 64+ VGPRs each. Re-reading them per step cuts the spills (86 -> 30 VGPRs at
+    # d=128 on gfx1151) but does not remove them; RDNA4's WMMA layout does not need it.
+    reload = family != "rdna4"
+    if d <= 128:
+        return AttnConfig(
+            Tile(64, 32, 4, 1, 2), Tile(16, 16, 8, 1, 1), Tile(32, 16, 8, 1, 1), reload=reload
+        )
+    fwd = Tile(16, 32, 4, 1, 1) if family == "rdna4" else Tile(16, 16, 4, 1, 1)
+    return AttnConfig(fwd, Tile(16, 16, 8, 1, 1), Tile(16, 16, 8, 1, 1), reload=reload)
+
+
+def _cdna(d: int, family: str) -> AttnConfig:
+    # 128x64 forward tiles (the ROCm Triton backend's gfx942 default) spill 7-137 VGPRs with
+    # this kernel under waves_per_eu=2; 128x32 does not.
+    if d <= 64:
+        return AttnConfig(Tile(128, 32, 4, 1, 2), Tile(32, 128, 4, 1, 1), Tile(128, 32, 4, 1, 1))
+    if d <= 128:
+        return AttnConfig(Tile(128, 32, 4, 1, 2), Tile(32, 64, 4, 1, 1), Tile(64, 32, 4, 1, 1))
+    return AttnConfig(Tile(64, 16, 4, 1, 1), Tile(16, 32, 4, 1, 1), Tile(32, 16, 4, 1, 1))
+
+
+def _hopper(d: int) -> AttnConfig:
+    # The dK/dV tile 64x64 with 4 warps spills (ptxas) yet measured fastest on an H200:
+    # fwd+bwd 362 vs 277 TFLOP/s for the spill-free 16x128/8 warps (docs/benchmarks.md).
+    if d <= 64:
+        return AttnConfig(Tile(128, 64, 8, 4), Tile(64, 64, 4, 2), Tile(128, 64, 8, 2))
+    if d <= 128:
+        return AttnConfig(Tile(128, 64, 8, 3), Tile(64, 64, 4, 2), Tile(128, 64, 8, 2))
+    return AttnConfig(Tile(64, 64, 8, 2), Tile(16, 32, 8, 1), Tile(32, 32, 4, 1))
+
+
+def _ampere(d: int) -> AttnConfig:
+    if d <= 64:
+        return AttnConfig(Tile(128, 64, 8, 2), Tile(16, 32, 4, 2), Tile(64, 64, 4, 2))
+    if d <= 128:
+        return AttnConfig(Tile(64, 64, 4, 2), Tile(16, 64, 8, 2), Tile(64, 64, 4, 2))
+    return AttnConfig(Tile(64, 32, 8, 2), Tile(16, 32, 8, 1), Tile(32, 32, 4, 1))
+
+
+def _interpreter(d: int) -> AttnConfig:
+    # Small tiles so that CPU tests with short sequences still cross block boundaries.
+    t = Tile(16, 16, 1, 1)
+    return AttnConfig(t, t, t)
+
+
+def config_for(family: str, head_dim: int) -> AttnConfig:
+    """The default config of a family for a (padded) head dimension; no device needed."""
+    d = padded_head_dim(head_dim)
+    if family in ("rdna3", "rdna3.5", "rdna4"):
+        cfg = _rdna(d, family)
+    elif family in ("cdna2", "cdna3", "cdna4"):
+        cfg = _cdna(d, family)
+    elif family == "hopper":
+        cfg = _hopper(d)
+    elif family in ("ampere", "nvidia"):
+        cfg = _ampere(d)
+    elif family == "interpreter":
+        cfg = _interpreter(d)
+    else:
+        raise ValueError(f"unknown family {family!r}; valid: {', '.join(FAMILIES)}")
+    return override(cfg, os.environ.get("ATTNFORGE_KERNELS_CONFIG"))
+
+
+def override(cfg: AttnConfig, spec: str | None) -> AttnConfig:
+    """Apply a JSON override such as ``{"fwd": [128, 64, 8, 3], "atomic_dq": true}``.
+
+    Tiles are ``[block_m, block_n, num_warps, num_stages(, waves_per_eu)]``; keys fwd, bwd_kv,
+    bwd_q, atomic_dq. Set through ``ATTNFORGE_KERNELS_CONFIG`` for one-off experiments.
+    """
+    if not spec:
+        return cfg
+    data = json.loads(spec)
+    changes = {}
+    for key in ("fwd", "bwd_kv", "bwd_q"):
+        if key in data:
+            changes[key] = Tile(*data[key])
+    for key in ("atomic_dq", "reload"):
+        if key in data:
+            changes[key] = bool(data[key])
+    return replace(cfg, **changes)
+
+
+def amd_family(gfx: str) -> str:
+    """Family of an AMD gfx name (``gfx1151``, ``gfx942:sramecc+:xnack-``)."""
+    name = gfx.split(":")[0].lower()
+    if name.startswith("gfx115"):
+        return "rdna3.5"
+    if name.startswith("gfx11"):
+        return "rdna3"
+    if name.startswith("gfx12"):
+        return "rdna4"
+    if name.startswith("gfx10"):
+        return "rdna3"  # closest wave32 config; RDNA1/2 have no WMMA, small tiles suit them too
+    if name == "gfx90a" or name.startswith("gfx908"):
+        return "cdna2"
+    if name.startswith("gfx94"):
+        return "cdna3"
+    if name.startswith("gfx95"):
+        return "cdna4"
+    return "cdna3"
+
+
+def device_family(device=None) -> str:
+    """Family of the current torch device (``interpreter`` under TRITON_INTERPRET=1)."""
+    if INTERPRET:
+        return "interpreter"
+    import torch
+
+    props = torch.cuda.get_device_properties(device if device is not None else 0)
+    if getattr(torch.version, "hip", None):
+        return amd_family(getattr(props, "gcnArchName", ""))
+    major = props.major
+    if major == 9:
+        return "hopper"
+    if major == 8:
+        return "ampere"
+    return "nvidia"
+
+
+def is_hip() -> bool:
+    import torch
+
+    return bool(getattr(torch.version, "hip", None)) and not INTERPRET

@@ -1,0 +1,64 @@
+"""kernels.check as the validation suite calls it: names, verdicts, skip without a GPU."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kernels import check
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_every_case_name_round_trips():
+    for case in check._grid_full() + check._grid_quick() + check._grid_boundary():
+        assert check.Case.parse(case.name) == case
+
+
+def test_interpreter_lists_cpu_sized_cases():
+    names = check.list_cases(quick=False)
+    assert names[-1] == check.SHIM_CASE
+    assert [check.Case.parse(n) for n in names[:-1]] == check.grid_cpu()
+
+
+def test_full_gpu_grid_covers_the_issue_seqlens_and_head_dims():
+    cases = check._grid_full()
+    assert {1, 17, 127, 128, 129, 1000, 4096, 6032, 6889} <= {c.sq for c in cases}
+    assert {40, 64, 72, 80, 96, 128, 160, 256} <= {c.d for c in cases}
+    assert {"varlen", "bhsd"} <= {c.layout for c in cases}
+    assert any(c.hq != c.hk for c in cases)
+
+
+def test_a_wrong_name_is_rejected():
+    with pytest.raises(ValueError):
+        check.Case.parse("attn-bf16-nonsense")
+
+
+def test_run_case_returns_the_agreed_shape():
+    res = check.run_case("attn-fp16-b1-sq19-sk23-h2x1-d32-causal-bshd")
+    assert res["status"] == "pass", res["message"]
+    assert set(res) == {"status", "message", "metrics"}
+    assert all(isinstance(v, float) for v in res["metrics"].values())
+
+
+def test_shim_case_counts_routed_and_fallback_calls():
+    res = check.run_case(check.SHIM_CASE)
+    assert res["status"] == "pass", res["message"]
+    assert res["metrics"] == {"routed": 2.0, "fallback": 2.0}
+
+
+def test_rule_fails_an_error_beyond_twice_the_reference_error():
+    assert check.rule_error(0.02, 0.01, 1.0, 2**-10)[0]
+    assert not check.rule_error(0.03, 0.01, 1.0, 2**-10)[0]
+
+
+def test_skips_without_gpu_or_interpreter():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    code = "import json, kernels.check as c; print(json.dumps(c.run_case(c.list_cases(True)[0])))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert '"status": "skip"' in out.stdout, out.stderr
