@@ -3,14 +3,14 @@
 # python tools/amd_build/build_amd.py"), cmake/External/aotriton.cmake (AOTRITON_INSTALLED_PREFIX
 # takes a preinstalled AOTriton), and ROCm/TheRock@89553ce3 external-builds/pytorch/
 # build_prod_wheels.py (USE_ROCM=ON USE_CUDA=OFF PYTORCH_ROCM_ARCH, USE_FLASH_ATTENTION and
-# USE_MEM_EFF_ATTENTION together, CMAKE_PREFIX_PATH=$(rocm-sdk path --cmake)).
+# USE_MEM_EFF_ATTENTION together, CMAKE_PREFIX_PATH=$(rocm-sdk path --cmake)). Triton is the
+# version the tree pins in .ci/docker/triton_version.txt (PyPI's triton wheels carry the AMD backend).
 ARG BASE_IMAGE
 FROM ${BASE_IMAGE}
 ARG SOURCE_REPO
 ARG SOURCE_REF
 ARG PYTORCH_ROCM_ARCH
 ARG PYTORCH_BUILD_VERSION
-ARG TRITON_VERSION
 ARG AOTRITON_EXPERIMENTAL=0
 ARG PATCH_SERIES=""
 ARG MAX_JOBS=2
@@ -31,7 +31,7 @@ RUN --mount=type=secret,id=ca,required=false \
  && python3 /ctx/dockerfiles/scripts/check_aotriton_pin.py . /opt/attnforge/versions.json \
  && if [ -n "${PATCH_SERIES}" ]; then \
         (cd /ctx && python3 attnforge/patches.py apply --component pytorch --src /src/pytorch ${PATCH_SERIES}); fi \
- && pip install -r requirements.txt "triton==${TRITON_VERSION}" \
+ && pip install -r requirements.txt "triton==$(cat .ci/docker/triton_version.txt)" \
  && python3 tools/amd_build/build_amd.py \
  && USE_ROCM=1 USE_CUDA=0 USE_FLASH_ATTENTION=1 USE_MEM_EFF_ATTENTION=1 \
     PYTORCH_ROCM_ARCH="${PYTORCH_ROCM_ARCH}" AOTRITON_INSTALLED_PREFIX=/opt/aotriton \
