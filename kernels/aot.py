@@ -1,11 +1,16 @@
 """Ahead-of-time compile check: build the kernels for every arch in recipes/arches.yaml on the CPU.
 
     python -m kernels.aot --arch gfx1151 | --all [--head-dims 64,128 | --all-head-dims] [--json]
+                          [--over-2gib]
 
 For each arch, head dim and kernel (forward; backward delta, dK/dV and dQ) it compiles the
 family's default config with Triton's HIP or CUDA target and reports VGPRs/registers, SGPRs,
 spills, scratch, LDS bytes, occupancy and the matrix instructions in the ISA. Exit status 1 when
 a default config spills registers or needs more LDS than the arch allows.
+
+AMD kernels are specialized like the HIP JIT specializes them for tensors of at most 2 GiB
+(``tt.pointer_range = 32`` on the pointers: buffer loads with 32-bit offsets); ``--over-2gib``
+compiles the 64-bit-address variant the JIT builds for larger tensors.
 
 Occupancy (waves per SIMD; warps per SM sub-partition on NVIDIA) is the smaller of a register
 limit and an LDS limit:
@@ -69,16 +74,22 @@ def load_arches(path: Path = ARCHES_YAML) -> dict:
     return data["arches"]
 
 
-def _signature(fn, ptr_types: dict, constexprs: dict):
-    """Signature and divisibility attrs for a kernel, like the JIT would specialize them."""
+def _signature(fn, ptr_types: dict, constexprs: dict, pointer_range: bool = False):
+    """Signature and divisibility attrs for a kernel, like the JIT would specialize them.
+
+    ``pointer_range``: tensors whose storage is at most 2 GiB, which Triton's HIP JIT marks
+    ``tt.pointer_range = 32`` (its "S" specialization, with ``AMDGCN_USE_BUFFER_OPS`` on, the
+    default) so that loads become buffer loads with 32-bit offsets instead of 64-bit addresses.
+    """
     sig, attrs = {}, {}
+    ptr_attrs = [["tt.divisibility", 16]] + ([["tt.pointer_range", 32]] if pointer_range else [])
     floats = {"qk_scale", "cap_in", "cap_out", "sm_scale"}
     for i, name in enumerate(fn.arg_names):
         if name in constexprs:
             sig[name] = "constexpr"
         elif name in ptr_types:
             sig[name] = ptr_types[name]
-            attrs[(i,)] = [["tt.divisibility", 16]]
+            attrs[(i,)] = list(ptr_attrs)
         elif name in floats:
             sig[name] = "fp32"
         else:
@@ -139,6 +150,7 @@ def _kernels(head_dim: int, cfg, dtype: str = "bf16"):
                 BLOCK_N=cfg.bwd_kv.block_n,
                 ATOMIC_DQ=cfg.atomic_dq,
                 RELOAD=cfg.reload,
+                D_CHUNK=cfg.chunk_kv,
             ),
             cfg.bwd_kv,
         ),
@@ -155,6 +167,7 @@ def _kernels(head_dim: int, cfg, dtype: str = "bf16"):
                     BLOCK_N=cfg.bwd_q.block_n,
                     REVERSE=True,
                     RELOAD=cfg.reload,
+                    D_CHUNK=cfg.chunk_q,
                 ),
                 cfg.bwd_q,
             )
@@ -186,11 +199,13 @@ def _amd_occupancy(arch: str, spec: dict, vgprs: int, agprs: int, lds: int, wave
     return min(by_regs, by_lds)
 
 
-def _compile_amd(arch: str, spec: dict, name, fn, ptrs, consts, tile) -> KernelReport:
+def _compile_amd(
+    arch: str, spec: dict, name, fn, ptrs, consts, tile, over_2gib: bool = False
+) -> KernelReport:
     import triton
     from triton.backends.compiler import GPUTarget
 
-    sig, attrs = _signature(fn, ptrs, consts)
+    sig, attrs = _signature(fn, ptrs, consts, pointer_range=not over_2gib)
     src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
     opts = tile.launch_options(hip=True)
     k = triton.compile(src, target=GPUTarget("hip", arch, spec["wave_size"]), options=opts)
@@ -266,23 +281,32 @@ def _tile_str(t) -> str:
     return s + (f" wpe{t.waves_per_eu}" if t.waves_per_eu else "")
 
 
-def check_arch(arch: str, spec: dict, head_dims) -> list[KernelReport]:
-    """Compile every kernel of the family's default config for one arch."""
-    from .configs import config_for
+def check_arch(arch: str, spec: dict, head_dims, over_2gib: bool = False) -> list[KernelReport]:
+    """Compile every kernel of the family's default config for one arch.
+
+    AMD kernels are compiled as the HIP JIT specializes them for tensors of at most 2 GiB
+    (buffer loads with 32-bit offsets); ``over_2gib`` compiles the 64-bit-address variant that
+    the JIT builds for larger tensors instead.
+    """
+    from .configs import config_for, for_tensors
 
     os.environ.pop("TRITON_INTERPRET", None)
     reports = []
     for d in head_dims:
-        cfg = config_for(spec["family"], d)
+        cfg = for_tensors(config_for(spec["family"], d), not over_2gib)
         for name, fn, ptrs, consts, tile in _kernels(d, cfg):
-            comp = _compile_amd if spec["vendor"] == "amd" else _compile_nvidia
             try:
-                r = comp(arch, spec, name, fn, ptrs, consts, tile)
+                if spec["vendor"] == "amd":
+                    r = _compile_amd(arch, spec, name, fn, ptrs, consts, tile, over_2gib)
+                else:
+                    r = _compile_nvidia(arch, spec, name, fn, ptrs, consts, tile)
             except Exception as e:  # a compile failure is a result, not a crash of the check
                 r = KernelReport(arch, spec["family"], d, name, _tile_str(tile))
                 r.problems.append(
                     f"compile failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
                 )
+            if consts.get("D_CHUNK"):
+                r.tile += f" c{consts['D_CHUNK']}"  # head-dim chunk of the contractions
             if r.spills:
                 r.problems.append(f"{r.spills} spilled registers")
             if r.lds_bytes > spec["lds_bytes"]:
@@ -322,6 +346,11 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--all-head-dims", action="store_true", help=f"check {','.join(map(str, ALL_HEAD_DIMS))}"
     )
+    ap.add_argument(
+        "--over-2gib",
+        action="store_true",
+        help="AMD: compile for tensors over 2 GiB (64-bit addresses, no buffer loads)",
+    )
     ap.add_argument("--arches-file", default=str(ARCHES_YAML))
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = ap.parse_args(argv)
@@ -345,7 +374,7 @@ def main(argv=None) -> int:
     dims = ALL_HEAD_DIMS if args.all_head_dims else tuple(int(x) for x in args.head_dims.split(","))
     reports = []
     for name in names:
-        reports += check_arch(name, arches[name], dims)
+        reports += check_arch(name, arches[name], dims, args.over_2gib)
     if args.json:
         print(json.dumps([asdict(r) for r in reports], indent=1))
     else:

@@ -123,6 +123,8 @@ def _from_dict(d: dict) -> AttnConfig:
         bwd_q=Tile(**d["bwd_q"]),
         atomic_dq=d.get("atomic_dq", False),
         reload=d.get("reload", False),
+        chunk_kv=d.get("chunk_kv", 0),
+        chunk_q=d.get("chunk_q", 0),
     )
 
 

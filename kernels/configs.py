@@ -64,6 +64,23 @@ class AttnConfig:
     bwd_q: Tile  # block_m query rows stay resident, block_n keys stream
     atomic_dq: bool = False  # dQ by fp32 atomics inside the dK/dV kernel instead of a dQ kernel
     reload: bool = False  # backward re-reads its resident tiles each step (RDNA: no spills)
+    # Backward: compute the head-dim contractions (Q.K^T, dO.V^T) this many columns at a time,
+    # loading each chunk from memory (0: whole tiles). dK/dV kernel and dQ kernel. RDNA3/3.5 only.
+    chunk_kv: int = 0
+    chunk_q: int = 0
+
+
+# Triton's HIP JIT compiles tensors of at most 2 GiB with 32-bit buffer-load offsets; larger ones
+# get 64-bit addresses, whose per-element address registers make the chunked backward spill far
+# more than the whole-tile re-read. Above 2 GiB the chunking is switched off (``for_tensors``).
+MAX_BUFFER_BYTES = 2**31 - 1
+
+
+def for_tensors(cfg: AttnConfig, within_2gib: bool) -> AttnConfig:
+    """The config to launch: chunked backward contractions only where buffer loads apply."""
+    if within_2gib or not (cfg.chunk_kv or cfg.chunk_q):
+        return cfg
+    return replace(cfg, chunk_kv=0, chunk_q=0)
 
 
 def padded_head_dim(d: int) -> int:
@@ -77,15 +94,26 @@ def _rdna(d: int, family: str) -> AttnConfig:
     if d <= 64:
         return AttnConfig(Tile(64, 64, 4, 1, 2), Tile(16, 32, 8, 1, 1), Tile(32, 32, 4, 1, 1))
     # RDNA3/3.5 WMMA holds a whole K row of an operand per lane: resident d>=128 tiles in the
-    # backward cost 64+ VGPRs each. Re-reading them per step cuts the spills (86 -> 30 VGPRs at
-    # d=128 on gfx1151) but does not remove them; RDNA4's WMMA layout does not need it.
-    reload = family != "rdna4"
+    # backward cost 64+ VGPRs each. Re-reading them per step cuts the spills but does not remove
+    # them; computing Q.K^T and dO.V^T 16 head-dim columns (one WMMA K step) at a time does
+    # (gfx1151 d=128: dK/dV 235 VGPRs, dQ 116, no spills; the >2 GiB fallback re-reads).
+    # RDNA4's WMMA layout needs neither.
+    rdna3 = family != "rdna4"
+    chunk = 16 if rdna3 else 0
     if d <= 128:
         return AttnConfig(
-            Tile(64, 32, 4, 1, 2), Tile(16, 16, 8, 1, 1), Tile(32, 16, 8, 1, 1), reload=reload
+            Tile(64, 32, 4, 1, 2),
+            Tile(16, 16, 8, 1, 1),
+            Tile(32, 16, 8, 1, 1),
+            reload=rdna3,
+            chunk_kv=chunk,
+            chunk_q=chunk,
         )
+    # d=256: chunking removes the dQ spills but makes the dK/dV kernel's worse; dK/dV re-reads.
     fwd = Tile(16, 32, 4, 1, 1) if family == "rdna4" else Tile(16, 16, 4, 1, 1)
-    return AttnConfig(fwd, Tile(16, 16, 8, 1, 1), Tile(16, 16, 8, 1, 1), reload=reload)
+    return AttnConfig(
+        fwd, Tile(16, 16, 8, 1, 1), Tile(16, 16, 8, 1, 1), reload=rdna3, chunk_q=chunk
+    )
 
 
 def _cdna(d: int, family: str) -> AttnConfig:
@@ -144,7 +172,8 @@ def override(cfg: AttnConfig, spec: str | None) -> AttnConfig:
     """Apply a JSON override such as ``{"fwd": [128, 64, 8, 3], "atomic_dq": true}``.
 
     Tiles are ``[block_m, block_n, num_warps, num_stages(, waves_per_eu)]``; keys fwd, bwd_kv,
-    bwd_q, atomic_dq. Set through ``ATTNFORGE_KERNELS_CONFIG`` for one-off experiments.
+    bwd_q, atomic_dq, reload, chunk_kv, chunk_q (head-dim chunk: 0 or a power of two >= 16).
+    Set through ``ATTNFORGE_KERNELS_CONFIG`` for one-off experiments.
     """
     if not spec:
         return cfg
@@ -156,6 +185,12 @@ def override(cfg: AttnConfig, spec: str | None) -> AttnConfig:
     for key in ("atomic_dq", "reload"):
         if key in data:
             changes[key] = bool(data[key])
+    for key in ("chunk_kv", "chunk_q"):
+        if key in data:
+            n = int(data[key])
+            if n and (n < 16 or n & (n - 1)):
+                raise ValueError(f"{key} must be 0 or a power of two >= 16, got {n}")
+            changes[key] = n
     return replace(cfg, **changes)
 
 

@@ -75,6 +75,37 @@ def _load_rows(
 
 
 @triton.jit
+def _mm_chunked(
+    acc,
+    a_rows,
+    a_idx,
+    a_lim,
+    A_MASK: tl.constexpr,
+    b_rows,
+    b_idx,
+    b_lim,
+    B_MASK: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    D_CHUNK: tl.constexpr,
+    EVEN_D: tl.constexpr,
+):
+    """``acc + a @ b^T`` over the head dim, a and b loaded from memory D_CHUNK columns at a time.
+
+    ``a_rows``/``b_rows`` point at column 0 of each row ([rows, 1]). RDNA3's WMMA keeps a whole
+    K row of both operands per lane, so one d=128 contraction from resident tiles holds 2 x 64
+    VGPRs of operands; 16-column chunks hold 2 x 8 at a time (the RDNA3/3.5 backward configs).
+    """
+    for c in tl.static_range(BLOCK_D // D_CHUNK):
+        if c * D_CHUNK < HEAD_DIM:
+            offs_c = c * D_CHUNK + tl.arange(0, D_CHUNK)
+            a = _load_rows(a_rows + offs_c[None, :], a_idx, a_lim, offs_c, HEAD_DIM, A_MASK, EVEN_D)
+            b = _load_rows(b_rows + offs_c[None, :], b_idx, b_lim, offs_c, HEAD_DIM, B_MASK, EVEN_D)
+            acc = _dot(a, tl.trans(b), acc)
+    return acc
+
+
+@triton.jit
 def _scores(
     qk,
     rel,
@@ -548,6 +579,8 @@ def _dkdv_loop(
     v,
     k_ptrs,
     v_ptrs,
+    k_rows,
+    v_rows,
     q_base,
     do_base,
     lse_base,
@@ -580,26 +613,53 @@ def _dkdv_loop(
     ATOMIC_DQ: tl.constexpr,
     RELOAD: tl.constexpr,
     MASK: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    D_CHUNK: tl.constexpr,
 ):
     offs_m0 = tl.arange(0, BLOCK_M)
     for m0 in tl.range(start, end, BLOCK_M):
         offs_m = m0 + offs_m0
-        if RELOAD:
-            # RDNA3's WMMA keeps a whole K row of an operand per lane, so a resident d=128 tile
-            # costs 64 VGPRs; re-read it each step (from cache) instead. The offset is zero but
-            # depends on the loop variable, so the load is not hoisted out of the loop again.
+        if D_CHUNK > 0:
+            # Head-dim contractions in column chunks straight from memory (see _mm_chunked); the
+            # zero, loop-dependent offset keeps the resident K/V chunk loads inside the loop.
+            # Q and dO are loaded whole only for the dK/dV products, where WMMA splits their
+            # columns across the warps.
             bump = m0 // 1073741824
-            k = _load_rows(k_ptrs + bump, offs_n, seqlen_k, offs_d, HEAD_DIM, True, EVEN_D)
-            v = _load_rows(v_ptrs + bump, offs_n, seqlen_k, offs_d, HEAD_DIM, True, EVEN_D)
-        q = _load_rows(
-            q_base + offs_m[:, None] * sq_s + offs_d[None, :],
-            offs_m,
-            seqlen_q,
-            offs_d,
-            HEAD_DIM,
-            MASK,
-            EVEN_D,
-        )
+            q_rows = q_base + offs_m[:, None] * sq_s
+            do_rows = do_base + offs_m[:, None] * sdo_s
+            qk_t = _mm_chunked(
+                tl.zeros([BLOCK_N, BLOCK_M], tl.float32),
+                k_rows + bump,
+                offs_n,
+                seqlen_k,
+                True,
+                q_rows,
+                offs_m,
+                seqlen_q,
+                MASK,
+                HEAD_DIM,
+                BLOCK_D,
+                D_CHUNK,
+                EVEN_D,
+            )
+        else:
+            if RELOAD:
+                # RDNA3's WMMA keeps a whole K row of an operand per lane, so a resident d=128
+                # tile costs 64 VGPRs; re-read it each step (from cache) instead. The offset is
+                # zero but depends on the loop variable, so the load is not hoisted again.
+                bump = m0 // 1073741824
+                k = _load_rows(k_ptrs + bump, offs_n, seqlen_k, offs_d, HEAD_DIM, True, EVEN_D)
+                v = _load_rows(v_ptrs + bump, offs_n, seqlen_k, offs_d, HEAD_DIM, True, EVEN_D)
+            q = _load_rows(
+                q_base + offs_m[:, None] * sq_s + offs_d[None, :],
+                offs_m,
+                seqlen_q,
+                offs_d,
+                HEAD_DIM,
+                MASK,
+                EVEN_D,
+            )
         if MASK:
             row_ok = offs_m < seqlen_q
             lse2 = tl.load(lse_base + offs_m, mask=row_ok, other=float("inf")) * 1.4426950408889634
@@ -607,7 +667,8 @@ def _dkdv_loop(
         else:
             lse2 = tl.load(lse_base + offs_m) * 1.4426950408889634
             delta = tl.load(delta_base + offs_m)
-        qk_t = _mm(k, tl.trans(q))  # [BLOCK_N, BLOCK_M]
+        if D_CHUNK == 0:
+            qk_t = _mm(k, tl.trans(q))  # [BLOCK_N, BLOCK_M]
         rel = offs_n[:, None] - offs_m[None, :] - diag
         s = _scores(
             qk_t,
@@ -626,23 +687,55 @@ def _dkdv_loop(
             MASK,
         )
         p_t = tl.exp2(s - lse2[None, :])
-        do = _load_rows(
-            do_base + offs_m[:, None] * sdo_s + offs_d[None, :],
-            offs_m,
-            seqlen_q,
-            offs_d,
-            HEAD_DIM,
-            MASK,
-            EVEN_D,
-        )
-        dv = _dot(p_t.to(do.dtype), do, dv)
-        dp_t = _mm(v, tl.trans(do))
-        ds_t = p_t * (dp_t - delta[None, :])
-        if HAS_SOFTCAP:
-            t = _tanh(qk_t * cap_in)
-            ds_t = ds_t * (1.0 - t * t)
-        ds_lo = ds_t.to(q.dtype)
-        dk = _dot(ds_lo, q, dk)
+        if D_CHUNK > 0:
+            dp_t = _mm_chunked(
+                tl.zeros([BLOCK_N, BLOCK_M], tl.float32),
+                v_rows + bump,
+                offs_n,
+                seqlen_k,
+                True,
+                do_rows,
+                offs_m,
+                seqlen_q,
+                MASK,
+                HEAD_DIM,
+                BLOCK_D,
+                D_CHUNK,
+                EVEN_D,
+            )
+            ds_t = p_t * (dp_t - delta[None, :])
+            if HAS_SOFTCAP:
+                t = _tanh(qk_t * cap_in)
+                ds_t = ds_t * (1.0 - t * t)
+            do = _load_rows(
+                do_rows + offs_d[None, :], offs_m, seqlen_q, offs_d, HEAD_DIM, MASK, EVEN_D
+            )
+            dv = _dot(p_t.to(do.dtype), do, dv)
+            q = _load_rows(
+                q_rows + offs_d[None, :], offs_m, seqlen_q, offs_d, HEAD_DIM, MASK, EVEN_D
+            )
+            ds_lo = ds_t.to(q.dtype)
+            dk = _dot(ds_lo, q, dk)
+            if ATOMIC_DQ:
+                k = _load_rows(k_ptrs + bump, offs_n, seqlen_k, offs_d, HEAD_DIM, True, EVEN_D)
+        else:
+            do = _load_rows(
+                do_base + offs_m[:, None] * sdo_s + offs_d[None, :],
+                offs_m,
+                seqlen_q,
+                offs_d,
+                HEAD_DIM,
+                MASK,
+                EVEN_D,
+            )
+            dv = _dot(p_t.to(do.dtype), do, dv)
+            dp_t = _mm(v, tl.trans(do))
+            ds_t = p_t * (dp_t - delta[None, :])
+            if HAS_SOFTCAP:
+                t = _tanh(qk_t * cap_in)
+                ds_t = ds_t * (1.0 - t * t)
+            ds_lo = ds_t.to(q.dtype)
+            dk = _dot(ds_lo, q, dk)
         if ATOMIC_DQ:
             dq = _mm(tl.trans(ds_lo), k) * sm_scale
             dq_ptrs = dq_base + offs_m[:, None] * sdq_s + offs_d[None, :]
@@ -715,6 +808,7 @@ def _attn_bwd_dkdv(
     HAS_ALIBI: tl.constexpr,
     ATOMIC_DQ: tl.constexpr,
     RELOAD: tl.constexpr,
+    D_CHUNK: tl.constexpr,
 ):
     """One program per (key block, batch, kv head); loops over the GQA group's query heads."""
     pid_n = tl.program_id(0)
@@ -731,8 +825,10 @@ def _attn_bwd_dkdv(
     offs_d = tl.arange(0, BLOCK_D)
     k_base = K + b64 * sk_b + hk.to(tl.int64) * sk_h + k_start.to(tl.int64) * sk_s
     v_base = V + b64 * sv_b + hk.to(tl.int64) * sv_h + k_start.to(tl.int64) * sv_s
-    k_ptrs = k_base + offs_n[:, None] * sk_s + offs_d[None, :]
-    v_ptrs = v_base + offs_n[:, None] * sv_s + offs_d[None, :]
+    k_rows = k_base + offs_n[:, None] * sk_s
+    k_ptrs = k_rows + offs_d[None, :]
+    v_rows = v_base + offs_n[:, None] * sv_s
+    v_ptrs = v_rows + offs_d[None, :]
     k = _load_rows(k_ptrs, offs_n, seqlen_k, offs_d, HEAD_DIM, True, EVEN_D)
     v = _load_rows(v_ptrs, offs_n, seqlen_k, offs_d, HEAD_DIM, True, EVEN_D)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
@@ -760,6 +856,8 @@ def _attn_bwd_dkdv(
                 v,
                 k_ptrs,
                 v_ptrs,
+                k_rows,
+                v_rows,
                 q_base,
                 do_base,
                 lse_base,
@@ -792,6 +890,9 @@ def _attn_bwd_dkdv(
                 ATOMIC_DQ,
                 RELOAD,
                 True,
+                BLOCK_N,
+                BLOCK_D,
+                D_CHUNK,
             )
         dk, dv = _dkdv_loop(
             dk,
@@ -800,6 +901,8 @@ def _attn_bwd_dkdv(
             v,
             k_ptrs,
             v_ptrs,
+            k_rows,
+            v_rows,
             q_base,
             do_base,
             lse_base,
@@ -832,6 +935,9 @@ def _attn_bwd_dkdv(
             ATOMIC_DQ,
             RELOAD,
             False,
+            BLOCK_N,
+            BLOCK_D,
+            D_CHUNK,
         )
         dk, dv = _dkdv_loop(
             dk,
@@ -840,6 +946,8 @@ def _attn_bwd_dkdv(
             v,
             k_ptrs,
             v_ptrs,
+            k_rows,
+            v_rows,
             q_base,
             do_base,
             lse_base,
@@ -872,6 +980,9 @@ def _attn_bwd_dkdv(
             ATOMIC_DQ,
             RELOAD,
             True,
+            BLOCK_N,
+            BLOCK_D,
+            D_CHUNK,
         )
     dk = dk * sm_scale
     row_ok = offs_n < seqlen_k
@@ -900,6 +1011,8 @@ def _dq_loop(
     do,
     q_ptrs,
     do_ptrs,
+    q_rows,
+    do_rows,
     seqlen_q,
     lse2,
     delta,
@@ -928,33 +1041,55 @@ def _dq_loop(
     HAS_RIGHT: tl.constexpr,
     RELOAD: tl.constexpr,
     MASK: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    D_CHUNK: tl.constexpr,
 ):
     offs_n0 = tl.arange(0, BLOCK_N)
     for n0 in tl.range(start, end, BLOCK_N):
         offs_n = n0 + offs_n0
-        if RELOAD:
+        if D_CHUNK > 0:
             bump = n0 // 1073741824  # zero, but loop-dependent: see _dkdv_loop
-            q = _load_rows(q_ptrs + bump, offs_m, seqlen_q, offs_d, HEAD_DIM, True, EVEN_D)
-            do = _load_rows(do_ptrs + bump, offs_m, seqlen_q, offs_d, HEAD_DIM, True, EVEN_D)
-        k = _load_rows(
-            k_base + offs_n[:, None] * sk_s + offs_d[None, :],
-            offs_n,
-            seqlen_k,
-            offs_d,
-            HEAD_DIM,
-            MASK,
-            EVEN_D,
-        )
-        v = _load_rows(
-            v_base + offs_n[:, None] * sv_s + offs_d[None, :],
-            offs_n,
-            seqlen_k,
-            offs_d,
-            HEAD_DIM,
-            MASK,
-            EVEN_D,
-        )
-        qk = _mm(q, tl.trans(k))
+            k_rows = k_base + offs_n[:, None] * sk_s
+            qk = _mm_chunked(
+                tl.zeros([BLOCK_M, BLOCK_N], tl.float32),
+                q_rows + bump,
+                offs_m,
+                seqlen_q,
+                True,
+                k_rows,
+                offs_n,
+                seqlen_k,
+                MASK,
+                HEAD_DIM,
+                BLOCK_D,
+                D_CHUNK,
+                EVEN_D,
+            )
+        else:
+            if RELOAD:
+                bump = n0 // 1073741824  # zero, but loop-dependent: see _dkdv_loop
+                q = _load_rows(q_ptrs + bump, offs_m, seqlen_q, offs_d, HEAD_DIM, True, EVEN_D)
+                do = _load_rows(do_ptrs + bump, offs_m, seqlen_q, offs_d, HEAD_DIM, True, EVEN_D)
+            k = _load_rows(
+                k_base + offs_n[:, None] * sk_s + offs_d[None, :],
+                offs_n,
+                seqlen_k,
+                offs_d,
+                HEAD_DIM,
+                MASK,
+                EVEN_D,
+            )
+            v = _load_rows(
+                v_base + offs_n[:, None] * sv_s + offs_d[None, :],
+                offs_n,
+                seqlen_k,
+                offs_d,
+                HEAD_DIM,
+                MASK,
+                EVEN_D,
+            )
+            qk = _mm(q, tl.trans(k))
         rel = offs_n[None, :] - offs_m[:, None] - diag
         s = _scores(
             qk,
@@ -973,11 +1108,32 @@ def _dq_loop(
             MASK,
         )
         p = tl.exp2(s - lse2[:, None])
-        dp = _mm(do, tl.trans(v))
+        if D_CHUNK > 0:
+            dp = _mm_chunked(
+                tl.zeros([BLOCK_M, BLOCK_N], tl.float32),
+                do_rows + bump,
+                offs_m,
+                seqlen_q,
+                True,
+                v_base + offs_n[:, None] * sv_s,
+                offs_n,
+                seqlen_k,
+                MASK,
+                HEAD_DIM,
+                BLOCK_D,
+                D_CHUNK,
+                EVEN_D,
+            )
+        else:
+            dp = _mm(do, tl.trans(v))
         ds = p * (dp - delta[:, None])
         if HAS_SOFTCAP:
             t = _tanh(qk * cap_in)
             ds = ds * (1.0 - t * t)
+        if D_CHUNK > 0:
+            k = _load_rows(
+                k_rows + offs_d[None, :], offs_n, seqlen_k, offs_d, HEAD_DIM, MASK, EVEN_D
+            )
         dq = _dot(ds.to(k.dtype), k, dq)
     return dq
 
@@ -1034,6 +1190,7 @@ def _attn_bwd_dq(
     HAS_ALIBI: tl.constexpr,
     REVERSE: tl.constexpr,
     RELOAD: tl.constexpr,
+    D_CHUNK: tl.constexpr,
 ):
     """One program per (query block, batch, query head): dQ without atomics."""
     pid_m = tl.program_id(0)
@@ -1057,8 +1214,10 @@ def _attn_bwd_dq(
     do_base = DO + b64 * sdo_b + h64 * sdo_h + q_start.to(tl.int64) * sdo_s
     k_base = K + b64 * sk_b + hk.to(tl.int64) * sk_h + k_start.to(tl.int64) * sk_s
     v_base = V + b64 * sv_b + hk.to(tl.int64) * sv_h + k_start.to(tl.int64) * sv_s
-    q_ptrs = q_base + offs_m[:, None] * sq_s + offs_d[None, :]
-    do_ptrs = do_base + offs_m[:, None] * sdo_s + offs_d[None, :]
+    q_rows = q_base + offs_m[:, None] * sq_s
+    q_ptrs = q_rows + offs_d[None, :]
+    do_rows = do_base + offs_m[:, None] * sdo_s
+    do_ptrs = do_rows + offs_d[None, :]
     q = _load_rows(q_ptrs, offs_m, seqlen_q, offs_d, HEAD_DIM, True, EVEN_D)
     do = _load_rows(do_ptrs, offs_m, seqlen_q, offs_d, HEAD_DIM, True, EVEN_D)
     lse_base = LSE + b64 * sl_b + h64 * sl_h + q_start
@@ -1080,6 +1239,8 @@ def _attn_bwd_dq(
             do,
             q_ptrs,
             do_ptrs,
+            q_rows,
+            do_rows,
             seqlen_q,
             lse2,
             delta,
@@ -1108,6 +1269,9 @@ def _attn_bwd_dq(
             HAS_RIGHT,
             RELOAD,
             True,
+            BLOCK_M,
+            BLOCK_D,
+            D_CHUNK,
         )
     dq = _dq_loop(
         dq,
@@ -1115,6 +1279,8 @@ def _attn_bwd_dq(
         do,
         q_ptrs,
         do_ptrs,
+        q_rows,
+        do_rows,
         seqlen_q,
         lse2,
         delta,
@@ -1143,6 +1309,9 @@ def _attn_bwd_dq(
         HAS_RIGHT,
         RELOAD,
         False,
+        BLOCK_M,
+        BLOCK_D,
+        D_CHUNK,
     )
     dq = _dq_loop(
         dq,
@@ -1150,6 +1319,8 @@ def _attn_bwd_dq(
         do,
         q_ptrs,
         do_ptrs,
+        q_rows,
+        do_rows,
         seqlen_q,
         lse2,
         delta,
@@ -1178,6 +1349,9 @@ def _attn_bwd_dq(
         HAS_RIGHT,
         RELOAD,
         True,
+        BLOCK_M,
+        BLOCK_D,
+        D_CHUNK,
     )
     dq = dq * sm_scale
     dq_base = DQ + b64 * sdq_b + h64 * sdq_h + q_start.to(tl.int64) * sdq_s

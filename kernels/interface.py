@@ -39,6 +39,16 @@ class _Seq:
             self.strides = (t.stride(0), t.stride(1), t.stride(2))
 
 
+def _buffer_loads(*tensors) -> bool:
+    """Whether Triton's HIP JIT gives these tensors 32-bit buffer-load offsets (<= 2 GiB each)."""
+    amd = getattr(getattr(triton, "knobs", None), "amd", None)
+    if amd is not None and not getattr(amd, "use_buffer_ops", True):
+        return False
+    return all(
+        t.untyped_storage().nbytes() <= configs.MAX_BUFFER_BYTES for t in tensors if t is not None
+    )
+
+
 def _slopes(alibi_slopes, batch: int, heads: int, device):
     if alibi_slopes is None:
         return None, 0, 0
@@ -188,6 +198,9 @@ def _backward(
             dq_acc = torch.zeros(qs.t.shape, dtype=torch.float32, device=q.device)
         else:
             dq_acc = torch.empty(qs.t.shape, dtype=q.dtype, device=q.device)
+        if c.chunk_kv or c.chunk_q:  # RDNA3/3.5: chunked only where buffer loads apply
+            tensors = (qs.t, ks.t, vs.t, dos.t, dk, dv, dq_acc, lse, delta)
+            c = configs.for_tensors(c, _buffer_loads(*tensors))
         dqs = _Seq(dq_acc, varlen).strides
         tk = c.bwd_kv
         _attn_bwd_dkdv[(triton.cdiv(max_k, tk.block_n), batch * hk)](
@@ -221,6 +234,7 @@ def _backward(
             BLOCK_N=tk.block_n,
             ATOMIC_DQ=c.atomic_dq,
             RELOAD=c.reload,
+            D_CHUNK=c.chunk_kv,
             **flags,
             **tk.launch_options(hip),
         )
@@ -255,6 +269,7 @@ def _backward(
                 BLOCK_N=tq.block_n,
                 REVERSE=mask.right is not None,
                 RELOAD=c.reload,
+                D_CHUNK=c.chunk_q,
                 **flags,
                 **tq.launch_options(hip),
             )

@@ -1,9 +1,12 @@
 """Forward and backward against an fp32 reference, flash-attention's 2x rule (CPU interpreter)."""
 
+import json
+
 import pytest
 import torch
 
 from kernels.check import Case, compare, grid_cpu
+from kernels.configs import config_for, for_tensors
 
 CASES = grid_cpu()
 
@@ -15,9 +18,18 @@ def test_forward_and_backward_match_fp32_reference(case):
     assert res["ok"], {k: v for k, v in m.items() if k.startswith(("err_", "bound_"))}
 
 
-@pytest.mark.parametrize("override", ['{"reload": true}', '{"atomic_dq": true}'])
+@pytest.mark.parametrize(
+    "override",
+    [
+        '{"reload": true}',
+        '{"atomic_dq": true}',
+        '{"chunk_kv": 16, "chunk_q": 16}',
+        '{"chunk_kv": 16, "atomic_dq": true}',
+    ],
+)
 def test_alternative_backward_paths_match_reference(monkeypatch, override):
-    # RDNA3 configs re-read resident tiles; atomic dQ is an opt-in path: both must stay correct.
+    # RDNA3 configs re-read resident tiles or chunk the head-dim contractions; atomic dQ is an
+    # opt-in path: all must stay correct (d=40 pads to 64: a partial and a skipped chunk).
     monkeypatch.setenv("ATTNFORGE_KERNELS_CONFIG", override)
     for case in (
         Case("bf16", 1, 37, 45, 4, 2, 40, "causal"),
@@ -44,3 +56,68 @@ def test_unequal_tile_shapes_keep_masks_right(monkeypatch, tiles):
     ):
         res = compare(case, torch.device("cpu"), seed=3)
         assert res["ok"], (case.name, res["metrics"])
+
+
+def _tiles_json(cfg) -> str:
+    def t(x):
+        return [x.block_m, x.block_n, x.num_warps, x.num_stages, x.waves_per_eu]
+
+    return json.dumps(
+        {
+            "fwd": t(cfg.fwd),
+            "bwd_kv": t(cfg.bwd_kv),
+            "bwd_q": t(cfg.bwd_q),
+            "atomic_dq": cfg.atomic_dq,
+            "reload": cfg.reload,
+            "chunk_kv": cfg.chunk_kv,
+            "chunk_q": cfg.chunk_q,
+        }
+    )
+
+
+@pytest.mark.parametrize("family", ["rdna3", "rdna3.5"])
+def test_rdna_d128_backward_config_matches_reference(monkeypatch, family):
+    # The RDNA3/3.5 d=128 defaults (16-column chunked backward contractions) under the
+    # interpreter: full head dim, padded head dims (96, 72) and every mask kind the chunked loops
+    # branch on (masked and unmasked ranges, softcap, ALiBi, varlen, GQA).
+    cfg = config_for(family, 128)
+    assert cfg.chunk_kv and cfg.chunk_q
+    monkeypatch.setenv("ATTNFORGE_KERNELS_CONFIG", _tiles_json(cfg))
+    for case in (
+        Case("bf16", 1, 45, 37, 4, 2, 128, "causal"),
+        Case("fp16", 2, 33, 40, 2, 1, 96, "window", "varlen"),
+        Case("bf16", 1, 37, 21, 2, 2, 72, "softcap"),
+        Case("fp16", 1, 21, 37, 2, 2, 128, "alibi", "bhsd"),
+    ):
+        res = compare(case, torch.device("cpu"), seed=4)
+        assert res["ok"], (case.name, res["metrics"])
+
+
+def test_chunked_backward_is_off_above_2gib():
+    # Above 2 GiB Triton's HIP JIT uses 64-bit addresses, where chunking spills more (docs).
+    cfg = config_for("rdna3.5", 128)
+    assert for_tensors(cfg, True) == cfg
+    off = for_tensors(cfg, False)
+    assert off.chunk_kv == off.chunk_q == 0 and off.reload and off.bwd_kv == cfg.bwd_kv
+    nv = config_for("hopper", 128)
+    assert nv.chunk_kv == nv.chunk_q == 0 and for_tensors(nv, False) == nv
+
+
+def test_launcher_drops_chunking_above_the_buffer_limit(monkeypatch):
+    # With the 2 GiB limit lowered to nothing, the launcher must launch the re-read fallback.
+    from kernels import configs
+
+    seen = []
+    real = configs.for_tensors
+
+    def spy(cfg, within_2gib):
+        out = real(cfg, within_2gib)
+        seen.append((within_2gib, out.chunk_kv, out.chunk_q))
+        return out
+
+    monkeypatch.setattr(configs, "MAX_BUFFER_BYTES", 1)
+    monkeypatch.setattr(configs, "for_tensors", spy)
+    monkeypatch.setenv("ATTNFORGE_KERNELS_CONFIG", _tiles_json(config_for("rdna3.5", 128)))
+    res = compare(Case("bf16", 1, 33, 33, 2, 1, 128, "causal"), torch.device("cpu"), seed=5)
+    assert res["ok"], res["metrics"]
+    assert seen and all(s == (False, 0, 0) for s in seen), seen
