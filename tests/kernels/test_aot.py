@@ -19,10 +19,8 @@ MATRIX = {"wmma": "v_wmma_", "mfma": "v_mfma_", "wgmma": "wgmma.mma_async", "mma
 # SGPRs spilled into VGPR lanes, no scratch, with the buffer-load specialization the HIP JIT
 # uses) and Hopper's dK/dV tile, which spills yet measured fastest. The RDNA3/3.5 d=128
 # backward no longer spills (16-column chunked contractions).
-KNOWN_SPILLS = {("gfx90a", 64, "fwd"), ("gfx90a", 128, "fwd")} | {
-    ("sm90", 64, "bwd_dkdv"),
-    ("sm90", 128, "bwd_dkdv"),
-}
+# sm90's dK/dV tile spills and was kept because it measured fastest on an H200 (docs/benchmarks.md).
+KNOWN_SPILLS = {("sm90", 64, "bwd_dkdv"), ("sm90", 128, "bwd_dkdv")}
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +63,21 @@ def test_lds_fits_and_only_known_kernels_spill(aot_run):
     for r in reports:
         assert r["lds_bytes"] <= ARCHES[r["arch"]]["lds_bytes"], r
         assert r["occupancy"] > 0, r
-    spilling = {(r["arch"], r["head_dim"], r["kernel"]) for r in reports if r["spills"]}
+    spilling = {
+        (r["arch"], r["head_dim"], r["kernel"])
+        for r in reports
+        if r["spills"] or r["scratch_bytes"]
+    }
     assert spilling == KNOWN_SPILLS  # a fixed spill must be removed from the list too
+
+
+@pytest.mark.slow
+def test_sgpr_spills_into_vgpr_lanes_are_reported_but_do_not_fail(aot_run):
+    _, reports = aot_run
+    lane_only = [
+        r for r in reports if r["sgpr_spills"] and not r["spills"] and not r["scratch_bytes"]
+    ]
+    assert all(not r["problems"] for r in lane_only), lane_only
 
 
 @pytest.mark.slow
