@@ -16,8 +16,8 @@ demo: setup
 	$(BIN)/invoke validate --arch cpu
 
 ## test: set up (engine, base image, wheels, registry), then every test, end-to-end included
-test: setup
-	tools/setup.sh registry
+test:
+	tools/setup.sh all registry
 	ATTNFORGE_REQUIRE_E2E=1 ATTNFORGE_E2E_BASE_IMAGE=$(BASE_IMAGE) \
 	ATTNFORGE_E2E_WHEELHOUSE=$(abspath $(WHEELHOUSE)) ATTNFORGE_E2E_CA_CERT=$(CA_CERT) \
 	ATTNFORGE_E2E_REGISTRY=127.0.0.1:5000 $(BIN)/python -m pytest

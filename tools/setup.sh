@@ -3,7 +3,7 @@
 # reachable Docker engine, a local base image, a wheelhouse for the cpu stack and (for the
 # tests) a local registry. Safe to run again: every step checks before it acts.
 #
-#   tools/setup.sh venv|engine|base-image|wheelhouse|registry|all
+#   tools/setup.sh STEP [STEP ...]    steps: venv engine base-image wheelhouse registry all
 #
 # Nothing here needs the network beyond the distro's package mirror and PyPI; no registry is
 # pulled from: the base image is made with debootstrap and `docker import`.
@@ -31,7 +31,7 @@ apt_install() {
   ((${#missing[@]})) || return 0
   [ "$(id -u)" = 0 ] || die "missing packages: ${missing[*]}; install them (sudo apt-get install ${missing[*]}) and re-run"
   say "installing ${missing[*]}"
-  apt-get update -q >/dev/null
+  if [ -z "${APT_UPDATED:-}" ]; then apt-get update -q >/dev/null; APT_UPDATED=1; fi
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
 }
 
@@ -97,12 +97,16 @@ registry() {
   die "the registry did not come up; see /tmp/attnforge-registry.log"
 }
 
-case "${1:-all}" in
-  venv) venv ;;
-  engine) engine ;;
-  base-image) engine; base_image ;;
-  wheelhouse) venv; wheelhouse ;;
-  registry) registry ;;
-  all) venv; engine; base_image; wheelhouse ;;
-  *) die "unknown step ${1}; valid: venv engine base-image wheelhouse registry all" ;;
-esac
+run_step() {
+  case "$1" in
+    venv) venv ;;
+    engine) engine ;;
+    base-image) engine; base_image ;;
+    wheelhouse) venv; wheelhouse ;;
+    registry) registry ;;
+    all) venv; engine; base_image; wheelhouse ;;
+    *) die "unknown step $1; valid: venv engine base-image wheelhouse registry all" ;;
+  esac
+}
+
+for step in "${@:-all}"; do run_step "$step"; done
