@@ -56,10 +56,13 @@ def suite_args(
 
 
 def print_summary(report_path: Path) -> None:
-    """Print the suite's Markdown summary (the same text CI puts in a step summary)."""
+    """Print the suite's Markdown summary up to its first collapsed details block (the full text,
+    which CI puts in a step summary, stays in report.md)."""
     md = report_path.with_name("report.md")
     if md.exists():
-        out.print(md.read_text(), markup=False, highlight=False)
+        text = md.read_text().split("<details>", 1)[0].rstrip()
+        out.print(text, markup=False, highlight=False)
+        out.print(f"(full summary: {md})")
 
 
 @task(
