@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,3 +21,13 @@ def repo_copy(tmp_path: Path) -> Path:
     dest = tmp_path / "tree"
     shutil.copytree(REPO, dest, ignore=COPY_IGNORE)
     return dest
+
+
+def run_invoke(
+    cwd: Path, *args: str, env=None, timeout: int = 120
+) -> subprocess.CompletedProcess[str]:
+    """`python -m invoke ARGS` in cwd, as a user runs it: its own process, output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "invoke", *args],
+        cwd=cwd, capture_output=True, text=True, env=env, timeout=timeout,
+    )  # fmt: skip

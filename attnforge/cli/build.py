@@ -50,6 +50,15 @@ def default_stack(recipes: Recipes, arch: str) -> str:
     return "default" if "default" in fits else (fits[0] if fits else "default")
 
 
+def choose_target(recipes: Recipes, arch: str | None, stack: str | None) -> tuple[str, str]:
+    """(arch, stack) for a task: the given ones, else the host's default arch (saying why) and
+    that arch's default stack."""
+    if arch is None:
+        arch, why = default_arch()
+        out.print(f"[dim]--arch not given: {why}[/]")
+    return arch, stack or default_stack(recipes, arch)
+
+
 def make_plan(inv: Invocation, recipes: Recipes, engine=None) -> tuple[Plan, bool]:
     """Resolve the invocation; with an engine, the base image's id and the cache status are known."""
     overrides = parse_overrides(inv.sets, recipes)
@@ -104,10 +113,7 @@ def build(
             + (f", which stopped at layer {state.failed}" if state.failed else "")
         )
     else:
-        if arch is None:
-            arch, why = default_arch()
-            out.print(f"[dim]--arch not given: {why}[/]")
-        stack = stack or default_stack(recipes, arch)
+        arch, stack = choose_target(recipes, arch, stack)
         for path, flag in ((wheelhouse, "--wheelhouse"), (ca_cert, "--ca-cert")):
             if path and not Path(path).exists():
                 raise UserError(f"{flag} {path}: no such file or folder")

@@ -11,7 +11,7 @@ from ..engine import connect
 from ..errors import UserError
 from ..plan import Options, resolve
 from ..recipes import load_recipes
-from .build import ROOT, default_arch, default_stack
+from .build import ROOT, choose_target
 from .validate import VALIDATED
 
 
@@ -46,10 +46,7 @@ def publish(c, to=None, arch=None, stack=None, namespace="attnforge", engine="do
             "--to is required: the registry namespace to push to (e.g. ghcr.io/org/attnforge)"
         )
     recipes = load_recipes(ROOT)
-    if arch is None:
-        arch, why = default_arch()
-        out.print(f"[dim]--arch not given: {why}[/]")
-    stack = stack or default_stack(recipes, arch)
+    arch, stack = choose_target(recipes, arch, stack)
     final = resolve(recipes, arch, stack, Options(namespace=namespace)).final_tag
     eng = connect(engine)
     final_id = eng.image_id(final) if final else None

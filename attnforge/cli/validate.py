@@ -16,7 +16,7 @@ from ..engine import RunRequest, connect
 from ..errors import UserError
 from ..plan import Options, resolve
 from ..recipes import load_recipes
-from .build import ROOT, default_arch, default_stack
+from .build import ROOT, choose_target
 
 # TheRock dockerfiles/README.md: docker run --device=/dev/kfd --device=/dev/dri --ipc=host
 # --group-add=video --group-add=render; ROCm's "Running ROCm Docker containers" page also
@@ -85,10 +85,7 @@ def validate(
 ):  # fmt: skip
     """Run the validation suite in the stack's image; writes reports/<arch>/<stack>/report.{json,md}."""
     recipes = load_recipes(ROOT)
-    if arch is None:
-        arch, why = default_arch()
-        out.print(f"[dim]--arch not given: {why}[/]")
-    stack = stack or default_stack(recipes, arch)
+    arch, stack = choose_target(recipes, arch, stack)
     plan = resolve(recipes, arch, stack, Options(namespace=namespace))
     if plan.blocked_by and not (local or image):
         first = plan.blocked_by[0]

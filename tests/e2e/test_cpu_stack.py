@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import COPY_IGNORE, REPO
+from tests.conftest import COPY_IGNORE, REPO, run_invoke
 
 pytestmark = pytest.mark.e2e
 
@@ -81,13 +81,7 @@ def build_args(*extra: str) -> list[str]:
 
 
 def invoke(tree: Path, *args: str, timeout: int = 1800) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "invoke", *args],
-        cwd=tree,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return run_invoke(tree, *args, timeout=timeout)
 
 
 def outcomes(stdout: str) -> dict[str, str]:

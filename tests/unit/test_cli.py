@@ -3,23 +3,14 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, run_invoke
 
 
 def invoke(*args, cwd=REPO, env=None):
-    return subprocess.run(
-        [sys.executable, "-m", "invoke", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+    return run_invoke(cwd, *args, env=env)
 
 
 @pytest.mark.parametrize(
