@@ -56,6 +56,7 @@ class Step:
     status: str  # build | cached | unsupported | skipped | blocked
     reason: str = ""
     lineage: tuple[tuple[str, str], ...] = ()  # (layer, hash) from the root to this step
+    pins: dict[str, str] = field(default_factory=dict)  # the pinned inputs (a subset of args)
 
     @property
     def short_hash(self) -> str:
@@ -461,6 +462,7 @@ def resolve(
             moving_tags=(f"{tag_base}:{arch_name}",),
             status="build",
             lineage=(*(parent.lineage if parent else ()), (layer.name, digest)),
+            pins={k: str(v) for k, v in pins.items()},
         )
         steps.append(step)
         expect.update(layer_expect)
