@@ -95,8 +95,11 @@ class SmokeCheck(Strict):
 
 
 class SourcePin(Strict):
-    repo: str
-    ref: str
+    repo: str = Field(description="where the source is fetched from (an https/git/ssh/file URL)")
+    ref: str = Field(description="the commit built: 40 lowercase hex digits")
+    tag: str | None = Field(
+        None, description="the release tag ref is, if any; `invoke pins.check` confirms it"
+    )
 
 
 class Variant(Strict):
@@ -173,6 +176,153 @@ class Recipes:
     layers: dict[str, Layer]
     stacks: dict[str, Stack]
     layer_files: dict[str, str]
+
+
+# ---------------------------------------------------------------------------- pin formats
+#
+# A value in args, hint_args or pins becomes a `docker build --build-arg`, is expanded by the
+# shell of a RUN line and is filled into smoke-check snippets, so it must never be able to carry
+# syntax. Its *kind* is read from its key, so recipes stay as they are and `--set` overrides of the
+# same key get the same check (check_pin):
+#
+#   SOURCE_REF, *_COMMIT   commit   40 lowercase hex digits. Never abbreviated: builds run
+#                                   `git fetch <repo> <commit>`, and servers only accept full ids
+#   *_TAG (source.tag)     tag      a git tag name (git check-ref-format rules)
+#   *_VERSION              version  a PEP 440 version (packaging.version), e.g. 2.11.0+rocm7.13.0
+#   *_SHA256               sha256   64 lowercase hex digits
+#   *_DIGEST               digest   sha256:<64 lowercase hex digits>
+#   SOURCE_REPO, *_URL     url      https/http/git/ssh/file URL (a *_URL may be empty: "none")
+#   anything else          string   letters, digits, space and . _ + , : / = @ % - only
+
+PIN_KINDS = {
+    "commit": "SOURCE_REF, *_COMMIT",
+    "tag": "*_TAG",
+    "version": "*_VERSION",
+    "sha256": "*_SHA256",
+    "digest": "*_DIGEST",
+    "url": "SOURCE_REPO, *_URL",
+    "string": "any other key",
+}
+# Nothing here is special to sh/bash, Python string literals or Dockerfile parsing; space stays
+# for word lists such as APT_PACKAGES, and '-' may not start a word (it would read as an option).
+SAFE_CHARS = "letters, digits, space and . _ + , : / = @ % -"
+_SAFE = re.compile(r"[A-Za-z0-9 ._+,:/=@%-]*")
+_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_URL = re.compile(r"(https|http|git|ssh|file)://[A-Za-z0-9._:/@%+=,-]+")
+# Names that end up in a template (arch, family, TheRock extra, variant) or a path list.
+_TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_IMAGE_REF = re.compile(r"[a-z0-9][A-Za-z0-9._/:@-]*")
+_PATH = re.compile(r"[A-Za-z0-9._][A-Za-z0-9._/-]*")
+
+
+def pin_kind(key: str) -> str:
+    """The kind of value a key holds: commit, tag, version, sha256, digest, url or string."""
+    if key == "SOURCE_REF" or key.endswith("_COMMIT"):
+        return "commit"
+    if key == "SOURCE_REPO" or key.endswith("_URL"):
+        return "url"
+    for suffix, kind in (("_TAG", "tag"), ("_VERSION", "version"), ("_SHA256", "sha256")):
+        if key.endswith(suffix):
+            return kind
+    if key.endswith("_DIGEST"):
+        return "digest"
+    return "string"
+
+
+def _tag_problem(tag: str) -> str | None:
+    """Why a name is not a valid git tag (git-check-ref-format(1) rules), or None."""
+    if not re.fullmatch(r"[A-Za-z0-9._+/-]+", tag):
+        return "may hold only letters, digits and . _ + / -"
+    if tag.startswith(("-", "/")) or tag.endswith(("/", ".", ".lock")):
+        return "may not start with '-' or '/' nor end with '/', '.' or '.lock'"
+    parts = tag.split("/")
+    if "" in parts or any(p.startswith(".") or p.endswith(".lock") for p in parts):
+        return "has an empty component or one starting with '.' or ending with '.lock'"
+    if ".." in tag:
+        return "may not contain '..'"
+    return None
+
+
+def check_pin(key: str, value: str) -> str | None:
+    """None if `value` is a well-formed, shell-safe value for `key`, else the reason (a clause
+    that names the key, the value and the valid format). For recipe values and `--set KEY=VALUE`."""
+    return _check_value(key, value, templated=False)
+
+
+def _check_value(key: str, value: str, *, templated: bool) -> str | None:
+    shown = value
+    if templated:
+        # {arch} & co. are checked where they are defined (arches.yaml, variant names), so a
+        # template stands in for a harmless token here; unknown names were rejected before.
+        value = re.sub(r"\{(\w+)\}", "0", value)
+    if not _KEY.fullmatch(key):
+        return f"key {key!r} must be a name of letters, digits and _ (it becomes a build ARG)"
+    kind = pin_kind(key)
+    if kind == "commit" and not _COMMIT.fullmatch(value):
+        return (
+            f"{key} pins a git commit, which must be 40 lowercase hex digits "
+            f"(`git fetch` needs the full id), not {shown!r}"
+        )
+    if kind == "sha256" and not _SHA256.fullmatch(value):
+        return f"{key} pins a sha256, which must be 64 lowercase hex digits, not {shown!r}"
+    if kind == "digest" and not (
+        value.startswith("sha256:") and _SHA256.fullmatch(value.removeprefix("sha256:"))
+    ):
+        return f"{key} pins a digest, which must be sha256:<64 lowercase hex digits>, not {shown!r}"
+    if kind == "tag" and (why := _tag_problem(value)):
+        return f"{key} pins a git tag, and {shown!r} is not one: a tag {why}"
+    if kind == "version":
+        try:
+            if value != value.strip() or not value:
+                raise InvalidVersion(value)
+            Version(value)
+        except InvalidVersion:
+            return (
+                f"{key} pins a version, which must be a PEP 440 version such as 2.11.0 or "
+                f"2.11.0+rocm7.13.0, not {shown!r}"
+            )
+    if kind == "url" and not (_URL.fullmatch(value) or (value == "" and key != "SOURCE_REPO")):
+        return (
+            f"{key} holds a URL, which must be https://, http://, git://, ssh:// or file:// "
+            f"followed by letters, digits and . _ : / @ % + = , - only, not {shown!r}"
+        )
+    bad = sorted({c for c in value if not _SAFE.fullmatch(c)})
+    if bad:
+        return (
+            f"{key} is {shown!r}, and {', '.join(map(repr, bad))} could be read as shell or "
+            f"Dockerfile syntax (allowed: {SAFE_CHARS})"
+        )
+    if any(word.startswith("-") for word in value.split(" ")):
+        return f"{key} is {shown!r}, in which a word starting with '-' would read as an option"
+    return None
+
+
+def _check_values(
+    values: dict[str, Any], file: str, src: yamlsrc.Source, loc: tuple, *, templated: bool
+) -> None:
+    for key, value in values.items():
+        why = _check_value(str(key), str(value), templated=templated)
+        if why:
+            raise RecipeError(
+                file,
+                why,
+                line=src.line_of((*loc, key)),
+                field=".".join(map(str, (*loc, key))),
+            )
+
+
+def _check_format(
+    value: str, pattern: re.Pattern[str], what: str, file: str, src: yamlsrc.Source, loc: tuple
+) -> None:
+    if not pattern.fullmatch(value):
+        raise RecipeError(
+            file,
+            f"{value!r} is not {what}",
+            line=src.line_of(loc),
+            field=".".join(map(str, loc)),
+        )
 
 
 def _validate(model: type[BaseModel], src: yamlsrc.Source) -> Any:
@@ -325,6 +475,7 @@ def load_recipes(root: Path) -> Recipes:
     arches_src = yamlsrc.load(rdir / "arches.yaml", "recipes/arches.yaml")
     arches_file: ArchesFile = _validate(ArchesFile, arches_src)
     arches = {n: a.model_copy(update={"name": n}) for n, a in arches_file.arches.items()}
+    _check_arches(arches, arches_src)
 
     layers: dict[str, Layer] = {}
     layer_files: dict[str, str] = {}
@@ -377,6 +528,20 @@ def _check_layer(
     _check_selectors(layer.arches, arches, file, src, ("arches",))
     for section in ("args", "hint_args", "pins"):
         _check_templates(getattr(layer, section), file, src, (section,))
+        _check_values(getattr(layer, section), file, src, (section,), templated=True)
+    if layer.source is not None:
+        _check_source(layer.source, file, src)
+    if layer.aotriton is not None and (why := _tag_problem(layer.aotriton)):
+        raise RecipeError(
+            file,
+            f"{layer.aotriton!r} is not an AOTriton release tag: a tag {why}",
+            line=src.line_of(("aotriton",)),
+            field="aotriton",
+        )
+    for i, rel in enumerate(layer.patches):
+        # The planner joins the series into one space-separated PATCH_SERIES build arg.
+        _check_format(rel, _PATH, "a plain relative path (letters, digits, . _ / -)", file, src,
+                      ("patches", i))  # fmt: skip
     _check_expect(layer.expect, file, src, ("expect",))
     overlap = (
         set(layer.args) & set(layer.hint_args)
@@ -389,11 +554,37 @@ def _check_layer(
         )
     for vname, variant in layer.variants.items():
         loc = ("variants", vname)
+        # A variant's name is a template value ({variant}) and part of image tags.
+        _check_format(vname, _TOKEN, "a variant name (letters, digits, . _ -)", file, src, loc)
         if variant.arches is not None:
             _check_selectors(variant.arches, arches, file, src, (*loc, "arches"))
         for section in ("args", "pins"):
             _check_templates(getattr(variant, section), file, src, (*loc, section))
+            _check_values(getattr(variant, section), file, src, (*loc, section), templated=True)
         _check_expect(variant.expect, file, src, (*loc, "expect"))
+
+
+def _check_source(source: SourcePin, file: str, src: yamlsrc.Source) -> None:
+    for field, key in (("repo", "SOURCE_REPO"), ("ref", "SOURCE_REF"), ("tag", "SOURCE_TAG")):
+        value = getattr(source, field)
+        if value is not None and (why := _check_value(key, value, templated=False)):
+            raise RecipeError(
+                file, why, line=src.line_of(("source", field)), field=f"source.{field}"
+            )
+
+
+def _check_arches(arches: dict[str, Arch], src: yamlsrc.Source) -> None:
+    """Arch names, families and TheRock extras are filled into build args ({arch}, {family},
+    {therock_extra}), so they are held to plain tokens."""
+    file = "recipes/arches.yaml"
+    for name, arch in arches.items():
+        loc = ("arches", name)
+        _check_format(name, _TOKEN, "an arch name (letters, digits, . _ -)", file, src, loc)
+        for field in ("family", "therock_extra"):
+            value = getattr(arch, field)
+            if value is not None:
+                _check_format(value, _TOKEN, f"a valid {field} (letters, digits, . _ -)", file,
+                              src, (*loc, field))  # fmt: skip
 
 
 def _check_stack(
@@ -402,6 +593,9 @@ def _check_stack(
     file = "recipes/stacks.yaml"
     base = ("stacks", stack.name)
     _check_selectors(stack.arches, arches, file, src, (*base, "arches"))
+    # The base image reaches FROM through the BASE_IMAGE build arg.
+    _check_format(stack.base_image, _IMAGE_REF, "an image reference (name[:tag][@sha256:digest])",
+                  file, src, (*base, "base_image"))  # fmt: skip
     _check_expect(stack.expect, file, src, (*base, "expect"))
     for i, entry in enumerate(stack.entries()):
         loc = (*base, "layers", i)

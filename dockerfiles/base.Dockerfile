@@ -7,10 +7,12 @@ FROM ${BASE_IMAGE}
 ARG APT_PACKAGES="python3 python3-venv"
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
-# Versions come from the base image's distro release, which the plan pins by digest.
+# Versions come from the base image's distro release, which the plan pins by digest. The list is
+# split into words by `read -a`, so the ARG itself is only ever expanded quoted.
 # hadolint ignore=DL3008
-RUN apt-get update \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ${APT_PACKAGES} \
+RUN read -r -a packages <<< "${APT_PACKAGES}" \
+ && apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${packages[@]}" \
  && rm -rf /var/lib/apt/lists/*
 
 RUN python3 -m venv /opt/venv

@@ -4,6 +4,7 @@
 #         -D CMAKE_BUILD_TYPE=Release -D GPU_TARGETS=<arch> -D DTYPES="fp16;bf16" ..
 # DTYPES narrows the instances to the attention dtypes ("to speed build"); the MHA instances are
 # built only for gfx90a/gfx94x (library/src/tensor_operation_instance/gpu/CMakeLists.txt).
+# DTYPES arrives comma-separated (a build arg may not carry ';') and becomes the CMake list here.
 ARG BASE_IMAGE
 FROM ${BASE_IMAGE}
 ARG SOURCE_REPO
@@ -27,7 +28,7 @@ RUN --mount=type=secret,id=ca,required=false \
  && cmake -S . -B build -G Ninja \
         -DCMAKE_PREFIX_PATH=/opt/rocm -DCMAKE_CXX_COMPILER=/opt/rocm/bin/hipcc \
         -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_BUILD_TYPE=Release \
-        -DGPU_TARGETS="${GPU_TARGETS}" -DDTYPES="${DTYPES}" -DCMAKE_INSTALL_PREFIX=/opt/ck \
+        -DGPU_TARGETS="${GPU_TARGETS}" -DDTYPES="${DTYPES//,/;}" -DCMAKE_INSTALL_PREFIX=/opt/ck \
  && ninja -C build -j "${MAX_JOBS}" install \
  && cd / && rm -rf /src/ck
 

@@ -24,8 +24,8 @@ RUN --mount=type=secret,id=ca,required=false \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca GIT_SSL_CAINFO=/run/secrets/ca; fi \
  && git init -q flash-attention && cd flash-attention \
  && git fetch -q --depth 1 "${SOURCE_REPO}" "${SOURCE_REF}" && git checkout -q FETCH_HEAD \
- && if [ -n "${PATCH_SERIES}" ]; then \
-        (cd /ctx && python3 attnforge/patches.py apply --component flash-attention --src /src/flash-attention ${PATCH_SERIES}); fi \
+ && if [ -n "${PATCH_SERIES}" ]; then read -r -a series <<< "${PATCH_SERIES}" \
+     && (cd /ctx && python3 attnforge/patches.py apply --component flash-attention --src /src/flash-attention "${series[@]}"); fi \
  && if [ "${FLASH_ATTENTION_TRITON_AMD_ENABLE}" != "TRUE" ]; then \
         git submodule update -q --init --depth 1 csrc/composable_kernel; fi \
  && pip install einops==0.8.1 packaging==25.0 ninja==1.13.0 \
@@ -34,6 +34,6 @@ RUN --mount=type=secret,id=ca,required=false \
  && cd / && rm -rf /src/flash-attention
 
 # flash_attn_interface.py reads this at import to pick the Triton backend.
-ENV FLASH_ATTENTION_TRITON_AMD_ENABLE=${FLASH_ATTENTION_TRITON_AMD_ENABLE}
+ENV FLASH_ATTENTION_TRITON_AMD_ENABLE="${FLASH_ATTENTION_TRITON_AMD_ENABLE}"
 
 COPY attnforge-manifest.json /opt/attnforge/versions.json

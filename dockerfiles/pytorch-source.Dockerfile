@@ -29,8 +29,8 @@ RUN --mount=type=secret,id=ca,required=false \
  && git fetch -q --depth 1 "${SOURCE_REPO}" "${SOURCE_REF}" && git checkout -q FETCH_HEAD \
  && git submodule update -q --init --recursive --depth 1 \
  && python3 /ctx/dockerfiles/scripts/check_aotriton_pin.py . /opt/attnforge/versions.json \
- && if [ -n "${PATCH_SERIES}" ]; then \
-        (cd /ctx && python3 attnforge/patches.py apply --component pytorch --src /src/pytorch ${PATCH_SERIES}); fi \
+ && if [ -n "${PATCH_SERIES}" ]; then read -r -a series <<< "${PATCH_SERIES}" \
+     && (cd /ctx && python3 attnforge/patches.py apply --component pytorch --src /src/pytorch "${series[@]}"); fi \
  && pip install -r requirements.txt "triton==$(cat .ci/docker/triton_version.txt)" \
  && python3 tools/amd_build/build_amd.py \
  && USE_ROCM=1 USE_CUDA=0 USE_FLASH_ATTENTION=1 USE_MEM_EFF_ATTENTION=1 \
@@ -42,6 +42,6 @@ RUN --mount=type=secret,id=ca,required=false \
  && pip install --no-deps /tmp/torch-wheel/torch-*.whl \
  && cd / && rm -rf /src/pytorch /tmp/torch-wheel
 
-ENV TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL=${AOTRITON_EXPERIMENTAL}
+ENV TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL="${AOTRITON_EXPERIMENTAL}"
 
 COPY attnforge-manifest.json /opt/attnforge/versions.json

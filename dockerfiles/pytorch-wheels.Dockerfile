@@ -21,6 +21,6 @@ RUN --mount=type=secret,id=ca,required=false \
  && pip install --find-links /wheelhouse --index-url "${ROCM_INDEX_URL}" \
         "torch[${THEROCK_EXTRA}]==${TORCH_VERSION}"
 
-ENV TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL=${AOTRITON_EXPERIMENTAL}
+ENV TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL="${AOTRITON_EXPERIMENTAL}"
 
 COPY attnforge-manifest.json /opt/attnforge/versions.json

@@ -14,7 +14,8 @@ RUN --mount=type=secret,id=ca,required=false \
     --mount=type=cache,target=/root/.cache/pip \
     --mount=type=bind,source=wheelhouse,target=/wheelhouse \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
- && pip install --find-links /wheelhouse ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} \
-        "torch==${TORCH_VERSION}"
+ && index=() \
+ && if [ -n "${TORCH_INDEX_URL}" ]; then index=(--extra-index-url "${TORCH_INDEX_URL}"); fi \
+ && pip install --find-links /wheelhouse "${index[@]}" "torch==${TORCH_VERSION}"
 
 COPY attnforge-manifest.json /opt/attnforge/versions.json

@@ -17,8 +17,8 @@ RUN --mount=type=secret,id=ca,required=false \
     --mount=type=bind,source=.,target=/ctx \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
  && pip install --find-links /ctx/wheelhouse "triton==${TRITON_VERSION}" "numpy==${NUMPY_VERSION}" \
- && if [ -n "${PATCH_SERIES}" ]; then \
-        site="$(python3 -c 'import pathlib, triton; print(pathlib.Path(triton.__file__).parents[1])')" \
-     && (cd /ctx && python3 attnforge/patches.py apply --component selftest --src "$site" ${PATCH_SERIES}); fi
+ && if [ -n "${PATCH_SERIES}" ]; then read -r -a series <<< "${PATCH_SERIES}" \
+     && site="$(python3 -c 'import pathlib, triton; print(pathlib.Path(triton.__file__).parents[1])')" \
+     && (cd /ctx && python3 attnforge/patches.py apply --component selftest --src "${site}" "${series[@]}"); fi
 
 COPY attnforge-manifest.json /opt/attnforge/versions.json

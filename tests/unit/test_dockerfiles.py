@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -40,3 +41,101 @@ def test_dockerfile_is_plain_and_names_what_it_follows(path):
 def test_every_dockerfile_belongs_to_a_layer():
     used = {layer.dockerfile for layer in load_recipes(REPO).layers.values()}
     assert {f"dockerfiles/{p.name}" for p in DOCKERFILES} == used
+
+
+def _instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, rest) per Dockerfile instruction, continuation lines joined and comment
+    lines dropped, as the Dockerfile parser reads them."""
+    out: list[tuple[str, str]] = []
+    pending = ""
+    for line in text.splitlines():
+        if line.lstrip().startswith("#") or (not line.strip() and not pending):
+            continue
+        if line.rstrip().endswith("\\"):
+            pending += line.rstrip()[:-1] + " "
+            continue
+        full = (pending + line).strip()
+        pending = ""
+        word, _, rest = full.partition(" ")
+        out.append((word.upper(), rest))
+    return out
+
+
+def _unquoted_expansions(script: str) -> list[str]:
+    """Parameter expansions ($X, ${X...}) of a shell script that stand outside double quotes,
+    where the shell would split and glob their values. Command substitutions are followed."""
+    found: list[str] = []
+    stack = [""]  # '"': in double quotes, "'": in single quotes, "(": in $(...), "": plain
+    i = 0
+    while i < len(script):
+        ch, top = script[i], stack[-1]
+        if top == "'":
+            if ch == "'":
+                stack.pop()
+            i += 1
+        elif ch == "\\":
+            i += 2
+        elif script.startswith("$(", i):
+            stack.append("(")
+            i += 2
+        elif ch == "$" and script.startswith("{", i + 1):
+            end = script.index("}", i)
+            if top != '"':
+                found.append(script[i : end + 1])
+            i = end + 1
+        elif ch == "$" and (m := re.match(r"[A-Za-z_]\w*", script[i + 1 :])):
+            if top != '"':
+                found.append(script[i : i + 1 + m.end()])
+            i += 1 + m.end()
+        else:
+            if top == '"' and ch == '"':
+                stack.pop()
+            elif top != '"' and ch in "'\"":
+                stack.append(ch)
+            elif top == "(" and ch == ")":
+                stack.pop()
+            i += 1
+    return found
+
+
+@pytest.mark.parametrize(
+    ("script", "unquoted"),
+    [
+        ('pip install "torch==${V}"', []),
+        ("apt-get install ${PKGS}", ["${PKGS}"]),
+        ('x="$(ls ${DIR})"', ["${DIR}"]),  # a $(...) inside quotes is a fresh, unquoted context
+        ("""echo '${NOT_EXPANDED}' "$HOME" $HOME""", ["$HOME"]),
+    ],
+)
+def test_the_quoting_check_finds_unquoted_expansions(script, unquoted):
+    assert _unquoted_expansions(script) == unquoted
+
+
+@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
+def test_every_expansion_in_a_run_or_env_line_is_double_quoted(path):
+    """A build arg reaches the shell only as "${X}": its value is then one word, never syntax,
+    globs or extra options (lists are split with `read -r -a` into a quoted array)."""
+    assert _unquoted_uses(path.read_text()) == []
+
+
+def _unquoted_uses(text: str) -> list[str]:
+    instructions = _instructions(text)
+    args = {rest.split("=")[0].strip() for word, rest in instructions if word == "ARG"}
+    bad = []
+    for word, rest in instructions:
+        if word == "RUN":
+            script = re.sub(r"^(--\S+\s+)*", "", rest)  # RUN flags (--mount=...) are not shell
+            bad += [f"RUN {e}" for e in _unquoted_expansions(script)]
+        elif word == "ENV":  # Docker expands these itself; a quoted value stays one value
+            uses = re.findall(r'(?<!")\$\{?(\w+)\}?', rest)
+            bad += [f"ENV ${{{name}}}" for name in uses if name in args]
+    return bad
+
+
+def test_the_quoting_check_flags_an_unquoted_list_arg_and_an_unquoted_env_value():
+    old = """ARG APT_PACKAGES
+ARG FLAG
+RUN --mount=type=cache,target=/c apt-get install -y ${APT_PACKAGES}
+ENV FLAG=${FLAG} PATH=/opt/venv/bin:${PATH}
+"""
+    assert _unquoted_uses(old) == ["RUN ${APT_PACKAGES}", "ENV ${FLAG}"]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from attnforge.errors import RecipeError
-from attnforge.recipes import json_schema, load_recipes
+from attnforge.recipes import check_pin, json_schema, load_recipes
 from tests.conftest import REPO
 
 
@@ -173,3 +173,208 @@ def test_json_schema_describes_layers_stacks_and_arches():
         layer["properties"]
     )
     assert layer.get("additionalProperties") is False  # unknown keys are errors for editors too
+
+
+# ------------------------------------------------------------------ pin formats (issue 9)
+
+INJECTION = "; rm -rf / #"
+
+
+@pytest.mark.parametrize(
+    ("rel", "old", "new", "needle", "field", "reason"),
+    [
+        # the issue's own example: a source pin that is a shell command
+        (
+            "recipes/layers/aotriton.yaml",
+            "ref: 269036897bcee4292f4e928767df1e3dd0e3c8bd",
+            f'ref: "{INJECTION}"',
+            "ref: ",
+            "source.ref",
+            "must be 40 lowercase hex digits",
+        ),
+        (
+            "recipes/layers/ck.yaml",
+            "ref: 8e22e1ae31bbf7086f69d8724e027676791d351a",
+            f'ref: "{INJECTION}"',
+            "ref: ",
+            "source.ref",
+            "must be 40 lowercase hex digits",
+        ),
+        # an abbreviated commit cannot be fetched by `git fetch <repo> <commit>`
+        (
+            "recipes/layers/ck.yaml",
+            "ref: 8e22e1ae31bbf7086f69d8724e027676791d351a",
+            "ref: 8e22e1ae",
+            "ref: ",
+            "source.ref",
+            "40 lowercase hex digits",
+        ),
+        (
+            "recipes/layers/ck.yaml",
+            "repo: https://github.com/ROCm/composable_kernel.git",
+            "repo: github.com/ROCm/composable_kernel.git",
+            "repo: ",
+            "source.repo",
+            "https://, http://, git://, ssh:// or file://",
+        ),
+        (
+            "recipes/layers/aotriton.yaml",
+            "ref: 269036897bcee4292f4e928767df1e3dd0e3c8bd",
+            "ref: 269036897bcee4292f4e928767df1e3dd0e3c8bd\n  tag: 0.12b..x",
+            "tag: ",
+            "source.tag",
+            "may not contain '..'",
+        ),
+        (
+            "recipes/layers/pytorch-wheels.yaml",
+            'TORCH_VERSION: "2.11.0+rocm7.13.0"',
+            'TORCH_VERSION: "2.11.x"',
+            "TORCH_VERSION:",
+            "pins.TORCH_VERSION",
+            "PEP 440 version",
+        ),
+        (
+            "recipes/layers/triton.yaml",
+            'NUMPY_VERSION: "2.4.6"',
+            'NUMPY_VERSION: "2.4.6"\n  NUMPY_SHA256: "deadbeef"',
+            "NUMPY_SHA256",
+            "pins.NUMPY_SHA256",
+            "64 lowercase hex digits",
+        ),
+        (
+            "recipes/layers/triton.yaml",
+            'NUMPY_VERSION: "2.4.6"',
+            'NUMPY_VERSION: "2.4.6"\n  TRITON_TAG: "v3.6.0.lock"',
+            "TRITON_TAG",
+            "pins.TRITON_TAG",
+            "is not one",
+        ),
+        # values of no particular kind are held to a shell-safe character set
+        (
+            "recipes/layers/ck.yaml",
+            'DTYPES: "fp16,bf16"',
+            f'DTYPES: "fp16{INJECTION}"',
+            "DTYPES:",
+            "args.DTYPES",
+            "';'",
+        ),
+        (
+            "recipes/layers/rocm-sdk.yaml",
+            "ROCM_INDEX_URL: https://repo.amd.com/rocm/whl-multi-arch/",
+            'ROCM_INDEX_URL: "https://repo.amd.com/$(id)/"',
+            "ROCM_INDEX_URL",
+            "hint_args.ROCM_INDEX_URL",
+            "https://",
+        ),
+        (
+            "recipes/layers/flash-attention.yaml",
+            'FLASH_ATTENTION_TRITON_AMD_ENABLE: "TRUE"',
+            'FLASH_ATTENTION_TRITON_AMD_ENABLE: "TRUE`reboot`"',
+            'FLASH_ATTENTION_TRITON_AMD_ENABLE: "TRUE`',
+            "variants.triton.args.FLASH_ATTENTION_TRITON_AMD_ENABLE",
+            "'`'",
+        ),
+        (
+            "recipes/layers/base.yaml",
+            "APT_PACKAGES: python3 python3-venv",
+            "APT_PACKAGES: python3 --allow-unauthenticated",
+            "APT_PACKAGES: python3 --",
+            "variants.minimal.args.APT_PACKAGES",
+            "would read as an option",
+        ),
+        (
+            "recipes/stacks.yaml",
+            "base_image: debian:bookworm-slim",
+            "base_image: debian:bookworm-slim$(id)",
+            "debian:bookworm-slim",
+            "stacks.cpu.base_image",
+            "not an image reference",
+        ),
+        (
+            "recipes/arches.yaml",
+            "therock_extra: device-gfx1151",
+            'therock_extra: "device-gfx1151 && id"',
+            "device-gfx1151",
+            "arches.gfx1151.therock_extra",
+            "not a valid therock_extra",
+        ),
+    ],
+    ids=lambda v: v if isinstance(v, str) and "." in v and " " not in v else None,
+)
+def test_a_malformed_or_unsafe_value_names_file_line_and_key(
+    repo_copy, rel, old, new, needle, field, reason
+):
+    _edit(repo_copy, rel, old, new)
+    with pytest.raises(RecipeError) as exc:
+        load_recipes(repo_copy)
+    line = _line_of(repo_copy, rel, needle)
+    msg = str(exc.value)
+    assert msg.startswith(f"{rel}:{line}: {field}: "), msg
+    assert reason in msg, msg
+    assert "\n" not in msg  # one sentence, no traceback
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("SOURCE_REF", "269036897bcee4292f4e928767df1e3dd0e3c8bd"),
+        ("AOTRITON_COMMIT", "8fdb4a4353f95b88c9542f5e5637efc1e1e0e530"),
+        ("TORCH_VERSION", "2.11.0+rocm7.13.0"),
+        ("ROCM_VERSION", "10.0.0rc1"),
+        ("AOTRITON_TAG", "0.12b"),
+        ("RELEASE_TAG", "release/v2.13.0"),
+        ("WHEEL_SHA256", "a" * 64),
+        ("BASE_DIGEST", "sha256:" + "0" * 64),
+        ("SOURCE_REPO", "https://github.com/ROCm/aotriton.git"),
+        ("TORCH_INDEX_URL", ""),  # torch-cpu.yaml: empty means "no index, wheelhouse only"
+        ("APT_PACKAGES", "python3 python3-venv git"),
+        ("GPU_TARGETS", "gfx942"),
+        ("PATCH_SERIES", ""),
+    ],
+)
+def test_check_pin_accepts_well_formed_values(key, value):
+    assert check_pin(key, value) is None
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "reason"),
+    [
+        ("SOURCE_REF", INJECTION, "40 lowercase hex digits"),
+        ("SOURCE_REF", "v2.13.0", "40 lowercase hex digits"),  # a tag is not a commit
+        ("SOURCE_REF", "269036897BCEE4292F4E928767DF1E3DD0E3C8BD", "lowercase"),
+        ("TORCH_VERSION", "latest", "PEP 440"),
+        ("TORCH_VERSION", "2.13.0; id", "PEP 440"),
+        ("TORCH_VERSION", " 2.13.0", "PEP 440"),  # packaging would strip it; pip args would not
+        ("AOTRITON_TAG", "-0.12b", "is not one"),
+        ("AOTRITON_TAG", "0.12b;id", "is not one"),
+        ("AOTRITON_TAG", "a/.b", "is not one"),
+        ("WHEEL_SHA256", "a" * 63, "64 lowercase hex digits"),
+        ("BASE_DIGEST", "0" * 64, "sha256:<64"),
+        ("SOURCE_REPO", "", "URL"),
+        ("SOURCE_REPO", "--upload-pack=touch /tmp/x", "URL"),
+        ("TORCH_INDEX_URL", "https://x/simple?a=1&b=2", "URL"),
+        ("GPU_TARGETS", "gfx942 $(reboot)", "'$', '(', ')'"),
+        ("GPU_TARGETS", 'gfx942" x="', "'\"'"),  # would end a Python string in a smoke snippet
+        ("GPU_TARGETS", "gfx942\nid", "'\\n'"),
+        ("GPU_TARGETS", "{arch}", "'{', '}'"),  # --set values are not templates
+        ("APT_PACKAGES", "git -y", "option"),
+        ("BAD-KEY", "x", "key 'BAD-KEY'"),
+    ],
+)
+def test_check_pin_explains_what_is_wrong(key, value, reason):
+    why = check_pin(key, value)
+    assert why is not None and reason in why, why
+    assert key in why  # the reason names the key, for `--set LAYER.KEY=VALUE` errors too
+
+
+def test_every_shipped_value_passes_check_pin():
+    """The recipe loader and check_pin (which the planner uses for --set) agree on the shipped
+    pins."""
+    recipes = load_recipes(REPO)
+    for layer in recipes.layers.values():
+        for section in (layer.pins, *(v.pins for v in layer.variants.values())):
+            for key, value in section.items():
+                assert check_pin(key, value) is None, (layer.name, key)
+        if layer.source:
+            assert check_pin("SOURCE_REF", layer.source.ref) is None
+            assert check_pin("SOURCE_REPO", layer.source.repo) is None
