@@ -2,6 +2,8 @@
 
 Tags move only after a layer is built *and* its smoke checks pass, so an interrupted or broken
 build never leaves a hash tag (which would be taken as cached) or a moving tag on a bad image.
+The build requests are made from the plan before anything runs (`build_requests`), so a dry run
+can print the exact engine command of every layer.
 """
 
 from __future__ import annotations
@@ -10,17 +12,18 @@ import json
 import os
 import re
 import shutil
-import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from . import smoke_runner
-from .engine import BuildFailed, BuildRequest, RunRequest
+from .engine import BuildFailed, BuildRequest, Engine, RunRequest
 from .errors import UserError
-from .plan import Plan, Step
+from .plan import Options, Plan, Step, explain, mark_cached, parse_overrides, resolve
+from .recipes import Recipes
+from .workspace import Workspace
 
 MANIFEST_NAME = "attnforge-manifest.json"
 SMOKE_TIMEOUT_S = 600
@@ -65,27 +68,40 @@ class Invocation:
     namespace: str = "attnforge"
 
 
+def _write_json(path: Path, data: Any) -> None:
+    """Write aside, then rename: a reader never sees a half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
 @dataclass
 class BuildState:
+    """The last build, saved before and after every layer so `--continue` can say where it stopped
+    even when the process was killed (`in_progress` is set before a layer starts)."""
+
     invocation: Invocation
     done: list[str] = field(default_factory=list)  # hashes built or found cached
     failed: str | None = None
     interrupted: bool = False
+    in_progress: str | None = None
 
     @staticmethod
-    def path(root: Path) -> Path:
-        return root / "build" / "state" / "last-build.json"
+    def path(ws: Workspace) -> Path:
+        return ws.state_dir / "last-build.json"
 
-    def save(self, root: Path) -> None:
-        path = self.path(root)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2))
-        os.replace(tmp, path)  # atomic: never a half-written state file
+    def save(self, ws: Workspace) -> None:
+        _write_json(self.path(ws), asdict(self))
+
+    @property
+    def stopped_at(self) -> str | None:
+        """The layer the last build stopped at: failed, interrupted, or killed while building it."""
+        return self.failed or self.in_progress
 
     @classmethod
-    def load(cls, root: Path) -> BuildState:
-        path = cls.path(root)
+    def load(cls, ws: Workspace) -> BuildState:
+        path = cls.path(ws)
         if not path.exists():
             raise UserError(
                 "nothing to continue: no earlier build was recorded",
@@ -97,7 +113,35 @@ class BuildState:
             data["done"],
             data.get("failed"),
             data.get("interrupted", False),
+            data.get("in_progress"),
         )
+
+
+class InputsStore:
+    """What each layer's last image was built from, per arch: the BuildInput JSON that `--dry-run`
+    compares with to say why a layer rebuilds."""
+
+    def __init__(self, ws: Workspace) -> None:
+        self.dir = ws.state_dir / "inputs"
+
+    def _path(self, arch: str, layer: str) -> Path:
+        return self.dir / arch / f"{layer}.json"
+
+    def load(self, arch: str) -> dict[str, dict[str, Any]]:
+        found: dict[str, dict[str, Any]] = {}
+        for path in sorted((self.dir / arch).glob("*.json")):
+            try:
+                found[path.stem] = json.loads(path.read_text())["input"]
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # a damaged record only loses the explanation, never a build
+        return found
+
+    def record(self, step: Step) -> None:
+        if step.input is not None:
+            _write_json(
+                self._path(step.arch, step.layer),
+                {"key": step.hash, "tag": step.hash_tag, "input": step.input.to_json()},
+            )
 
 
 def labels_for(step: Step) -> dict[str, str]:
@@ -114,6 +158,64 @@ def labels_for(step: Step) -> dict[str, str]:
     }
 
 
+def plan_build(
+    inv: Invocation, recipes: Recipes, ws: Workspace, engine: Engine | None = None
+) -> tuple[Plan, bool]:
+    """Resolve an invocation into a plan. With an engine, the base image's id and what is cached
+    are known (the bool says so); every step that will build says what changed since its last
+    build."""
+    overrides = parse_overrides(inv.sets, recipes)
+    base_ref = inv.base_image or (
+        recipes.stacks[inv.stack].base_image if inv.stack in recipes.stacks else None
+    )
+    digest = engine.image_id(base_ref) if engine is not None and base_ref else None
+    options = Options(
+        base_image=inv.base_image, base_digest=digest, jobs=inv.jobs, namespace=inv.namespace,
+        only=inv.only, overrides=overrides,
+    )  # fmt: skip
+    plan = resolve(recipes, inv.arch, inv.stack, options)
+    known = engine is not None
+    if engine is not None:
+        plan = mark_cached(plan, engine.existing(s.hash_tag for s in plan.steps))
+    return explain(plan, InputsStore(ws).load(inv.arch)), known
+
+
+# ---------------------------------------------------------------------------- staging
+
+
+OWNER_FILE = ".owner"  # the pid of the build using a staging folder
+
+
+def staging_for(ws: Workspace, step: Step) -> Path:
+    return ws.staging_dir / step.arch / f"{step.layer}-{step.short_hash}"
+
+
+def sweep_staging(ws: Workspace) -> list[Path]:
+    """Remove staging folders left by builds that no longer run (killed with SIGKILL, a crash):
+    they can hold hundreds of MB of wheels. Folders of a live build are left alone."""
+    removed = []
+    for owner in sorted(ws.staging_dir.glob(f"*/*/{OWNER_FILE}")):
+        try:
+            pid = int(owner.read_text().strip())
+        except (OSError, ValueError):
+            pid = 0
+        if pid and pid != os.getpid() and _alive(pid):
+            continue
+        shutil.rmtree(owner.parent, ignore_errors=True)
+        removed.append(owner.parent)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _link_or_copy(src: Path, dst: Path) -> None:
     dst.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -124,17 +226,47 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 
 def stage_context(step: Step, root: Path, dest: Path, wheelhouse: Path | None) -> Path:
     """Lay out exactly the hashed files (plus the derived manifest and offered wheels) in dest."""
-    dest.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(root / step.dockerfile, dest / "Dockerfile")
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    (dest / OWNER_FILE).write_text(f"{os.getpid()}\n")
+    ctx = dest / "context"
+    ctx.mkdir()
+    shutil.copy2(root / step.dockerfile, ctx / "Dockerfile")
     for cf in step.context:
-        _link_or_copy(root / cf.path, dest / cf.path)
-    (dest / MANIFEST_NAME).write_text(json.dumps(step.manifest, indent=2, sort_keys=True) + "\n")
-    wh = dest / "wheelhouse"
+        _link_or_copy(root / cf.path, ctx / cf.path)
+    (ctx / MANIFEST_NAME).write_text(json.dumps(step.manifest, indent=2, sort_keys=True) + "\n")
+    wh = ctx / "wheelhouse"
     wh.mkdir(exist_ok=True)  # always there: Dockerfiles bind-mount it
     if step.wheelhouse and wheelhouse:
         for whl in sorted(wheelhouse.glob("*.whl")):
             _link_or_copy(whl, wh / whl.name)
-    return dest / "Dockerfile"
+    return ctx / "Dockerfile"
+
+
+def build_requests(
+    plan: Plan, ws: Workspace, ca_cert: Path | None = None
+) -> dict[str, BuildRequest]:
+    """The engine request of every step that will build, keyed by layer: made before anything
+    runs, so a dry run shows them and tests can compare them with what the engine received."""
+    secrets = {"ca": ca_cert} if ca_cert else {}
+    requests = {}
+    for step in plan.steps:
+        if step.status != "build":
+            continue
+        stage = staging_for(ws, step)
+        requests[step.layer] = BuildRequest(
+            context=stage / "context",
+            dockerfile=stage / "context" / "Dockerfile",
+            build_args={"BASE_IMAGE": step.base_ref, **step.args, **step.hint_args},
+            labels=labels_for(step),
+            iidfile=stage / "iid",
+            secrets=secrets,
+        )
+    return requests
+
+
+# ---------------------------------------------------------------------------- failures
 
 
 _STEP_LINE = re.compile(r"^#(\d+) \d+\.\d+ (.*)$")
@@ -159,7 +291,7 @@ def _tail(path: Path, n: int = 30) -> list[str]:
         return []
 
 
-def smoke(engine: Any, image: str, step: Step, log) -> list[dict[str, Any]]:
+def smoke(engine: Engine, image: str, step: Step, log) -> list[dict[str, Any]]:
     """Run the step's smoke checks in the image; returns one dict per check."""
     if not step.smoke:
         return []
@@ -190,95 +322,98 @@ def smoke(engine: Any, image: str, step: Step, log) -> list[dict[str, Any]]:
     return results
 
 
+# ---------------------------------------------------------------------------- execute
+
+
 Progress = Callable[[str, Step, str], None]  # (event, step, detail)
 
 
 def execute(
     plan: Plan,
-    engine: Any,
+    engine: Engine,
     *,
-    root: Path,
+    ws: Workspace,
     state: BuildState,
+    requests: Mapping[str, BuildRequest],
     wheelhouse: Path | None = None,
-    ca_cert: Path | None = None,
     progress: Progress | None = None,
 ) -> list[Outcome]:
     """Build every step of the plan in order; raises LayerFailed at the first failure."""
     notify = progress or (lambda event, step, detail: None)
-    logs = root / "build" / "logs" / plan.arch
+    logs = ws.logs_for(plan.arch)
     logs.mkdir(parents=True, exist_ok=True)
+    inputs = InputsStore(ws)
+    sweep_staging(ws)
     outcomes: list[Outcome] = []
-    secrets = {"ca": ca_cert} if ca_cert else {}
     for step in plan.steps:
         if not step.runs:
             outcomes.append(Outcome(step.layer, step.status, detail=step.reason))
             continue
         if step.status == "cached":
             image = engine.image_id(step.hash_tag)
+            assert image is not None, f"{step.hash_tag} vanished"
             for ref in step.moving_tags:
                 if engine.image_id(ref) != image:
                     engine.tag(image, ref)
             notify("cached", step, step.hash_tag)
             outcomes.append(Outcome(step.layer, "cached", tag=step.hash_tag))
+            inputs.record(step)
             state.done.append(step.hash)
-            state.save(root)
+            state.save(ws)
             continue
 
+        state.in_progress = step.layer
+        state.save(ws)
         try:
             outcomes.append(
-                _build_step(step, engine, root, logs, state, wheelhouse, secrets, notify)
+                _build_step(step, engine, ws, requests[step.layer], logs, state, wheelhouse, notify)
             )
         except KeyboardInterrupt:
             state.failed, state.interrupted = step.layer, True
-            state.save(root)
+            state.save(ws)
             raise
+        inputs.record(step)
+    state.in_progress = None
+    state.save(ws)
     return outcomes
 
 
 def _build_step(
     step: Step,
-    engine: Any,
-    root: Path,
+    engine: Engine,
+    ws: Workspace,
+    req: BuildRequest,
     logs: Path,
     state: BuildState,
     wheelhouse: Path | None,
-    secrets: dict[str, Path],
     notify: Progress,
 ) -> Outcome:
     """Build, smoke-check and tag one step; LayerFailed if any of it fails."""
     log_path = logs / f"{step.layer}.log"
     notify("start", step, str(log_path))
     started = time.monotonic()
-    with (
-        tempfile.TemporaryDirectory(prefix=f"attnforge-{step.layer}-") as tmp,
-        log_path.open("w") as log,
-    ):
-        ctx = Path(tmp) / "context"
-        dockerfile = stage_context(step, root, ctx, wheelhouse)
-        req = BuildRequest(
-            context=ctx,
-            dockerfile=dockerfile,
-            build_args={"BASE_IMAGE": step.base_ref, **step.args, **step.hint_args},
-            labels=labels_for(step),
-            iidfile=Path(tmp) / "iid",
-            secrets=secrets,
-        )
-        try:
-            image = engine.build(req, log, on_line=lambda line, s=step: notify("line", s, line))
-        except BuildFailed as exc:
-            state.failed = step.layer
-            state.save(root)
-            log.flush()
-            raise LayerFailed(
-                step.layer, log_path, _tail(log_path), f"failed to build ({exc})"
-            ) from None
-        results = smoke(engine, image, step, log)
+    stage = req.iidfile.parent
+    try:
+        with log_path.open("w") as log:
+            stage_context(step, ws.root, stage, wheelhouse)
+            try:
+                image = engine.build(req, log, on_line=lambda line, s=step: notify("line", s, line))
+            except BuildFailed as exc:
+                state.failed = step.layer
+                state.save(ws)
+                log.flush()
+                raise LayerFailed(
+                    step.layer, log_path, _tail(log_path), f"failed to build ({exc})"
+                ) from None
+            results = smoke(engine, image, step, log)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
     bad = [r for r in results if not r["ok"]]
     for r in results:
         notify("smoke", step, f"{'ok ' if r['ok'] else 'FAIL'} {r['name']}: {r['detail']}")
     if bad:
         state.failed = step.layer
-        state.save(root)
+        state.save(ws)
         tail = [f"{r['name']}: {r['detail']}" for r in bad]
         raise LayerFailed(step.layer, log_path, tail, f"built but failed {len(bad)} smoke check(s)")
     for ref in (step.hash_tag, *step.moving_tags):
@@ -287,5 +422,5 @@ def _build_step(
     notify("built", step, f"{seconds:.0f}s")
     state.done.append(step.hash)
     state.failed, state.interrupted = None, False
-    state.save(root)
+    state.save(ws)
     return Outcome(step.layer, "built", seconds, step.hash_tag)

@@ -64,6 +64,10 @@ def plan_table(plan: Plan, *, cache_known: bool) -> Table:
     for i, s in enumerate(plan.steps, 1):
         name = f"{s.layer}:{s.variant}" if s.variant else s.layer
         why = s.reason
+        if s.changes:
+            shown = "; ".join(s.changes[:3])
+            more = len(s.changes) - 3
+            why = shown + (f"; +{more} more (--explain {s.layer})" if more > 0 else "")
         if s.floating:
             why = (why + "; " if why else "") + "floating pin: " + "; ".join(s.floating)
         status = s.status if cache_known or s.status != "build" else "build?"

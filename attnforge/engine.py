@@ -18,10 +18,27 @@ from typing import IO, Protocol
 
 from .errors import UserError
 
+ENGINES = ("docker", "podman")
 HOW_TO_START = (
     "start one with `sudo systemctl start docker` (or `sudo dockerd &`), point DOCKER_HOST at a "
     "remote engine, or pass --engine podman"
 )
+
+
+def no_engine_hint(docker_host: str | None) -> str:
+    """What to do when no engine answers; suggesting DOCKER_HOST to someone who set it helps no one."""
+    if docker_host:
+        return (
+            f"DOCKER_HOST is set to {docker_host}, and that engine did not answer: start it, "
+            "fix DOCKER_HOST, or unset it to use the local engine"
+        )
+    return HOW_TO_START
+
+
+def check_engine_name(name: str) -> str:
+    if name not in ENGINES:
+        raise UserError(f"unknown engine {name!r}; valid engines: {', '.join(ENGINES)}")
+    return name
 
 
 class BuildFailed(Exception):
@@ -90,9 +107,12 @@ class RunRequest:
 
 
 class Engine(Protocol):
+    """What the executor and the tasks need of a container engine; tests record it."""
+
     name: str
 
     def describe(self) -> str: ...
+    def build_argv(self, req: BuildRequest) -> list[str]: ...
     def build(
         self, req: BuildRequest, log: IO[str], on_line: Callable[[str], None] | None = None
     ) -> str: ...
@@ -102,7 +122,24 @@ class Engine(Protocol):
     def run(
         self, req: RunRequest, input: str | None = None, timeout: float | None = None
     ) -> subprocess.CompletedProcess[str]: ...
+    def run_streaming(
+        self, req: RunRequest, log: IO[str], on_line: Callable[[str], None] | None = None
+    ) -> int: ...
     def push(self, ref: str, log: IO[str]) -> None: ...
+    def labels(self, ref: str) -> dict[str, str]: ...
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux to send SIGINT when the parent dies, so a build
+    client outlives a SIGKILLed `invoke build` by no more than its own clean-up (SIGINT is how
+    the docker CLI cancels a build). Elsewhere, nothing: the client runs on until it ends."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGINT)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def _stream(
@@ -111,7 +148,7 @@ def _stream(
     """Run argv, copying its output into log line by line; Ctrl-C stops the child too."""
     proc = subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-        env=env, start_new_session=True,
+        env=env, start_new_session=True, preexec_fn=_die_with_parent,
     )  # fmt: skip
     try:
         assert proc.stdout is not None
@@ -145,8 +182,14 @@ def _client_major(cli: str) -> int | None:
 
 
 def _docker_clis() -> list[str]:
-    if os.environ.get("ATTNFORGE_DOCKER"):
-        return [os.environ["ATTNFORGE_DOCKER"]]
+    chosen = os.environ.get("ATTNFORGE_DOCKER")
+    if chosen:
+        if not (os.path.isfile(chosen) and os.access(chosen, os.X_OK)):
+            raise UserError(
+                f"ATTNFORGE_DOCKER={chosen} is not an executable file",
+                hint="point it at a docker CLI that can use BuildKit (e.g. /usr/bin/docker), or unset it",
+            )
+        return [chosen]
     found: list[str] = []
     for d in os.environ.get("PATH", "").split(os.pathsep) + ["/usr/bin"]:
         cand = os.path.join(d, "docker")
@@ -187,10 +230,13 @@ class _CliEngine:
     mode = ""
     env: dict[str, str] = {}
 
+    def build_argv(self, req: BuildRequest) -> list[str]:
+        return req.argv([self.cli], self.mode)
+
     def build(
         self, req: BuildRequest, log: IO[str], on_line: Callable[[str], None] | None = None
     ) -> str:
-        argv = req.argv([self.cli], self.mode)
+        argv = self.build_argv(req)
         log.write("$ " + " ".join(argv) + "\n")
         code = _stream(argv, log, on_line, self.env)
         if code != 0:
@@ -245,7 +291,7 @@ class DockerEngine(_CliEngine):
             where = base_url or "the default socket (unix:///var/run/docker.sock)"
             raise UserError(
                 f"no Docker engine is reachable at {where} ({type(exc).__name__})",
-                hint=HOW_TO_START,
+                hint=no_engine_hint(os.environ.get("DOCKER_HOST")),
             ) from None
         self.env = dict(os.environ, DOCKER_BUILDKIT="1")
         if base_url:
@@ -327,8 +373,5 @@ class PodmanEngine(_CliEngine):
 
 def connect(name: str) -> DockerEngine | PodmanEngine:
     """The engine by name; a UserError that says how to start one when it is not reachable."""
-    if name == "docker":
-        return DockerEngine()
-    if name == "podman":
-        return PodmanEngine()
-    raise UserError(f"unknown engine {name!r}; valid engines: docker, podman")
+    check_engine_name(name)
+    return DockerEngine() if name == "docker" else PodmanEngine()

@@ -52,3 +52,12 @@ def default_jobs(mem_gib: float | None = None, cpus: int | None = None) -> int:
     cpus = cpus or os.cpu_count() or 1
     by_memory = int(mem_gib // GIB_PER_JOB) if mem_gib else cpus
     return max(1, min(cpus, by_memory))
+
+
+def default_arch(nodes: Path = KFD_NODES) -> tuple[str, str]:
+    """(arch, why): the host's AMD GPU if the driver exposes one, else the cpu reference arch."""
+    found = detect_amd_arches(nodes)
+    if found:
+        also = f" (also {', '.join(found[1:])})" if found[1:] else ""
+        return found[0], f"detected AMD GPU {found[0]}{also}"
+    return "cpu", "no AMD GPU detected (no /sys/class/kfd nodes); using the cpu reference stack"

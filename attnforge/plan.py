@@ -1,7 +1,11 @@
 """The planner: recipes + arch + stack + overrides -> an ordered Plan of Steps.
 
 Pure: it reads files under the repo root (Dockerfiles, context files, patches) to hash
-them, and nothing else. What exists in an engine comes in as data (`mark_cached`).
+them, and nothing else. What exists in an engine comes in as data (`mark_cached`), and so does
+what the last build of each layer was made from (`explain`).
+
+Each step's cache key is a value, `BuildInput`, whose canonical JSON is hashed: a user whose
+layer rebuilds can be told which of its inputs changed.
 """
 
 from __future__ import annotations
@@ -16,13 +20,14 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from .errors import UserError, unknown
+from . import patches as patch_series
+from .errors import RecipeError, UserError, unknown
 from .recipes import Arch, Layer, Recipes, Stack, StackEntry, selector_matches
 
 # Bumping this rebuilds everything: for changes to how images are made that the hashed
 # inputs cannot see (a new label, a changed staging layout).
 EPOCH = 1
-PATCH_ENGINE = "attnforge/patches.py"
+PATCH_TOOL = "attnforge/patches.py"  # copied into contexts that apply patch series
 IGNORED_PARTS = {"__pycache__", ".pytest_cache", ".ruff_cache"}
 
 
@@ -30,6 +35,41 @@ IGNORED_PARTS = {"__pycache__", ".pytest_cache", ".ruff_cache"}
 class ContextFile:
     path: str  # repo-relative, POSIX
     sha256: str
+
+
+@dataclass(frozen=True)
+class BuildInput:
+    """Everything a layer's image is made from. Its canonical JSON *is* the cache key: change any
+    field and the layer (and every layer above it) rebuilds; leave them all alone and it does not.
+    Hint args (MAX_JOBS, index URLs) and the offered wheels are left out: they do not change what
+    is installed, because every version is pinned."""
+
+    epoch: int
+    layer: str
+    variant: str | None
+    arch: str
+    dockerfile: str  # sha256 of the Dockerfile's bytes
+    args: dict[str, str]  # resolved build args, pins included
+    context: dict[str, str]  # repo path -> sha256 of every file sent as build context
+    wheelhouse: bool  # whether local wheels are offered to pip
+    parent: str | dict[str, Any]  # the parent's key, or {image, digest} for the first layer
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "layer": self.layer,
+            "variant": self.variant,
+            "arch": self.arch,
+            "dockerfile": self.dockerfile,
+            "args": dict(self.args),
+            "context": dict(self.context),
+            "wheelhouse": self.wheelhouse,
+            "parent": self.parent,
+        }
+
+    @property
+    def key(self) -> str:
+        return content_hash(self.to_json())
 
 
 @dataclass(frozen=True)
@@ -57,6 +97,8 @@ class Step:
     reason: str = ""
     lineage: tuple[tuple[str, str], ...] = ()  # (layer, hash) from the root to this step
     pins: dict[str, str] = field(default_factory=dict)  # the pinned inputs (a subset of args)
+    input: BuildInput | None = None  # what `hash` is the key of (None for a step that is not built)
+    changes: tuple[str, ...] = ()  # why it rebuilds: what changed since its last build
 
     @property
     def short_hash(self) -> str:
@@ -84,6 +126,12 @@ class Plan:
     def blocked_by(self) -> list[Step]:
         return [s for s in self.steps if s.status == "unsupported"]
 
+    def step(self, layer: str) -> Step:
+        for s in self.steps:
+            if s.layer == layer:
+                return s
+        raise unknown(f"layer of stack {self.stack}", layer, [s.layer for s in self.steps])
+
     def to_json(self) -> dict[str, Any]:
         return {
             "arch": self.arch,
@@ -107,6 +155,8 @@ class Plan:
                     "context": [c.path for c in s.context],
                     "patches": list(s.patches),
                     "floating": list(s.floating),
+                    "input": s.input.to_json() if s.input else None,
+                    "changes": list(s.changes),
                 }
                 for s in self.steps
             ],
@@ -136,7 +186,7 @@ def parse_overrides(items: Iterable[str], recipes: Recipes) -> dict[str, dict[st
         layer, dot, key = target.partition(".")
         if not eq or not dot or not layer or not key:
             raise UserError(
-                f"bad --set {item!r}: expected LAYER.KEY=VALUE, e.g. pytorch.TORCH_VERSION=2.13.0"
+                f"bad --set {item!r}: expected LAYER.KEY=VALUE, e.g. pytorch-wheels.TORCH_VERSION=2.13.0"
             )
         if layer not in recipes.layers:
             raise unknown("layer", layer, recipes.layers)
@@ -232,22 +282,31 @@ def classify_pin(value: str) -> str | None:
     return None
 
 
-# ---------------------------------------------------------------------------- resolve
+# ---------------------------------------------------------------------------- stacks and arches
 
 
-def _vars(arch: Arch, variant: str | None, layer: Layer, jobs: int) -> dict[str, Any]:
-    status = arch.aotriton_status(layer.aotriton)
-    return {
-        "arch": arch.name,
-        "family": arch.family,
-        "vendor": arch.vendor,
-        "wave_size": arch.wave_size,
-        "therock_extra": arch.therock_extra,
-        "variant": variant,
-        "jobs": jobs,
-        "aotriton_status": status,
-        "aotriton_experimental": "1" if status == "experimental" else "0",
-    }
+def stack_fits(stack: Stack, arch: Arch) -> bool:
+    """Whether a stack is made for an arch (its `arches:` selectors)."""
+    return any(selector_matches(s, arch) for s in stack.arches)
+
+
+def stacks_for(recipes: Recipes, arch: str) -> list[str]:
+    """The stacks that build for an arch, in recipes order."""
+    spec = recipes.arches.get(arch)
+    return [n for n, s in recipes.stacks.items() if spec is not None and stack_fits(s, spec)]
+
+
+def default_stack(recipes: Recipes, arch: str) -> str:
+    """'default' where it fits the arch, else the arch's first stack."""
+    fits = stacks_for(recipes, arch)
+    return "default" if "default" in fits or not fits else fits[0]
+
+
+# ---------------------------------------------------------------------------- resolve, in steps
+
+
+class _Gated(Exception):
+    """A layer cannot be built for this arch; the message says why (from the data)."""
 
 
 _TEMPLATE = re.compile(r"{(\w+)}")
@@ -276,12 +335,9 @@ def _render(
     return out
 
 
-class _Gated(Exception):
-    """A layer cannot be built for this arch; the message says why (from the data)."""
-
-
-def _gate(layer: Layer, entry: StackEntry, arch: Arch, chosen: str | None) -> str | None:
-    """The variant to use, or raise _Gated with the reason."""
+def choose_variant(layer: Layer, entry: StackEntry, arch: Arch, chosen: str | None) -> str | None:
+    """Step 1: the variant to use (--set wins, then the stack's preference list, then the layer's
+    order), or raise _Gated with the reason from the data."""
     if not any(selector_matches(s, arch) for s in layer.arches):
         raise _Gated(layer.gated_because or f"{layer.name} supports {', '.join(layer.arches)}")
     if not layer.variants:
@@ -299,6 +355,64 @@ def _gate(layer: Layer, entry: StackEntry, arch: Arch, chosen: str | None) -> st
             return name
         reasons.append(f"{name}: {v.gated_because or 'supports ' + ', '.join(v.arches)}")
     raise _Gated("; ".join(reasons))
+
+
+@dataclass(frozen=True)
+class _Values:
+    """A layer's recipe values rendered for one arch and variant, with --set applied."""
+
+    args: dict[str, Any]
+    pins: dict[str, Any]
+    hints: dict[str, Any]
+    expect: dict[str, Any]
+    tvars: dict[str, Any]
+
+
+def template_vars(arch: Arch, variant: str | None, layer: Layer, jobs: int) -> dict[str, Any]:
+    status = arch.aotriton_status(layer.aotriton)
+    return {
+        "arch": arch.name,
+        "family": arch.family,
+        "vendor": arch.vendor,
+        "wave_size": arch.wave_size,
+        "therock_extra": arch.therock_extra,
+        "variant": variant,
+        "jobs": jobs,
+        "aotriton_status": status,
+        "aotriton_experimental": "1" if status == "experimental" else "0",
+    }
+
+
+def render_values(
+    layer: Layer, variant: str | None, arch: Arch, where: str, jobs: int, sets: Mapping[str, str]
+) -> _Values:
+    """Step 2: fill the templates of args, pins, hint args and expectations; apply --set."""
+    tvars = template_vars(arch, variant, layer, jobs)
+    vspec = layer.variants.get(variant) if variant else None
+    args = _render({**layer.args, **(vspec.args if vspec else {})}, tvars, f"{where}: args")
+    pins = _render({**layer.pins, **(vspec.pins if vspec else {})}, tvars, f"{where}: pins")
+    hints = _render(layer.hint_args, tvars, f"{where}: hint_args")
+    expect = _render({**layer.expect, **(vspec.expect if vspec else {})}, tvars, f"{where}: expect")
+    for key, value in sets.items():  # --set wins over recipes
+        target = hints if key in hints else pins if key in pins else args
+        target[key] = value
+    if layer.source:
+        pins = {"SOURCE_REPO": layer.source.repo, "SOURCE_REF": layer.source.ref, **pins}
+    return _Values(args, pins, hints, expect, tvars)
+
+
+def check_pins(pins: Mapping[str, Any]) -> list[str]:
+    """Step 3: the pins that make the hash lie (a branch, a moving tag), each with why."""
+    floating = []
+    for key, value in pins.items():
+        if key == "SOURCE_REPO":
+            continue
+        why = classify_pin(str(value))
+        if key == "SOURCE_REF" and not _HEX40.match(str(value)):
+            why = why or f"{value!r} is not a commit"
+        if why:
+            floating.append(f"{key}: {why}")
+    return floating
 
 
 def hash_file(path: Path) -> str:
@@ -323,149 +437,83 @@ def context_files(root: Path, rels: Iterable[str]) -> tuple[ContextFile, ...]:
     return tuple(files[k] for k in sorted(files))
 
 
+def check_patch_series(root: Path, layer: Layer, where: str) -> None:
+    """Every series the layer applies must load (series.json, patch names, diffs) here, in the
+    plan, rather than fail inside the image build."""
+    for rel in layer.patches:
+        path = root / rel
+        try:
+            patch_series.load_series(path, Path(rel).parent.name)
+        except patch_series.PatchError as exc:
+            raise RecipeError(where, f"patch series {rel}: {exc}", field="patches") from None
+
+
+def layer_context(root: Path, layer: Layer, where: str) -> tuple[ContextFile, ...]:
+    """Step 4: the files sent to the build as context (and hashed): the layer's own context, its
+    patch series (checked first) and the tool that applies them."""
+    check_patch_series(root, layer, where)
+    files = [*layer.context, *layer.patches] + ([PATCH_TOOL] if layer.patches else [])
+    return context_files(root, files)
+
+
 def content_hash(inputs: Mapping[str, Any]) -> str:
-    """sha256 over the canonical JSON of a step's inputs: this JSON *is* the cache key."""
+    """sha256 over the canonical JSON of a step's inputs."""
     blob = json.dumps(inputs, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _target(recipes: Recipes, arch_name: str, stack_name: str) -> tuple[Arch, Stack]:
+    if arch_name not in recipes.arches:
+        raise unknown("arch", arch_name, recipes.arches)
+    if stack_name not in recipes.stacks:
+        raise unknown("stack", stack_name, recipes.stacks)
+    arch, stack = recipes.arches[arch_name], recipes.stacks[stack_name]
+    if not stack_fits(stack, arch):
+        raise UserError(
+            f"stack {stack_name!r} is not for arch {arch_name!r} (it is for {', '.join(stack.arches)}); "
+            f"stacks for {arch_name}: {', '.join(stacks_for(recipes, arch_name)) or 'none'}"
+        )
+    return arch, stack
 
 
 def resolve(
     recipes: Recipes, arch_name: str, stack_name: str, options: Options = Options()
 ) -> Plan:
     """Resolve a stack for an arch into a Plan. Raises UserError for bad input."""
-    if arch_name not in recipes.arches:
-        raise unknown("arch", arch_name, recipes.arches)
-    if stack_name not in recipes.stacks:
-        raise unknown("stack", stack_name, recipes.stacks)
-    arch, stack = recipes.arches[arch_name], recipes.stacks[stack_name]
-    if not any(selector_matches(s, arch) for s in stack.arches):
-        fits = [
-            n for n, s in recipes.stacks.items() if any(selector_matches(x, arch) for x in s.arches)
-        ]
-        raise UserError(
-            f"stack {stack_name!r} is not for arch {arch_name!r} (it is for {', '.join(stack.arches)}); "
-            f"stacks for {arch_name}: {', '.join(fits) or 'none'}"
-        )
+    arch, stack = _target(recipes, arch_name, stack_name)
     entries = order_layers(stack, recipes.layers)
     names = [e.layer for e in entries]
     if options.only is not None and options.only not in names:
         raise unknown(f"layer of stack {stack_name}", options.only, names)
 
-    root = recipes.root
+    arch_vars = {"arch": arch.name, "family": arch.family, "vendor": arch.vendor}
+    expect = _render(stack.expect, arch_vars, "recipes/stacks.yaml: expect", strict=False)
     base_ref = options.base_image or stack.base_image
     steps: list[Step] = []
     parent: Step | None = None
     blocked_by: str | None = None
-    arch_vars = {
-        "arch": arch.name,
-        "family": arch.family,
-        "vendor": arch.vendor,
-        "wave_size": arch.wave_size,
-    }
-    expect: dict[str, Any] = _render(
-        stack.expect, arch_vars, "recipes/stacks.yaml: expect", strict=False
-    )
     for entry in entries:
         layer = recipes.layers[entry.layer]
-        ov = dict(options.overrides.get(layer.name, {}))
-        status, reason, variant = "build", "", None
+        where = recipes.layer_files[layer.name]
+        sets = dict(options.overrides.get(layer.name, {}))
+        variant = None
         try:
-            variant = _gate(layer, entry, arch, ov.pop("variant", None))
-            tvars = _vars(arch, variant, layer, options.jobs)
-            vspec = layer.variants.get(variant) if variant else None
-            where = recipes.layer_files[layer.name]
-            args = _render({**layer.args, **(vspec.args if vspec else {})}, tvars, f"{where}: args")
-            pins = _render({**layer.pins, **(vspec.pins if vspec else {})}, tvars, f"{where}: pins")
-            hints = _render(layer.hint_args, tvars, f"{where}: hint_args")
-            layer_expect = _render(
-                {**layer.expect, **(vspec.expect if vspec else {})}, tvars, f"{where}: expect"
-            )
+            variant = choose_variant(layer, entry, arch, sets.pop("variant", None))
+            values = render_values(layer, variant, arch, where, options.jobs, sets)
         except _Gated as gated:
-            status, reason = ("skipped" if entry.optional else "unsupported"), str(gated)
-        if status == "build" and blocked_by:
-            status, reason = "blocked", f"needs {blocked_by}, which is unsupported on {arch_name}"
-        if status != "build":
-            if status == "unsupported" and not blocked_by:
-                blocked_by = layer.name
-            steps.append(_placeholder(layer, variant, arch_name, status, reason))
+            status = "skipped" if entry.optional else "unsupported"
+            blocked_by = blocked_by or (layer.name if status == "unsupported" else None)
+            steps.append(_placeholder(layer, variant, arch.name, status, str(gated)))
             continue
-
-        for key, value in ov.items():  # --set wins over recipes
-            target = hints if key in hints else pins if key in pins else args
-            target[key] = value
-        if layer.source:
-            pins = {"SOURCE_REPO": layer.source.repo, "SOURCE_REF": layer.source.ref, **pins}
-        floating = []
-        for key, value in pins.items():
-            if key == "SOURCE_REPO":
-                continue
-            why = classify_pin(str(value))
-            if key == "SOURCE_REF" and not _HEX40.match(str(value)):
-                why = why or f"{value!r} is not a commit"
-            if why:
-                floating.append(f"{key}: {why}")
-
-        if layer.patches:
-            args["PATCH_SERIES"] = " ".join(layer.patches)
-        files = [*layer.context, *layer.patches] + ([PATCH_ENGINE] if layer.patches else [])
-        ctx = context_files(root, files)
-        if parent is None:
-            parent_key: Any = {"image": base_ref, "digest": options.base_digest}
-            if not options.base_digest and "@sha256:" not in base_ref:
-                floating.append(
-                    f"BASE_IMAGE: {base_ref!r} is a moving tag and its digest is unknown"
-                )
-            manifest: dict[str, Any] = {
-                "base_image": {"ref": base_ref, "digest": options.base_digest}
-            }
-            from_ref = base_ref
-        else:
-            parent_key = parent.hash
-            manifest = {k: v for k, v in parent.manifest.items()}
-            from_ref = parent.hash_tag
-        manifest[layer.name] = {"variant": variant, **pins} if variant else dict(pins)
-        hashed = {
-            "epoch": EPOCH,
-            "layer": layer.name,
-            "variant": variant,
-            "arch": arch_name,
-            "dockerfile": hash_file(root / layer.dockerfile),
-            "args": {**args, **pins},
-            "context": {c.path: c.sha256 for c in ctx},
-            "wheelhouse": layer.wheelhouse,
-            "parent": parent_key,
-        }
-        digest = content_hash(hashed)
-        tag_base = f"{options.namespace}/{layer.name}"
-        step = Step(
-            layer=layer.name,
-            variant=variant,
-            arch=arch_name,
-            dockerfile=layer.dockerfile,
-            parent=parent.layer if parent else None,
-            base_ref=from_ref,
-            args={**args, **pins},
-            hint_args=hints,
-            context=ctx,
-            patches=tuple(layer.patches),
-            wheelhouse=layer.wheelhouse,
-            manifest=manifest,
-            smoke=tuple(
-                _render(
-                    c.model_dump(exclude_none=True), {**tvars, **args, **pins}, where, strict=False
-                )
-                for c in layer.smoke
-            ),
-            floating=tuple(floating),
-            hash=digest,
-            hash_tag=f"{tag_base}:{arch_name}-{digest[:12]}",
-            moving_tags=(f"{tag_base}:{arch_name}",),
-            status="build",
-            lineage=(*(parent.lineage if parent else ()), (layer.name, digest)),
-            pins={k: str(v) for k, v in pins.items()},
+        if blocked_by:
+            reason = f"needs {blocked_by}, which is unsupported on {arch.name}"
+            steps.append(_placeholder(layer, variant, arch.name, "blocked", reason))
+            continue
+        step = _make_step(
+            recipes.root, layer, variant, arch.name, values, parent, base_ref, options, where
         )
         steps.append(step)
-        expect.update(layer_expect)
+        expect.update(values.expect)
         parent = step
         if options.only == layer.name:
             break
@@ -474,9 +522,59 @@ def resolve(
     final_tag = None
     if chain and not blocked_by and options.only is None:
         last = chain[-1]
-        final_tag = f"{options.namespace}/{stack_name}:{arch_name}"
+        final_tag = f"{options.namespace}/{stack_name}:{arch.name}"
         steps[steps.index(last)] = replace(last, moving_tags=(*last.moving_tags, final_tag))
-    return Plan(arch_name, stack_name, tuple(steps), expect, final_tag)
+    return Plan(arch.name, stack_name, tuple(steps), expect, final_tag)
+
+
+def _make_step(
+    root: Path,
+    layer: Layer,
+    variant: str | None,
+    arch: str,
+    values: _Values,
+    parent: Step | None,
+    base_ref: str,
+    options: Options,
+    where: str,
+) -> Step:
+    """Step 5: the cache key and everything the executor needs for one layer."""
+    args, pins = dict(values.args), values.pins
+    floating = check_pins(pins)
+    if layer.patches:
+        args["PATCH_SERIES"] = " ".join(layer.patches)
+    ctx = layer_context(root, layer, where)
+    if parent is None:
+        parent_key: str | dict[str, Any] = {"image": base_ref, "digest": options.base_digest}
+        if not options.base_digest and "@sha256:" not in base_ref:
+            floating.append(f"BASE_IMAGE: {base_ref!r} is a moving tag and its digest is unknown")
+        manifest: dict[str, Any] = {"base_image": {"ref": base_ref, "digest": options.base_digest}}
+        from_ref = base_ref
+    else:
+        parent_key, manifest, from_ref = parent.hash, dict(parent.manifest), parent.hash_tag
+    manifest[layer.name] = {"variant": variant, **pins} if variant else dict(pins)
+    inputs = BuildInput(
+        epoch=EPOCH, layer=layer.name, variant=variant, arch=arch,
+        dockerfile=hash_file(root / layer.dockerfile), args={**args, **pins},
+        context={c.path: c.sha256 for c in ctx}, wheelhouse=layer.wheelhouse, parent=parent_key,
+    )  # fmt: skip
+    key = inputs.key
+    tag_base = f"{options.namespace}/{layer.name}"
+    smoke_vars = {**values.tvars, **args, **pins}
+    return Step(
+        layer=layer.name, variant=variant, arch=arch, dockerfile=layer.dockerfile,
+        parent=parent.layer if parent else None, base_ref=from_ref, args={**args, **pins},
+        hint_args=values.hints, context=ctx, patches=tuple(layer.patches),
+        wheelhouse=layer.wheelhouse, manifest=manifest,
+        smoke=tuple(
+            _render(c.model_dump(exclude_none=True), smoke_vars, where, strict=False)
+            for c in layer.smoke
+        ),
+        floating=tuple(floating), hash=key, hash_tag=f"{tag_base}:{arch}-{key[:12]}",
+        moving_tags=(f"{tag_base}:{arch}",), status="build",
+        lineage=(*(parent.lineage if parent else ()), (layer.name, key)),
+        pins={k: str(v) for k, v in pins.items()}, input=inputs,
+    )  # fmt: skip
 
 
 def _placeholder(layer: Layer, variant: str | None, arch: str, status: str, reason: str) -> Step:
@@ -493,6 +591,79 @@ def mark_cached(plan: Plan, existing: Iterable[str]) -> Plan:
     steps = tuple(
         replace(s, status="cached", reason="image with this hash exists")
         if s.status == "build" and s.hash_tag in have
+        else s
+        for s in plan.steps
+    )
+    return replace(plan, steps=steps)
+
+
+# ---------------------------------------------------------------------------- why it rebuilds
+
+UNCHANGED = "inputs unchanged since its last build; its image is not in the engine"
+
+
+def input_changes(
+    old: Mapping[str, Any] | None, new: BuildInput, dockerfile: str, parent_layer: str | None
+) -> list[str]:
+    """What changed between the inputs of a layer's last build and now, one sentence each; empty
+    when no earlier build of the layer is recorded."""
+    if old is None:
+        return []
+    now = new.to_json()
+    if dict(old) == now:
+        return [UNCHANGED]
+    changes: list[str] = []
+    if old.get("epoch") != now["epoch"]:
+        changes.append(f"attnforge's build epoch {old.get('epoch')} -> {now['epoch']}")
+    if old.get("variant") != now["variant"]:
+        changes.append(f"variant {old.get('variant')} -> {now['variant']}")
+    if old.get("dockerfile") != now["dockerfile"]:
+        changes.append(f"{dockerfile} changed")
+    before, after = old.get("args", {}), now["args"]
+    for key in sorted(set(before) | set(after)):
+        if key not in after:
+            changes.append(f"arg {key} removed (was {before[key]})")
+        elif key not in before:
+            changes.append(f"arg {key} added: {after[key]}")
+        elif before[key] != after[key]:
+            changes.append(f"arg {key} {before[key]} -> {after[key]}")
+    files_before, files_after = old.get("context", {}), now["context"]
+    for path in sorted(set(files_before) | set(files_after)):
+        if path not in files_after:
+            changes.append(f"{path} removed from the context")
+        elif path not in files_before:
+            changes.append(f"{path} added to the context")
+        elif files_before[path] != files_after[path]:
+            changes.append(f"{path} changed")
+    if old.get("wheelhouse") != now["wheelhouse"]:
+        changes.append("local wheels " + ("offered" if now["wheelhouse"] else "no longer offered"))
+    if old.get("parent") != now["parent"]:
+        if isinstance(now["parent"], dict):
+            was = old.get("parent") if isinstance(old.get("parent"), dict) else {}
+            changes.append(
+                f"base image {_image(was)} -> {_image(now['parent'])}"
+                if was
+                else f"base image is now {_image(now['parent'])}"
+            )
+        else:
+            changes.append(f"parent {parent_layer} rebuilt")
+    return changes or [f"key {content_hash(dict(old))[:12]} -> {new.key[:12]}"]
+
+
+def _image(ref: Mapping[str, Any]) -> str:
+    digest = ref.get("digest") or "digest unknown"
+    return f"{ref.get('image')} ({digest[:19]})"
+
+
+def explain(plan: Plan, last_inputs: Mapping[str, Mapping[str, Any]]) -> Plan:
+    """Attach to each step that will build what changed since the last build of its layer
+    (`last_inputs`: layer -> the BuildInput JSON it was last built from)."""
+    steps = tuple(
+        replace(
+            s,
+            changes=tuple(input_changes(last_inputs.get(s.layer), s.input, s.dockerfile, s.parent)),
+        )
+        if s.status == "build" and s.input is not None
         else s
         for s in plan.steps
     )

@@ -1,10 +1,17 @@
-"""Shared fixtures: the repository root and disposable copies of it."""
+"""Shared fixtures: the repository root, disposable copies of it, and `invoke` as a user runs it.
+
+No test writes into the checkout: `run_invoke` points attnforge's build and report folders at a
+temporary directory, and a session guard fails the run if anything appeared in the checkout's
+own output folders anyway.
+"""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -13,6 +20,29 @@ REPO = Path(__file__).resolve().parents[1]
 COPY_IGNORE = shutil.ignore_patterns(
     ".venv", ".git", "build", "reports", "__pycache__", "*.pyc", ".pytest_cache"
 )
+# The checkout's output folders (build/wheelhouse is set-up's input, not a test's output).
+GUARDED = ("reports", "build/state", "build/logs", "build/staging")
+_OUTPUTS = Path(tempfile.mkdtemp(prefix="attnforge-test-outputs-"))
+
+
+def _snapshot() -> set[str]:
+    found = set()
+    for rel in GUARDED:
+        base = REPO / rel
+        if base.exists():
+            found |= {
+                str(p.relative_to(REPO)) + f"@{p.stat().st_mtime_ns}" for p in base.rglob("*")
+            }
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def checkout_is_not_written():
+    before = _snapshot()
+    yield
+    shutil.rmtree(_OUTPUTS, ignore_errors=True)
+    changed = sorted(_snapshot() ^ before)
+    assert not changed, f"tests wrote into the checkout: {changed[:10]}"
 
 
 @pytest.fixture
@@ -23,10 +53,25 @@ def repo_copy(tmp_path: Path) -> Path:
     return dest
 
 
+def outputs_env(base: Path | None = None, env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment with attnforge's build and report folders under `base` (a temporary
+    directory unless given)."""
+    base = base or _OUTPUTS
+    return {
+        **(env if env is not None else os.environ),
+        "ATTNFORGE_BUILD_DIR": str(base / "build"),
+        "ATTNFORGE_REPORTS_DIR": str(base / "reports"),
+    }
+
+
 def run_invoke(
     cwd: Path, *args: str, env=None, timeout: int = 120
 ) -> subprocess.CompletedProcess[str]:
-    """`python -m invoke ARGS` in cwd, as a user runs it: its own process, output captured."""
+    """`python -m invoke ARGS` in cwd, as a user runs it: its own process, output captured. Unless
+    `env` names them, the build and report folders are temporary."""
+    env = dict(env if env is not None else os.environ)
+    if "ATTNFORGE_BUILD_DIR" not in env or "ATTNFORGE_REPORTS_DIR" not in env:
+        env = outputs_env(env=env)
     return subprocess.run(
         [sys.executable, "-m", "invoke", *args],
         cwd=cwd, capture_output=True, text=True, env=env, timeout=timeout,

@@ -1,4 +1,4 @@
-"""invoke build / invoke schema: argument handling and printing only; the work is in attnforge."""
+"""invoke build / schema / arches: argument handling and printing only; the work is in attnforge."""
 
 from __future__ import annotations
 
@@ -6,89 +6,38 @@ import json
 import time
 from pathlib import Path
 
-from invoke import task
-
 from .. import hostinfo
-from ..build import BuildState, Invocation, execute
+from ..build import BuildState, Invocation, build_requests, execute, plan_build
 from ..console import LayerProgress, out, plan_table, summary_table, user_errors
-from ..engine import connect
+from ..engine import Engine, check_engine_name, connect
 from ..errors import UserError
-from ..plan import Options, Plan, mark_cached, parse_overrides, resolve
-from ..recipes import Recipes, json_schema, load_recipes, selector_matches
+from ..plan import Plan, stacks_for
+from ..recipes import Recipes, json_schema, load_recipes
+from ..workspace import Workspace
+from . import choose_target, command, whole_number
+
+# The host's CA bundle (Debian/Ubuntu): handed to builds as a BuildKit secret by default, so pip
+# inside a build trusts what this host trusts (a proxy's CA included); never stored in an image.
+HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 
 
-def find_root(start: Path | None = None) -> Path:
-    """The attnforge tree to work on: the nearest folder above the working directory that holds
-    recipes/stacks.yaml (so a copy of the tree works on itself), else the one this code is in."""
-    here = (start or Path.cwd()).resolve()
-    for folder in (here, *here.parents):
-        if (folder / "recipes" / "stacks.yaml").is_file():
-            return folder
-    return Path(__file__).resolve().parents[2]
-
-
-ROOT = find_root()
-
-
-def default_arch() -> tuple[str, str]:
-    """(arch, why): the host's AMD GPU if one is found, else the cpu reference arch."""
-    found = hostinfo.detect_amd_arches()
-    if found:
-        return found[0], f"detected AMD GPU {found[0]}" + (
-            f" (also {', '.join(found[1:])})" if found[1:] else ""
-        )
-    return "cpu", "no AMD GPU detected (no /sys/class/kfd nodes); using the cpu reference stack"
-
-
-def default_stack(recipes: Recipes, arch: str) -> str:
-    spec = recipes.arches[arch] if arch in recipes.arches else None
-    if spec is None:
-        return "default"
-    fits = [
-        n for n, s in recipes.stacks.items() if any(selector_matches(x, spec) for x in s.arches)
-    ]
-    return "default" if "default" in fits else (fits[0] if fits else "default")
-
-
-def choose_target(recipes: Recipes, arch: str | None, stack: str | None) -> tuple[str, str]:
-    """(arch, stack) for a task: the given ones, else the host's default arch (saying why) and
-    that arch's default stack."""
-    if arch is None:
-        arch, why = default_arch()
-        out.print(f"[dim]--arch not given: {why}[/]")
-    return arch, stack or default_stack(recipes, arch)
-
-
-def make_plan(inv: Invocation, recipes: Recipes, engine=None) -> tuple[Plan, bool]:
-    """Resolve the invocation; with an engine, the base image's id and the cache status are known."""
-    overrides = parse_overrides(inv.sets, recipes)
-    base_ref = inv.base_image or (
-        recipes.stacks[inv.stack].base_image if inv.stack in recipes.stacks else None
-    )
-    digest = engine.image_id(base_ref) if engine is not None and base_ref else None
-    options = Options(
-        base_image=inv.base_image, base_digest=digest, jobs=inv.jobs, namespace=inv.namespace,
-        only=inv.only, overrides=overrides,
-    )  # fmt: skip
-    plan = resolve(recipes, inv.arch, inv.stack, options)
-    if engine is None:
-        return plan, False
-    return mark_cached(plan, engine.existing(s.hash_tag for s in plan.steps)), True
-
-
-@task(
+@command(
     iterable=["set_"],
     help={
-        "arch": "GPU arch to build for (default: the host's AMD GPU, else cpu); see recipes/arches.yaml",
+        "arch": "GPU arch to build for (default: the host's AMD GPU, else cpu); see `invoke arches`",
         "stack": "stack from recipes/stacks.yaml (default: 'default', or the arch's only stack)",
         "only": "build only this layer and the layers it sits on",
-        "dry_run": "print the plan (layer, tag, status, why) and build nothing",
-        "json": "with --dry-run: print the plan as JSON",
+        "dry_run": "print the plan (layer, tag, status, why it rebuilds) and build nothing",
+        "json": "with --dry-run: print the plan as JSON (each step's inputs and engine command)",
+        "explain": "with --dry-run: everything about one layer: inputs, what changed, command",
         "continue_": "resume the last build where it failed or was interrupted, with its options",
         "set_": "override a recipe value: LAYER.KEY=VALUE (repeatable)",
-        "base_image": "base image for the first layer instead of the stack's",
-        "wheelhouse": "folder of local wheels offered to pip inside builds",
-        "ca_cert": "extra CA bundle for builds, passed as a BuildKit secret (never stored in an image)",
+        "base_image": "base image for the first layer (default: the stack's, or the local one "
+        "tools/setup.sh made when the stack's is not here)",
+        "wheelhouse": "folder of local wheels offered to pip inside builds (default: "
+        "build/wheelhouse when it holds wheels)",
+        "ca_cert": f"CA bundle for pip inside builds, passed as a BuildKit secret, never stored in "
+        f"an image (default: {HOST_CA_BUNDLE} when it exists; 'none' for no bundle)",
         "engine": "container engine: docker (default) or podman",
         "jobs": "MAX_JOBS and build parallelism (default: from host memory, 4 GiB a job)",
         "namespace": "image name prefix, e.g. registry.example.com/team (default: attnforge)",
@@ -98,50 +47,34 @@ def make_plan(inv: Invocation, recipes: Recipes, engine=None) -> tuple[Plan, boo
 )
 @user_errors
 def build(
-    c, arch=None, stack=None, only=None, dry_run=False, json=False, continue_=False, set_=None,
-    base_image=None, wheelhouse=None, ca_cert=None, engine="docker", jobs=0, namespace="attnforge",
-    push=False, debug=False,
+    c, arch=None, stack=None, only=None, dry_run=False, json=False, explain=None,
+    continue_=False, set_=None, base_image=None, wheelhouse=None, ca_cert=None, engine="docker",
+    jobs=None, namespace="attnforge", push=False, debug=False,
 ):  # fmt: skip
     """Build a stack's images layer by layer, skipping every layer whose inputs did not change."""
     started = time.monotonic()
-    recipes = load_recipes(ROOT)
+    ws = Workspace.discover()
+    recipes = load_recipes(ws.root)
     if continue_:
-        state = BuildState.load(ROOT)
+        state = BuildState.load(ws)
         inv = state.invocation
-        out.print(
-            f"continuing the last build: stack {inv.stack} for {inv.arch}"
-            + (f", which stopped at layer {state.failed}" if state.failed else "")
-        )
+        where = f", which stopped at layer {state.stopped_at}" if state.stopped_at else ""
+        out.print(f"continuing the last build: stack {inv.stack} for {inv.arch}{where}")
     else:
-        arch, stack = choose_target(recipes, arch, stack)
-        for path, flag in ((wheelhouse, "--wheelhouse"), (ca_cert, "--ca-cert")):
-            if path and not Path(path).exists():
-                raise UserError(f"{flag} {path}: no such file or folder")
-        inv = Invocation(
-            arch=arch, stack=stack, sets=list(set_ or []), only=only, base_image=base_image,
-            wheelhouse=str(Path(wheelhouse).resolve()) if wheelhouse else None,
-            ca_cert=str(Path(ca_cert).resolve()) if ca_cert else None,
-            jobs=jobs or hostinfo.default_jobs(), engine=engine, namespace=namespace,
-        )  # fmt: skip
+        inv = _invocation(recipes, ws, arch, stack, only, set_, base_image, wheelhouse, ca_cert,
+                          engine, jobs, namespace)  # fmt: skip
         state = BuildState(inv)
+    if (json or explain) and not dry_run:
+        raise UserError("--json and --explain go with --dry-run")
 
     if dry_run:
-        try:
-            eng = connect(inv.engine)
-        except UserError as exc:
-            eng = None
-            if not json:
-                out.print(f"[dim]{exc.message}: cache status unknown[/]")
-        plan, known = make_plan(inv, recipes, eng)
-        if json:
-            print(_json_dump(plan.to_json()))
-        else:
-            out.print(plan_table(plan, cache_known=known))
-            _explain_blockers(plan)
+        _dry_run(inv, recipes, ws, as_json=json, layer=explain)
         return
 
     eng = connect(inv.engine)
-    plan, _ = make_plan(inv, recipes, eng)
+    inv = _local_defaults(inv, recipes, ws, eng, given_base=base_image is not None or continue_)
+    state.invocation = inv
+    plan, _ = plan_build(inv, recipes, ws, eng)
     if plan.blocked_by:
         out.print(plan_table(plan, cache_known=True))
         first = plan.blocked_by[0]
@@ -150,18 +83,18 @@ def build(
         )
     out.print(f"engine: {eng.describe()}; jobs: {inv.jobs}")
     if not continue_:
-        state.save(ROOT)
+        state.save(ws)
     progress = LayerProgress(total=len(plan.chain))
     try:
         outcomes = execute(
-            plan, eng, root=ROOT, state=state,
-            wheelhouse=Path(inv.wheelhouse) if inv.wheelhouse else None,
-            ca_cert=Path(inv.ca_cert) if inv.ca_cert else None, progress=progress,
+            plan, eng, ws=ws, state=state,
+            requests=build_requests(plan, ws, Path(inv.ca_cert) if inv.ca_cert else None),
+            wheelhouse=Path(inv.wheelhouse) if inv.wheelhouse else None, progress=progress,
         )  # fmt: skip
     finally:
         progress.close()
     if push:
-        log = ROOT / "build" / "logs" / plan.arch / "push.log"
+        log = ws.logs_for(plan.arch) / "push.log"
         with log.open("w") as fh:
             for s in plan.chain:
                 for ref in (s.hash_tag, *s.moving_tags):
@@ -174,16 +107,121 @@ def build(
         )
 
 
-def _explain_blockers(plan: Plan) -> None:
+def _invocation(
+    recipes: Recipes, ws: Workspace, arch, stack, only, sets, base_image, wheelhouse, ca_cert,
+    engine, jobs, namespace,
+) -> Invocation:  # fmt: skip
+    """Check the options a user gave (before anything runs) and fill in the defaults."""
+    check_engine_name(engine)
+    jobs = whole_number("--jobs", jobs) if jobs is not None else hostinfo.default_jobs()
+    arch, stack = choose_target(recipes, arch, stack)
+    if wheelhouse is None and any(ws.wheelhouse.glob("*.whl")):
+        wheelhouse = ws.wheelhouse
+        out.print(
+            f"[dim]wheelhouse: {wheelhouse} (made by tools/setup.sh; --wheelhouse to change)[/]"
+        )
+    if ca_cert is None and HOST_CA_BUNDLE.is_file():
+        ca_cert = HOST_CA_BUNDLE
+    elif ca_cert == "none":
+        ca_cert = None
+    for path, flag in ((wheelhouse, "--wheelhouse"), (ca_cert, "--ca-cert")):
+        if path and not Path(path).exists():
+            raise UserError(f"{flag} {path}: no such file or folder")
+    return Invocation(
+        arch=arch, stack=stack, sets=list(sets or []), only=only, base_image=base_image,
+        wheelhouse=str(Path(wheelhouse).resolve()) if wheelhouse else None,
+        ca_cert=str(Path(ca_cert).resolve()) if ca_cert else None,
+        jobs=jobs, engine=engine, namespace=namespace,
+    )  # fmt: skip
+
+
+def _local_defaults(
+    inv: Invocation, recipes: Recipes, ws: Workspace, eng: Engine, given_base: bool
+) -> Invocation:
+    """Offline by default where it can be: when the stack's base image is not in the engine but the
+    local one tools/setup.sh makes (debootstrap + docker import) is, build on that instead of
+    pulling from a registry, and say so."""
+    spec = recipes.stacks.get(inv.stack)
+    local = getattr(spec, "local_base_image", None)
+    if given_base or spec is None or not local or eng.image_id(spec.base_image) is not None:
+        return inv
+    if eng.image_id(local) is None:
+        return inv
+    out.print(
+        f"[dim]base image: {local} ({spec.base_image} is not in the engine; --base-image to change)[/]"
+    )
+    return Invocation(**{**inv.__dict__, "base_image": local})
+
+
+def _connect_for_plan(name: str, quiet: bool) -> Engine | None:
+    try:
+        return connect(name)
+    except UserError as exc:
+        if not quiet:
+            out.print(f"[dim]{exc.message}: cache status unknown[/]")
+        return None
+
+
+def _dry_run(inv: Invocation, recipes: Recipes, ws: Workspace, as_json: bool, layer: str | None):
+    eng = _connect_for_plan(inv.engine, quiet=as_json)
+    if eng is not None:
+        inv = _local_defaults(inv, recipes, ws, eng, given_base=inv.base_image is not None)
+    plan, known = plan_build(inv, recipes, ws, eng)
+    requests = build_requests(plan, ws, Path(inv.ca_cert) if inv.ca_cert else None)
+
+    def command_of(layer: str) -> list[str] | None:
+        req = requests.get(layer)
+        if req is None:
+            return None
+        return eng.build_argv(req) if eng is not None else req.argv(["docker"], "buildx")
+
+    if layer:
+        _explain_layer(plan, plan.step(layer), command_of(layer), as_json)
+        return
+    if as_json:
+        data = plan.to_json()
+        for s in data["steps"]:
+            s["command"] = command_of(s["layer"])
+        print(_json_dump(data))
+        return
+    out.print(plan_table(plan, cache_known=known))
     for s in plan.blocked_by:
         out.print(f"[red]{s.layer} is unsupported on {plan.arch}:[/] {s.reason}")
+
+
+def _explain_layer(plan: Plan, step, argv: list[str] | None, as_json: bool) -> None:
+    if as_json:
+        print(_json_dump({"layer": step.layer, "status": step.status, "reason": step.reason,
+                          "changes": list(step.changes), "key": step.hash,
+                          "input": step.input.to_json() if step.input else None,
+                          "command": argv}))  # fmt: skip
+        return
+    name = f"{step.layer}:{step.variant}" if step.variant else step.layer
+    out.print(
+        f"[bold]{name}[/] on {plan.arch}: {step.status}"
+        + (f" ({step.reason})" if step.reason else "")
+    )
+    if step.input is None:
+        return
+    out.print(f"key: {step.hash}  tag: {step.hash_tag}")
+    if step.changes:
+        out.print("what changed since the last build of this layer:")
+        for change in step.changes:
+            out.print(f"  - {change}", markup=False)
+    elif step.status == "build":
+        out.print("no earlier build of this layer is recorded here")
+    out.print("inputs (their canonical JSON is the key):")
+    out.print(_json_dump(step.input.to_json()), markup=False)
+    if argv:
+        out.print("engine command:")
+        out.print("  " + " ".join(argv), markup=False, soft_wrap=True)
 
 
 def _json_dump(data) -> str:
     return json.dumps(data, indent=2, sort_keys=True)
 
 
-@task(
+@command(
     help={
         "output": "where to write the JSON Schema (default: print it)",
         "debug": "show tracebacks",
@@ -200,26 +238,19 @@ def schema(c, output=None, debug=False):
         print(text, end="")
 
 
-@task(help={"debug": "show tracebacks"})
+@command(help={"debug": "show tracebacks"})
 @user_errors
 def arches(c, debug=False):
     """List the arches, their families and which stacks build for them."""
-    recipes = load_recipes(ROOT)
     from rich.table import Table
 
+    recipes = load_recipes(Workspace.discover().root)
     table = Table(title="arches", title_justify="left")
     for col in ("arch", "family", "wave", "matrix", "stacks", "description"):
         table.add_column(col)
     for name, a in recipes.arches.items():
-        stacks = [
-            n for n, s in recipes.stacks.items() if any(selector_matches(x, a) for x in s.arches)
-        ]
         table.add_row(
-            name,
-            a.family,
-            str(a.wave_size or "-"),
-            a.matrix_unit or "-",
-            ", ".join(stacks) or "-",
-            a.description,
-        )
+            name, a.family, str(a.wave_size or "-"), a.matrix_unit or "-",
+            ", ".join(stacks_for(recipes, name)) or "-", a.description,
+        )  # fmt: skip
     out.print(table)

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 
-from invoke import task
-
 from ..console import out, user_errors
 from ..engine import connect
 from ..errors import UserError
 from ..plan import Options, resolve
 from ..recipes import load_recipes
-from .build import ROOT, choose_target
+from ..workspace import Workspace
+from . import choose_target, command
 from .validate import VALIDATED
 
 
@@ -28,7 +27,7 @@ def publish_refs(
     return refs
 
 
-@task(
+@command(
     help={
         "to": "registry namespace to push to, e.g. ghcr.io/org/attnforge (required)",
         "arch": "arch of the stack to publish (default: the host's AMD GPU, else cpu)",
@@ -45,14 +44,15 @@ def publish(c, to=None, arch=None, stack=None, namespace="attnforge", engine="do
         raise UserError(
             "--to is required: the registry namespace to push to (e.g. ghcr.io/org/attnforge)"
         )
-    recipes = load_recipes(ROOT)
+    ws = Workspace.discover()
+    recipes = load_recipes(ws.root)
     arch, stack = choose_target(recipes, arch, stack)
     final = resolve(recipes, arch, stack, Options(namespace=namespace)).final_tag
     eng = connect(engine)
     final_id = eng.image_id(final) if final else None
     if final_id is None:
         raise UserError(f"no image {final}", hint=f"invoke build --arch {arch} --stack {stack}")
-    stamp = ROOT / "reports" / arch / stack / VALIDATED
+    stamp = ws.reports_for(arch, stack) / VALIDATED
     if not stamp.exists():
         raise UserError(
             f"{final} was never validated here; it is not published",
@@ -67,13 +67,13 @@ def publish(c, to=None, arch=None, stack=None, namespace="attnforge", engine="do
     if not record.get("passed"):
         raise UserError(
             f"{final} failed validation (exit {record.get('exit')}); it is not published",
-            hint=f"see reports/{arch}/{stack}/report.md",
+            hint=f"see {ws.reports_for(arch, stack) / 'report.md'}",
         )
     lineage = json.loads(eng.labels(final).get("org.attnforge.lineage", "[]"))
     if not lineage:
         raise UserError(f"{final} has no org.attnforge.lineage label: was it built by attnforge?")
 
-    log_path = ROOT / "build" / "logs" / arch / "publish.log"
+    log_path = ws.logs_for(arch) / "publish.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     pushed = 0
     with log_path.open("w") as log:

@@ -4,24 +4,26 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-from invoke import task
 from invoke.exceptions import Exit
 
 from ..console import out, user_errors
-from ..engine import RunRequest, connect
+from ..engine import RunRequest, check_engine_name, connect
 from ..errors import UserError
 from ..plan import Options, resolve
 from ..recipes import load_recipes
-from .build import ROOT, choose_target
+from ..workspace import REPORTS_DIR_ENV, Workspace
+from . import choose_target, command, whole_number
 
 # TheRock dockerfiles/README.md: docker run --device=/dev/kfd --device=/dev/dri --ipc=host
 # --group-add=video --group-add=render; ROCm's "Running ROCm Docker containers" page also
 # advises --security-opt seccomp=unconfined (some HIP/HSA calls are blocked by the default profile).
 VALIDATED = "validated.json"
+OUTPUTS = ("report.json", "report.md")  # what the suite writes; moved into place together
 ROCM_DEVICES = ["/dev/kfd", "/dev/dri"]
 ROCM_GROUPS = ["video", "render"]
 ROCM_EXTRA = ["--ipc=host", "--security-opt", "seccomp=unconfined"]
@@ -65,7 +67,7 @@ def print_summary(report_path: Path) -> None:
         out.print(f"(full summary: {md})")
 
 
-@task(
+@command(
     help={
         "arch": "arch of the image to validate (default: the host's AMD GPU, else cpu)",
         "stack": "stack whose final image to validate (default: as for build)",
@@ -80,38 +82,26 @@ def print_summary(report_path: Path) -> None:
 )
 @user_errors
 def validate(
-    c, arch=None, stack=None, image=None, local=False, quick=False, timeout=0, engine="docker",
+    c, arch=None, stack=None, image=None, local=False, quick=False, timeout=None, engine="docker",
     namespace="attnforge", debug=False,
 ):  # fmt: skip
-    """Run the validation suite in the stack's image; writes reports/<arch>/<stack>/report.{json,md}."""
-    recipes = load_recipes(ROOT)
+    """Run the validation suite in the stack's image; writes reports/<arch>/<stack>/report.{json,md}.
+
+    The last report stays in place until this run has written a complete new one."""
+    ws = Workspace.discover()
+    recipes = load_recipes(ws.root)
     arch, stack = choose_target(recipes, arch, stack)
+    timeout = whole_number("--timeout", timeout) if timeout is not None else 0
+    check_engine_name(engine)
     plan = resolve(recipes, arch, stack, Options(namespace=namespace))
     if plan.blocked_by and not (local or image):
         first = plan.blocked_by[0]
         raise UserError(
             f"stack {stack} has no image for {arch}: layer {first.layer} is unsupported: {first.reason}"
         )
-    reports = ROOT / "reports" / arch / stack
-    reports.mkdir(parents=True, exist_ok=True)
-    expect_file = reports / "expect.json"
-    expect_file.write_text(
-        json.dumps({"stack": stack, "arch": arch, "expect": plan.expect}, indent=2) + "\n"
-    )
-    report = reports / "report.json"
-    stamp = reports / VALIDATED
-    for stale in (report, reports / "report.md", stamp):
-        stale.unlink(missing_ok=True)  # a report on disk is always this run's
-
-    if local:
-        argv = [
-            sys.executable,
-            *suite_args(str(report), str(reports / "report.md"), str(expect_file), quick, timeout),
-        ]
-        out.print(f"running the suite on this host: {' '.join(argv)}")
-        code = subprocess.run(argv, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT))).returncode
-    else:
-        flags = device_flags(recipes.arches[arch].vendor)  # before anything else: the usual miss
+    eng = ref = None
+    if not local:  # everything that can fail early, before a file is touched
+        flags = device_flags(recipes.arches[arch].vendor)
         eng = connect(engine)
         ref = image or plan.final_tag
         if not ref or eng.image_id(ref) is None:
@@ -119,39 +109,55 @@ def validate(
                 f"image {ref} not found",
                 hint=f"build it first: invoke build --arch {arch} --stack {stack}",
             )
-        req = RunRequest(
-            image=ref,
-            command=[
-                "python3",
-                *suite_args(
-                    "/out/report.json", "/out/report.md", "/in/expect.json", quick, timeout
-                ),
-            ],
-            devices=flags["devices"],
-            groups=flags["groups"],
-            extra=flags["extra"],
-            mounts=[
-                (reports.resolve(), "/out", False),
-                (expect_file.resolve(), "/in/expect.json", True),
-            ],
+
+    reports = ws.reports_for(arch, stack)
+    reports.mkdir(parents=True, exist_ok=True)
+    run_dir = reports / f".run-{os.getpid()}"  # the new report is written here, then moved
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir()
+    try:
+        expect_file = run_dir / "expect.json"
+        expect_file.write_text(
+            json.dumps({"stack": stack, "arch": arch, "expect": plan.expect}, indent=2) + "\n"
         )
-        out.print(f"validating {ref} ({arch}, stack {stack})")
-        log = reports / "validate.log"
-        with log.open("w") as fh:
-            code = eng.run_streaming(
-                req, fh, on_line=lambda line: out.print(f"  {line}", markup=False, highlight=False)
+        log = run_dir / "validate.log"
+        if local:
+            argv = [sys.executable, *suite_args(str(run_dir / "report.json"),
+                    str(run_dir / "report.md"), str(expect_file), quick, timeout)]  # fmt: skip
+            out.print(f"running the suite on this host: {' '.join(argv)}")
+            env = dict(os.environ, PYTHONPATH=str(ws.root))
+            code = subprocess.run(argv, cwd=ws.root, env=env).returncode
+        else:
+            req = RunRequest(
+                image=ref,
+                command=["python3", *suite_args("/out/report.json", "/out/report.md",
+                                               "/out/expect.json", quick, timeout)],
+                devices=flags["devices"], groups=flags["groups"], extra=flags["extra"],
+                mounts=[(run_dir.resolve(), "/out", False)],
+            )  # fmt: skip
+            out.print(f"validating {ref} ({arch}, stack {stack})")
+            with log.open("w") as fh:
+                code = eng.run_streaming(
+                    req,
+                    fh,
+                    on_line=lambda line: out.print(f"  {line}", markup=False, highlight=False),
+                )
+        if log.exists():
+            os.replace(log, reports / "validate.log")
+        if not (run_dir / "report.json").exists():
+            raise UserError(
+                f"the suite wrote no report (exit {code}); see {reports / 'validate.log'}; "
+                "the previous report, if any, is unchanged"
             )
-    if not report.exists():
-        raise UserError(f"the suite wrote no report (exit {code}); see {reports / 'validate.log'}")
-    if not local:
-        # What `invoke publish` checks: this very image passed (image ids, not tags, which move).
-        stamp.write_text(
-            json.dumps(
+        if not local:
+            # What `invoke publish` checks: this very image passed (image ids, not tags, which move).
+            (run_dir / VALIDATED).write_text(json.dumps(
                 {"image": ref, "image_id": eng.image_id(ref), "exit": code, "passed": code == 0},
-                indent=2,
-            )
-            + "\n"
-        )
+                indent=2) + "\n")  # fmt: skip
+        _move_into_place(run_dir, reports, local)
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    report = reports / "report.json"
     print_summary(report)
     out.print(f"report: {report}")
     if code != 0:
@@ -159,23 +165,38 @@ def validate(
         raise Exit(code=code)
 
 
-@task(
-    positional=["path"],
+def _move_into_place(run_dir: Path, reports: Path, local: bool) -> None:
+    """The new report replaces the old one only now that it is complete. A --local run validated
+    no image, so it leaves the image stamp (what `invoke publish` trusts) as it was."""
+    for name in (*OUTPUTS, "expect.json"):
+        if (run_dir / name).exists():
+            os.replace(run_dir / name, reports / name)
+    if not local:
+        os.replace(run_dir / VALIDATED, reports / VALIDATED)
+
+
+@command(
     help={
-        "path": "a report.json (default: reports/<arch>/<stack>/report.json)",
-        "arch": "with --stack: find the report under reports/",
-        "stack": "with --arch: find the report under reports/",
-        "html": "also write HTML next to it",
+        "path": "the report.json to render (default: the one of --arch and --stack)",
+        "arch": "find the report under reports/<arch>/<stack>/ (default: as for validate)",
+        "stack": "with --arch (default: the arch's default stack)",
+        "html": "also write report.html next to it",
         "debug": "show tracebacks",
     },
 )
 @user_errors
 def report(c, path=None, arch=None, stack=None, html=False, debug=False):
-    """Render a report.json to Markdown (and HTML) with the suite's own renderer."""
+    """Render a validation report to Markdown (and HTML) with the suite's own renderer."""
+    ws = Workspace.discover()
     if path is None:
-        if not (arch and stack):
-            raise UserError("give a report.json path, or --arch and --stack")
-        path = ROOT / "reports" / arch / stack / "report.json"
+        arch, stack = choose_target(load_recipes(ws.root), arch, stack)
+        path = ws.reports_for(arch, stack) / "report.json"
+        if not path.is_file():
+            raise UserError(
+                f"{path}: no such report",
+                hint=f"run `invoke validate --arch {arch} --stack {stack}` first "
+                f"(reports live under ${REPORTS_DIR_ENV}, default reports/)",
+            )
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: no such report")
@@ -190,7 +211,7 @@ def report(c, path=None, arch=None, stack=None, html=False, debug=False):
     ]
     if html:
         argv += ["--html", str(path.with_suffix(".html"))]
-    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(argv, cwd=ws.root, capture_output=True, text=True)
     if proc.returncode != 0:
         raise UserError(f"rendering {path} failed: {proc.stderr.strip() or proc.stdout.strip()}")
     out.print(path.with_suffix(".md").read_text(), markup=False, highlight=False)

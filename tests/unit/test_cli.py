@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
-from tests.conftest import REPO, run_invoke
+from tests.conftest import REPO, outputs_env, run_invoke
 
 
 def invoke(*args, cwd=REPO, env=None):
@@ -37,6 +38,22 @@ def invoke(*args, cwd=REPO, env=None):
             "--wheelhouse /nonexistent: no such file",
         ),
         (["validate", "--arch", "gfx1151"], "not found: this host has no ROCm GPU driver"),
+        (["build", "--jobs", "abc", "--dry-run"], "--jobs 'abc': expected a whole number"),
+        (["build", "--jobs", "-1", "--dry-run"], "--jobs -1: must be at least 1"),
+        (["build", "--jobs", "0", "--dry-run"], "--jobs 0: must be at least 1"),
+        (["validate", "--timeout", "soon"], "--timeout 'soon': expected a whole number"),
+        (
+            ["build", "--engine", "nope", "--dry-run"],
+            "unknown engine 'nope'; valid engines: docker, podman",
+        ),
+        (["validate", "--engine", "nope"], "unknown engine 'nope'"),
+        (["build", "--set", "nope", "--dry-run"], "e.g. pytorch-wheels.TORCH_VERSION=2.13.0"),
+        (["build", "--json"], "--json and --explain go with --dry-run"),
+        (
+            ["build", "-a", "gfx1151", "--dry-run", "--explain", "ck"],
+            "unknown layer of stack default 'ck'",
+        ),
+        (["report", "--arch", "cpu"], "no such report"),
     ],
 )
 def test_user_mistakes_are_sentences_without_tracebacks(args, message):
@@ -95,15 +112,89 @@ def test_every_task_has_help():
         assert len(line.split()) > 1, f"{name} has no one-line help in --list"
 
 
-def test_no_reachable_engine_says_how_to_start_one():
-    import os
-
+def test_an_unanswering_docker_host_is_named_and_not_suggested_again():
     env = dict(os.environ, DOCKER_HOST="unix:///nonexistent/docker.sock")
     proc = invoke("build", "--arch", "cpu", env=env)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     err = " ".join(proc.stderr.split())
     assert "no Docker engine is reachable at unix:///nonexistent/docker.sock" in err
-    assert "systemctl start docker" in err and "Traceback" not in proc.stderr
+    assert (
+        "DOCKER_HOST is set to unix:///nonexistent/docker.sock, and that engine did not answer"
+        in err
+    )
+    assert "point DOCKER_HOST" not in err and "Traceback" not in proc.stderr
+
+
+def test_without_docker_host_the_hint_says_how_to_start_an_engine():
+    from attnforge.engine import HOW_TO_START, no_engine_hint
+
+    assert no_engine_hint(None) == HOW_TO_START and "systemctl start docker" in HOW_TO_START
+    assert "point DOCKER_HOST" not in no_engine_hint("tcp://gpu-box:2375")
+
+
+def test_a_missing_attnforge_docker_cli_is_a_sentence():
+    env = dict(os.environ, ATTNFORGE_DOCKER="/nonexistent")
+    proc = invoke("build", "--arch", "cpu", env=env)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "ATTNFORGE_DOCKER=/nonexistent is not an executable file" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def _all_tasks():
+    import tasks
+
+    found = []
+
+    def walk(coll):
+        for t in coll.tasks.values():
+            found.append(t)
+        for sub in coll.collections.values():
+            walk(sub)
+
+    walk(tasks.ns)
+    return found
+
+
+def test_one_short_flag_means_one_option_across_every_task():
+    meaning: dict[str, set[str]] = {}
+    for t in _all_tasks():
+        for arg in t.get_arguments():
+            for short in (n for n in arg.names if len(n) == 1):
+                meaning.setdefault(short, set()).add(arg.name)
+    assert {k: v for k, v in meaning.items() if len(v) > 1} == {}
+    assert meaning["a"] == {"arch"} and meaning["s"] == {"stack"}
+
+
+def test_no_task_option_is_cast_by_invokes_parser():
+    """invoke turns a bad int into a traceback before a task runs; numbers are checked by us."""
+    cast = [(t.name, a.name) for t in _all_tasks() for a in t.get_arguments() if a.kind is int]
+    assert cast == []
+
+
+def test_help_renders_every_option_with_its_name():
+    for t in _all_tasks():
+        for arg in t.get_arguments():
+            assert all(n and n.strip("-") for n in arg.names), (t.name, arg.names)
+    proc = invoke("build", "--help")
+    assert proc.returncode == 0 and "--=" not in proc.stdout and "--ca-cert" in proc.stdout
+
+
+def test_report_finds_the_report_by_arch_and_stack_as_the_readme_shows(tmp_path):
+    import shutil
+
+    env = outputs_env(tmp_path)
+    where = tmp_path / "reports/gfx1151/default"
+    where.mkdir(parents=True)
+    shutil.copy(REPO / "tests/validate/fixtures/h200_report.json", where / "report.json")
+    proc = invoke("report", "--arch", "gfx1151", "--stack", "default", "--html", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert (where / "report.md").read_text().strip()
+    assert (where / "report.html").read_text().lstrip().lower().startswith("<!doctype html")
+
+
+def test_report_help_is_help():
+    proc = invoke("report", "--help")
+    assert proc.returncode == 0 and "--arch" in proc.stdout and "error" not in proc.stderr
 
 
 def test_report_renders_a_real_report_to_markdown_and_html(tmp_path):
@@ -111,12 +202,12 @@ def test_report_renders_a_real_report_to_markdown_and_html(tmp_path):
 
     report = tmp_path / "report.json"
     shutil.copy(REPO / "tests/validate/fixtures/h200_report.json", report)
-    proc = invoke("report", str(report), "--html")
+    proc = invoke("report", "--path", str(report), "--html")
     assert proc.returncode == 0, proc.stderr
     assert "cudnn" in (tmp_path / "report.md").read_text()
     assert (tmp_path / "report.html").read_text().lstrip().lower().startswith("<!doctype html")
 
 
 def test_report_of_a_missing_file_is_a_clear_error(tmp_path):
-    proc = invoke("report", str(tmp_path / "nope.json"))
+    proc = invoke("report", "--path", str(tmp_path / "nope.json"))
     assert proc.returncode == 2 and "no such report" in proc.stderr

@@ -2,14 +2,30 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from attnforge.errors import UserError
-from attnforge.plan import Options, classify_pin, mark_cached, parse_overrides, resolve, topo_sort
+from attnforge.errors import RecipeError, UserError
+from attnforge.plan import (
+    UNCHANGED,
+    BuildInput,
+    Options,
+    classify_pin,
+    explain,
+    input_changes,
+    mark_cached,
+    parse_overrides,
+    resolve,
+    topo_sort,
+)
 from attnforge.recipes import load_recipes
-from tests.conftest import REPO
+from tests.conftest import REPO, run_invoke
 
 
 @pytest.fixture(scope="module")
@@ -156,8 +172,25 @@ def hashes(root: Path, arch="cpu", stack="cpu", **opts):
     }
 
 
-def test_hash_is_deterministic(recipes):
-    assert hashes(REPO) == hashes(REPO)
+def test_hashes_are_the_same_in_another_process_with_another_hash_seed(recipes):
+    """Keys are shared between machines and runs: nothing process-local (set order, id()) may
+    leak into them."""
+    code = (
+        "import json; from pathlib import Path; from attnforge.recipes import load_recipes; "
+        "from attnforge.plan import resolve; "
+        f"r = load_recipes(Path({str(REPO)!r})); "
+        "print(json.dumps({s.layer: s.hash for s in resolve(r, 'gfx1151', 'source').chain}))"
+    )
+    runs = [
+        json.loads(
+            subprocess.run(
+                [sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                env=dict(os.environ, PYTHONHASHSEED=seed), cwd=REPO,
+            ).stdout
+        )
+        for seed in ("1", "2")
+    ]  # fmt: skip
+    assert runs[0] == runs[1] == hashes(REPO, "gfx1151", "source")
 
 
 def test_one_byte_in_a_context_file_changes_that_layer_and_its_descendants_only(repo_copy):
@@ -272,3 +305,161 @@ def test_plan_json_is_what_dry_run_json_prints(recipes):
     assert data["arch"] == "gfx1151" and data["final_tag"] == "attnforge/default:gfx1151"
     assert data["expect"]["sdpa.default_backend"] == "flash"
     assert data["expect"]["torch.device_arch"] == "gfx1151"
+    env = dict(os.environ, DOCKER_HOST="unix:///nonexistent.sock")  # no engine: nothing cached
+    proc = run_invoke(REPO, "build", "--arch", "gfx1151", "--dry-run", "--json", env=env)
+    printed = json.loads(proc.stdout)
+    commands = {s["layer"]: s.pop("command") for s in printed["steps"]}
+    assert printed == data
+    assert commands["rocm-sdk"][:2] == ["docker", "buildx"]
+    assert "THEROCK_EXTRA=device-gfx1151" in commands["rocm-sdk"]
+
+
+# ------------------------------------------------------------------ the key is a value
+
+
+def test_the_key_is_the_hash_of_the_build_inputs_json(recipes):
+    for step in resolve(recipes, "gfx942", "source").chain:
+        blob = json.dumps(step.input.to_json(), sort_keys=True, separators=(",", ":"))
+        assert step.hash == hashlib.sha256(blob.encode()).hexdigest()
+        assert step.input.layer == step.layer and step.input.args == step.args
+
+
+def _with(old: BuildInput, **changes) -> dict:
+    return {**old.to_json(), **changes}
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (lambda j: {**j, "args": {**j["args"], "NUMPY_VERSION": "2.3.5"}},
+         ["arg NUMPY_VERSION 2.3.5 -> 2.4.6"]),
+        (lambda j: {**j, "args": {k: v for k, v in j["args"].items() if k != "NUMPY_VERSION"}},
+         ["arg NUMPY_VERSION added: 2.4.6"]),
+        (lambda j: {**j, "dockerfile": "0" * 64}, ["dockerfiles/triton.Dockerfile changed"]),
+        (lambda j: {**j, "context": {**j["context"], "attnforge/patches.py": "0" * 64}},
+         ["attnforge/patches.py changed"]),
+        (lambda j: {**j, "context": {**j["context"], "gone.txt": "0" * 64}},
+         ["gone.txt removed from the context"]),
+        (lambda j: {**j, "parent": "f" * 64}, ["parent torch-cpu rebuilt"]),
+        (lambda j: {**j, "epoch": 0}, ["attnforge's build epoch 0 -> 1"]),
+        (lambda j: j, [UNCHANGED]),
+    ],
+)  # fmt: skip
+def test_what_changed_since_the_last_build_is_said_in_words(recipes, change, expected):
+    triton = resolve(recipes, "cpu", "cpu").step("triton")
+    old = change(triton.input.to_json())
+    assert input_changes(old, triton.input, triton.dockerfile, triton.parent) == expected
+
+
+def test_a_new_base_image_digest_is_named_in_the_root_layers_changes(recipes):
+    a = resolve(recipes, "cpu", "cpu", Options(base_digest="sha256:" + "a" * 64)).step("base")
+    b = resolve(recipes, "cpu", "cpu", Options(base_digest="sha256:" + "b" * 64)).step("base")
+    changes = input_changes(a.input.to_json(), b.input, b.dockerfile, None)
+    assert changes == [
+        "base image debian:bookworm-slim (sha256:aaaaaaaaaaaa) -> debian:bookworm-slim (sha256:bbbbbbbbbbbb)"
+    ]
+
+
+def test_explain_leaves_cached_steps_and_first_builds_without_changes(recipes):
+    plan = resolve(recipes, "cpu", "cpu")
+    first = plan.step("base")
+    plan = mark_cached(plan, {first.hash_tag})
+    explained = explain(plan, {"triton": {"args": {}}})
+    assert explained.step("base").changes == ()  # cached
+    assert explained.step("torch-cpu").changes == ()  # no record
+    assert "arg NUMPY_VERSION added: 2.4.6" in explained.step("triton").changes
+
+
+# ------------------------------------------------------------------ in-memory recipes
+
+
+TINY = {
+    "recipes/arches.yaml": """
+arches:
+  cpu: {description: cpu, vendor: cpu, family: cpu}
+  gfx1151: {description: strix halo, vendor: amd, family: rdna3.5, wave_size: 32}
+  gfx942: {description: mi300, vendor: amd, family: cdna3, wave_size: 64}
+""",
+    "recipes/stacks.yaml": """
+stacks:
+  s:
+    description: a tiny stack
+    arches: [all]
+    base_image: img@sha256:%s
+    layers: [root, {layer: fa, variant: [ck, triton]}, {layer: extra, optional: true}]
+"""
+    % ("0" * 64),
+    "recipes/layers/root.yaml": """
+name: root
+follows: a test of the planner
+description: the root
+dockerfile: dockerfiles/root.Dockerfile
+provides: [python]
+""",
+    "recipes/layers/fa.yaml": """
+name: fa
+follows: a test of the planner
+description: flash attention
+dockerfile: dockerfiles/fa.Dockerfile
+needs: [python]
+arches: [vendor:amd]
+gated_because: only AMD here
+args: {WAVE: "{wave_size}"}
+variants:
+  ck: {arches: [family:cdna3], gated_because: CK is CDNA-only, args: {BACKEND: ck}}
+  triton: {args: {BACKEND: triton}}
+""",
+    "recipes/layers/extra.yaml": """
+name: extra
+follows: a test of the planner
+description: gated optional layer
+dockerfile: dockerfiles/root.Dockerfile
+arches: [gfx942]
+gated_because: only gfx942
+""",
+    "dockerfiles/root.Dockerfile": "FROM scratch\n",
+    "dockerfiles/fa.Dockerfile": "FROM scratch\n",
+}
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    for rel, text in TINY.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    return load_recipes(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("arch", "expected"),
+    [
+        ("gfx942", {"root": ("build", None), "fa": ("build", "ck"), "extra": ("build", None)}),
+        ("gfx1151", {"root": ("build", None), "fa": ("build", "triton"), "extra": ("skipped", None)}),
+        ("cpu", {"root": ("build", None), "fa": ("unsupported", None), "extra": ("skipped", None)}),
+    ],
+)  # fmt: skip
+def test_variant_choice_and_gating_on_in_memory_recipes(tiny, arch, expected):
+    plan = resolve(tiny, arch, "s")
+    assert {s.layer: (s.status, s.variant) for s in plan.steps} == expected
+
+
+def test_templates_render_per_arch_and_a_set_wins(tiny):
+    assert resolve(tiny, "gfx1151", "s").step("fa").args == {"WAVE": "32", "BACKEND": "triton"}
+    sets = {"fa": {"variant": "triton", "BACKEND": "custom"}}
+    step = resolve(tiny, "gfx942", "s", Options(overrides=sets)).step("fa")
+    assert step.variant == "triton" and step.args["BACKEND"] == "custom"
+
+
+def test_a_pinned_base_digest_is_not_floating(tiny):
+    assert resolve(tiny, "gfx942", "s").step("root").floating == ()
+
+
+def test_an_invalid_patch_series_fails_the_plan_not_the_build(repo_copy):
+    series = repo_copy / "patches/selftest/cpu-demo/series.json"
+    data = json.loads(series.read_text())
+    del data["upstream"]
+    series.write_text(json.dumps(data))
+    with pytest.raises(
+        RecipeError, match="recipes/layers/triton.yaml.*patch series patches/selftest/cpu-demo"
+    ):
+        resolve(load_recipes(repo_copy), "cpu", "cpu")
