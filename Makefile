@@ -4,15 +4,14 @@ BIN := $(VENV)/bin
 BASE_IMAGE ?= attnforge-local/debian:bookworm
 WHEELHOUSE ?= build/wheelhouse
 CA_CERT ?= /etc/ssl/certs/ca-certificates.crt
-CA_FLAG := $(if $(wildcard $(CA_CERT)),--ca-cert $(CA_CERT),)
 export BASE_IMAGE WHEELHOUSE
 
 .PHONY: demo test test-unit lint setup venv clean
 
-## demo: set up, then build and validate the cpu reference stack
+## demo: set up, then build and validate the cpu reference stack (the local base image, the
+## wheelhouse and the host's CA bundle are the build's defaults when they exist: no flags needed)
 demo: setup
-	$(BIN)/invoke build --arch cpu --base-image $(BASE_IMAGE) --wheelhouse $(WHEELHOUSE) \
-	    --set torch-cpu.TORCH_INDEX_URL= $(CA_FLAG)
+	$(BIN)/invoke build --arch cpu
 	$(BIN)/invoke validate --arch cpu
 
 ## test: set up (engine, base image, wheels, registry), then every test, end-to-end included

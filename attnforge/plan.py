@@ -22,7 +22,7 @@ from packaging.version import InvalidVersion, Version
 
 from . import patches as patch_series
 from .errors import RecipeError, UserError, unknown
-from .recipes import Arch, Layer, Recipes, Stack, StackEntry, selector_matches
+from .recipes import Arch, Layer, Recipes, Stack, StackEntry, check_pin, selector_matches
 
 # Bumping this rebuilds everything: for changes to how images are made that the hashed
 # inputs cannot see (a new label, a changed staging layout).
@@ -201,6 +201,9 @@ def parse_overrides(items: Iterable[str], recipes: Recipes) -> dict[str, dict[st
             )
         if key == "variant" and value not in spec.variants:
             raise unknown(f"variant of {layer}", value, spec.variants)
+        why = check_pin(key, value) if key != "variant" and value else None
+        if why:
+            raise UserError(f"bad --set {item!r}: {why}")
         out.setdefault(layer, {})[key] = value
     return out
 

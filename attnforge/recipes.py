@@ -145,6 +145,11 @@ class Stack(Strict):
     description: str
     arches: list[str]
     base_image: str
+    local_base_image: str | None = Field(
+        None,
+        description="an image `tools/setup.sh base-image` makes without a registry (debootstrap + "
+        "docker import); builds use it when base_image is not in the engine",
+    )
     layers: list[str | StackEntry]
     expect: dict[str, Any] = Field(default_factory=dict)
 

@@ -142,8 +142,8 @@ def _local_defaults(
     local one tools/setup.sh makes (debootstrap + docker import) is, build on that instead of
     pulling from a registry, and say so."""
     spec = recipes.stacks.get(inv.stack)
-    local = getattr(spec, "local_base_image", None)
-    if given_base or spec is None or not local or eng.image_id(spec.base_image) is not None:
+    local = spec.local_base_image if spec is not None else None
+    if given_base or not local or eng.image_id(spec.base_image) is not None:
         return inv
     if eng.image_id(local) is None:
         return inv

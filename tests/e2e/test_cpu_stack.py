@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import COPY_IGNORE, REPO, run_invoke
+from tests.conftest import COPY_IGNORE, REPO, outputs_env, run_invoke
 
 pytestmark = pytest.mark.e2e
 
@@ -44,7 +44,7 @@ def _engine_problem() -> str | None:
     except Exception as exc:  # noqa: BLE001 - any reason is a reason to skip or fail
         return str(exc)
     if engine.image_id(BASE) is None:
-        return f"base image {BASE} is missing (make it with `make base-image`)"
+        return f"base image {BASE} is missing (make it with `tools/setup.sh base-image`)"
     return None
 
 
@@ -61,6 +61,9 @@ def engine_ready():
 def tree(tmp_path_factory, engine_ready) -> Path:
     dest = tmp_path_factory.mktemp("e2e") / "tree"
     shutil.copytree(REPO, dest, ignore=COPY_IGNORE)
+    if Path(WHEELHOUSE).is_dir():  # where tools/setup.sh puts it, so plain builds find it
+        (dest / "build").mkdir()
+        (dest / "build" / "wheelhouse").symlink_to(Path(WHEELHOUSE).resolve())
     yield dest
     tags = subprocess.run(
         ["docker", "images", "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True, text=True
@@ -80,8 +83,11 @@ def build_args(*extra: str) -> list[str]:
     return [*args, *extra]
 
 
-def invoke(tree: Path, *args: str, timeout: int = 1800) -> subprocess.CompletedProcess[str]:
-    return run_invoke(tree, *args, timeout=timeout)
+def invoke(
+    tree: Path, *args: str, timeout: int = 1800, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """invoke in the tree copy, with its build and report folders inside that copy."""
+    return run_invoke(tree, *args, timeout=timeout, env=outputs_env(tree, env))
 
 
 def outcomes(stdout: str) -> dict[str, str]:
@@ -173,9 +179,27 @@ def test_a_rebuild_with_nothing_changed_is_all_cached(tree):
     )  # the number lives in docs/benchmarks.md
 
 
+def test_the_plain_readme_command_builds_offline_from_the_local_defaults(tree):
+    """`invoke build --arch cpu` with no flags: the local base image, the wheelhouse and the host
+    CA bundle are its defaults, so it is the very build above (all cached), with no registry."""
+    if image_id("debian:bookworm-slim") is not None or BASE != "attnforge-local/debian:bookworm":
+        pytest.skip("the engine has debian:bookworm-slim, or the base image is not the local one")
+    proc = invoke(tree, "build", "--arch", "cpu", "--namespace", NAMESPACE)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = " ".join(proc.stdout.split())
+    assert f"base image: {BASE}" in out and "wheelhouse:" in out
+    assert outcomes(proc.stdout) == dict.fromkeys(
+        ["base", "torch-cpu", "triton", "validate"], "cached"
+    )
+
+
 def test_changing_one_file_of_the_validate_layer_rebuilds_only_that_layer(tree):
     path = tree / "validate" / "__init__.py"
     path.write_text(path.read_text() + "\n# touched by the e2e test\n")
+    plan = json.loads(invoke(tree, *build_args("--dry-run", "--json")).stdout)
+    why = {s["layer"]: (s["status"], s["changes"]) for s in plan["steps"]}
+    assert why["validate"] == ("build", ["validate/__init__.py changed"])
+    assert why["triton"] == ("cached", [])
     before = image_id(f"{NAMESPACE}/triton:cpu")
     proc = invoke(tree, *build_args())
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -236,7 +260,7 @@ def test_an_interrupted_build_leaves_no_tag_and_continue_finishes_it(tree):
     log.unlink(missing_ok=True)
     proc = subprocess.Popen(
         [sys.executable, "-m", "invoke", *args], cwd=tree, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, start_new_session=True,
+        text=True, start_new_session=True, env=outputs_env(tree),
     )  # fmt: skip
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and proc.poll() is None:
@@ -279,6 +303,53 @@ def test_an_interrupted_build_leaves_no_tag_and_continue_finishes_it(tree):
     )
 
 
+def _processes_mentioning(text: str) -> list[str]:
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in argv:
+            found.append(argv)
+    return found
+
+
+def test_after_sigkill_the_build_client_stops_and_continue_names_the_layer(tree):
+    args = build_args("--set", "triton.NUMPY_VERSION=2.3.4")
+    patch = next((tree / "patches/selftest/cpu-demo").glob("0001-*.patch"))
+    patch.write_text(patch.read_text().replace("Subject:", f"X-Nonce: {uuid.uuid4()}\nSubject:", 1))
+    log = tree / "build/logs/cpu/triton.log"
+    log.unlink(missing_ok=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "invoke", *args], cwd=tree, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, env=outputs_env(tree),
+    )  # fmt: skip
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and proc.poll() is None:
+        if log.exists() and "pip install" in log.read_text(errors="replace"):
+            break
+        time.sleep(0.5)
+    assert proc.poll() is None, "the build ended before it could be killed"
+    time.sleep(2)
+    staging = tree / "build/staging/cpu"
+    assert _processes_mentioning(str(staging)), "no build client was running"
+    proc.kill()  # SIGKILL: no handler of ours runs
+    proc.wait()
+    deadline = time.monotonic() + 30
+    while _processes_mentioning(str(staging)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _processes_mentioning(str(staging)) == [], "the build client outlived invoke by 30 s"
+    assert [p.name.split("-")[0] for p in staging.iterdir()] == ["triton"]  # left by the kill
+    state = json.loads((tree / "build/state/last-build.json").read_text())
+    assert state["in_progress"] == "triton"
+
+    resumed = invoke(tree, "build", "--continue")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "stopped at layer triton" in " ".join(resumed.stdout.split())
+    assert list(staging.iterdir()) == []  # the dead build's folder was swept
+
+
 def test_validate_runs_the_suite_in_the_image_and_writes_the_report(tree):
     proc = invoke(
         tree, "validate", "--arch", "cpu", "--namespace", NAMESPACE, "--quick", timeout=1200
@@ -291,6 +362,18 @@ def test_validate_runs_the_suite_in_the_image_and_writes_the_report(tree):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     expect = json.loads((tree / "reports/cpu/cpu/expect.json").read_text())
     assert expect["expect"]["torch.hip"] is False
+
+
+def test_a_validate_run_that_fails_early_keeps_the_last_report_and_stamp(tree):
+    reports = tree / "reports/cpu/cpu"
+    names = ("report.json", "report.md", "validated.json", "expect.json")
+    before = {n: (reports / n).read_bytes() for n in names}
+    no_engine = dict(os.environ, DOCKER_HOST="unix:///nonexistent/docker.sock")
+    for env, extra in ((no_engine, []), (None, ["--image", "attnforge-e2e-missing:none"])):
+        proc = invoke(tree, "validate", "--arch", "cpu", "--namespace", NAMESPACE, *extra, env=env)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert {n: (reports / n).read_bytes() for n in names} == before
+    assert not list(reports.glob(".run-*"))
 
 
 def test_publish_refuses_an_image_that_changed_since_validation(tree):

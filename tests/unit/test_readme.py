@@ -1,0 +1,69 @@
+"""Every command README.md shows is run, so the README cannot drift from the code.
+
+A command that needs what this machine lacks (an AMD GPU, AMD's package index, a source checkout)
+is named in NOT_RUN_HERE with the reason and the test that covers what can be covered; a build
+command is at least planned (`--dry-run`), so its arch, stack, layer and `--set` must be valid.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+import pytest
+
+from tests.conftest import REPO, outputs_env, run_invoke
+
+# command (as the README shows it, comment stripped) -> why it is not run as is
+NOT_RUN_HERE = {
+    "invoke validate --arch gfx1151": "needs an AMD GPU; tests/e2e runs `invoke validate --arch cpu`",
+    "invoke validate --arch gfx1151 --local": "needs an AMD GPU (its expectations fail on a CPU)",
+    "invoke build --continue": "needs an earlier build; tests/e2e interrupts and continues one",
+    "invoke publish --arch gfx1151 --to ghcr.io/you/attnforge": "needs a validated image and a "
+    "registry; tests/e2e publishes the cpu stack to a local registry",
+    "invoke patches.status --component flash-attention --src ~/src/flash-attention": "needs a "
+    "flash-attention checkout; tests/patches run patches.status on real git repositories",
+}
+# Builds of ROCm stacks need AMD's package index and hours: their plans are made instead.
+PLANNED_ONLY = re.compile(r"^invoke build (?!.*--dry-run)(?!--continue)")
+SLOW = {"invoke kernels.aot --all"}
+
+
+def readme_commands() -> list[str]:
+    text = (REPO / "README.md").read_text()
+    commands = []
+    for block in re.findall(r"^```\n(.*?)^```", text, flags=re.S | re.M):
+        for line in block.splitlines():
+            command = re.split(r"\s{2,}#", line)[0].strip()
+            if command.startswith(("invoke ", "make ")):
+                commands.append(command)
+    return commands
+
+
+COMMANDS = readme_commands()
+
+
+def test_the_readme_shows_the_commands_this_test_knows_about():
+    assert "make demo" in COMMANDS and "make test" in COMMANDS
+    assert set(NOT_RUN_HERE) <= set(COMMANDS), set(NOT_RUN_HERE) - set(COMMANDS)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        pytest.param(c, marks=[pytest.mark.slow] if c in SLOW else [])
+        for c in COMMANDS
+        if c.startswith("invoke ") and c not in NOT_RUN_HERE
+    ],
+)
+def test_a_readme_command_runs_without_error(command, tmp_path):
+    args = command.split()[1:]
+    if PLANNED_ONLY.match(command):
+        args.append("--dry-run")
+    if args[0] == "report":  # a real report (from an H200 run) where --arch/--stack look for it
+        where = tmp_path / "reports" / "gfx1151" / "default"
+        where.mkdir(parents=True)
+        shutil.copy(REPO / "tests/validate/fixtures/h200_report.json", where / "report.json")
+    proc = run_invoke(REPO, *args, env=outputs_env(tmp_path), timeout=900)
+    assert proc.returncode == 0, f"{command}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+    assert "Traceback" not in proc.stdout + proc.stderr
