@@ -5,6 +5,7 @@ from invoke import Collection
 from attnforge.cli import build as build_tasks
 from attnforge.cli import kernels as kernel_tasks
 from attnforge.cli import patches as patch_tasks
+from attnforge.cli import pins as pin_tasks
 from attnforge.cli import publish as publish_tasks
 from attnforge.cli import validate as validate_tasks
 
@@ -17,3 +18,4 @@ ns.add_task(validate_tasks.report)
 ns.add_task(publish_tasks.publish)
 ns.add_collection(Collection.from_module(patch_tasks), "patches")
 ns.add_collection(Collection.from_module(kernel_tasks), "kernels")
+ns.add_collection(Collection.from_module(pin_tasks), "pins")
