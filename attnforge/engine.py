@@ -282,8 +282,11 @@ class DockerEngine(_CliEngine):
     def __init__(self) -> None:
         import docker  # the SDK; imported here so planning never needs it
 
-        self.cli, self.mode = pick_docker_cli()
-        base_url = os.environ.get("DOCKER_HOST") or self._context_host()
+        # With DOCKER_HOST the engine is asked first: whether it answers needs no CLI here.
+        base_url = os.environ.get("DOCKER_HOST")
+        if not base_url:
+            self.cli, self.mode = pick_docker_cli()
+            base_url = self._context_host()
         try:
             self.client = docker.DockerClient(base_url=base_url) if base_url else docker.from_env()
             self.client.ping()
@@ -293,6 +296,8 @@ class DockerEngine(_CliEngine):
                 f"no Docker engine is reachable at {where} ({type(exc).__name__})",
                 hint=no_engine_hint(os.environ.get("DOCKER_HOST")),
             ) from None
+        if not self.cli:
+            self.cli, self.mode = pick_docker_cli()
         self.env = dict(os.environ, DOCKER_BUILDKIT="1")
         if base_url:
             self.env["DOCKER_HOST"] = base_url

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 BUILD_DIR_ENV = "ATTNFORGE_BUILD_DIR"
+# Beside a report: which image id passed validation; what `invoke publish` trusts.
+VALIDATED = "validated.json"
 REPORTS_DIR_ENV = "ATTNFORGE_REPORTS_DIR"
 
 
@@ -42,6 +44,9 @@ class Workspace:
 
     def reports_for(self, arch: str, stack: str) -> Path:
         return self.reports_dir / arch / stack
+
+    def validated_stamp(self, arch: str, stack: str) -> Path:
+        return self.reports_for(arch, stack) / VALIDATED
 
     def logs_for(self, arch: str) -> Path:
         return self.build_dir / "logs" / arch

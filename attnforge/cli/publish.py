@@ -11,7 +11,6 @@ from ..plan import Options, resolve
 from ..recipes import load_recipes
 from ..workspace import Workspace
 from . import choose_target, command
-from .validate import VALIDATED
 
 
 def publish_refs(
@@ -52,7 +51,7 @@ def publish(c, to=None, arch=None, stack=None, namespace="attnforge", engine="do
     final_id = eng.image_id(final) if final else None
     if final_id is None:
         raise UserError(f"no image {final}", hint=f"invoke build --arch {arch} --stack {stack}")
-    stamp = ws.reports_for(arch, stack) / VALIDATED
+    stamp = ws.validated_stamp(arch, stack)
     if not stamp.exists():
         raise UserError(
             f"{final} was never validated here; it is not published",

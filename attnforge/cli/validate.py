@@ -16,13 +16,12 @@ from ..engine import RunRequest, check_engine_name, connect
 from ..errors import UserError
 from ..plan import Options, resolve
 from ..recipes import load_recipes
-from ..workspace import REPORTS_DIR_ENV, Workspace
+from ..workspace import REPORTS_DIR_ENV, VALIDATED, Workspace
 from . import choose_target, command, whole_number
 
 # TheRock dockerfiles/README.md: docker run --device=/dev/kfd --device=/dev/dri --ipc=host
 # --group-add=video --group-add=render; ROCm's "Running ROCm Docker containers" page also
 # advises --security-opt seccomp=unconfined (some HIP/HSA calls are blocked by the default profile).
-VALIDATED = "validated.json"
 OUTPUTS = ("report.json", "report.md")  # what the suite writes; moved into place together
 ROCM_DEVICES = ["/dev/kfd", "/dev/dri"]
 ROCM_GROUPS = ["video", "render"]
