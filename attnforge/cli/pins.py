@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json as jsonlib
-import os
 from pathlib import Path
 
-from invoke import task
 from invoke.exceptions import Exit
 from rich.markup import escape
 from rich.table import Table
@@ -15,6 +13,8 @@ from .. import pins as pinlib
 from ..console import out, user_errors
 from ..errors import UserError
 from ..recipes import load_recipes
+from ..workspace import Workspace
+from . import command
 
 STYLE = {
     pinlib.OK: "green",
@@ -23,16 +23,6 @@ STYLE = {
     pinlib.MISSING: "bold red",
     pinlib.MISMATCH: "bold red",
 }
-
-
-def _root() -> Path:
-    """The tree to check: the nearest folder above the working directory with recipes/stacks.yaml
-    (so a copy of the tree checks itself), else the one this code is in."""
-    here = Path.cwd().resolve()
-    for folder in (here, *here.parents):
-        if (folder / "recipes" / "stacks.yaml").is_file():
-            return folder
-    return Path(__file__).resolve().parents[2]
 
 
 def findings_table(findings: list[pinlib.Finding], title: str) -> Table:
@@ -52,7 +42,7 @@ def findings_table(findings: list[pinlib.Finding], title: str) -> Table:
     return table
 
 
-@task(
+@command(
     help={
         "arch": "check only the plans for this arch (default: every arch of each stack)",
         "stack": "check only this stack's plans (default: every stack)",
@@ -65,12 +55,11 @@ def findings_table(findings: list[pinlib.Finding], title: str) -> Table:
 @user_errors
 def check(c, arch=None, stack=None, offline=None, python=None, json=False, debug=False):
     """Check every pin the plans use against its source; exit 1 on a missing or mismatched pin."""
-    root = _root()
-    recipes = load_recipes(root)
+    ws = Workspace.discover()
+    recipes = load_recipes(ws.root)
     if offline is not None and not Path(offline).is_dir():
         raise UserError(f"--offline {offline}: no such folder (layout: docs/pins.md)")
-    build = Path(os.environ.get("ATTNFORGE_BUILD_DIR") or root / "build")
-    sources = pinlib.Sources(Path(offline) if offline else None, cache=build / "pins-cache")
+    sources = pinlib.Sources(Path(offline) if offline else None, cache=ws.build_dir / "pins-cache")
     pairs = pinlib.targets(recipes, arch, stack)
     findings = pinlib.check(recipes, pairs, sources, python=python)
     failed = pinlib.failed(findings)
