@@ -7,7 +7,7 @@ from pathlib import Path
 from invoke import task
 from invoke.exceptions import Exit
 
-from attnforge import patches as engine
+from attnforge import patches
 
 PATCHES_ROOT = Path(__file__).resolve().parents[2] / "patches"
 
@@ -21,7 +21,7 @@ def _series_dirs(root: Path, component: str, series: str | None) -> list[Path]:
             f"components: {', '.join(components) or 'none'}.",
             code=2,
         )
-    available = sorted(p.name for p in base.iterdir() if (p / engine.SERIES_FILE).is_file())
+    available = sorted(p.name for p in base.iterdir() if (p / patches.SERIES_FILE).is_file())
     if not series:
         if not available:
             note = " (see README.md there)" if (base / "README.md").is_file() else ""
@@ -42,18 +42,18 @@ def _run(command: str, component: str, src: str, series: str | None, root: str |
     dirs = _series_dirs(Path(root) if root else PATCHES_ROOT, component, series)
     if not dirs:
         return
-    action = {"check": engine.check, "apply": engine.apply, "status": engine.status}[command]
+    action = {"check": patches.check, "apply": patches.apply, "status": patches.status}[command]
     try:
-        loaded = [engine.load_series(d, component) for d in dirs]
+        loaded = [patches.load_series(d, component) for d in dirs]
         results = action(loaded, Path(src), component=component)
-    except engine.PatchConflict as exc:
+    except patches.PatchConflict as exc:
         if exc.results[:-1]:
-            print(engine.format_results(exc.results[:-1], command))
+            print(patches.format_results(exc.results[:-1], command))
         raise Exit(f"error: {exc}", code=1) from None
-    except engine.PatchError as exc:
+    except patches.PatchError as exc:
         raise Exit(f"error: {exc}", code=1) from None
-    print(engine.format_results(results, command))
-    conflicts = [r for r in results if r.state == engine.CONFLICT]
+    print(patches.format_results(results, command))
+    conflicts = [r for r in results if r.state == patches.CONFLICT]
     if conflicts:
         raise Exit("error: " + "\n".join(r.detail for r in conflicts), code=1)
 
@@ -96,8 +96,8 @@ def status(c, component, src, series=None, root=None):
 def new(c, component, series, src, name, root=None):
     """Turn a checkout's uncommitted change into the series' next numbered patch."""
     try:
-        path = engine.new_patch(component, series, Path(src), name, Path(root or PATCHES_ROOT))
-    except engine.PatchError as exc:
+        path = patches.new_patch(component, series, Path(src), name, Path(root or PATCHES_ROOT))
+    except patches.PatchError as exc:
         raise Exit(f"error: {exc}", code=1) from None
     print(f"wrote {path}")
-    print(f"Now edit its header (why, upstream links) and {path.parent / engine.SERIES_FILE}.")
+    print(f"Now edit its header (why, upstream links) and {path.parent / patches.SERIES_FILE}.")

@@ -1,4 +1,4 @@
-"""Helpers for the patch engine's tests: real git repositories and plain trees, no mocks."""
+"""Helpers for the patch series tests: real git repositories and plain trees, no mocks."""
 
 from __future__ import annotations
 
@@ -21,10 +21,15 @@ GIT_ENV = {
 _counter = itertools.count()
 
 
-def git(cwd: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-    env.update(GIT_ENV)
-    env["HOME"] = str(cwd)  # no user config leaks in
+def git(
+    cwd: Path, *args: str, check: bool = True, isolated: bool = True
+) -> subprocess.CompletedProcess:
+    """git in cwd; isolated: without the caller's GIT_* variables and user config."""
+    env = dict(os.environ)
+    if isolated:
+        env = {k: v for k, v in env.items() if not k.startswith("GIT_")}
+        env.update(GIT_ENV)
+        env["HOME"] = str(cwd)  # no user config leaks in
     return subprocess.run(
         ["git", "-c", "commit.gpgsign=false", *args],
         cwd=cwd,

@@ -14,16 +14,16 @@ from invoke import Context
 from invoke.exceptions import Exit
 from patch_helpers import diff_of, git, make_repo, make_series, tree_digest, write_files
 
-from attnforge import patches as engine
+from attnforge import patches
 from attnforge.cli import patches as tasks
 
-ENGINE = Path(engine.__file__)
+MODULE = Path(patches.__file__)
 OLD = b"".join(b"value %d\n" % i for i in range(20))
 NEW = OLD.replace(b"value 10\n", b"value 10 patched\n")
 
 
 def script(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    """Run a copy of the engine as a build's RUN step would: a lone file, no attnforge."""
+    """Run a copy of patches.py as a build's RUN step would: a lone file, no attnforge."""
     return subprocess.run(
         [sys.executable, "-I", str(cwd / "patches.py"), *args],
         cwd=cwd,
@@ -38,7 +38,7 @@ def context(tmp_path: Path, scratch: Path) -> Path:
     """A build context: patches.py and one series, next to a source tree."""
     ctx = tmp_path / "ctx"
     ctx.mkdir()
-    shutil.copy(ENGINE, ctx / "patches.py")
+    shutil.copy(MODULE, ctx / "patches.py")
     make_series(ctx / "patches", "comp", "fix", [diff_of(scratch, {"v.txt": OLD}, {"v.txt": NEW})])
     write_files(tmp_path / "src", {"v.txt": OLD})
     return ctx
@@ -155,10 +155,10 @@ def test_new_makes_the_next_patch_on_top_of_the_applied_series(tmp_path, scratch
     assert meta["checked_against"]["0002-change-w.patch"] == head
     # The series now rebuilds the edited tree from a clean checkout, and is idempotent.
     clean = make_repo(tmp_path / "clean", {"v.txt": OLD, "w.txt": b"w\n"})
-    series = [engine.load_series(root / "comp" / "fix")]
-    assert [r.action for r in engine.apply(series, clean)] == ["apply", "apply"]
+    series = [patches.load_series(root / "comp" / "fix")]
+    assert [r.action for r in patches.apply(series, clean)] == ["apply", "apply"]
     assert tree_digest(clean) == edited
-    assert [r.state for r in engine.status(series, repo)] == [engine.APPLIED] * 2
+    assert [r.state for r in patches.status(series, repo)] == [patches.APPLIED] * 2
     # And git itself reads the generated patch the same way.
     by_git = make_repo(tmp_path / "by-git", {"v.txt": OLD, "w.txt": b"w\n"})
     for p in series[0].patches:
@@ -171,10 +171,10 @@ def test_new_starts_a_series_with_metadata(tmp_path):
     repo = make_repo(tmp_path / "repo", {"v.txt": OLD})
     write_files(repo, {"v.txt": NEW})
 
-    path = engine.new_patch("comp", "fresh", repo, "first fix", root)
+    path = patches.new_patch("comp", "fresh", repo, "first fix", root)
 
     assert path.name == "0001-first-fix.patch"
-    series = engine.load_series(path.parent, "comp")
+    series = patches.load_series(path.parent, "comp")
     assert series.upstream_refs == (git(repo, "rev-parse", "HEAD").stdout.decode().strip(),)
 
 

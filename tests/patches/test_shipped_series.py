@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from patch_helpers import tree_digest, write_files
 
-from attnforge import patches as engine
+from attnforge import patches
 
 REPO = Path(__file__).resolve().parents[2]
 PATCHES = REPO / "patches"
@@ -28,7 +28,7 @@ TRITON_ERRORS_SHA256 = "f167e7b9128b1b9efc9a063a701037102aee54c7fd50b10a14d81170
 
 @pytest.mark.parametrize("folder", SHIPPED, ids=[f"{p.parent.name}/{p.name}" for p in SHIPPED])
 def test_shipped_series_load_and_record_what_they_were_checked_against(folder):
-    series = engine.load_series(folder, component=folder.parent.name)
+    series = patches.load_series(folder, component=folder.parent.name)
 
     assert series.summary and series.upstream_refs
     for patch in series.patches:
@@ -40,7 +40,7 @@ def test_shipped_series_load_and_record_what_they_were_checked_against(folder):
 
 
 def test_the_flash_attention_series_pins_a_full_main_perf_commit():
-    series = engine.load_series(FA_SERIES, "flash-attention")
+    series = patches.load_series(FA_SERIES, "flash-attention")
 
     (ref,) = series.upstream_refs
     branch, sha = ref.split("@")
@@ -48,29 +48,34 @@ def test_the_flash_attention_series_pins_a_full_main_perf_commit():
     assert set(series.checked_against.values()) == {sha}
 
 
-def _reproduction(tmp_path: Path, series: engine.Series) -> Path:
-    """A tree holding, at each patched path, filler lines then the patch's own preimage."""
+def _reproduction(tmp_path: Path, series: patches.Series) -> Path:
+    """A tree holding, at each patched path, filler lines then each hunk's own preimage."""
     tree = tmp_path / "upstream"
     for patch in series.patches:
-        for fp in patch.files:
-            text = b""
-            for hunk in fp.hunks:
-                filler = hunk.old_start - 1 - text.count(b"\n")
-                text += b"".join(b"# filler %d\n" % i for i in range(filler)) + b"".join(hunk.old)
-            write_files(tree, {fp.path: text})
+        (path,) = patch.files
+        text, in_hunk = b"", False
+        for line in patch.data.split(b"\n"):
+            hunk = re.match(rb"@@ -(\d+)", line)
+            if hunk:
+                filler = int(hunk.group(1)) - 1 - text.count(b"\n")
+                text += b"".join(b"# filler %d\n" % i for i in range(filler))
+                in_hunk = True
+            elif in_hunk and line[:1] in (b" ", b"-"):
+                text += line[1:] + b"\n"
+        write_files(tree, {path: text})
     return tree
 
 
 def test_flash_attention_series_applies_to_a_reproduction_of_upstream_utils(tmp_path):
-    series = [engine.load_series(FA_SERIES, "flash-attention")]
+    series = [patches.load_series(FA_SERIES, "flash-attention")]
     tree = _reproduction(tmp_path, series[0])
     utils = tree / "flash_attn" / "flash_attn_triton_amd" / "utils.py"
     assert b'"gfx1102", "gfx1200", "gfx1201")' in utils.read_bytes()
 
-    assert [r.action for r in engine.apply(series, tree)] == ["apply"]
+    assert [r.action for r in patches.apply(series, tree)] == ["apply"]
     patched = utils.read_text()
     digest = tree_digest(tree)
-    assert [r.action for r in engine.apply(series, tree)] == ["skip"]
+    assert [r.action for r in patches.apply(series, tree)] == ["skip"]
 
     assert tree_digest(tree) == digest
     for arch in ("gfx1103", "gfx1150", "gfx1151", "gfx1152", "gfx1153", "gfx1100", "gfx1201"):
@@ -102,10 +107,10 @@ def site_packages(tmp_path: Path) -> Path:
 
 
 def test_selftest_series_applies_to_the_installed_triton_3_6_0(site_packages):
-    series = [engine.load_series(SELFTEST, "selftest")]
+    series = [patches.load_series(SELFTEST, "selftest")]
 
-    assert [r.action for r in engine.apply(series, site_packages)] == ["apply"]
-    assert [r.action for r in engine.apply(series, site_packages)] == ["skip"]
+    assert [r.action for r in patches.apply(series, site_packages)] == ["apply"]
+    assert [r.action for r in patches.apply(series, site_packages)] == ["skip"]
     text = (site_packages / "triton" / "errors.py").read_text()
     assert "attnforge in-build self-test" in text
     namespace: dict = {}
@@ -115,10 +120,10 @@ def test_selftest_series_applies_to_the_installed_triton_3_6_0(site_packages):
 
 def test_conflicting_selftest_fixture_fails_with_the_clear_message(site_packages):
     before = tree_digest(site_packages)
-    series = [engine.load_series(FIXTURES / "selftest-conflict", "selftest")]
+    series = [patches.load_series(FIXTURES / "selftest-conflict", "selftest")]
 
-    with pytest.raises(engine.PatchConflict) as info:
-        engine.apply(series, site_packages)
+    with pytest.raises(patches.PatchConflict) as info:
+        patches.apply(series, site_packages)
 
     assert tree_digest(site_packages) == before
     message = str(info.value)
