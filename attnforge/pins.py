@@ -474,7 +474,7 @@ class _Checker:
                 repo or "-",
                 lambda tag=tag: self._tag(repo, tag, ref),
             )
-        if layer.aotriton:
+        if layer.aotriton_for(step.variant):
             self.aotriton(step, where, aot)
 
     def wheel(
@@ -501,7 +501,7 @@ class _Checker:
 
     def aotriton(self, step: Step, where: str, aot: Step | None) -> None:
         layer = self.recipes.layers[step.layer]
-        version = layer.aotriton or ""
+        version = layer.aotriton_for(step.variant) or ""
         pin = f"{step.layer} -> AOTriton"
         if layer.source is not None:  # a PyTorch source tree: its aotriton.cmake is the pin
             url, ref = step.pins["SOURCE_REPO"], step.pins["SOURCE_REF"]

@@ -193,7 +193,7 @@ def parse_overrides(items: Iterable[str], recipes: Recipes) -> dict[str, dict[st
         spec = recipes.layers[layer]
         keys = {"variant", *spec.args, *spec.hint_args, *spec.pins}
         for v in spec.variants.values():
-            keys |= set(v.args) | set(v.pins)
+            keys |= set(v.args) | set(v.pins) | set(v.hint_args) | set(v.from_set)
         if key not in keys:
             raise UserError(
                 f"bad --set {item!r}: layer {layer!r} has no setting {key!r}; "
@@ -372,7 +372,7 @@ class _Values:
 
 
 def template_vars(arch: Arch, variant: str | None, layer: Layer, jobs: int) -> dict[str, Any]:
-    status = arch.aotriton_status(layer.aotriton)
+    status = arch.aotriton_status(layer.aotriton_for(variant))
     return {
         "arch": arch.name,
         "family": arch.family,
@@ -394,10 +394,17 @@ def render_values(
     vspec = layer.variants.get(variant) if variant else None
     args = _render({**layer.args, **(vspec.args if vspec else {})}, tvars, f"{where}: args")
     pins = _render({**layer.pins, **(vspec.pins if vspec else {})}, tvars, f"{where}: pins")
-    hints = _render(layer.hint_args, tvars, f"{where}: hint_args")
+    hints = _render(
+        {**layer.hint_args, **(vspec.hint_args if vspec else {})}, tvars, f"{where}: hint_args"
+    )
     expect = _render({**layer.expect, **(vspec.expect if vspec else {})}, tvars, f"{where}: expect")
+    missing = [k for k in (vspec.from_set if vspec else []) if k not in sets]
+    if missing:
+        given = " ".join(f"--set {layer.name}.{k}=..." for k in missing)
+        raise _Gated(f"variant {variant} takes {', '.join(missing)} from the command line: {given}")
+    from_set = set(vspec.from_set) if vspec else set()
     for key, value in sets.items():  # --set wins over recipes
-        target = hints if key in hints else pins if key in pins else args
+        target = hints if key in hints else pins if key in pins or key in from_set else args
         target[key] = value
     if layer.source:
         pins = {"SOURCE_REPO": layer.source.repo, "SOURCE_REF": layer.source.ref, **pins}

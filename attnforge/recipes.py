@@ -106,7 +106,18 @@ class Variant(Strict):
     arches: list[str] | None = None
     gated_because: str | None = None
     args: dict[str, str] = Field(default_factory=dict)
+    hint_args: dict[str, str] = Field(
+        default_factory=dict, description="build args that do not change the output"
+    )
     pins: dict[str, str] = Field(default_factory=dict)
+    aotriton: str | None = Field(
+        None, description="the AOTriton tag this variant's torch carries (overrides the layer's)"
+    )
+    from_set: list[str] = Field(
+        default_factory=list,
+        description="pins that have no fixed value (a nightly's version): each must be given "
+        "with --set LAYER.KEY=VALUE, else the layer is not built",
+    )
     expect: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -132,6 +143,11 @@ class Layer(Strict):
     smoke: list[SmokeCheck] = Field(default_factory=list)
     expect: dict[str, Any] = Field(default_factory=dict)
     variants: dict[str, Variant] = Field(default_factory=dict)
+
+    def aotriton_for(self, variant: str | None) -> str | None:
+        """The AOTriton tag the torch of this layer (as built with `variant`) carries."""
+        chosen = self.variants.get(variant) if variant else None
+        return (chosen.aotriton if chosen else None) or self.aotriton
 
 
 class StackEntry(Strict):
@@ -563,9 +579,16 @@ def _check_layer(
         _check_format(vname, _TOKEN, "a variant name (letters, digits, . _ -)", file, src, loc)
         if variant.arches is not None:
             _check_selectors(variant.arches, arches, file, src, (*loc, "arches"))
-        for section in ("args", "pins"):
+        for section in ("args", "hint_args", "pins"):
             _check_templates(getattr(variant, section), file, src, (*loc, section))
             _check_values(getattr(variant, section), file, src, (*loc, section), templated=True)
+        if variant.aotriton is not None and (why := _tag_problem(variant.aotriton)):
+            raise RecipeError(
+                file,
+                f"{variant.aotriton!r} is not an AOTriton release tag: a tag {why}",
+                line=src.line_of((*loc, "aotriton")),
+                field=f"variants.{vname}.aotriton",
+            )
         _check_expect(variant.expect, file, src, (*loc, "expect"))
 
 

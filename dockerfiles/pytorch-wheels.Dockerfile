@@ -1,14 +1,20 @@
 # attnforge layer: pytorch-wheels
-# Follows: ROCm/TheRock@89553ce3 RELEASES.md, "Installing PyTorch Python packages":
-#   pip install --index-url <multi-arch index> "torch[device-gfx1151]"
-# (torch depends on rocm[libraries], so the SDK from the previous layer must satisfy it; the
-# smoke check proves it was not moved). AOTriton ships inside torch; on arches its version
-# calls experimental, torch needs TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL=1 or SDPA silently
-# falls back (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp).
+# Follows: AMD-Ecosystem/ai-ecosystem@fee8a501 docs/frameworks/pytorch/include/
+# rocm10.1.0-pip-install.rst (read 2026-11-24):
+#   pip install --index-url <channel index> "torch[device-gfx1151]==..." \
+#       "torchvision[device-gfx1151]==..." "torchaudio==..."
+# with the ROCm SDK of the previous layer (`rocm-sdk version`) pinned in the same call: torch depends on
+# rocm[libraries], and one resolver call over exact pins is what keeps pip from moving any of the
+# coupled wheels to another build (TheRock#7183: +rocm10.x labels sort below +rocm7.x as
+# strings). AOTriton ships inside torch; on arches its version calls experimental, torch needs
+# TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL=1 or SDPA silently falls back
+# (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp).
 ARG BASE_IMAGE
 FROM ${BASE_IMAGE}
 ARG ROCM_INDEX_URL
 ARG TORCH_VERSION
+ARG TORCHVISION_VERSION
+ARG TORCHAUDIO_VERSION
 ARG THEROCK_EXTRA
 ARG AOTRITON_EXPERIMENTAL=0
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
@@ -18,8 +24,12 @@ RUN --mount=type=secret,id=ca,required=false \
     --mount=type=cache,target=/root/.cache/pip \
     --mount=type=bind,source=wheelhouse,target=/wheelhouse \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
+ && rocm_version="$(rocm-sdk version)" \
  && pip install --find-links /wheelhouse --index-url "${ROCM_INDEX_URL}" \
-        "torch[${THEROCK_EXTRA}]==${TORCH_VERSION}"
+        "rocm[libraries,devel,${THEROCK_EXTRA}]==${rocm_version}" \
+        "torch[${THEROCK_EXTRA}]==${TORCH_VERSION}" \
+        "torchvision[${THEROCK_EXTRA}]==${TORCHVISION_VERSION}" \
+        "torchaudio==${TORCHAUDIO_VERSION}"
 
 ENV TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL="${AOTRITON_EXPERIMENTAL}"
 

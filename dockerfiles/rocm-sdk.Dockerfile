@@ -1,5 +1,6 @@
 # attnforge layer: rocm-sdk
-# Follows: ROCm/TheRock@89553ce3 RELEASES.md, "Installing ROCm Python packages":
+# Follows: ROCm/TheRock@89553ce3 RELEASES.md, "Installing ROCm Python packages" (the same
+# commands on every channel's index, e.g. https://stable.repo.amd.com/rocm/whl-next/ for 10.x):
 #   pip install --index-url <multi-arch index> "rocm[libraries,devel,device-gfx1151]"
 # then `rocm-sdk init` (expands the devel tree; docs/packaging/python_packaging.md), and the
 # environment of external-builds/pytorch/build_prod_wheels.py:_setup_common_build_env:

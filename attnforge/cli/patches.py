@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from invoke import task
 from invoke.exceptions import Exit
 
 from attnforge import patches
+from attnforge.cli import command
+from attnforge.workspace import Workspace
 
-PATCHES_ROOT = Path(__file__).resolve().parents[2] / "patches"
+
+def _patches_root() -> Path:
+    return Workspace.discover().root / "patches"
 
 
 def _series_dirs(root: Path, component: str, series: str | None) -> list[Path]:
@@ -39,7 +42,7 @@ def _series_dirs(root: Path, component: str, series: str | None) -> list[Path]:
 
 
 def _run(command: str, component: str, src: str, series: str | None, root: str | None) -> None:
-    dirs = _series_dirs(Path(root) if root else PATCHES_ROOT, component, series)
+    dirs = _series_dirs(Path(root) if root else _patches_root(), component, series)
     if not dirs:
         return
     action = {"check": patches.check, "apply": patches.apply, "status": patches.status}[command]
@@ -66,25 +69,25 @@ _HELP = {
 }
 
 
-@task(help=_HELP)
+@command(help=_HELP)
 def check(c, component, src, series=None, root=None):
     """Show what apply would do, per patch; fail on a conflict."""
     _run("check", component, src, series, root)
 
 
-@task(help=_HELP)
+@command(help=_HELP)
 def apply(c, component, src, series=None, root=None):
     """Apply the component's patch series to a source tree, all or nothing."""
     _run("apply", component, src, series, root)
 
 
-@task(help=_HELP)
+@command(help=_HELP)
 def status(c, component, src, series=None, root=None):
     """Show whether each patch is applied, not applied or conflicting."""
     _run("status", component, src, series, root)
 
 
-@task(
+@command(
     help={
         "component": _HELP["component"],
         "series": "series to add the patch to (created if missing)",
@@ -96,7 +99,9 @@ def status(c, component, src, series=None, root=None):
 def new(c, component, series, src, name, root=None):
     """Turn a checkout's uncommitted change into the series' next numbered patch."""
     try:
-        path = patches.new_patch(component, series, Path(src), name, Path(root or PATCHES_ROOT))
+        path = patches.new_patch(
+            component, series, Path(src), name, Path(root) if root else _patches_root()
+        )
     except patches.PatchError as exc:
         raise Exit(f"error: {exc}", code=1) from None
     print(f"wrote {path}")

@@ -57,10 +57,12 @@ def statuses(plan):
         ),
         # CDNA3 gets CK and flash-attention's CK variant
         ("gfx942", "source", {"ck": "build", "flash-attention": "build"}),
-        # gfx90a has no TheRock device extra -> both wheel layers unsupported, the rest blocked
+        # gfx90a has AMD's device wheels since ROCm 7.14 -> the default stack builds
+        ("gfx90a", "default", {"rocm-sdk": "build", "pytorch-wheels": "build"}),
+        # a nightly without its versions: both wheel layers unsupported, the rest blocked
         (
-            "gfx90a",
-            "default",
+            "gfx1151",
+            "nightly",
             {
                 "rocm-sdk": "unsupported",
                 "pytorch-wheels": "unsupported",
@@ -86,8 +88,48 @@ def test_variant_choice_prefers_ck_where_supported_and_falls_back_to_triton(reci
 def test_unsupported_layer_reason_comes_from_the_recipe(recipes):
     ck = next(s for s in resolve(recipes, "gfx1151", "source").steps if s.layer == "ck")
     assert "gfx94 or gfx90a" in ck.reason
-    sdk = next(s for s in resolve(recipes, "gfx90a", "default").steps if s.layer == "rocm-sdk")
-    assert "therock_extra" in sdk.reason
+    sdk = resolve(recipes, "gfx1151", "nightly").step("rocm-sdk")
+    assert "--set rocm-sdk.ROCM_VERSION=" in sdk.reason
+
+
+def test_a_nightly_builds_from_the_versions_given_on_the_command_line(recipes):
+    sets = parse_overrides(
+        ["rocm-sdk.ROCM_VERSION=10.2.0a20261120", "pytorch-wheels.TORCH_VERSION=2.15.0a0+rocm10.2.0a20261120",
+         "pytorch-wheels.TORCHVISION_VERSION=0.30.0a0+rocm10.2.0a20261120",
+         "pytorch-wheels.TORCHAUDIO_VERSION=2.11.0.4+rocm10.2.0a20261120"],
+        recipes,
+    )  # fmt: skip
+    plan = resolve(recipes, "gfx1151", "nightly", Options(overrides=sets))
+    assert plan.blocked_by == []
+    assert plan.step("rocm-sdk").pins["ROCM_VERSION"] == "10.2.0a20261120"
+    wheels = plan.step("pytorch-wheels")
+    assert wheels.pins["TORCH_VERSION"] == "2.15.0a0+rocm10.2.0a20261120"
+    assert wheels.hint_args["ROCM_INDEX_URL"] == "https://nightly.repo.amd.com/rocm/whl-next/"
+
+
+@pytest.mark.parametrize(
+    ("stack", "torch", "index"),
+    [
+        ("default", "2.14.0+rocm10.1.0", "https://stable.repo.amd.com/rocm/whl-next/"),
+        ("rocm10.0", "2.13.0+rocm10.0.0", "https://stable.repo.amd.com/rocm/whl-next/"),
+        ("rocm7.14", "2.12.0+rocm7.14.0", "https://repo.amd.com/rocm/whl-multi-arch/"),
+    ],
+)
+def test_each_channel_pins_its_own_coupled_wheels_and_expects_its_torch(
+    recipes, stack, torch, index
+):
+    plan = resolve(recipes, "gfx1151", stack)
+    wheels = plan.step("pytorch-wheels")
+    assert wheels.pins["TORCH_VERSION"] == torch == plan.expect["torch.version"]
+    assert {"TORCHVISION_VERSION", "TORCHAUDIO_VERSION"} <= set(wheels.pins)
+    label = torch.split("+")[1]
+    assert all(v.endswith("+" + label) for v in wheels.pins.values())
+    assert plan.step("rocm-sdk").pins["ROCM_VERSION"] == label.removeprefix("rocm")
+    assert (
+        wheels.hint_args["ROCM_INDEX_URL"]
+        == plan.step("rocm-sdk").hint_args["ROCM_INDEX_URL"]
+        == index
+    )
 
 
 def test_a_stack_for_another_arch_is_refused_with_the_stacks_that_fit(recipes):
@@ -107,12 +149,12 @@ def test_unknown_arch_or_stack_lists_the_valid_ones(recipes, kind, call):
 
 def test_aotriton_experimental_env_follows_the_torch_aotriton_version(recipes):
     def knob(arch):
-        step = next(
-            s for s in resolve(recipes, arch, "default").steps if s.layer == "pytorch-wheels"
+        return (
+            resolve(recipes, arch, "default").step("pytorch-wheels").args["AOTRITON_EXPERIMENTAL"]
         )
-        return step.args["AOTRITON_EXPERIMENTAL"]
 
-    assert knob("gfx1151") == "1"  # AOTriton 0.11.2b: gfx1151 experimental
+    assert knob("gfx1151") == "0"  # AOTriton 0.13b: gfx1151 no longer experimental
+    assert knob("gfx1150") == "1"  # ... but gfx1150 still is
     assert knob("gfx942") == "0"
 
 
