@@ -450,12 +450,17 @@ def context_files(root: Path, rels: Iterable[str]) -> tuple[ContextFile, ...]:
 def check_patch_series(root: Path, layer: Layer, where: str) -> None:
     """Every series the layer applies must load (series.json, patch names, diffs) here, in the
     plan, rather than fail inside the image build."""
+    components = set()
     for rel in layer.patches:
-        path = root / rel
         try:
-            patch_series.load_series(path, Path(rel).parent.name)
+            components.add(patch_series.load_series(root / rel).component)
         except patch_series.PatchError as exc:
             raise RecipeError(where, f"patch series {rel}: {exc}", field="patches") from None
+    if len(components) > 1:  # the Dockerfile applies them all to one source tree
+        raise RecipeError(
+            where, f"the patch series are for different components: {sorted(components)}",
+            field="patches",
+        )  # fmt: skip
 
 
 def layer_context(root: Path, layer: Layer, where: str) -> tuple[ContextFile, ...]:

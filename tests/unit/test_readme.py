@@ -21,6 +21,10 @@ NOT_RUN_HERE = {
     "invoke build --continue": "needs an earlier build; tests/e2e interrupts and continues one",
     "invoke publish --arch gfx1151 --to ghcr.io/you/attnforge": "needs a validated image and a "
     "registry; tests/e2e publishes the cpu stack to a local registry",
+    "invoke pins.check --arch gfx1151": "needs GitHub and AMD's index; tests/unit/test_pins.py "
+    "runs pins.check --offline against saved pages and real git repositories",
+    "invoke pins.update --channel stable": "needs AMD's index; tests/unit/test_pins_update.py runs "
+    "it --offline against saved index pages",
     "invoke patches.status --component flash-attention --src ~/src/flash-attention": "needs a "
     "flash-attention checkout; tests/patches run patches.status on real git repositories",
 }
