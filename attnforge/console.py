@@ -15,7 +15,7 @@ from rich.table import Table
 
 from .build import Outcome
 from .errors import UserError
-from .plan import Plan, Step
+from .plan import Plan, StackOption, Step
 
 out = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
 err = Console(stderr=True, highlight=False)
@@ -73,6 +73,20 @@ def plan_table(plan: Plan, *, cache_known: bool) -> Table:
         status = s.status if cache_known or s.status != "build" else "build?"
         style = STATUS_STYLE.get(s.status, "")
         table.add_row(str(i), name, f"[{style}]{status}[/]", s.hash_tag or "-", why or "")
+    return table
+
+
+def stacks_table(options: list[StackOption], arch: str, current: str) -> Table:
+    """Every stack for the arch with its attention layers: what else `--stack` could build here."""
+    table = Table(title=f"stacks for {arch} (--stack NAME)", title_justify="left")
+    for col in ("stack", "builds", "attention", "why not"):
+        table.add_column(col, overflow="fold")
+    for o in options:
+        if not o.builds and o.reason.startswith("for "):
+            continue  # a stack for other hardware altogether: not worth a row
+        name = f"{o.stack} (this plan)" if o.stack == current else o.stack
+        mark = "[green]yes[/]" if o.builds else "[red]no[/]"
+        table.add_row(name, mark, ", ".join(o.attention) or "-", o.reason)
     return table
 
 

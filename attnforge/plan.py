@@ -683,3 +683,50 @@ def explain(plan: Plan, last_inputs: Mapping[str, Mapping[str, Any]]) -> Plan:
         for s in plan.steps
     )
     return replace(plan, steps=steps)
+
+
+# ---------------------------------------------------------------------------- other stacks
+
+
+@dataclass(frozen=True)
+class StackOption:
+    """One stack as seen from an arch: whether it builds there, its attention layers, why not."""
+
+    stack: str
+    builds: bool
+    attention: tuple[str, ...]  # layer[:variant] of each step that provides flash_attn & co.
+    reason: str = ""
+
+
+ATTENTION_CAPS = {"flash_attn", "rocwmma_fattn"}
+
+
+def _with_alternatives(layer: Layer, chosen: str | None, arch: Arch) -> str:
+    """'layer:variant', plus the other variants the arch could have (--set LAYER.variant=...)."""
+    if chosen is None:
+        return layer.name
+    others = [
+        n for n, v in layer.variants.items()
+        if n != chosen and (v.arches is None or any(selector_matches(x, arch) for x in v.arches))
+    ]  # fmt: skip
+    return f"{layer.name}:{chosen}" + (f" (or {', '.join(others)})" if others else "")
+
+
+def stack_options(recipes: Recipes, arch: str) -> list[StackOption]:
+    """Every stack of the recipes for an arch: which build there and, for those that do not, the
+    first reason (from the data), so a user sees every attention line the arch can have."""
+    found = []
+    for name, stack in recipes.stacks.items():
+        if arch in recipes.arches and not stack_fits(stack, recipes.arches[arch]):
+            found.append(StackOption(name, False, (), f"for {', '.join(stack.arches)}"))
+            continue
+        plan = resolve(recipes, arch, name)
+        attention = tuple(
+            _with_alternatives(recipes.layers[s.layer], s.variant, recipes.arches[arch])
+            for s in plan.steps
+            if ATTENTION_CAPS & set(recipes.layers[s.layer].provides)
+        )
+        blocked = plan.blocked_by
+        reason = f"{blocked[0].layer}: {blocked[0].reason}" if blocked else ""
+        found.append(StackOption(name, not blocked, attention, reason))
+    return found

@@ -8,10 +8,10 @@ from pathlib import Path
 
 from .. import hostinfo
 from ..build import BuildState, Invocation, build_requests, execute, plan_build
-from ..console import LayerProgress, out, plan_table, summary_table, user_errors
+from ..console import LayerProgress, out, plan_table, stacks_table, summary_table, user_errors
 from ..engine import Engine, check_engine_name, connect
 from ..errors import UserError
-from ..plan import Plan, stacks_for
+from ..plan import Plan, stack_options, stacks_for
 from ..recipes import Recipes, json_schema, load_recipes
 from ..workspace import Workspace
 from . import choose_target, command, whole_number
@@ -187,6 +187,7 @@ def _dry_run(inv: Invocation, recipes: Recipes, ws: Workspace, as_json: bool, la
     out.print(plan_table(plan, cache_known=known))
     for s in plan.blocked_by:
         out.print(f"[red]{s.layer} is unsupported on {plan.arch}:[/] {s.reason}")
+    out.print(stacks_table(stack_options(recipes, plan.arch), plan.arch, plan.stack))
 
 
 def _explain_layer(plan: Plan, step, argv: list[str] | None, as_json: bool) -> None:

@@ -23,7 +23,7 @@ def invoke(*args, cwd=REPO, env=None):
         ),
         (
             ["build", "--arch", "cpu", "--stack", "fast", "--dry-run"],
-            "unknown stack 'fast'; valid stacks: cpu, default, ",
+            "unknown stack 'fast'; valid stacks: cpu, dao, default, ",
         ),
         (
             ["build", "--arch", "cpu", "--only", "ck", "--dry-run"],

@@ -22,6 +22,7 @@ from attnforge.plan import (
     mark_cached,
     parse_overrides,
     resolve,
+    stack_options,
     topo_sort,
 )
 from attnforge.recipes import load_recipes
@@ -505,3 +506,19 @@ def test_an_invalid_patch_series_fails_the_plan_not_the_build(repo_copy):
         RecipeError, match="recipes/layers/triton.yaml.*patch series patches/selftest/cpu-demo"
     ):
         resolve(load_recipes(repo_copy), "cpu", "cpu")
+
+
+def test_every_attention_line_an_arch_can_have_is_listed_with_its_gating(recipes):
+    options = {o.stack: o for o in stack_options(recipes, "gfx1151")}
+    assert options["dao"].builds and options["dao"].attention == (
+        "flash-attention-dao:triton (or ck)",
+    )
+    assert options["rdna3-minimal"].builds
+    assert not options["rocm-fa3"].builds and "gfx942" in options["rocm-fa3"].reason
+    assert (
+        not options["nightly"].builds and "--set rocm-sdk.ROCM_VERSION" in options["nightly"].reason
+    )
+    assert options["cpu"].reason == "for cpu"
+    gfx942 = {o.stack: o for o in stack_options(recipes, "gfx942")}
+    assert gfx942["rocm-fa3"].builds and not gfx942["rdna3-minimal"].builds
+    assert gfx942["source"].attention == ("flash-attention:ck (or triton)",)
