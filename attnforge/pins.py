@@ -480,8 +480,7 @@ class _Checker:
     def wheel(
         self, step: Step, where: str, pin: str, key: str, version: str, python: str | None
     ) -> None:
-        # The project is named by the key: TORCH_VERSION -> torch, ROCM_VERSION -> rocm.
-        project = key.removesuffix("_VERSION").lower().replace("_", "-")
+        project = project_of(key)
         extra = self.recipes.arches[step.arch].therock_extra
         device = DEVICE_PACKAGES.get(project)
         wanted = [(project, pin, None)]
@@ -696,6 +695,11 @@ def experimental_arches(util_cc: str) -> set[str] | None:
     body = "\n".join(line.split("//", 1)[0] for line in m.group(1).splitlines())
     hexes = {f"gfx{h.lower()}" for h in re.findall(r"kAMD\s*,\s*0x([0-9a-fA-F]+)", body)}
     return hexes | set(re.findall(r'"(gfx[0-9a-z]+)"', body))
+
+
+def project_of(key: str) -> str:
+    """The index project a *_VERSION pin names: TORCH_VERSION -> torch, ROCM_VERSION -> rocm."""
+    return key.removesuffix("_VERSION").lower().replace("_", "-")
 
 
 def _installs_from_index(step: Step) -> bool:

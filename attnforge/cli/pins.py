@@ -1,8 +1,11 @@
-"""invoke pins.check: argument handling and printing only; the checks are in attnforge/pins.py."""
+"""invoke pins.check and pins.update: argument handling and printing only; the work is in
+attnforge/pins.py and attnforge/pins_update.py."""
 
 from __future__ import annotations
 
+import functools
 import json as jsonlib
+import sys
 from pathlib import Path
 
 from invoke.exceptions import Exit
@@ -10,6 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .. import pins as pinlib
+from .. import pins_update as pin_update
 from ..console import out, user_errors
 from ..errors import UserError
 from ..recipes import load_recipes
@@ -82,3 +86,64 @@ def check(c, arch=None, stack=None, offline=None, python=None, json=False, debug
         out.print(", ".join(f"{n} {s}" for s, n in counts.items() if n))
     if failed:
         raise Exit(code=1)
+
+
+@command(
+    help={
+        "channel": "the release channel to read: stable (a diff of the recipes) or nightly "
+        "(--set flags for invoke build)",
+        "offline": "read saved index pages from this folder (layout: docs/pins.md)",
+        "python": "the image's Python, for wheel tags (default: from the stack's base image)",
+        "arch": f"count only versions with this arch's device packages (default: "
+        f"{pin_update.DEFAULT_ARCH})",
+        "json": "print the proposal as JSON",
+        "debug": "show tracebacks",
+    }
+)
+@user_errors
+def update(c, channel=None, offline=None, python=None, arch=None, json=False, debug=False):
+    """Propose the newest pins a channel's index serves; writes no file (docs/pins.md)."""
+    if channel not in pin_update.CHANNELS:
+        raise UserError(
+            f"--channel {channel or '(not given)'}: expected one of "
+            f"{', '.join(pin_update.CHANNELS)}"
+        )
+    ws = Workspace.discover()
+    recipes = load_recipes(ws.root)
+    if offline is not None and not Path(offline).is_dir():
+        raise UserError(f"--offline {offline}: no such folder (layout: docs/pins.md)")
+    index = pinlib.IndexSource(Path(offline) if offline else None)
+    proposal = pin_update.propose(recipes, channel, index, python=python, arch=arch)
+    reminders = pin_update.reminders(proposal, recipes)
+    if json:
+        data = proposal.to_json()
+        data["mode"] = f"offline {offline}" if offline else "online"
+        data["reminders"] = reminders
+        print(jsonlib.dumps(data, indent=2))
+        return
+    # stdout carries only what is to be used (the diff, or the command), so `> stable.diff`
+    # then `git apply stable.diff` works; what a person reads goes to stderr.
+    mode = f"offline {offline}" if offline else "online"
+    say = functools.partial(print, file=sys.stderr, flush=True)
+    indexes = sorted(set(proposal.indexes.values()))
+    say(f"{channel}: {', '.join(indexes)} ({mode}), Python {proposal.python}, {proposal.arch}")
+    say(f"newest complete {'release' if channel == 'stable' else 'nightly'}: ROCm {proposal.rocm}")
+    for p in proposal.picks:
+        now = f"{p.current} -> " if p.current is not None and p.changed else ""
+        say(f"  {p.layer}.{p.key}: {now}{p.proposed}  ({p.file})")
+    for note in proposal.notes:
+        say(f"note: {note}")
+    if channel == "stable":
+        if proposal.current:
+            print("stable pins are current", flush=True)
+        else:
+            print(proposal.diff, end="", flush=True)
+    else:
+        flags = [f"invoke build --stack {proposal.stack} --arch {proposal.arch}"]
+        print(" \\\n    ".join(flags + proposal.set_flags), flush=True)
+    for line in reminders:
+        say(f"check: {line}")
+    done = "nothing was written"
+    if channel == "stable" and not proposal.current:
+        done += "; review the diff, then apply it: save stdout and `git apply` it"
+    say(done)
