@@ -73,7 +73,8 @@ def _aotriton_key(tag: str) -> Version:
 
 
 class SmokeCheck(Strict):
-    """One assertion run in a freshly built image; exactly one kind per check."""
+    """One assertion run in a freshly built image; exactly one kind per check
+    (docs/build-checks.md says what each kind catches)."""
 
     name: str
     dist: str | None = Field(None, description="a distribution that must be installed")
@@ -83,15 +84,67 @@ class SmokeCheck(Strict):
         None, description="what torch must be built for"
     )
     python: str | None = Field(None, description="a Python snippet that must exit 0")
+    wheel_set: str | None = Field(
+        None,
+        description="wheels that must all be installed and of one ROCm build, space-separated: "
+        "NAME, NAME==VERSION (pinned) or a glob (rocm-sdk-*: whatever is installed must match). "
+        "The first one (torch) defines the build by its local label (+rocm10.1.0); the others "
+        "must carry the same label, and rocm/rocm-sdk-* the same release (10.1.0)",
+    )
+    extras: str | None = Field(
+        None,
+        description="with wheel_set: DIST[EXTRA] words (torch[device-gfx1151]); every wheel the "
+        "installed DIST's own metadata requires for EXTRA joins the set",
+    )
+    aotriton_arch: str | None = Field(
+        None,
+        description="with wheel_set: an installed wheel of the set must carry torch's "
+        "lib/aotriton.images folder for this arch or its family (amd-gfx115x)",
+    )
+    device_code: str | None = Field(
+        None,
+        description="paths or globs, space-separated, that must hold GPU code for `arch`: "
+        "absolute (/opt/aotriton/lib/aotriton.images) or PACKAGE:RELATIVE (torch:lib/"
+        "aotriton.images), found without importing the package. An aotriton.images folder "
+        "needs a non-empty image folder for the arch or its family, a .kpack folder a "
+        "*_<arch>.kpack, other files and folders a code object or offload bundle for the arch",
+    )
+    arch: str | None = Field(None, description="with device_code: the GPU arch ({arch})")
 
     @model_validator(mode="after")
     def _one_kind(self) -> SmokeCheck:
-        kinds = [k for k in ("dist", "absent", "torch_build", "python") if getattr(self, k)]
+        kinds = [k for k in _SMOKE_KINDS if getattr(self, k)]
         if len(kinds) != 1:
-            raise ValueError("a smoke check needs exactly one of dist, absent, torch_build, python")
-        if self.version and not self.dist:
-            raise ValueError("version goes with dist")
+            raise ValueError(f"a smoke check needs exactly one of {', '.join(_SMOKE_KINDS)}")
+        for field, kind in (("version", "dist"), ("extras", "wheel_set"),
+                            ("aotriton_arch", "wheel_set"), ("arch", "device_code")):  # fmt: skip
+            if getattr(self, field) and kinds[0] != kind:
+                raise ValueError(f"{field} goes with {kind}")
+        if self.device_code and not self.arch:
+            raise ValueError('device_code needs arch (usually "{arch}")')
+        if self.wheel_set is not None:
+            words = self.wheel_set.split()
+            bad = [w for w in words if not _WHEEL_WORD.fullmatch(w)]
+            if bad:
+                raise ValueError(f"wheel_set entry {bad[0]!r} is not NAME, NAME==VERSION or a glob")
+            if not words or "*" in words[0]:
+                raise ValueError("wheel_set must start with the wheel that defines the build")
+        for word in (self.extras or "").split():
+            if not _EXTRA_WORD.fullmatch(word):
+                raise ValueError(f"extras entry {word!r} is not DIST[EXTRA]")
+        for word in (self.device_code or "").split():
+            if not _CODE_PATH.fullmatch(word):
+                raise ValueError(
+                    f"device_code entry {word!r} is not an absolute path or PACKAGE:RELATIVE"
+                )
         return self
+
+
+_SMOKE_KINDS = ("dist", "absent", "torch_build", "python", "wheel_set", "device_code")
+# Templates ({arch}, {TORCH_VERSION}) are filled later, so braces are allowed in these words.
+_WHEEL_WORD = re.compile(r"[A-Za-z0-9{][A-Za-z0-9._*{}-]*(==[A-Za-z0-9._+!{}-]+)?")
+_EXTRA_WORD = re.compile(r"[A-Za-z0-9{][A-Za-z0-9._{}-]*\[[A-Za-z0-9._{}-]+\]")
+_CODE_PATH = re.compile(r"(/|[A-Za-z_][A-Za-z0-9_]*:)[A-Za-z0-9._/*?{}\[\]-]*")
 
 
 class SourcePin(Strict):

@@ -1,17 +1,29 @@
 """Runs a layer's smoke checks inside its freshly built image.
 
-Sent to the container on stdin (`python3 - <checks-json>`), so it must stay stdlib-only and
-self-contained. Prints one JSON line per check and exits 1 if any failed.
+Sent to the container on stdin (`python3 - <checks-json>`), so it must stay stdlib-only,
+self-contained and Python 3.8 safe. Prints one JSON line per check and exits 1 if any failed.
+
+Check kinds (attnforge/recipes.py SmokeCheck; docs/build-checks.md says what each one catches):
+dist, absent, torch_build, python, wheel_set (the coupled ROCm wheels are one build) and
+device_code (the arch's GPU code objects are present, read without a GPU or ROCm tools).
 """
 
+import fnmatch
+import glob
+import importlib.util
+import io
 import json
+import os
+import re
+import struct
 import subprocess
 import sys
+import zlib
 from importlib import metadata
 
 
 def _canon(name):
-    return name.lower().replace("_", "-").replace(".", "-")
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def _installed():
@@ -20,6 +32,500 @@ def _installed():
         for d in metadata.distributions()
         if d.metadata["Name"]
     }
+
+
+# ---------------------------------------------------------------------------- wheel_set
+#
+# AMD's torch, torchvision, torchaudio, their amd-*-device-* wheels and the rocm-sdk-* wheels are
+# built together: torch-side wheels carry the ROCm build as a local label (+rocm10.1.0), the
+# rocm-sdk-* wheels as their release (10.1.0). Any wheel of another build breaks at run time, and
+# late: a missing family device wheel as a deferred hipErrorInvalidValue in fused SDPA
+# (pytorch#194498), a missing [device-<arch>] as hipErrorInvalidImage (TheRock#7839), a mixed
+# torch/torchvision as "operator torchvision::nms does not exist" (TheRock#5374), and
+# `pip install --upgrade` may move torch from +rocm10.x to +rocm7.x (TheRock#7183).
+
+_REQ = re.compile(
+    r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*\(?\s*(?:===?\s*([^\s;,)]+))?"
+)
+_EXTRA_MARK = re.compile(r"""extra\s*==\s*['"]([^'"]+)['"]""")
+_PLATFORM_MARK = re.compile(r"""sys_platform\s*==\s*['"]([^'"]+)['"]""")
+
+
+def _sdk_side(name):
+    """rocm and rocm-sdk-* carry the ROCm release as their version; the rest a +rocm label."""
+    return name == "rocm" or name.startswith("rocm-sdk-")
+
+
+def _label(version):
+    return version.partition("+")[2]
+
+
+def _extra_requires(dist_name, extra):
+    """(name, pinned version or None) of each Requires-Dist that `dist_name[extra]` adds, read
+    from the installed wheel's own METADATA; None if the wheel offers no such extra."""
+    meta = metadata.distribution(dist_name).metadata
+    provided = {_canon(e) for e in (meta.get_all("Provides-Extra") or [])}
+    if _canon(extra) not in provided:
+        return None
+    out = []
+    for req in meta.get_all("Requires-Dist") or []:
+        spec, _, marker = req.partition(";")
+        extras = {_canon(e) for e in _EXTRA_MARK.findall(marker)}
+        if _canon(extra) not in extras:
+            continue
+        # Enough of PEP 508 for AMD's markers: device wheels may be limited to one platform.
+        platforms = _PLATFORM_MARK.findall(marker)
+        if platforms and sys.platform not in platforms:
+            continue
+        m = _REQ.match(spec)
+        if m:
+            out.append((_canon(m.group(1)), m.group(2)))
+    return out
+
+
+def _family_word(name, arch):
+    if arch and re.match(r"amd-[a-z]+-device-", name) and not name.endswith("-" + arch):
+        return "the family device wheel "
+    return ""
+
+
+def check_wheel_set(spec, installed):
+    entries = []  # (canonical name, pinned version or None, why it is in the set)
+    for word in spec["wheel_set"].split():
+        name, _, pin = word.partition("==")
+        entries.append((_canon(name) if "*" not in name else name.lower(), pin or None, None))
+    if not entries or "*" in entries[0][0]:
+        return False, "wheel_set must start with the wheel that defines the build (torch)"
+    anchor = entries[0][0]
+    arch = spec.get("aotriton_arch") or ""
+    problems = []
+    for word in (spec.get("extras") or "").split():
+        m = re.match(r"([A-Za-z0-9._-]+)\[([A-Za-z0-9._-]+)\]$", word)
+        if not m:
+            return False, f"extras entry {word!r} is not dist[extra]"
+        dist, extra = _canon(m.group(1)), m.group(2)
+        if dist not in installed:
+            continue  # reported below as a missing wheel of the set
+        reqs = _extra_requires(dist, extra)
+        if reqs is None:
+            problems.append(
+                f"{dist} {installed[dist]} offers no [{extra}] extra: not a multi-arch ROCm "
+                f"wheel (another channel, or a CPU/CUDA build)"
+            )
+            continue
+        entries += [(n, v, f"{dist}[{extra}]") for n, v in reqs]
+
+    have = installed.get(anchor)
+    if have is None:
+        return False, f"{anchor} is not installed"
+    label = _label(have)
+    if not label.startswith("rocm"):
+        return False, f"{anchor} is {have}, which is no ROCm build (no +rocm local label)"
+    ref = f"{anchor} {have}"
+    release = label[len("rocm") :]
+    members = {}
+    seen = set()
+    for name, pin, why in entries:
+        names = (
+            [n for n in sorted(installed) if fnmatch.fnmatchcase(n, name)]
+            if "*" in name
+            else [name]
+        )
+        for n in names:
+            if n in seen and not pin:
+                continue
+            seen.add(n)
+            version = installed.get(n)
+            if version is None:
+                family = _family_word(n, arch)
+                need = f", but {why} requires it" if why else ""
+                hint = " (without it fused SDPA fails, pytorch#194498)" if family else ""
+                problems.append(f"{family}{n} is not installed{need}{hint}")
+                continue
+            members[n] = version
+            # The build first: a wheel of another build is named as such even where it is
+            # pinned, since that is what breaks at run time.
+            if _sdk_side(n) and version != release:
+                problems.append(
+                    f"{n} is {version}, from another ROCm build than {ref} (expected {release})"
+                )
+            elif not _sdk_side(n) and _label(version) != label:
+                problems.append(
+                    f"{n} is {version}, from another ROCm build than {ref} (expected +{label})"
+                )
+            elif pin and version != pin:
+                problems.append(
+                    f"{n} is {version}, expected {pin} ({why + ' pins it' if why else 'pinned'})"
+                )
+    if arch:
+        owners = _aotriton_image_owners(arch)
+        if not owners:
+            want = " or ".join(_image_dirs(arch))
+            problems.append(
+                f"no installed wheel carries AOTriton kernel images for {arch} "
+                f"({_IMAGES_IN_TORCH}/{want}): the family device wheel that ships them is missing "
+                f"(fused SDPA then fails, pytorch#194498)"
+            )
+        for owner in owners:
+            if owner not in members:
+                version = installed.get(owner, "?")
+                members[owner] = version
+                if _label(version) != label:
+                    problems.append(
+                        f"{owner} is {version}, from another ROCm build than {ref} "
+                        f"(expected +{label}); it carries the AOTriton images for {arch}"
+                    )
+    if problems:
+        return False, "; ".join(problems)
+    return True, f"{len(members)} wheels of ROCm build +{label} ({', '.join(sorted(members))})"
+
+
+_IMAGES_IN_TORCH = "torch/lib/aotriton.images"
+
+
+def _aotriton_image_owners(arch):
+    """Installed distributions whose RECORD lists files in torch's aotriton.images folder for
+    the arch (the arch's own or its family's), by name."""
+    owners = set()
+    prefix = _IMAGES_IN_TORCH + "/"
+    for d in metadata.distributions():
+        for f in d.files or ():
+            path = str(f).replace("\\", "/")
+            if path.startswith(prefix):
+                folder = path[len(prefix) :].split("/", 1)[0]
+                if _image_dir_serves(folder, arch) and d.metadata["Name"]:
+                    owners.add(_canon(d.metadata["Name"]))
+                    break
+    return sorted(owners)
+
+
+# ---------------------------------------------------------------------------- arch names
+
+_ARCH = re.compile(r"gfx(\d+)([0-9a-f])([0-9a-f])$")
+# Generic targets and the processors they run on (LLVM docs/AMDGPUUsage.rst, "Generic Processor
+# Versioning"/"Processors" tables): a generic code object loads on each of them.
+# fmt: off
+_GENERIC = {
+    "gfx9-generic": ("gfx900", "gfx902", "gfx904", "gfx906", "gfx909", "gfx90c"),
+    "gfx9-4-generic": ("gfx940", "gfx941", "gfx942", "gfx950"),
+    "gfx10-1-generic": ("gfx1010", "gfx1011", "gfx1012", "gfx1013"),
+    "gfx10-3-generic": ("gfx1030", "gfx1031", "gfx1032", "gfx1033", "gfx1034", "gfx1035",
+                        "gfx1036"),
+    "gfx11-generic": ("gfx1100", "gfx1101", "gfx1102", "gfx1103", "gfx1150", "gfx1151",
+                      "gfx1152", "gfx1153"),
+    "gfx12-generic": ("gfx1200", "gfx1201"),
+}
+# EF_AMDGPU_MACH (e_flags & 0xff) of AMDGPU code objects (LLVM docs/AMDGPUUsage.rst, "AMDGPU
+# ELF Header" table; llvm/include/llvm/BinaryFormat/ELF.h).
+_MACH = {
+    0x02F: "gfx906", 0x030: "gfx908", 0x036: "gfx1030", 0x03F: "gfx90a", 0x040: "gfx940",
+    0x041: "gfx1100", 0x043: "gfx1150", 0x044: "gfx1103", 0x046: "gfx1101", 0x047: "gfx1102",
+    0x048: "gfx1200", 0x049: "gfx1250", 0x04A: "gfx1151", 0x04B: "gfx941", 0x04C: "gfx942",
+    0x04E: "gfx1201", 0x04F: "gfx950", 0x051: "gfx9-generic", 0x052: "gfx10-1-generic",
+    0x053: "gfx10-3-generic", 0x054: "gfx11-generic", 0x055: "gfx1152", 0x058: "gfx1153",
+    0x059: "gfx12-generic", 0x05A: "gfx1251", 0x05F: "gfx9-4-generic",
+}
+# fmt: on
+EM_AMDGPU = 224
+
+
+def _runs_on(target, arch):
+    """Whether code for `target` (gfx1151, gfx90a:xnack-, gfx11-generic) loads on `arch`."""
+    base = target.split(":")[0]
+    return base == arch or arch in _GENERIC.get(base, ())
+
+
+def _image_dir_serves(folder, arch):
+    """AOTriton image folders are amd-<arch> or amd-<family pattern> (amd-gfx115x, amd-gfx11xx):
+    each 'x' after 'gfx' stands for any digit, the rule PyTorch's cmake/External/aotriton.cmake
+    applies to pick __AOTRITON_IMAGE_LIST entries for PYTORCH_ROCM_ARCH."""
+    if not folder.startswith("amd-gfx"):
+        return False
+    pattern = "gfx" + re.escape(folder[len("amd-gfx") :]).replace("x", "[0-9a-z]")
+    return re.fullmatch(pattern, arch) is not None
+
+
+def _image_dirs(arch):
+    """The image folder names that may serve the arch, for messages."""
+    m = _ARCH.match(arch)
+    if not m or len(m.group(1)) < 2:
+        return ["amd-" + arch]
+    major, minor = m.group(1), m.group(2)
+    return [f"amd-gfx{major}{minor}x", f"amd-gfx{major}xx"]
+
+
+def _kpack_keys(arch):
+    """Names a .kpack file for the arch may end in: the arch, or a kpack family bundle key
+    (gfx11_5, gfx115x, gfx11: TheRock#5858's list of known bundles, rocm-systems#7505)."""
+    m = _ARCH.match(arch)
+    keys = {arch}
+    if m:
+        major, minor = m.group(1), m.group(2)
+        keys |= {f"gfx{major}_{minor}", f"gfx{major}{minor}x", f"gfx{major}"}
+    keys |= {g for g, archs in _GENERIC.items() if arch in archs}
+    return keys
+
+
+# ---------------------------------------------------------------------------- code objects
+
+_BUNDLE_MAGIC = b"__CLANG_OFFLOAD_BUNDLE__"
+_CCOB_MAGIC = b"CCOB"
+
+
+def _elf_amdgpu_target(data):
+    """The processor of an AMDGPU ELF code object, or None if `data` is not one."""
+    if len(data) < 52 or data[:4] != b"\x7fELF":
+        return None
+    little = data[5] == 1
+    e_machine = struct.unpack_from("<H" if little else ">H", data, 18)[0]
+    if e_machine != EM_AMDGPU:
+        return None
+    flags_at = 48 if data[4] == 2 else 36  # ELF64 / ELF32
+    e_flags = struct.unpack_from("<I" if little else ">I", data, flags_at)[0]
+    mach = e_flags & 0xFF
+    return _MACH.get(mach, f"unknown EF_AMDGPU_MACH 0x{mach:03x}")
+
+
+def _ccob_payload(f, at):
+    """The decompressed payload of a compressed offload bundle at `at` (clang's
+    CompressedOffloadBundle: 'CCOB', u16 version, u16 method 0=zlib 1=zstd, then sizes, a hash
+    and the data), None if the bytes there are no such header, or the reason it is unreadable."""
+    f.seek(at)
+    head = f.read(32)
+    if len(head) < 20:
+        return None
+    version, method = struct.unpack_from("<HH", head, 4)
+    if version == 1:
+        total, start = None, 20
+    elif version == 2:
+        total, start = struct.unpack_from("<I", head, 8)[0], 24
+    elif version == 3:
+        total, start = struct.unpack_from("<Q", head, 8)[0], 32
+    else:
+        return None  # 'CCOB' by chance inside other data
+    if method not in (0, 1) or (total is not None and not start < total < 1 << 34):
+        return None
+    f.seek(at + start)
+    body = f.read(total - start) if total else f.read()
+    if method == 0:
+        return zlib.decompress(body)
+    try:
+        from compression import zstd  # Python 3.14+
+
+        return zstd.decompress(body)
+    except ImportError:
+        pass
+    try:
+        import zstandard
+
+        return zstandard.ZstdDecompressor().decompressobj().decompress(body)
+    except ImportError:
+        return "a zstd-compressed offload bundle (this Python has no zstd reader)"
+
+
+def _bundle_targets(f, at):
+    """Targets of the uncompressed clang offload bundle at `at`: the magic, a u64 entry count,
+    then per entry u64 offset (from the bundle start), u64 size, u64 id length and the id
+    ('hipv4-amdgcn-amd-amdhsa--gfx1151'); each device entry's ELF header is read too."""
+    f.seek(at + 24)
+    (count,) = struct.unpack("<Q", f.read(8))
+    if not 0 < count < 4096:
+        raise ValueError("not a bundle")
+    entries = []
+    for _ in range(count):
+        offset, size, id_len = struct.unpack("<QQQ", f.read(24))
+        if id_len > 1024:
+            raise ValueError("not a bundle")
+        entries.append((offset, size, f.read(id_len).decode("ascii", "replace")))
+    found = []
+    for offset, size, ident in entries:
+        if "amdgcn" not in ident:
+            continue  # the host entry
+        named = ident.rsplit("--", 1)[-1]
+        f.seek(at + offset)
+        inner = _elf_amdgpu_target(f.read(min(size, 64)))
+        # The entry's name and its ELF header must agree; a mislabelled entry does not load.
+        if inner and inner.split(":")[0] != named.split(":")[0]:
+            named = f"{named} (but its ELF says {inner})"
+        found.append(named)
+    return found
+
+
+_CHUNK = 16 << 20
+
+
+def _scan_file(f):
+    """(targets, notes) of every offload bundle in an open file: shared libraries (their
+    .hip_fatbin), static archives and object files alike, read in chunks so a 1 GiB
+    libtorch_hip.so is never held whole."""
+    targets, notes, hits, pos, tail = [], [], [], 0, b""
+    while True:
+        f.seek(pos)
+        chunk = f.read(_CHUNK)
+        if not chunk:
+            break
+        data, base = tail + chunk, pos - len(tail)
+        for magic in (_BUNDLE_MAGIC, _CCOB_MAGIC):
+            i = data.find(magic)
+            while i >= 0:
+                hits.append((base + i, magic))
+                i = data.find(magic, i + 1)
+        tail = data[-(len(_BUNDLE_MAGIC) - 1) :]
+        pos += len(chunk)
+    for at, magic in sorted(set(hits)):
+        try:
+            if magic == _BUNDLE_MAGIC:
+                targets += _bundle_targets(f, at)
+                continue
+            payload = _ccob_payload(f, at)
+            if isinstance(payload, str):
+                notes.append(payload)
+            elif payload is not None:
+                inner, more = _scan_blob(io.BytesIO(payload))
+                targets += inner
+                notes += more
+        except (struct.error, zlib.error, ValueError, OverflowError, MemoryError):
+            continue  # magic-looking bytes that are no bundle
+    return targets, notes
+
+
+def _scan_blob(f):
+    head = f.read(64)
+    f.seek(0)
+    target = _elf_amdgpu_target(head)
+    return ([target], []) if target else _scan_file(f)
+
+
+def _file_targets(path):
+    """(targets, notes) of one file: a code object, a bundle, or a file holding bundles."""
+    with open(path, "rb") as f:
+        return _scan_blob(f)
+
+
+_CODE_SUFFIXES = (".so", ".hsaco", ".co", ".hipfb", ".o", ".a")
+
+
+def _is_code_file(path):
+    base = os.path.basename(path)
+    return base.endswith(_CODE_SUFFIXES) or ".so." in base
+
+
+# ---------------------------------------------------------------------------- device_code
+
+
+def _resolve(target):
+    """'/abs/glob' or 'package:relative/glob' (from the package's folder, found without
+    importing it) -> (shown pattern, glob pattern) or (shown, None) if the package is absent.
+    find_spec imports a dotted name's parents, so targets name top-level packages."""
+    if target.startswith("/"):
+        return target, target
+    pkg, _, rel = target.partition(":")
+    spec = importlib.util.find_spec(pkg)
+    if spec is None:
+        return target, None
+    if spec.submodule_search_locations:
+        return target, os.path.join(list(spec.submodule_search_locations)[0], rel)
+    # A single-file module (an extension such as flash_attn_2_cuda.*.so): 'module:' is the
+    # file itself, 'module:rel' is relative to the folder it lies in.
+    if not spec.origin or not os.path.isfile(spec.origin):
+        return target, None
+    return target, os.path.join(os.path.dirname(spec.origin), rel) if rel else spec.origin
+
+
+def _non_empty_files(folder):
+    n = 0
+    for root, _dirs, files in os.walk(folder):
+        n += sum(1 for f in files if os.path.getsize(os.path.join(root, f)) > 0)
+    return n
+
+
+def _check_images(path, arch):
+    folders = sorted(d for d in os.listdir(path) if os.path.isdir(os.path.join(path, d)))
+    serving = [d for d in folders if _image_dir_serves(d, arch)]
+    if not serving:
+        others = ", ".join(folders) or "nothing"
+        want = " or ".join(_image_dirs(arch))
+        return False, f"{path} has no AOTriton kernel images for {arch} ({want}); it has {others}"
+    counts = {d: _non_empty_files(os.path.join(path, d)) for d in serving}
+    if not any(counts.values()):
+        return False, f"{path}/{serving[0]} has no kernel images for {arch} (the folder is empty)"
+    return True, ", ".join(f"{d}: {n} images" for d, n in counts.items() if n)
+
+
+def _check_kpack(path, arch):
+    keys = _kpack_keys(arch)
+    packs = [f for f in sorted(os.listdir(path)) if f.endswith(".kpack")]
+    mine = [
+        f
+        for f in packs
+        if any(f[: -len(".kpack")].endswith(("_" + k, "-" + k)) for k in keys)
+        and os.path.getsize(os.path.join(path, f)) > 0
+    ]
+    if not mine:
+        others = ", ".join(packs[:6]) or "no .kpack files"
+        return False, f"{path} holds no kernel pack for {arch} (*_{arch}.kpack); it has {others}"
+    return True, f"{len(mine)} kernel packs for {arch}"
+
+
+def _check_path(path, arch):
+    if os.path.isdir(path):
+        if os.path.basename(path.rstrip("/")) == "aotriton.images":
+            return _check_images(path, arch)
+        if os.path.basename(path.rstrip("/")) == ".kpack":
+            return _check_kpack(path, arch)
+        found, notes = [], []
+        for root, _dirs, names in os.walk(path):
+            for name in names:
+                full = os.path.join(root, name)
+                if _is_code_file(full) and os.path.isfile(full):
+                    t, n = _file_targets(full)
+                    found += t
+                    notes += n
+                    if any(_runs_on(x, arch) for x in t):
+                        return True, f"{os.path.relpath(full, path)} holds {arch} code"
+        return False, _missing_isa(path, arch, found, notes)
+    if os.path.getsize(path) == 0:
+        return False, f"{path} is empty"
+    found, notes = _file_targets(path)
+    if any(_runs_on(x, arch) for x in found):
+        return True, f"{os.path.basename(path)}: {', '.join(sorted(set(found)))}"
+    return False, _missing_isa(path, arch, found, notes)
+
+
+def _missing_isa(path, arch, found, notes):
+    if found:
+        return f"{path} holds device code for {', '.join(sorted(set(found)))}, not {arch}"
+    if notes:
+        return f"{path}: {arch} not proven: {sorted(set(notes))[0]}"
+    return f"{path} holds no AMDGPU device code (no code object or offload bundle) for {arch}"
+
+
+def check_device_code(spec):
+    arch = spec["arch"]
+    ok_parts, problems = [], []
+    for target in spec["device_code"].split():
+        shown, pattern = _resolve(target)
+        if pattern is None:
+            problems.append(f"{shown}: package {shown.partition(':')[0]} is not installed")
+            continue
+        matches = sorted(glob.glob(pattern))
+        if not matches:
+            rel = target.partition(":")[2] if not target.startswith("/") else target
+            hidden = any(
+                part.startswith(".") and part not in (".", "..") for part in rel.split("/")
+            )
+            why = " (a hidden folder, which a copy step may have dropped)" if hidden else ""
+            problems.append(f"{pattern} is missing{why}")
+            continue
+        for path in matches:
+            ok, detail = _check_path(path, arch)
+            (ok_parts if ok else problems).append(detail)
+    if problems:
+        return False, "; ".join(problems)
+    return True, "; ".join(ok_parts)
+
+
+# ---------------------------------------------------------------------------- dispatch
 
 
 def check(spec, installed):
@@ -36,6 +542,10 @@ def check(spec, installed):
         if have is not None:
             return False, f"{spec['absent']} {have} is installed but must not be"
         return True, f"{spec['absent']} absent"
+    if "wheel_set" in spec:
+        return check_wheel_set(spec, installed)
+    if "device_code" in spec:
+        return check_device_code(spec)
     if "torch_build" in spec:
         code = (
             "import torch, json; print(json.dumps({'hip': torch.version.hip, 'cuda': torch.version.cuda,"

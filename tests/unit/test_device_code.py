@@ -1,0 +1,259 @@
+"""Device code for the arch is on disk: the device_code smoke check, against real code objects.
+
+Triton's AMD backend compiles a tiny kernel to an hsaco (an AMDGPU ELF) for gfx1151 and gfx942 on
+the CPU, as kernels/aot.py does; the tests wrap those in clang offload bundles written here from
+the documented layout (clang's ClangOffloadBundler: magic, entry table, payloads), plain and
+zlib-compressed ('CCOB'), lay out a torch tree with aotriton.images and .kpack in a temp dir, and
+run the smoke runner on them as build.smoke does. No GPU, no ROCm tools, no network.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import pytest
+
+from attnforge import smoke_runner
+from attnforge.plan import resolve
+from attnforge.recipes import load_recipes
+
+REPO = Path(__file__).resolve().parents[2]
+EM_AMDGPU = 224
+
+
+@pytest.fixture(scope="module")
+def hsaco(tmp_path_factory) -> dict[str, bytes]:
+    """{arch: hsaco bytes} for gfx1151 (wave32) and gfx942 (wave64), compiled by Triton."""
+    os.environ["TRITON_CACHE_DIR"] = str(tmp_path_factory.mktemp("triton-cache"))
+    triton = pytest.importorskip("triton")
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+
+    @triton.jit
+    def add_one(x_ptr, n, BLOCK: tl.constexpr):
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(x_ptr + i, tl.load(x_ptr + i, mask=i < n) + 1.0, mask=i < n)
+
+    out = {}
+    for arch, wave in (("gfx1151", 32), ("gfx942", 64)):
+        src = triton.compiler.ASTSource(
+            fn=add_one,
+            signature={"x_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"},
+            constexprs={"BLOCK": 64},
+        )
+        out[arch] = triton.compile(src, target=GPUTarget("hip", arch, wave)).asm["hsaco"]
+    return out
+
+
+def bundle(entries: list[tuple[str, bytes]]) -> bytes:
+    """A clang offload bundle: '__CLANG_OFFLOAD_BUNDLE__', u64 entry count, then per entry u64
+    offset (from the bundle start), u64 size, u64 id length, the id; then the payloads. The host
+    entry comes first, empty, as hipcc writes it."""
+    entries = [("host-x86_64-unknown-linux-gnu-", b""), *entries]
+    head = 24 + 8 + sum(24 + len(i) for i, _ in entries)
+    table, body, at = b"", b"", head
+    for ident, payload in entries:
+        table += struct.pack("<QQQ", at, len(payload), len(ident)) + ident.encode()
+        body += payload
+        at += len(payload)
+    return b"__CLANG_OFFLOAD_BUNDLE__" + struct.pack("<Q", len(entries)) + table + body
+
+
+def compressed(blob: bytes) -> bytes:
+    """clang's CompressedOffloadBundle v2: 'CCOB', u16 version 2, u16 method 0 (zlib), u32 total
+    size, u32 uncompressed size, u64 hash, the data."""
+    data = zlib.compress(blob)
+    return b"CCOB" + struct.pack("<HHIIQ", 2, 0, 24 + len(data), len(blob), 0) + data
+
+
+def host_library(*bundles: bytes) -> bytes:
+    """A stand-in host shared library: an x86-64 ELF header, filler, then .hip_fatbin-style
+    bundles (the runner finds bundles by their magic, wherever the section lies)."""
+    elf = b"\x7fELF\x02\x01\x01" + b"\0" * 9 + struct.pack("<HH", 3, 62) + b"\0" * 44
+    return elf + b"\xcc" * 5000 + b"".join(b + b"\0" * 64 for b in bundles)
+
+
+def hip_id(arch: str) -> str:
+    return f"hipv4-amdgcn-amd-amdhsa--{arch}"
+
+
+@pytest.fixture
+def site(tmp_path: Path, hsaco) -> Path:
+    """A site-packages with torch's device files as AMD's split wheels lay them out, and a
+    flash-attention-like extension whose fat binary holds gfx1151 code."""
+    root = tmp_path / "site"
+    (root / "torch").mkdir(parents=True)
+    (root / "torch/__init__.py").write_text("")
+    images = root / "torch/lib/aotriton.images/amd-gfx115x/flash"
+    images.mkdir(parents=True)
+    (images / "attn_fwd.aks2").write_bytes(b"AKS2" + hsaco["gfx1151"])
+    (root / "torch/.kpack").mkdir()
+    (root / "torch/.kpack/torch_gfx1151.kpack").write_bytes(hsaco["gfx1151"])
+    (root / "fa").mkdir()
+    (root / "fa/__init__.py").write_text("")
+    lib = host_library(bundle([(hip_id("gfx1151"), hsaco["gfx1151"])]))
+    (root / "fa/flash_attn_2_cuda.so").write_bytes(lib)
+    return root
+
+
+def run(site: Path, checks: list[dict]) -> list[dict]:
+    source = Path(smoke_runner.__file__).read_text()
+    proc = subprocess.run(
+        [sys.executable, "-", json.dumps(checks)],
+        input=source,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(site)},
+    )
+    assert proc.returncode in (0, 1), proc.stderr
+    return [json.loads(line) for line in proc.stdout.splitlines()]
+
+
+def one(site: Path, targets: str, arch: str) -> dict:
+    [result] = run(site, [{"name": "c", "device_code": targets, "arch": arch}])
+    return result
+
+
+TARGETS = "torch:lib/aotriton.images torch:.kpack fa:flash_attn_2_cuda.so"
+
+
+def test_triton_gives_amdgpu_code_objects_with_the_arch_in_e_flags(hsaco):
+    # The reference values the runner's table holds (LLVM AMDGPUUsage.rst, EF_AMDGPU_MACH).
+    for arch, mach in (("gfx1151", 0x04A), ("gfx942", 0x04C)):
+        elf = hsaco[arch]
+        assert elf[:4] == b"\x7fELF"
+        assert struct.unpack_from("<H", elf, 18)[0] == EM_AMDGPU
+        assert struct.unpack_from("<I", elf, 48)[0] & 0xFF == mach
+        assert smoke_runner._elf_amdgpu_target(elf) == arch
+
+
+def test_the_right_arch_passes(site):
+    result = one(site, TARGETS, "gfx1151")
+    assert result["ok"], result["detail"]
+    assert "amd-gfx115x: 1 images" in result["detail"]
+    assert "1 kernel packs for gfx1151" in result["detail"]
+    assert "flash_attn_2_cuda.so: gfx1151" in result["detail"]
+
+
+def test_the_wrong_arch_fails_naming_what_is_missing(site):
+    result = one(site, TARGETS, "gfx942")
+    assert not result["ok"]
+    detail = result["detail"]
+    assert "has no AOTriton kernel images for gfx942 (amd-gfx942); it has amd-gfx115x" in detail
+    assert "holds no kernel pack for gfx942 (*_gfx942.kpack); it has torch_gfx1151.kpack" in detail
+    assert "flash_attn_2_cuda.so holds device code for gfx1151, not gfx942" in detail
+
+
+def test_an_extension_built_for_another_arch_fails(tmp_path, hsaco):
+    path = tmp_path / "ck.so"
+    path.write_bytes(host_library(bundle([(hip_id("gfx942"), hsaco["gfx942"])])))
+    result = one(tmp_path, str(path), "gfx1151")
+    assert not result["ok"]
+    assert result["detail"] == f"{path} holds device code for gfx942, not gfx1151"
+    assert one(tmp_path, str(path), "gfx942")["ok"]
+
+
+def test_a_compressed_bundle_among_several_is_read(tmp_path, hsaco):
+    # hipcc --offload-compress writes 'CCOB' bundles; zlib ones are read with the stdlib.
+    lib = host_library(
+        bundle([(hip_id("gfx942"), hsaco["gfx942"])]),
+        compressed(bundle([(hip_id("gfx1151"), hsaco["gfx1151"])])),
+    )
+    path = tmp_path / "libfused.so"
+    path.write_bytes(lib)
+    result = one(tmp_path, str(path), "gfx1151")
+    assert result["ok"], result["detail"]
+    assert result["detail"] == "libfused.so: gfx1151, gfx942"
+
+
+def test_a_bundle_entry_whose_elf_is_another_arch_fails(tmp_path, hsaco):
+    path = tmp_path / "liar.so"
+    path.write_bytes(host_library(bundle([(hip_id("gfx1151"), hsaco["gfx942"])])))
+    result = one(tmp_path, str(path), "gfx1151")
+    assert not result["ok"]
+    assert "gfx1151 (but its ELF says gfx942), not gfx1151" in result["detail"]
+
+
+def test_a_bare_hsaco_and_a_host_library_without_device_code(tmp_path, hsaco):
+    (tmp_path / "k.hsaco").write_bytes(hsaco["gfx1151"])
+    assert one(tmp_path, str(tmp_path / "k.hsaco"), "gfx1151")["ok"]
+    (tmp_path / "plain.so").write_bytes(host_library())
+    result = one(tmp_path, str(tmp_path / "plain.so"), "gfx1151")
+    assert not result["ok"]
+    assert "holds no AMDGPU device code" in result["detail"]
+
+
+def test_an_empty_images_folder_fails(site):
+    shutil.rmtree(site / "torch/lib/aotriton.images/amd-gfx115x")
+    (site / "torch/lib/aotriton.images/amd-gfx115x").mkdir()
+    result = one(site, "torch:lib/aotriton.images", "gfx1151")
+    assert not result["ok"]
+    images = site / "torch/lib/aotriton.images"
+    assert result["detail"] == (
+        f"{images}/amd-gfx115x has no kernel images for gfx1151 (the folder is empty)"
+    )
+
+
+def test_a_dropped_hidden_folder_fails(site):
+    # A copy step that skips dot-folders (lemonade's post-mortem) leaves torch/.kpack behind.
+    shutil.rmtree(site / "torch/.kpack")
+    result = one(site, TARGETS, "gfx1151")
+    assert not result["ok"]
+    assert result["detail"] == (
+        f"{site}/torch/.kpack is missing (a hidden folder, which a copy step may have dropped)"
+    )
+
+
+def test_an_older_aotriton_family_folder_serves_the_arch(site):
+    # AOTriton <= 0.11 packed all of gfx11 as amd-gfx11xx (split in 0.12b).
+    images = site / "torch/lib/aotriton.images"
+    (images / "amd-gfx115x").rename(images / "amd-gfx11xx")
+    assert one(site, "torch:lib/aotriton.images", "gfx1151")["ok"]
+    assert not one(site, "torch:lib/aotriton.images", "gfx1201")["ok"]
+
+
+def test_the_aotriton_recipe_check_on_a_tree_built_for_the_arch(tmp_path, hsaco):
+    # The check aotriton.yaml renders for gfx1151, pointed at a temp /opt/aotriton.
+    plan = resolve(load_recipes(REPO), "gfx1151", "source")
+    step = next(s for s in plan.steps if s.layer == "aotriton")
+    [check] = [c for c in step.smoke if "device_code" in c]
+    assert check["device_code"] == "/opt/aotriton/lib/aotriton.images"
+    assert check["arch"] == "gfx1151"
+    prefix = tmp_path / "opt/aotriton"
+    moved = dict(check, device_code=check["device_code"].replace("/opt/aotriton", str(prefix)))
+    [result] = run(tmp_path, [moved])
+    assert not result["ok"]
+    assert "is missing" in result["detail"]
+    (prefix / "lib/aotriton.images/amd-gfx115x").mkdir(parents=True)
+    (prefix / "lib/aotriton.images/amd-gfx115x/k.aks2").write_bytes(hsaco["gfx1151"])
+    (prefix / "lib/aotriton.images/amd-gfx942").mkdir()
+    [result] = run(tmp_path, [moved])
+    assert result["ok"], result["detail"]
+
+
+def test_a_single_file_extension_module_is_found_by_its_name(tmp_path, hsaco):
+    # flash-attention's CK build installs flash_attn_2_cuda.<abi>.so at the top of site-packages.
+    ext = tmp_path / f"flash_attn_2_cuda{_ext_suffix()}"
+    ext.write_bytes(host_library(bundle([(hip_id("gfx942"), hsaco["gfx942"])])))
+    assert one(tmp_path, "flash_attn_2_cuda:", "gfx942")["ok"]
+    result = one(tmp_path, "flash_attn_2_cuda:", "gfx1151")
+    assert result["detail"] == f"{ext} holds device code for gfx942, not gfx1151"
+
+
+def _ext_suffix() -> str:
+    import importlib.machinery
+
+    return importlib.machinery.EXTENSION_SUFFIXES[0]
+
+
+def test_a_missing_package_is_named(tmp_path):
+    result = one(tmp_path, "no_such_pkg_xyz:lib", "gfx1151")
+    assert not result["ok"]
+    assert result["detail"] == "no_such_pkg_xyz:lib: package no_such_pkg_xyz is not installed"
