@@ -522,3 +522,14 @@ def test_every_attention_line_an_arch_can_have_is_listed_with_its_gating(recipes
     gfx942 = {o.stack: o for o in stack_options(recipes, "gfx942")}
     assert gfx942["rocm-fa3"].builds and not gfx942["rdna3-minimal"].builds
     assert gfx942["source"].attention == ("flash-attention:ck (or triton)",)
+
+
+@pytest.mark.parametrize(
+    ("stack", "arch", "knob"),
+    [("default", "gfx1151", "0"), ("rocm10.0", "gfx1151", "0"), ("rocm7.14", "gfx1151", "1"),
+     ("default", "gfx1150", "1"), ("default", "gfx1101", "1"), ("default", "gfx1100", "0")],
+)  # fmt: skip
+def test_the_experimental_aotriton_knob_follows_each_channels_aotriton(recipes, stack, arch, knob):
+    assert (
+        resolve(recipes, arch, stack).step("pytorch-wheels").args["AOTRITON_EXPERIMENTAL"] == knob
+    )
