@@ -136,6 +136,48 @@ def _hopper(d: int) -> AttnConfig:
     return AttnConfig(Tile(64, 64, 8, 2), Tile(16, 32, 8, 1), Tile(32, 32, 4, 1))
 
 
+@dataclass(frozen=True)
+class AcceptedSpill:
+    """A default config that spills registers and is kept: it measured faster than the
+    spill-free alternatives. The AOT check reports it as accepted instead of failing, as long as
+    it spills no more than measured here; another tile, head dim or arch is not covered."""
+
+    arch: str
+    head_dim: int
+    kernel: str  # fwd, bwd_dkdv, bwd_dq (the AOT check's names)
+    tile: str  # as the AOT check prints it
+    spills: int  # AMD: VGPRs spilled; NVIDIA: ptxas spill-store bytes
+    scratch_bytes: int
+    reason: str
+
+
+_HOPPER_DKDV = (
+    "fastest dK/dV tile on an H200 despite the ptxas spills: fwd+bwd {} vs {} TFLOP/s at {} for "
+    "the spill-free 16x128 w8 s2 tile (docs/benchmarks.md, 'How the Hopper defaults were chosen')"
+)
+# Spills measured by ``python -m kernels.aot --all`` (triton 3.6.0); docs/kernels.md "Known spills".
+ACCEPTED_SPILLS = (
+    AcceptedSpill(
+        arch="sm90",
+        head_dim=64,
+        kernel="bwd_dkdv",
+        tile="64x64 w4 s2",
+        spills=588,
+        scratch_bytes=592,
+        reason=_HOPPER_DKDV.format(342, 267, "(4,32,4096,64)"),
+    ),
+    AcceptedSpill(
+        arch="sm90",
+        head_dim=128,
+        kernel="bwd_dkdv",
+        tile="64x64 w4 s2",
+        spills=1204,
+        scratch_bytes=1136,
+        reason=_HOPPER_DKDV.format(362, 277, "(4,16,4096,128)"),
+    ),
+)
+
+
 def _ampere(d: int) -> AttnConfig:
     if d <= 64:
         return AttnConfig(Tile(128, 64, 8, 2), Tile(16, 32, 4, 2), Tile(64, 64, 4, 2))
