@@ -9,10 +9,10 @@ from __future__ import annotations
 import shlex
 import sys
 
-from invoke import task
+from . import command
 
 
-@task(
+@command(
     help={
         "arch": "arch name(s) from recipes/arches.yaml, comma-separated (e.g. gfx1151)",
         "all": "every GPU arch in recipes/arches.yaml",
@@ -46,7 +46,7 @@ def aot(c, arch="", all=False, head_dims="", all_head_dims=False, json=False, ov
     c.run(shlex.join(args), pty=False)
 
 
-@task(help={"quick": "four shapes only", "json": "write the results to this file"})
+@command(help={"quick": "four shapes only", "json": "write the results to this file"})
 def bench(c, quick=False, json=""):
     """Benchmark the kernels against PyTorch SDPA's flash and cuDNN backends on this GPU."""
     args = [sys.executable, "-m", "kernels.bench"]
