@@ -6,7 +6,9 @@ everything it runs, so a case re-runs from its name alone (the validator runs ea
 subprocess). ``python -m kernels.check [--quick|--boundary] [--json FILE]`` runs a list in-process.
 
 The rule is flash-attention's: the kernel's max error against an fp32 reference is at most twice
-the error of the same computation in the input dtype, plus a small floor (perf.md section 6).
+the error of the same computation in the input dtype (three times for gradients), plus a small
+floor (perf.md section 6). It lives in ``validate.tolerance``, shared with the validation suite's
+SDPA and flash_attn checks; the two packages always travel together.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import re
 import sys
 import time
 from dataclasses import dataclass
+
+from validate import tolerance
 
 CASE_RE = re.compile(
     r"^attn-(?P<dtype>fp16|bf16)-b(?P<b>\d+)-sq(?P<sq>\d+)-sk(?P<sk>\d+)-h(?P<hq>\d+)x(?P<hk>\d+)"
@@ -197,21 +201,6 @@ def _mask_args(case: Case):
     return None, None, 0.0, False
 
 
-def rule_error(
-    err: float, pt_err: float, ref_max: float, eps: float, factor: float = 2.0
-) -> tuple[bool, float]:
-    """flash-attention's rule; the floor is one unit of rounding at the reference's magnitude.
-
-    ``eps`` is the input dtype's machine epsilon (bf16 2**-7, fp16 2**-10), like FA3's
-    ``fwd_atol`` (the rounding granularity of the reference), so a 1-ulp difference where the
-    low-precision reference happens to round exactly is not a failure. Magnitudes under 1e-2
-    count as 1e-2: a gradient that is zero analytically (one key: dK = 0) still carries the
-    rounding of the bf16 output it was computed from.
-    """
-    bound = factor * pt_err + eps * max(ref_max, 1e-2)
-    return err <= bound, bound
-
-
 def compare(case: Case, device, seed: int = 0) -> dict:
     """Run one case; returns metrics and the per-tensor verdicts."""
     import torch
@@ -311,9 +300,8 @@ def compare(case: Case, device, seed: int = 0) -> dict:
             err = (a - r).abs().max().item() if a.numel() else 0.0
             pt_err = (p - r).abs().max().item() if a.numel() else 0.0
             ref_max = r.abs().max().item() if a.numel() else 0.0
-            good, bound = rule_error(
-                err, pt_err, ref_max, torch.finfo(dtype).eps, 2.0 if key == "out" else 3.0
-            )
+            factor = tolerance.FACTOR if key == "out" else tolerance.GRAD_FACTOR
+            good, bound = tolerance.within(err, pt_err, ref_max, torch.finfo(dtype).eps, factor)
             ok &= good
             if err >= worst[key]:
                 worst[key], bounds[key] = err, bound

@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+# SDPA's backends, most specific first (a profile showing several ops names the first).
+BACKENDS = ("flash", "efficient", "cudnn", "math")
+
 
 @dataclass(frozen=True)
 class Case:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from validate.grid import BACKENDS
+from validate.runner import FAILING
+
 ICON = {"pass": "✅", "fail": "❌", "crash": "💥", "timeout": "⏱️", "skip": "⏭️"}
 RUN_CELL = {"pass": "✅", "fail": "❌", "crash": "💥", "unsupported": "—", "skip": "skip"}
-BACKENDS = ("flash", "efficient", "cudnn", "math")
 
 
 def _value(x: Any) -> str:
@@ -148,7 +150,7 @@ def to_markdown(report: dict[str, Any]) -> str:
                 )
             out += ["", "</details>", ""]
 
-    bad = [r for r in report.get("checks", []) if r["status"] in ("fail", "crash", "timeout")]
+    bad = [r for r in report.get("checks", []) if r["status"] in FAILING]
     if bad:
         out += ["### Failures", ""]
         for r in bad:
@@ -241,7 +243,7 @@ def to_html(report: dict[str, Any]) -> str:
         ]
         if kern:
             parts.append("<h3>Kernels the profiler saw</h3><ul>" + "".join(kern) + "</ul>")
-    bad = [r for r in report.get("checks", []) if r["status"] in ("fail", "crash", "timeout")]
+    bad = [r for r in report.get("checks", []) if r["status"] in FAILING]
     if bad:
         parts.append("<h2>Failures</h2>")
         for r in bad:

@@ -10,9 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from validate import SCHEMA_VERSION, __version__
-from validate.runner import STATUSES
-
-BACKENDS = ("flash", "efficient", "cudnn", "math")
+from validate.grid import BACKENDS
+from validate.runner import FAILING, STATUSES
 
 
 def now() -> str:
@@ -72,9 +71,7 @@ def build(
         counts[r["status"]] = counts.get(r["status"], 0) + 1
     env_rec = next((r for r in records if r["id"] == "env"), None)
     broken = [e for e in (expectations or {}).get("results", []) if e["status"] == "broken"]
-    failed = [
-        r["id"] for r in records if r["required"] and r["status"] in ("fail", "crash", "timeout")
-    ]
+    failed = [r["id"] for r in records if r["required"] and r["status"] in FAILING]
     return {
         "schema_version": SCHEMA_VERSION,
         "tool": {"name": "attnforge-validate", "version": __version__},

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 STATUSES = ("pass", "fail", "skip", "crash", "timeout")
+FAILING = ("fail", "crash", "timeout")  # what a required check must not end as
 STDERR_TAIL_LINES = 20
 
 # Text that means the device faulted, even when torch turned it into a Python exception
@@ -192,6 +193,6 @@ def run_isolated(
         for key in ("observations", "details", "metrics"):
             if isinstance(payload.get(key), dict):
                 record[key] = payload[key]
-    if status in ("fail", "crash", "timeout"):
+    if status in FAILING:
         record["stderr_tail"] = tail(stderr)
     return record

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from validate import grid
-from validate.runner import run_isolated
+from validate.runner import FAILING, run_isolated
 
 COMMANDS = ("env", "backends", "flash-attn", "kernels", "all")
 GROUPS = {
@@ -22,7 +22,6 @@ GROUPS = {
 }
 # Testing hook: os.pathsep-separated .py files whose CHECKS list adds checks (fault injection).
 EXTRA_CHECKS_ENV = "VALIDATE_EXTRA_CHECKS"
-FAILING = ("fail", "crash", "timeout")
 
 # Which check produces each expectation key (to explain a key that was not observed).
 PROVIDERS = {

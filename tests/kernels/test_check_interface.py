@@ -50,8 +50,19 @@ def test_shim_case_counts_routed_and_fallback_calls():
 
 
 def test_rule_fails_an_error_beyond_twice_the_reference_error():
-    assert check.rule_error(0.02, 0.01, 1.0, 2**-10)[0]
-    assert not check.rule_error(0.03, 0.01, 1.0, 2**-10)[0]
+    assert check.tolerance.within(0.02, 0.01, 1.0, 2**-10)[0]
+    assert not check.tolerance.within(0.03, 0.01, 1.0, 2**-10)[0]
+
+
+def test_cases_are_judged_by_the_validation_suites_rule(monkeypatch):
+    import torch
+
+    from validate import tolerance
+
+    case = check.Case("bf16", 1, 1, 1, 2, 2, 16, "causal")
+    assert check.compare(case, torch.device("cpu"))["ok"]
+    monkeypatch.setattr(tolerance, "within", lambda err, *_a, **_k: (False, 0.0))
+    assert not check.compare(case, torch.device("cpu"))["ok"]
 
 
 def test_skips_without_gpu_or_interpreter():

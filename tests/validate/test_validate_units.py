@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from validate import grid, suite
+from validate import grid, suite, tolerance
 from validate.checks import env, flash_attn, numerics, sdpa
 
 
@@ -41,6 +41,34 @@ def test_judge_accepts_the_low_precision_reference_itself():
     lp = numerics.attention_math(q, k, v, False, upcast=False)
     j = numerics.judge(lp, ref, lp)
     assert j.ok and j.max_abs_err <= j.tolerance
+
+
+def test_rule_allows_twice_the_reference_error_plus_one_rounding_unit():
+    assert tolerance.within(0.02, 0.01, 1.0, 2**-10) == (True, 0.02 + 2**-10)
+    assert not tolerance.within(0.03, 0.01, 1.0, 2**-10)[0]
+    assert tolerance.within(0.03, 0.01, 1.0, 2**-10, factor=tolerance.GRAD_FACTOR)[0]
+    # An output that is analytically zero is held to the rounding at magnitude 1e-2.
+    assert tolerance.tolerance(0.0, 0.0, 2**-7) == 2**-7 * 1e-2
+
+
+def test_judge_applies_the_shared_rule():
+    q, k, v = numerics.make_inputs(_case("bf16"), "cpu")
+    ref = numerics.attention_math(q, k, v, False, upcast=True)
+    lp = numerics.attention_math(q, k, v, False, upcast=False)
+    j = numerics.judge(lp, ref, lp)
+    ref_err = (lp.float() - ref.float()).abs().max().item()
+    ref_max = ref.float().abs().max().item()
+    assert j.tolerance == tolerance.tolerance(ref_err, ref_max, 2**-7)
+
+
+def test_judge_holds_a_small_output_to_its_own_rounding():
+    # FA3's floor (2 x max|(ref + 0.3 - 0.3) - ref|, this suite's before the rule was shared)
+    # allowed ~2e-3 in bf16 whatever the output's size; an error of 5e-4 on outputs of 1e-3 is
+    # half their value and must fail.
+    ref = torch.full((4, 8), 1e-3).to(torch.bfloat16)
+    out = (ref.float() + 5e-4).to(torch.bfloat16)
+    j = numerics.judge(out, ref, ref)
+    assert not j.ok and j.tolerance < 1e-4
 
 
 @pytest.mark.parametrize(

@@ -1,11 +1,4 @@
-"""Attention references and the flash-attention error rule.
-
-Rule (Dao-AILab tests/test_flash_attn.py; FA3 hopper tests): with ``ref`` the attention
-computed in fp32 from the same inputs (rounded to the input dtype, as ``attention_ref`` does) and ``pt`` the same math in the input dtype,
-``max|out - ref| <= 2 * max|pt - ref| + atol`` where ``atol`` is twice the rounding
-granularity of the reference at its magnitude, ``2 * max|(ref + 0.3 - 0.3) - ref|`` in the
-input dtype (the FA3 ``fwd_atol``).
-"""
+"""Attention references and the flash-attention error rule (``validate.tolerance``) on tensors."""
 
 from __future__ import annotations
 
@@ -15,11 +8,10 @@ from typing import Any
 
 import torch
 
+from validate import tolerance
 from validate.grid import Case
 
 __all__ = ["Case", "attention_math", "judge", "make_inputs"]
-
-ERROR_FACTOR = 2.0
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -95,22 +87,27 @@ class Judgement:
 
 
 def judge(out: torch.Tensor, ref: torch.Tensor, ref_lowp: torch.Tensor) -> Judgement:
-    """Apply the flash-attention rule to ``out`` (any dtype) against fp32 ``ref``."""
+    """Apply the flash-attention rule to ``out`` against ``ref``, with ``ref_lowp`` the same
+    math in ``out``'s dtype (whose machine epsilon sets the rule's floor)."""
     if out.shape != ref.shape:
         return Judgement(
             False, math.inf, math.nan, math.nan, f"shape {tuple(out.shape)} != {tuple(ref.shape)}"
         )
-    outf = out.float()
+    outf, reff = out.float(), ref.float()
     nonfinite = int((~torch.isfinite(outf)).sum().item())
-    ref_err = (ref_lowp.float() - ref).abs().max().item()
-    ref_d = ref.to(out.dtype)
-    atol = 2.0 * ((ref_d + 0.3 - 0.3) - ref_d).abs().max().float().item()
-    tol = ERROR_FACTOR * ref_err + atol
+    ref_err = (ref_lowp.float() - reff).abs().max().item()
+    ref_max = reff.abs().max().item()
+    eps = torch.finfo(out.dtype).eps
+    tol = tolerance.tolerance(ref_err, ref_max, eps)
     if nonfinite:
         return Judgement(
             False, math.nan, ref_err, tol, f"{nonfinite} non-finite values (NaN/inf) in the output"
         )
-    err = (outf - ref).abs().max().item()
-    ok = err <= tol
-    msg = f"max|err| {err:.3g} {'<=' if ok else '>'} tolerance {tol:.3g} (2 x ref err {ref_err:.3g} + {atol:.3g})"
+    err = (outf - reff).abs().max().item()
+    ok, tol = tolerance.within(err, ref_err, ref_max, eps)
+    floor = tol - tolerance.FACTOR * ref_err
+    msg = (
+        f"max|err| {err:.3g} {'<=' if ok else '>'} tolerance {tol:.3g} "
+        f"({tolerance.FACTOR:g} x ref err {ref_err:.3g} + {floor:.3g})"
+    )
     return Judgement(ok, err, ref_err, tol, msg)

@@ -16,10 +16,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from validate.checks.numerics import attention_math, judge, make_inputs
-from validate.grid import Case, for_cpu
+from validate.grid import BACKENDS, Case, for_cpu
 from validate.runner import is_device_fault
 
-BACKENDS = ("flash", "efficient", "cudnn", "math")
 ENUM_NAMES = {
     "flash": "FLASH_ATTENTION",
     "efficient": "EFFICIENT_ATTENTION",
@@ -187,7 +186,7 @@ def profile_kernels(torch, fn, device: str) -> tuple[list[str], list[str]]:
 
 def backend_from_ops(ops: list[str]) -> str | None:
     """The backend whose aten op appears in a profile (the most specific one wins)."""
-    for backend in ("flash", "efficient", "cudnn", "math"):
+    for backend in BACKENDS:
         for op in ATEN_OPS[backend]:
             if any(o.split("::")[-1].startswith(op) for o in ops):
                 return backend
