@@ -17,10 +17,16 @@ def test_every_case_name_round_trips():
         assert check.Case.parse(case.name) == case
 
 
-def test_interpreter_lists_cpu_sized_cases():
+def test_interpreter_lists_a_few_tiny_cases_covering_every_feature():
     names = check.list_cases(quick=False)
     assert names[-1] == check.SHIM_CASE
-    assert [check.Case.parse(n) for n in names[:-1]] == check.grid_cpu()
+    cases = [check.Case.parse(n) for n in names[:-1]]
+    assert cases == check.grid_interpreter()
+    assert check.list_cases(quick=True) == names[:1] + [check.SHIM_CASE]
+    assert {"causal", "window", "alibi", "softcap"} <= {c.mask for c in cases}
+    assert "varlen" in {c.layout for c in cases} and any(c.hq != c.hk for c in cases)
+    assert any(c.d not in (16, 32, 64, 128, 256) for c in cases)  # a padded head dim
+    assert max(max(c.sq, c.sk) for c in cases) < 32
 
 
 def test_full_gpu_grid_covers_the_issue_seqlens_and_head_dims():

@@ -210,3 +210,27 @@ def test_kernels_absent_is_a_skip(tmp_path, repo, run_validate):
     assert rec["status"] == "skip" and "not importable" in rec["message"]
     assert report["observations"]["kernels.present"] is False
     assert proc.returncode == 0
+
+
+@pytest.mark.slow
+def test_without_a_gpu_the_bundled_kernels_run_in_the_interpreter(tmp_path, run_validate):
+    # The cpu stack's promise (recipes/stacks.yaml): the kernels' cases run and pass on CPU,
+    # with TRITON_INTERPRET unset as in the image (run_validate drops it).
+    promise = {"kernels.present": True, "kernels.works": True}
+    expect = tmp_path / "expect.json"
+    expect.write_text(json.dumps({"stack": "cpu", "arch": "cpu", "expect": promise}))
+    proc = run_validate(
+        "kernels", "--json", str(tmp_path / "r.json"), "--expect", str(expect),
+        env={"CUDA_VISIBLE_DEVICES": ""},
+    )  # fmt: skip
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    listed = next(c for c in report["checks"] if c["id"] == "kernels.list")
+    assert listed["status"] == "pass" and listed["details"]["interpreter"] is True
+    cases = [c for c in report["checks"] if c["id"].startswith("kernels.case.")]
+    assert len(cases) == len(listed["details"]["cases"]) >= 5
+    assert all(c["status"] == "pass" for c in cases), [(c["id"], c["message"]) for c in cases]
+    ids = " ".join(c["id"] for c in cases)
+    for feature in ("causal", "window", "varlen", "alibi", "softcap", "shim-routing"):
+        assert feature in ids
+    assert report["observations"]["kernels.works"] is True

@@ -7,6 +7,7 @@ import torch
 
 from validate import grid, suite, tolerance
 from validate.checks import env, flash_attn, numerics, sdpa
+from validate.checks import kernels as kernels_check
 
 
 def _case(dtype="fp16", causal=False, hq=4, hkv=4):
@@ -249,3 +250,20 @@ def test_execute_discovers_kernel_cases_and_skips_flash_attn_run():
     ids = [r["id"] for r in records]
     assert "flash_attn.run" in ids and "flash_attn.run" not in seen
     assert ids[-2:] == ["kernels.case.k1", "kernels.case.k2"]
+
+
+class _Ctx:
+    quick = False
+
+    def progress(self, stage: str) -> None:
+        pass
+
+
+def test_kernels_check_turns_the_interpreter_on_only_without_a_gpu(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert not kernels_check._interpret_without_gpu(_Ctx())
+    assert "TRITON_INTERPRET" not in os.environ
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert kernels_check._interpret_without_gpu(_Ctx())
+    assert os.environ["TRITON_INTERPRET"] == "1"
