@@ -318,7 +318,11 @@ class DockerEngine(_CliEngine):
 
     def describe(self) -> str:
         info = self.client.version()
-        return f"Docker {info.get('Version', '?')} via {self.cli} ({'buildx' if self.mode == 'buildx' else 'BuildKit'})"
+        rootless = any("rootless" in o for o in self.client.info().get("SecurityOptions") or [])
+        return (
+            f"Docker {info.get('Version', '?')}{' rootless' if rootless else ''} via {self.cli} "
+            f"({'buildx' if self.mode == 'buildx' else 'BuildKit'})"
+        )
 
     def image_id(self, ref: str) -> str | None:
         import docker
@@ -355,7 +359,11 @@ class PodmanEngine(_CliEngine):
 
     def describe(self) -> str:
         out = subprocess.run([self.cli, "--version"], capture_output=True, text=True).stdout.strip()
-        return out or "podman"
+        rootless = subprocess.run(
+            [self.cli, "info", "--format", "{{.Host.Security.Rootless}}"],
+            capture_output=True, text=True,
+        ).stdout.strip()  # fmt: skip
+        return (out or "podman") + (" rootless" if rootless == "true" else "")
 
     def image_id(self, ref: str) -> str | None:
         out = subprocess.run(

@@ -730,3 +730,18 @@ def stack_options(recipes: Recipes, arch: str) -> list[StackOption]:
         reason = f"{blocked[0].layer}: {blocked[0].reason}" if blocked else ""
         found.append(StackOption(name, not blocked, attention, reason))
     return found
+
+
+def aotriton_facts(recipes: Recipes, plan: Plan) -> dict[str, Any] | None:
+    """What the recipes say of the AOTriton in this plan's torch, for the report: its version,
+    whether it calls the arch experimental, and whether the image sets the knob for it."""
+    for step in plan.chain:
+        version = recipes.layers[step.layer].aotriton_for(step.variant)
+        if version and "torch" in recipes.layers[step.layer].provides:
+            status = recipes.arches[plan.arch].aotriton_status(version)
+            return {
+                "version": version,
+                "experimental": status == "experimental",
+                "image_sets_knob": step.args.get("AOTRITON_EXPERIMENTAL") == "1",
+            }
+    return None

@@ -237,6 +237,35 @@ class ArchesFile(Strict):
     arches: dict[str, Arch]
 
 
+class HostRule(Strict):
+    """A host known to break ROCm work, whatever the stack: validation warns with the fix, and a
+    crash on such a host is marked host-suspect. Every condition given must hold."""
+
+    id: str
+    warning: str = Field(description="what goes wrong on such a host, as a sentence")
+    fix: str = Field(description="what to change on the host")
+    source: str = Field(description="where this is documented: repository, path or issue, date")
+    arches: list[str] | None = Field(None, description="only hosts with one of these GPUs")
+    kernel_below: str | None = Field(None, description="Linux releases older than this")
+    hsa_override: Literal["empty", "crosses_major"] | None = Field(
+        None, description="HSA_OVERRIDE_GFX_VERSION set but empty, or to another GPU generation"
+    )
+    device_access: Literal["missing"] | None = Field(
+        None, description="the container cannot open /dev/kfd"
+    )
+
+    @model_validator(mode="after")
+    def _has_a_condition(self) -> HostRule:
+        if not (self.arches or self.kernel_below or self.hsa_override or self.device_access):
+            raise ValueError("a host rule needs a condition: arches, kernel_below, hsa_override "
+                             "or device_access")  # fmt: skip
+        return self
+
+
+class HostsFile(Strict):
+    known_bad: list[HostRule] = Field(default_factory=list)
+
+
 class StacksFile(Strict):
     stacks: dict[str, Stack]
 
@@ -250,6 +279,7 @@ class Recipes:
     layers: dict[str, Layer]
     stacks: dict[str, Stack]
     layer_files: dict[str, str]
+    host_rules: tuple[HostRule, ...] = ()
 
 
 # ---------------------------------------------------------------------------- pin formats
@@ -573,7 +603,17 @@ def load_recipes(root: Path) -> Recipes:
     stacks = {n: s.model_copy(update={"name": n}) for n, s in stacks_file.stacks.items()}
     for stack in stacks.values():
         _check_stack(stack, layers, arches, stacks_src)
-    return Recipes(root, arches, layers, stacks, layer_files)
+    hosts: tuple[HostRule, ...] = ()
+    if (rdir / "hosts.yaml").is_file():
+        hosts_src = yamlsrc.load(rdir / "hosts.yaml", "recipes/hosts.yaml")
+        hosts = tuple(_validate(HostsFile, hosts_src).known_bad)
+        for i, rule in enumerate(hosts):
+            unknown_arches = set(rule.arches or ()) - set(arches)
+            if unknown_arches:
+                raise RecipeError("recipes/hosts.yaml", "unknown arch", field="arches",
+                                  line=hosts_src.line_of(("known_bad", i, "arches")),
+                                  choices=arches)  # fmt: skip
+    return Recipes(root, arches, layers, stacks, layer_files, hosts)
 
 
 def _check_layer(

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from validate import __version__, render, report, suite
+from validate import __version__, host, render, report, suite
 from validate.expect import KNOWN_KEYS, ExpectError, evaluate, load_expect
 
 DESCRIPTION = """\
@@ -200,7 +200,13 @@ def cmd_run(args: argparse.Namespace, argv: list[str]) -> int:
         for r in results:
             print(f"{'met' if r.met else 'BROKEN':>7}  expect {r.key}: {r.message}", flush=True)
     code = suite.exit_code(records, broken)
+    fp = host.fingerprint()
+    warnings = host.host_warnings(fp, list(spec.host_rules) if spec else [], spec and spec.arch)
+    for w in warnings:
+        print(f"   HOST  {w['warning']}; fix: {w['fix']} ({w['source']})", flush=True)
     doc = report.build(
+        host={"fingerprint": fp, "warnings": warnings},
+        aotriton=spec.aotriton if spec else None,
         command=args.command,
         argv=argv,
         quick=args.quick,

@@ -62,6 +62,10 @@ class ExpectSpec:
     stack: str | None
     arch: str | None
     expect: dict[str, Any]
+    # Known-bad host rules (recipes/hosts.yaml) and what the recipes say of the torch's AOTriton:
+    # {version, experimental (for this arch), image_sets_knob}. Both optional.
+    host_rules: tuple[dict[str, Any], ...] = ()
+    aotriton: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -88,12 +92,22 @@ def parse_expect(data: Any, path: str = "<expect>") -> ExpectSpec:
     """Validate the structure of an expect document; raise ExpectError with a sentence."""
     if not isinstance(data, dict):
         raise ExpectError(f"{path}: the top level must be a JSON object with 'expect'.")
-    unknown_top = sorted(set(data) - {"stack", "arch", "expect"})
+    unknown_top = sorted(set(data) - {"stack", "arch", "expect", "host_rules", "aotriton"})
     if unknown_top:
         raise ExpectError(
             f"{path}: unknown top-level field(s) {', '.join(unknown_top)}; "
-            "valid fields: stack, arch, expect."
+            "valid fields: stack, arch, expect, host_rules, aotriton."
         )
+    rules = data.get("host_rules", [])
+    if not isinstance(rules, list) or not all(
+        isinstance(r, dict) and {"id", "warning", "fix", "source"} <= set(r) for r in rules
+    ):
+        raise ExpectError(
+            f"{path}: 'host_rules' must be a list of objects with id, warning, fix and source."
+        )
+    aotriton = data.get("aotriton")
+    if aotriton is not None and not isinstance(aotriton, dict):
+        raise ExpectError(f"{path}: 'aotriton' must be an object.")
     expect = data.get("expect", {})
     if not isinstance(expect, dict):
         raise ExpectError(f"{path}: 'expect' must be an object mapping keys to values.")
@@ -113,7 +127,10 @@ def parse_expect(data: Any, path: str = "<expect>") -> ExpectSpec:
                 f"{path}: expectation {key!r} must be a string, boolean, number, "
                 "or a non-empty list of them."
             )
-    return ExpectSpec(path=path, stack=data.get("stack"), arch=data.get("arch"), expect=expect)
+    return ExpectSpec(
+        path=path, stack=data.get("stack"), arch=data.get("arch"), expect=expect,
+        host_rules=tuple(rules), aotriton=aotriton,
+    )  # fmt: skip
 
 
 def load_expect(path: str | Path) -> ExpectSpec:

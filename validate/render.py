@@ -68,6 +68,38 @@ def backend_cell(entry: dict[str, Any] | None) -> str:
     return cell
 
 
+def _host_lines(report: dict[str, Any]) -> list[str]:
+    """Known-bad host warnings first (they explain crashes), then the AOTriton knob, then what
+    the host is: kernel, GPUs, driver, HSA override, device access, engine."""
+    host = report.get("host") or {}
+    fp = host.get("fingerprint") or {}
+    out: list[str] = []
+    for w in host.get("warnings") or []:
+        out.append(f"- ⚠️ **host**: {_md(w['warning'], 400)}. Fix: {_md(w['fix'], 400)} "
+                   f"({_md(w['source'], 200)})")  # fmt: skip
+    knob = report.get("aotriton_knob") or {}
+    if "needed" in knob:
+        state = "sets" if knob.get("set") else "does not set"
+        need = "needs it" if knob["needed"] else "does not need it"
+        icon = "✅" if knob.get("ok") else "❌"
+        out.append(f"- {icon} the image {state} `{knob['variable']}`; this arch {need} with "
+                   f"AOTriton {knob.get('aotriton')}")  # fmt: skip
+    if fp:
+        gpus = ", ".join(g["arch"] for g in fp.get("gpus") or []) or "none seen"
+        hsa = fp.get("hsa_override_gfx_version") or {}
+        hsa_text = hsa.get("state", "?") + (f" ({hsa['value']!r})" if "value" in hsa else "")
+        kfd = next((d for d in fp.get("devices") or [] if d["path"].endswith("/kfd")), {})
+        access = ("readable" if kfd.get("readable") else "not readable") if kfd.get("exists") \
+            else "absent"  # fmt: skip
+        out.append(
+            f"- host: Linux {fp.get('kernel')}, GPUs {gpus}, amdgpu {fp.get('amdgpu_driver') or '?'}, "
+            f"HSA_OVERRIDE_GFX_VERSION {hsa_text}, /dev/kfd {access}, groups "
+            f"{', '.join(fp.get('groups') or []) or '-'}"
+            + (f", engine {fp['engine']}" if fp.get("engine") else "")
+        )
+    return [*out, ""] if out else []
+
+
 def to_markdown(report: dict[str, Any]) -> str:
     s = report.get("summary") or {}
     status = str(s.get("status", "?")).upper()
@@ -82,6 +114,8 @@ def to_markdown(report: dict[str, Any]) -> str:
         + f" · exit status {s.get('exit_code')}"
     )
     out.append("")
+
+    out += _host_lines(report)
 
     exp = report.get("expectations")
     if exp:
@@ -106,8 +140,9 @@ def to_markdown(report: dict[str, Any]) -> str:
     out += ["### Checks", "", "| status | check | time | message |", "|---|---|---|---|"]
     for r in report.get("checks", []):
         req = "" if r.get("required", True) else " (optional)"
+        suspect = " · host-suspect" if r.get("host_suspect") else ""
         out.append(
-            f"| {ICON.get(r['status'], '')} {r['status']} | `{r['id']}`{req} | "
+            f"| {ICON.get(r['status'], '')} {r['status']}{suspect} | `{r['id']}`{req} | "
             f"{r.get('duration_s', 0):.1f}s | {_md(r.get('message'))} |"
         )
     out.append("")

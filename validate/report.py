@@ -64,12 +64,21 @@ def build(
     observations: dict[str, Any],
     expectations: dict[str, Any] | None,
     exit_code: int,
+    host: dict[str, Any] | None = None,
+    aotriton: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Assemble the report document."""
+    """Assemble the report document. `host`: the fingerprint and the known-bad rules it matched
+    (validate/host.py); a crash or timeout on such a host is marked host_suspect."""
     counts = {s: 0 for s in STATUSES}
     for r in records:
         counts[r["status"]] = counts.get(r["status"], 0) + 1
     env_rec = next((r for r in records if r["id"] == "env"), None)
+    suspects = [w["id"] for w in (host or {}).get("warnings", [])]
+    if suspects:
+        records = [
+            {**r, "host_suspect": suspects} if r["status"] in ("crash", "timeout") else r
+            for r in records
+        ]
     broken = [e for e in (expectations or {}).get("results", []) if e["status"] == "broken"]
     failed = [r["id"] for r in records if r["required"] and r["status"] in FAILING]
     return {
@@ -80,7 +89,8 @@ def build(
         "quick": quick,
         "started_at": started_at,
         "duration_s": round(duration_s, 3),
-        "host": {"hostname": socket.gethostname(), "platform": platform.platform()},
+        "host": {"hostname": socket.gethostname(), "platform": platform.platform(), **(host or {})},
+        "aotriton_knob": aotriton_knob(aotriton, (env_rec or {}).get("details", {})),
         "stack": (expectations or {}).get("stack"),
         "arch": (expectations or {}).get("arch"),
         "environment": (env_rec or {}).get("details", {}),
@@ -96,6 +106,21 @@ def build(
             "broken_expectations": len(broken),
         },
     }
+
+
+KNOB = "TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL"
+
+
+def aotriton_knob(facts: dict[str, Any] | None, env_details: dict[str, Any]) -> dict[str, Any]:
+    """Whether the image sets TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL, and whether this arch
+    needs it with the AOTriton the torch bundles (per the recipes), so a silent math fallback on
+    an experimental arch has its reason in the report."""
+    value = (env_details.get("env") or {}).get(KNOB)
+    found = {"variable": KNOB, "value": value, "set": value == "1"}
+    if facts:
+        found.update(aotriton=facts.get("version"), needed=bool(facts.get("experimental")))
+        found["ok"] = found["set"] or not found["needed"]
+    return found
 
 
 class ReportError(Exception):

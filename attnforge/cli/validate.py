@@ -14,8 +14,8 @@ from invoke.exceptions import Exit
 from ..console import out, user_errors
 from ..engine import RunRequest, check_engine_name, connect
 from ..errors import UserError
-from ..plan import Options, resolve
-from ..recipes import load_recipes
+from ..plan import Options, Plan, aotriton_facts, resolve
+from ..recipes import Recipes, load_recipes
 from ..workspace import REPORTS_DIR_ENV, VALIDATED, Workspace
 from . import choose_target, command, whole_number
 
@@ -54,6 +54,18 @@ def suite_args(
     if timeout:
         args += ["--timeout", str(timeout)]
     return args
+
+
+def expect_document(recipes: Recipes, plan: Plan) -> dict:
+    """What the suite holds the image to: the stack's expectations, the known-bad host rules
+    (recipes/hosts.yaml) and what the recipes say of the torch's AOTriton."""
+    return {
+        "stack": plan.stack,
+        "arch": plan.arch,
+        "expect": plan.expect,
+        "host_rules": [r.model_dump(exclude_none=True) for r in recipes.host_rules],
+        "aotriton": aotriton_facts(recipes, plan),
+    }
 
 
 def print_summary(report_path: Path) -> None:
@@ -116,9 +128,7 @@ def validate(
     run_dir.mkdir()
     try:
         expect_file = run_dir / "expect.json"
-        expect_file.write_text(
-            json.dumps({"stack": stack, "arch": arch, "expect": plan.expect}, indent=2) + "\n"
-        )
+        expect_file.write_text(json.dumps(expect_document(recipes, plan), indent=2) + "\n")
         log = run_dir / "validate.log"
         if local:
             argv = [sys.executable, *suite_args(str(run_dir / "report.json"),
@@ -132,6 +142,7 @@ def validate(
                 command=["python3", *suite_args("/out/report.json", "/out/report.md",
                                                "/out/expect.json", quick, timeout)],
                 devices=flags["devices"], groups=flags["groups"], extra=flags["extra"],
+                env={"ATTNFORGE_ENGINE": eng.describe()},
                 mounts=[(run_dir.resolve(), "/out", False)],
             )  # fmt: skip
             out.print(f"validating {ref} ({arch}, stack {stack})")

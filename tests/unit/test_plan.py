@@ -533,3 +533,21 @@ def test_the_experimental_aotriton_knob_follows_each_channels_aotriton(recipes, 
     assert (
         resolve(recipes, arch, stack).step("pytorch-wheels").args["AOTRITON_EXPERIMENTAL"] == knob
     )
+
+
+@pytest.mark.parametrize(
+    ("arch", "stack", "facts"),
+    [
+        ("gfx1150", "default", {"version": "0.13b", "experimental": True, "image_sets_knob": True}),
+        ("gfx1151", "default", {"version": "0.13b", "experimental": False, "image_sets_knob": False}),
+        ("gfx1151", "rocm7.14", {"version": "0.11.2b", "experimental": True, "image_sets_knob": True}),
+        ("cpu", "cpu", None),
+    ],
+)  # fmt: skip
+def test_the_validation_suite_is_told_what_the_recipes_say_of_aotriton(recipes, arch, stack, facts):
+    from attnforge.cli.validate import expect_document
+
+    doc = expect_document(recipes, resolve(recipes, arch, stack))
+    assert doc["aotriton"] == facts
+    assert {r["id"] for r in doc["host_rules"]} >= {"strix-halo-kernel", "empty-hsa-override"}
+    assert all(r["source"] and r["fix"] for r in doc["host_rules"])
