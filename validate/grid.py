@@ -41,6 +41,11 @@ GRID = (
     Case("fp16-d33-s77", "fp16", False, 33, 4, 4, 77, 77),
     Case("bf16-d128-s512-gqa4-causal", "bf16", True, 128, 8, 2, 512, 512),
     Case("fp16-d64-q129-k257", "fp16", False, 64, 8, 8, 129, 257),
+    # ViT (80) and SD (96) head dims, reported slow or failing on gfx1151; 256, the largest
+    # flash-attention supports (Gemma, some diffusion models).
+    Case("fp16-d80-s1024", "fp16", False, 80, 12, 12, 1024, 1024),
+    Case("bf16-d96-s512", "bf16", False, 96, 8, 8, 512, 512),
+    Case("bf16-d256-s512-causal", "bf16", True, 256, 4, 4, 512, 512),
 )
 QUICK = ("fp16-d64-s512", "bf16-d128-s512-gqa4-causal", "fp16-d33-s77")
 REFERENCE_CASE = "fp16-d64-s512"

@@ -9,7 +9,10 @@ from validate.grid import BACKENDS
 from validate.runner import FAILING
 
 ICON = {"pass": "✅", "fail": "❌", "crash": "💥", "timeout": "⏱️", "skip": "⏭️"}
-RUN_CELL = {"pass": "✅", "fail": "❌", "crash": "💥", "unsupported": "—", "skip": "skip"}
+RUN_CELL = {
+    "pass": "✅", "fail": "❌", "crash": "💥", "deferred-fault": "💥 deferred",
+    "unsupported": "—", "skip": "skip",
+}  # fmt: skip
 
 
 def _value(x: Any) -> str:
@@ -153,7 +156,8 @@ def to_markdown(report: dict[str, Any]) -> str:
             "### SDPA backends",
             "",
             "Forced run per backend: ✅/❌ max|err| / tolerance (flash-attention rule: 2× the "
-            "same-dtype math error + rounding floor); — = refused; 💥 = GPU fault.",
+            "same-dtype math error + rounding floor); — = refused; 💥 = GPU fault; 💥 deferred = "
+            "the run returned, but the checked op after it failed.",
             "",
             "| case | default pick | profiler | " + " | ".join(BACKENDS) + " |",
             "|---|---|---|" + "---|" * len(BACKENDS),

@@ -86,6 +86,24 @@ def _sync(torch, device: str) -> None:
         torch.cuda.synchronize()
 
 
+def probe(torch, device: str) -> str | None:
+    """After a backend ran and synchronized: a small matmul and elementwise op, checked against
+    the CPU. A fused kernel that fails asynchronously, or whose failed launch only sets the
+    runtime's last error, surfaces at the *next* op (pytorch#194498: a deferred
+    hipErrorInvalidValue); running one here charges it to the backend that caused it instead of
+    a later, unrelated check. Returns the device's error text, or None when the op was right."""
+    try:
+        a = torch.arange(64, dtype=torch.float32).reshape(8, 8) / 64
+        want = (a @ a) * 2 + 1
+        got = ((a.to(device) @ a.to(device)) * 2 + 1).cpu()
+        _sync(torch, device)
+    except Exception as exc:  # noqa: BLE001 - any error here is the deferred one
+        return f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:400]
+    if not torch.allclose(got, want, rtol=1e-3, atol=1e-3):
+        return "a checked matmul after it gave wrong results (the device state is corrupt)"
+    return None
+
+
 def backend_enum(torch, name: str):
     from torch.nn.attention import SDPBackend
 
@@ -443,6 +461,14 @@ def case(params: dict[str, Any], ctx) -> dict[str, Any]:
             else:
                 entry["run"] = "unsupported"
             continue
+        ctx.progress(f"probe after forced {b} run")
+        deferred = probe(torch, device)
+        if deferred:
+            entry.update(run="deferred-fault", error=deferred)
+            crashed = (
+                f"the checked op after the forced {b} run (deferred, charged to {b}): {deferred}"
+            )
+            break
         j = judge(out, ref, ref_lp)
         entry["judgement"] = j.to_json()
         entry["run"] = "pass" if j.ok else "fail"
