@@ -167,6 +167,7 @@ def test_every_family_has_a_config_for_every_head_dim():
             assert cfg.fwd.block_m >= 16 and cfg.bwd_kv.block_n >= 16
 
 
+@pytest.mark.slow
 def test_unknown_arch_is_a_user_error():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run(

@@ -27,6 +27,7 @@ def test_autotuning_is_off_by_default(monkeypatch):
     assert autotune.choose("", "default-config", lambda c: None) == "default-config"
 
 
+@pytest.mark.slow
 def test_tuned_call_is_correct_and_its_choice_is_cached(tuning):
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 20, 2, 32, generator=g).half().requires_grad_() for _ in range(3))

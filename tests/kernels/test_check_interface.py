@@ -71,6 +71,7 @@ def test_cases_are_judged_by_the_validation_suites_rule(monkeypatch):
     assert not check.compare(case, torch.device("cpu"))["ok"]
 
 
+@pytest.mark.slow
 def test_skips_without_gpu_or_interpreter():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["CUDA_VISIBLE_DEVICES"] = ""

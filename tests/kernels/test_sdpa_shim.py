@@ -80,6 +80,7 @@ def test_routed_call_has_gradients(shim):
     assert q.grad is not None and k.grad is not None and v.grad is not None
 
 
+@pytest.mark.slow
 def test_environment_variable_enables_the_shim_at_import():
     import os
     import subprocess

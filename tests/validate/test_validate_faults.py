@@ -22,6 +22,7 @@ def fault_run(tmp_path_factory, run_validate, repo):
     return proc, json.loads((tmp / "r.json").read_text()), (tmp / "r.md").read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("check_id", "status", "fragment"),
     [
@@ -48,6 +49,7 @@ def test_each_fault_is_classified(fault_run, check_id, status, fragment):
     assert fragment in rec["message"]
 
 
+@pytest.mark.slow
 def test_the_run_completes_in_order_and_fails(fault_run):
     proc, report, _ = fault_run
     ids = [c["id"] for c in report["checks"]]
@@ -65,6 +67,7 @@ def test_the_run_completes_in_order_and_fails(fault_run):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_signal_and_progress_are_recorded(fault_run):
     segv = next(c for c in fault_run[1]["checks"] if c["id"] == "fault.segfault")
     assert segv["signal"] == "SIGSEGV" and segv["returncode"] == -11
@@ -73,11 +76,13 @@ def test_signal_and_progress_are_recorded(fault_run):
     assert 2.5 < hang["duration_s"] < 30  # its own 3 s timeout, not the run's 60 s
 
 
+@pytest.mark.slow
 def test_a_leftover_child_process_does_not_make_a_check_hang(fault_run):
     rec = next(c for c in fault_run[1]["checks"] if c["id"] == "fault.leaves_child")
     assert rec["duration_s"] < 20  # the child sleeps 120 s holding the check's stdout
 
 
+@pytest.mark.slow
 def test_markdown_lists_the_failures(fault_run):
     md = fault_run[2]
     assert "| 💥 crash | `fault.segfault` |" in md

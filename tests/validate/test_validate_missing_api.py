@@ -6,6 +6,7 @@ patched: that exercises the code path, not ROCm's answers.
 
 import json
 
+import pytest
 import torch
 
 from validate.checks import numerics, sdpa
@@ -94,6 +95,7 @@ FAKE_FA = {
 }
 
 
+@pytest.mark.slow
 def test_flash_attn_backend_is_read_from_the_bound_module(tmp_path, run_validate):
     for rel, text in FAKE_FA.items():
         p = tmp_path / "site" / rel
@@ -120,6 +122,7 @@ def test_flash_attn_backend_is_read_from_the_bound_module(tmp_path, run_validate
     assert report["environment"]["env"]["FLASH_ATTENTION_TRITON_AMD_ENABLE"] == "TRUE"
 
 
+@pytest.mark.slow
 def test_a_broken_flash_attn_install_fails_instead_of_skipping(tmp_path, run_validate):
     site = tmp_path / "site" / "flash_attn"
     site.mkdir(parents=True)

@@ -43,6 +43,7 @@ def quick_run(tmp_path_factory, run_validate):
     return proc, report, (tmp / "r.md").read_text()
 
 
+@pytest.mark.slow
 def test_quick_run_on_cpu_torch_passes(quick_run):
     proc, report, _ = quick_run
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -50,10 +51,12 @@ def test_quick_run_on_cpu_torch_passes(quick_run):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_report_matches_schema(quick_run, schema_errors):
     assert schema_errors(quick_run[1]) == []
 
 
+@pytest.mark.slow
 def test_env_observes_cpu_torch(quick_run):
     obs = quick_run[1]["observations"]
     import torch
@@ -64,6 +67,7 @@ def test_env_observes_cpu_torch(quick_run):
     assert "torch.device_arch" not in obs
 
 
+@pytest.mark.slow
 def test_cpu_sdpa_is_reported_honestly(quick_run):
     report = quick_run[1]
     rows = {r["case"]: r for r in report["backend_matrix"]}
@@ -83,12 +87,14 @@ def test_cpu_sdpa_is_reported_honestly(quick_run):
     assert rows["fp16-d64-s512"]["params"]["seqlen_q"] <= 256  # capped on CPU
 
 
+@pytest.mark.slow
 def test_rocm_only_apis_are_a_skip_with_reason(quick_run):
     rec = next(c for c in quick_run[1]["checks"] if c["id"] == "sdpa.rocm")
     assert rec["status"] == "skip"
     assert "not a ROCm build" in rec["message"]
 
 
+@pytest.mark.slow
 def test_expectations_are_evaluated(quick_run):
     exp = quick_run[1]["expectations"]
     assert exp["stack"] == "cpu"
@@ -96,6 +102,7 @@ def test_expectations_are_evaluated(quick_run):
     assert "### Expectations" in quick_run[2]
 
 
+@pytest.mark.slow
 def test_broken_expectation_fails_the_run_with_a_sentence(tmp_path, run_validate):
     expect = tmp_path / "e.json"
     expect.write_text(json.dumps({"expect": {"sdpa.default_backend": "efficient"}}))
@@ -120,6 +127,7 @@ def test_broken_expectation_fails_the_run_with_a_sentence(tmp_path, run_validate
     assert report["summary"]["failed_required"] == []
 
 
+@pytest.mark.slow
 def test_disabling_flash_changes_the_pick_and_breaks_a_flash_promise(tmp_path, run_validate):
     prelude = tmp_path / "prelude.py"
     prelude.write_text("import torch\ntorch.backends.cuda.enable_flash_sdp(False)\n")
@@ -142,6 +150,7 @@ def test_disabling_flash_changes_the_pick_and_breaks_a_flash_promise(tmp_path, r
     assert "enable_flash_sdp(False)" in proc.stdout
 
 
+@pytest.mark.slow
 def test_expectation_on_a_check_not_run_names_the_command(tmp_path, run_validate):
     expect = tmp_path / "e.json"
     expect.write_text(json.dumps({"expect": {"flash_attn.backend": "triton"}}))
@@ -180,6 +189,7 @@ def _fake_tree(tmp_path, repo, check_src=FAKE_CHECK):
     return tmp_path
 
 
+@pytest.mark.slow
 def test_kernels_cases_run_each_in_their_own_process(tmp_path, repo, run_validate):
     root = _fake_tree(tmp_path, repo)
     proc = run_validate("kernels", "--quick", "--json", "r.json", cwd=root)
@@ -200,6 +210,7 @@ def test_kernels_cases_run_each_in_their_own_process(tmp_path, repo, run_validat
     assert proc.returncode == 1
 
 
+@pytest.mark.slow
 def test_kernels_absent_is_a_skip(tmp_path, repo, run_validate):
     shutil.copytree(
         repo / "validate", tmp_path / "validate", ignore=shutil.ignore_patterns("__pycache__")
