@@ -7,6 +7,8 @@
 # 4  two cases of the bundled kernels through the kernels check;
 # 5  on Hopper SDPA prefers cuDNN, so: cuDNN disabled -> flash is the default pick and the
 #    promise holds (exit 0); cuDNN and flash disabled -> it breaks with a sentence (exit 1).
+# 6  a deferred CUDA error planted right after the first forced flash run (deferred_fault_cuda.py):
+#    the case reports flash as deferred-fault, and the next case runs clean in its own process.
 set -u
 OUT=${OUT:-/tmp/validate-gpu}
 PY=${PY:-python3}
@@ -57,5 +59,13 @@ want() { [[ " $SCENARIOS " == *" $1 "* ]]; }
       --json "$OUT/cudnn_flash_off.json" --md "$OUT/cudnn_flash_off.md" \
       --expect $G/expect_flash_default.json
     echo "rc5b=$?"
+  fi
+  if want 6; then
+    echo "== 6. deferred fault after a forced flash run"
+    rm -f "$OUT/deferred.marker"
+    DEFERRED_FAULT_MARKER="$OUT/deferred.marker" VALIDATE_PRELUDE=$G/deferred_fault_cuda.py \
+      $PY -m validate backends --timeout 240 --only env --only 'sdpa.case.fp16-d64-s512' \
+      --only 'sdpa.case.fp16-d80-s1024' --json "$OUT/deferred.json" --md "$OUT/deferred.md"
+    echo "rc6=$?"; cat "$OUT/deferred.marker"
   fi
 } 2>&1 | tee "$OUT/log.txt"
