@@ -28,28 +28,42 @@ REPO = Path(__file__).resolve().parents[2]
 EM_AMDGPU = 224
 
 
+_COMPILE = """
+import sys
+from pathlib import Path
+import triton, triton.language as tl
+from triton.backends.compiler import GPUTarget
+
+@triton.jit
+def add_one(x_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(x_ptr + i, tl.load(x_ptr + i, mask=i < n) + 1.0, mask=i < n)
+
+for arch, wave in (("gfx1151", 32), ("gfx942", 64)):
+    src = triton.compiler.ASTSource(
+        fn=add_one, signature={"x_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"},
+        constexprs={"BLOCK": 64},
+    )
+    hsaco = triton.compile(src, target=GPUTarget("hip", arch, wave)).asm["hsaco"]
+    Path(sys.argv[1], arch + ".hsaco").write_bytes(hsaco)
+"""
+
+
 @pytest.fixture(scope="module")
 def hsaco(tmp_path_factory) -> dict[str, bytes]:
-    """{arch: hsaco bytes} for gfx1151 (wave32) and gfx942 (wave64), compiled by Triton."""
-    os.environ["TRITON_CACHE_DIR"] = str(tmp_path_factory.mktemp("triton-cache"))
-    triton = pytest.importorskip("triton")
-    import triton.language as tl
-    from triton.backends.compiler import GPUTarget
-
-    @triton.jit
-    def add_one(x_ptr, n, BLOCK: tl.constexpr):
-        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        tl.store(x_ptr + i, tl.load(x_ptr + i, mask=i < n) + 1.0, mask=i < n)
-
-    out = {}
-    for arch, wave in (("gfx1151", 32), ("gfx942", 64)):
-        src = triton.compiler.ASTSource(
-            fn=add_one,
-            signature={"x_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"},
-            constexprs={"BLOCK": 64},
-        )
-        out[arch] = triton.compile(src, target=GPUTarget("hip", arch, wave)).asm["hsaco"]
-    return out
+    """{arch: hsaco bytes} for gfx1151 (wave32) and gfx942 (wave64), compiled by Triton in its
+    own process: the kernels tests set TRITON_INTERPRET=1 for this one, which makes no code."""
+    pytest.importorskip("triton")
+    out_dir = tmp_path_factory.mktemp("hsaco")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path_factory.mktemp("triton-cache"))
+    script = out_dir / "compile.py"  # @triton.jit reads the kernel's source from its file
+    script.write_text(_COMPILE)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(out_dir)], env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    return {arch: (out_dir / f"{arch}.hsaco").read_bytes() for arch in ("gfx1151", "gfx942")}
 
 
 def bundle(entries: list[tuple[str, bytes]]) -> bytes:
