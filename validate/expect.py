@@ -43,6 +43,8 @@ KNOWN_KEYS: dict[str, str] = {
     "flash_attn.backend": "backend of the flash_attn package: triton|ck|cuda|absent",
     "flash_attn.version": "flash_attn version string (prefix match)",
     "flash_attn.works": "flash_attn forward+backward matched the reference (true/false)",
+    "rdna3_minimal.present": "the rocWMMA RDNA3 FA2 kernel (rocwmma_fattn) is installed (true/false)",
+    "rdna3_minimal.works": "its forward+backward matched SDPA's math reference (true/false)",
     "kernels.present": "the bundled kernels package imports (true/false)",
     "kernels.works": "every bundled kernel case that ran passed, and at least one ran (true/false)",
 }

@@ -36,6 +36,7 @@ PROVIDERS = {
     "flash_attn.": "flash_attn.info",
     "kernels.present": "kernels.list",
     "kernels.works": "kernels.case.*",
+    "rdna3_minimal.": "rdna3_minimal.run",
 }
 
 
@@ -91,6 +92,16 @@ def plan(command: str, quick: bool) -> list[dict[str, Any]]:
         checks.append(
             _spec("flash_attn.run", "validate.checks.flash_attn:run", "flash_attn fwd+bwd")
         )
+        # The rocWMMA RDNA3 kernel ships only in its own layer's images: planned where it is
+        # installed (found without importing it, so the parent still needs no torch).
+        if importlib.util.find_spec("rocwmma_fattn") is not None:
+            checks.append(
+                _spec(
+                    "rdna3_minimal.run",
+                    "validate.checks.rdna3_minimal:run",
+                    "rocWMMA FA2 (RDNA3 minimal) fwd+bwd vs SDPA math",
+                )  # fmt: skip
+            )
     if "kernels" in groups:
         checks.append(
             _spec("kernels.list", "validate.checks.kernels:list_cases", "Bundled kernels")

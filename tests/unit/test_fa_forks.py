@@ -117,16 +117,21 @@ def test_the_rdna3_kernel_gets_its_arch_and_its_patch(recipes):
     assert "attnforge/patches.py" in {c.path for c in step.context}
 
 
-def test_the_rdna3_sdpa_check_is_loadable_by_validate():
+def test_the_rdna3_sdpa_check_is_planned_where_the_kernel_is_installed(tmp_path, monkeypatch):
     from validate import suite
 
-    path = REPO / "validate/checks/rdna3_minimal.py"
-    specs = suite.extra_checks({suite.EXTRA_CHECKS_ENV: str(path)})
-    assert [s["id"] for s in specs] == ["rdna3_minimal.run"]
-    dockerfile = (REPO / "dockerfiles/flash-attention-rdna3-minimal.Dockerfile").read_text()
-    assert "VALIDATE_EXTRA_CHECKS=/opt/attnforge/src/validate/checks/rdna3_minimal.py" in dockerfile
-    validate_df = (REPO / "dockerfiles/validate.Dockerfile").read_text()
-    assert "COPY validate /opt/attnforge/src/validate" in validate_df
+    def ids():
+        return [c["id"] for c in suite.plan("all", quick=True)]
+
+    assert "rdna3_minimal.run" not in ids()  # not installed here
+    pkg = tmp_path / "rocwmma_fattn"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert "rdna3_minimal.run" in ids()
+    from validate.expect import KNOWN_KEYS
+
+    assert {"rdna3_minimal.present", "rdna3_minimal.works"} <= set(KNOWN_KEYS)
 
 
 @pytest.mark.parametrize(

@@ -232,9 +232,11 @@ def test_every_known_key_has_a_provider():
     from validate.expect import KNOWN_KEYS
 
     planned = {c["id"] for c in suite.plan("all", quick=False)}
+    # kernel cases are listed at run time; the rocWMMA check is planned where its kernel is
+    planned_later = {"kernels.case.*", "rdna3_minimal.run"}
     for key in KNOWN_KEYS:
         pid = suite.provider(key)
-        assert pid == "kernels.case.*" or pid in planned, key
+        assert pid in planned_later or pid in planned, key
 
 
 def test_execute_discovers_kernel_cases_and_skips_flash_attn_run():

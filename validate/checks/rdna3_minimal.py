@@ -5,24 +5,14 @@ Upstream (Repeerc/flash-attention-v2-RDNA3-minimal@76d4433f bench_with_sdpa.py) 
 forward and backward; this does the same for the reference case and judges the difference with
 the flash-attention rule of validate.checks.numerics.
 
-Not planned by validate.suite: the layer's image names this file in VALIDATE_EXTRA_CHECKS (the
-CHECKS list below), so ``python -m validate all`` runs it there. Observations:
-``rdna3_minimal.present`` and ``rdna3_minimal.works`` (not expectation keys yet).
+validate.suite plans it (with ``flash-attn`` and ``all``) wherever ``rocwmma_fattn`` is installed.
+Observations: ``rdna3_minimal.present`` and ``rdna3_minimal.works`` (expectation keys).
 """
 
 from __future__ import annotations
 
 import importlib
 from typing import Any
-
-CHECKS = [
-    {
-        "id": "rdna3_minimal.run",
-        "func": "run",
-        "title": "rocWMMA FA2 (RDNA3 minimal) fwd+bwd vs SDPA math",
-        "group": "rdna3_minimal",
-    }
-]
 
 MODULE = "rocwmma_fattn.FlashAttn"
 
