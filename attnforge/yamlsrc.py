@@ -36,6 +36,11 @@ def _to_python(node: yaml.Node, loc: Loc, lines: dict[Loc, int], file: str) -> A
     if isinstance(node, yaml.MappingNode):
         out: dict[Any, Any] = {}
         for key_node, value_node in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                raise RecipeError(
+                    file, "YAML merge keys (<<) are not supported: write the keys out",
+                    line=key_node.start_mark.line + 1, field=".".join(map(str, loc)) or None,
+                )  # fmt: skip
             key = (
                 yaml.safe_load(yaml.serialize(key_node))
                 if key_node.tag != "tag:yaml.org,2002:str"

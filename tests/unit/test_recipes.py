@@ -378,3 +378,13 @@ def test_every_shipped_value_passes_check_pin():
         if layer.source:
             assert check_pin("SOURCE_REF", layer.source.ref) is None
             assert check_pin("SOURCE_REPO", layer.source.repo) is None
+
+
+def test_a_yaml_merge_key_is_a_sentence_not_a_traceback(repo_copy):
+    path = repo_copy / "recipes/stacks.yaml"
+    text = path.read_text()
+    path.write_text(
+        text.replace("    expect: *rocm_expect", "    expect:\n      <<: *rocm_expect", 1)
+    )
+    with pytest.raises(RecipeError, match=r"recipes/stacks.yaml:\d+: .*merge keys \(<<\) are not"):
+        load_recipes(repo_copy)
