@@ -1,0 +1,60 @@
+"""invoke doctor: what on this machine blocks building or validating, and the fix for each."""
+
+from __future__ import annotations
+
+import json as jsonlib
+
+from invoke.exceptions import Exit
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from .. import doctor as core
+from ..console import out, user_errors
+from ..engine import check_engine_name
+from ..recipes import load_recipes
+from ..workspace import Workspace
+from . import command
+
+STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "info": "dim"}
+
+
+def rows_table(rows: list[core.Row]) -> Table:
+    table = Table(title="attnforge doctor", title_justify="left")
+    for col in ("check", "status", "found", "fix"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        # Found and fix hold what the host said (paths, env values): text, never markup.
+        table.add_row(Text(r.check), Text(r.status, style=STYLE[r.status]), Text(r.found),
+                      Text(r.fix))  # fmt: skip
+    return table
+
+
+@command(
+    help={
+        "arch": "also check this arch: do the recipes build it, does it match the host's GPU",
+        "engine": "container engine to check: docker (default) or podman",
+        "registry": "check that the engine's client has a login for this registry host",
+        "json": "print the rows, the verdict and the facts as JSON",
+        "debug": "show tracebacks",
+    }
+)
+@user_errors
+def doctor(c, arch=None, engine="docker", registry=None, json=False, debug=False):
+    """Check this machine for building and validating: engine, GPU, devices, kernel, disk.
+
+    Exits 1 when something blocks building or validating; no GPU alone does not."""
+    check_engine_name(engine)
+    ws = Workspace.discover()
+    recipes = core.RecipeFacts.of(load_recipes(ws.root))
+    facts = core.gather(engine, ws.build_dir, registry)
+    rows = core.diagnose(facts, recipes, arch)
+    text, code = core.verdict(facts, rows, recipes)
+    if json:
+        print(jsonlib.dumps(core.to_json(facts, rows, text, code), indent=2, sort_keys=True))
+    else:
+        out.print(rows_table(rows))
+        style = "bold red" if code else "bold green"
+        out.print(f"[{style}]verdict:[/] {escape(text)}", soft_wrap=True)
+    if code:
+        raise Exit(code=code)
