@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -19,9 +20,19 @@ from pathlib import Path
 from typing import Any
 
 from . import smoke_runner
-from .engine import BuildFailed, BuildRequest, Engine, RunRequest
+from .engine import BuildFailed, BuildRequest, Engine, RegistryUnavailable, RunRequest
 from .errors import UserError
-from .plan import Options, Plan, Step, explain, mark_cached, parse_overrides, resolve
+from .plan import (
+    Options,
+    Plan,
+    Step,
+    cache_ref,
+    explain,
+    mark_cached,
+    mark_pullable,
+    parse_overrides,
+    resolve,
+)
 from .recipes import Recipes
 from .workspace import Workspace
 
@@ -66,6 +77,8 @@ class Invocation:
     jobs: int = 2
     engine: str = "docker"
     namespace: str = "attnforge"
+    cache_from: str | None = None  # a registry namespace whose content tags are pulled, not built
+    require_cache: bool = False  # a cache that does not answer is an error, not a fallback
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -144,8 +157,35 @@ class InputsStore:
             )
 
 
-def labels_for(step: Step) -> dict[str, str]:
+def provenance(ws: Workspace) -> dict[str, str]:
+    """OCI provenance labels shared by every image of a build: where the recipes came from (the
+    git remote and commit of this checkout, when it is one) and when. Labels are not part of the
+    cache key: the same inputs still make the same content tag."""
+    found = {"org.opencontainers.image.created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    for key, argv in (
+        ("org.opencontainers.image.revision", ["rev-parse", "HEAD"]),
+        ("org.opencontainers.image.source", ["config", "--get", "remote.origin.url"]),
+    ):
+        try:
+            proc = subprocess.run(["git", "-C", str(ws.root), *argv], capture_output=True,
+                                  text=True, timeout=10)  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if proc.returncode == 0 and proc.stdout.strip():
+            found[key] = proc.stdout.strip()
+    return found
+
+
+def labels_for(step: Step, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    # the stack's key versions so far (every layer's *_VERSION pins, root first)
+    versions = [
+        f"{k.removesuffix('_VERSION').lower()}={v}"
+        for layer in step.manifest.values() if isinstance(layer, dict)
+        for k, v in layer.items() if k.endswith("_VERSION")
+    ]  # fmt: skip
     return {
+        **(extra or {}),
+        "org.opencontainers.image.version": ",".join(versions) or step.short_hash,
         "org.attnforge.layer": step.layer,
         "org.attnforge.variant": step.variant or "",
         "org.attnforge.arch": step.arch,
@@ -159,11 +199,15 @@ def labels_for(step: Step) -> dict[str, str]:
 
 
 def plan_build(
-    inv: Invocation, recipes: Recipes, ws: Workspace, engine: Engine | None = None
+    inv: Invocation,
+    recipes: Recipes,
+    ws: Workspace,
+    engine: Engine | None = None,
+    notes: list[str] | None = None,
 ) -> tuple[Plan, bool]:
     """Resolve an invocation into a plan. With an engine, the base image's id and what is cached
-    are known (the bool says so); every step that will build says what changed since its last
-    build."""
+    are known (the bool says so), locally or in the registry cache; every step that will build
+    says what changed since its last build. Sentences for the user go to `notes`."""
     overrides = parse_overrides(inv.sets, recipes)
     base_ref = inv.base_image or (
         recipes.stacks[inv.stack].base_image if inv.stack in recipes.stacks else None
@@ -177,7 +221,30 @@ def plan_build(
     known = engine is not None
     if engine is not None:
         plan = mark_cached(plan, engine.existing(s.hash_tag for s in plan.steps))
+        if inv.cache_from:
+            plan = mark_pullable(plan, inv.cache_from, _in_cache(plan, inv, engine, notes))
     return explain(plan, InputsStore(ws).load(inv.arch)), known
+
+
+def _in_cache(plan: Plan, inv: Invocation, engine: Engine, notes: list[str] | None) -> set[str]:
+    """The content tags of the steps to build that the registry cache holds. A registry that does
+    not answer is said once; the layers then build (or, with require_cache, nothing does)."""
+    found = set()
+    for step in plan.steps:
+        if step.status != "build":
+            continue
+        ref = cache_ref(step, inv.cache_from or "")
+        try:
+            if engine.remote_has(ref):
+                found.add(ref)
+        except RegistryUnavailable as exc:
+            if inv.require_cache:
+                raise UserError(exc.message, hint="check the registry, or build without "
+                                "--require-cache to fall back to building") from None  # fmt: skip
+            if notes is not None:
+                notes.append(f"{exc.message}; building instead of pulling from the cache")
+            break
+    return found
 
 
 # ---------------------------------------------------------------------------- staging
@@ -250,6 +317,7 @@ def build_requests(
     """The engine request of every step that will build, keyed by layer: made before anything
     runs, so a dry run shows them and tests can compare them with what the engine received."""
     secrets = {"ca": ca_cert} if ca_cert else {}
+    origin = provenance(ws)
     requests = {}
     for step in plan.steps:
         if step.status != "build":
@@ -259,7 +327,7 @@ def build_requests(
             context=stage / "context",
             dockerfile=stage / "context" / "Dockerfile",
             build_args={"BASE_IMAGE": step.base_ref, **step.args, **step.hint_args},
-            labels=labels_for(step),
+            labels=labels_for(step, origin),
             iidfile=stage / "iid",
             secrets=secrets,
         )
@@ -365,9 +433,14 @@ def execute(
         state.in_progress = step.layer
         state.save(ws)
         try:
-            outcomes.append(
-                _build_step(step, engine, ws, requests[step.layer], logs, state, wheelhouse, notify)
-            )
+            if step.status == "pull":
+                outcomes.append(_pull_step(step, engine, logs, state, ws, notify))
+            else:
+                outcomes.append(
+                    _build_step(
+                        step, engine, ws, requests[step.layer], logs, state, wheelhouse, notify
+                    )
+                )
         except KeyboardInterrupt:
             state.failed, state.interrupted = step.layer, True
             state.save(ws)
@@ -376,6 +449,51 @@ def execute(
     state.in_progress = None
     state.save(ws)
     return outcomes
+
+
+def _pull_step(
+    step: Step, engine: Engine, logs: Path, state: BuildState, ws: Workspace, notify: Progress
+) -> Outcome:
+    """Pull the layer's image from the registry cache, smoke-check it as if built here, then
+    tag it: a cache hit is trusted no more than a build."""
+    log_path = logs / f"{step.layer}.log"
+    notify("pull", step, step.pull_ref)
+    started = time.monotonic()
+    with log_path.open("w") as log:
+        log.write(f"$ pull {step.pull_ref}\n")
+        try:
+            image = engine.pull(step.pull_ref, log)
+        except UserError as exc:
+            state.failed = step.layer
+            state.save(ws)
+            raise LayerFailed(step.layer, log_path, _tail(log_path), exc.message) from None
+        results = smoke(engine, image, step, log)
+    return _finish(step, engine, image, results, log_path, state, ws, notify, started, "pulled")
+
+
+def _finish(
+    step: Step, engine: Engine, image: str, results: list[dict[str, Any]], log_path: Path,
+    state: BuildState, ws: Workspace, notify: Progress, started: float, status: str,
+) -> Outcome:  # fmt: skip
+    """Smoke verdicts, then (only if all passed) the tags; the state records either."""
+    bad = [r for r in results if not r["ok"]]
+    for r in results:
+        notify("smoke", step, f"{'ok ' if r['ok'] else 'FAIL'} {r['name']}: {r['detail']}")
+    if bad:
+        state.failed = step.layer
+        state.save(ws)
+        tail = [f"{r['name']}: {r['detail']}" for r in bad]
+        raise LayerFailed(
+            step.layer, log_path, tail, f"{status} but failed {len(bad)} smoke check(s)"
+        )
+    for ref in (step.hash_tag, *step.moving_tags):
+        engine.tag(image, ref)
+    seconds = time.monotonic() - started
+    notify(status, step, f"{seconds:.0f}s")
+    state.done.append(step.hash)
+    state.failed, state.interrupted = None, False
+    state.save(ws)
+    return Outcome(step.layer, status, seconds, step.hash_tag)
 
 
 def _build_step(
@@ -408,19 +526,4 @@ def _build_step(
             results = smoke(engine, image, step, log)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
-    bad = [r for r in results if not r["ok"]]
-    for r in results:
-        notify("smoke", step, f"{'ok ' if r['ok'] else 'FAIL'} {r['name']}: {r['detail']}")
-    if bad:
-        state.failed = step.layer
-        state.save(ws)
-        tail = [f"{r['name']}: {r['detail']}" for r in bad]
-        raise LayerFailed(step.layer, log_path, tail, f"built but failed {len(bad)} smoke check(s)")
-    for ref in (step.hash_tag, *step.moving_tags):
-        engine.tag(image, ref)
-    seconds = time.monotonic() - started
-    notify("built", step, f"{seconds:.0f}s")
-    state.done.append(step.hash)
-    state.failed, state.interrupted = None, False
-    state.save(ws)
-    return Outcome(step.layer, "built", seconds, step.hash_tag)
+    return _finish(step, engine, image, results, log_path, state, ws, notify, started, "built")

@@ -24,6 +24,8 @@ STATUS_STYLE = {
     "build": "yellow",
     "built": "green",
     "cached": "cyan",
+    "pull": "magenta",
+    "pulled": "magenta",
     "unsupported": "red",
     "blocked": "red",
     "failed": "bold red",
@@ -135,6 +137,12 @@ class LayerProgress:
             elif time.monotonic() - self.last_beat > 30:  # a heartbeat for non-terminal logs
                 self.last_beat = time.monotonic()
                 out.print(f"    … {name} {elapsed:.0f}s: {detail[-100:]}", markup=False)
+        elif event == "pull":
+            self.index += 1
+            self.started = time.monotonic()
+            out.print(f"[{self.index}/{self.total}] [magenta]pulling[/] {name}  from {detail}")
+        elif event == "pulled":
+            out.print(f"    [magenta]pulled[/] {name} in {detail}")
         elif event == "smoke":
             self._stop()
             out.print(f"    smoke {detail}", markup=False)

@@ -41,6 +41,19 @@ def check_engine_name(name: str) -> str:
     return name
 
 
+class RegistryUnavailable(UserError):
+    """A registry did not answer a lookup (down, refused the credentials, unknown host)."""
+
+
+def _registry_of(ref: str) -> str:
+    first = ref.split("/", 1)[0]
+    return (
+        first
+        if "/" in ref and ("." in first or ":" in first or first == "localhost")
+        else "docker.io"
+    )
+
+
 class BuildFailed(Exception):
     def __init__(self, returncode: int) -> None:
         super().__init__(f"build exited with status {returncode}")
@@ -127,6 +140,9 @@ class Engine(Protocol):
     ) -> int: ...
     def push(self, ref: str, log: IO[str]) -> None: ...
     def labels(self, ref: str) -> dict[str, str]: ...
+    def remote_has(self, ref: str) -> bool: ...
+    def pull(self, ref: str, log: IO[str]) -> str: ...
+    def registry_digest(self, ref: str) -> str: ...
 
 
 def _die_with_parent() -> None:
@@ -266,6 +282,14 @@ class _CliEngine:
     ) -> int:
         return _stream(req.argv([self.cli]), log, on_line, self.env)
 
+    def pull(self, ref: str, log: IO[str]) -> str:
+        """Pull ref (credentials from the engine's own config); the local image id."""
+        code = _stream([self.cli, "pull", ref], log, None, self.env)
+        image = self.image_id(ref) if code == 0 else None
+        if image is None:
+            raise RegistryUnavailable(f"pulling {ref} failed (exit {code}); see the layer's log")
+        return image
+
     def push(self, ref: str, log: IO[str]) -> None:
         code = _stream([self.cli, "push", ref], log, None, self.env)
         if code != 0:
@@ -339,6 +363,35 @@ class DockerEngine(_CliEngine):
     def labels(self, ref: str) -> dict[str, str]:
         return dict(self.client.images.get(ref).labels or {})
 
+    def registry_digest(self, ref: str) -> str:
+        """The manifest digest the registry serves for ref (read back, not computed here)."""
+        import docker
+
+        try:
+            return self.client.images.get_registry_data(ref).id
+        except docker.errors.APIError as exc:
+            raise RegistryUnavailable(
+                f"could not read {ref}'s digest back: {exc.explanation}"
+            ) from None
+
+    def remote_has(self, ref: str) -> bool:
+        """Whether the registry has ref, asked through the engine (its credentials, its
+        insecure-registry settings); nothing is pulled. RegistryUnavailable when it cannot say."""
+        import docker
+
+        try:
+            self.client.images.get_registry_data(ref)
+            return True
+        except docker.errors.NotFound:
+            return False
+        except docker.errors.APIError as exc:
+            text = str(exc.explanation or exc)
+            if "manifest unknown" in text or "not found" in text.lower():
+                return False
+            raise RegistryUnavailable(
+                f"registry {_registry_of(ref)} did not answer for {ref}: {text.splitlines()[0][:200]}"
+            ) from None
+
 
 class PodmanEngine(_CliEngine):
     """Podman: everything through its CLI (it builds with Buildah, secrets and cache mounts included)."""
@@ -382,6 +435,30 @@ class PodmanEngine(_CliEngine):
             capture_output=True, text=True, check=True,
         )  # fmt: skip
         return json.loads(out.stdout or "{}") or {}
+
+    def registry_digest(self, ref: str) -> str:
+        # Unverified here: the digest podman records for the image it pushed to ref.
+        out = subprocess.run(
+            [self.cli, "image", "inspect", "--format", "{{.Digest}}", ref],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        if out.returncode != 0 or not out.stdout.strip().startswith("sha256:"):
+            raise RegistryUnavailable(f"could not read {ref}'s digest back from podman")
+        return out.stdout.strip()
+
+    def remote_has(self, ref: str) -> bool:
+        # Unverified here: podman's remote manifest lookup (this sandbox refuses podman run).
+        out = subprocess.run(
+            [self.cli, "manifest", "inspect", ref], capture_output=True, text=True, timeout=120
+        )
+        if out.returncode == 0:
+            return True
+        text = (out.stderr or out.stdout).strip()
+        if "manifest unknown" in text or "not found" in text.lower():
+            return False
+        raise RegistryUnavailable(
+            f"registry {_registry_of(ref)} did not answer for {ref}: {text.splitlines()[-1][:200] if text else 'no output'}"
+        )
 
 
 def connect(name: str) -> DockerEngine | PodmanEngine:

@@ -93,11 +93,12 @@ class Step:
     hash: str
     hash_tag: str
     moving_tags: tuple[str, ...]
-    status: str  # build | cached | unsupported | skipped | blocked
+    status: str  # build | cached | pull | unsupported | skipped | blocked
     reason: str = ""
     lineage: tuple[tuple[str, str], ...] = ()  # (layer, hash) from the root to this step
     pins: dict[str, str] = field(default_factory=dict)  # the pinned inputs (a subset of args)
     input: BuildInput | None = None  # what `hash` is the key of (None for a step that is not built)
+    pull_ref: str = ""  # status pull: where the registry cache holds this very image
     changes: tuple[str, ...] = ()  # why it rebuilds: what changed since its last build
 
     @property
@@ -106,7 +107,7 @@ class Step:
 
     @property
     def runs(self) -> bool:
-        return self.status in ("build", "cached")
+        return self.status in ("build", "cached", "pull")
 
 
 @dataclass(frozen=True)
@@ -146,6 +147,7 @@ class Plan:
                     "reason": s.reason,
                     "hash": s.hash,
                     "tag": s.hash_tag,
+                    "pull_ref": s.pull_ref or None,
                     "moving_tags": list(s.moving_tags),
                     "parent": s.parent,
                     "base_ref": s.base_ref,
@@ -606,6 +608,28 @@ def mark_cached(plan: Plan, existing: Iterable[str]) -> Plan:
     steps = tuple(
         replace(s, status="cached", reason="image with this hash exists")
         if s.status == "build" and s.hash_tag in have
+        else s
+        for s in plan.steps
+    )
+    return replace(plan, steps=steps)
+
+
+def cache_ref(step: Step, cache_ns: str) -> str:
+    """The step's content tag under a registry namespace: the same key names the same image."""
+    return f"{cache_ns.rstrip('/')}/{step.layer}:{step.arch}-{step.short_hash}"
+
+
+def mark_pullable(plan: Plan, cache_ns: str, in_registry: Iterable[str]) -> Plan:
+    """Steps that would build but whose content tag the registry cache holds become 'pull'."""
+    have = set(in_registry)
+    steps = tuple(
+        replace(
+            s,
+            status="pull",
+            pull_ref=cache_ref(s, cache_ns),
+            reason=f"{cache_ref(s, cache_ns)} is in the registry cache",
+        )  # fmt: skip
+        if s.status == "build" and cache_ref(s, cache_ns) in have
         else s
         for s in plan.steps
     )

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .. import hostinfo
 from ..build import BuildState, Invocation, build_requests, execute, plan_build
-from ..console import LayerProgress, out, plan_table, stacks_table, summary_table, user_errors
+from ..console import LayerProgress, err, out, plan_table, stacks_table, summary_table, user_errors
 from ..engine import Engine, check_engine_name, connect
 from ..errors import UserError
 from ..plan import Plan, stack_options, stacks_for
@@ -42,6 +42,10 @@ HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
         "jobs": "MAX_JOBS and build parallelism (default: from host memory, 4 GiB a job)",
         "namespace": "image name prefix, e.g. registry.example.com/team (default: attnforge)",
         "push": "push every built or cached tag to the namespace's registry afterwards",
+        "cache_from": "registry namespace to pull layers from when it holds their content tag "
+        "(e.g. registry.example.com/team; default: attnforge.cache_from in invoke.yaml)",
+        "require_cache": "with --cache-from: fail when the registry does not answer, instead of "
+        "building",
         "debug": "show tracebacks",
     },
 )
@@ -49,7 +53,7 @@ HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 def build(
     c, arch=None, stack=None, only=None, dry_run=False, json=False, explain=None,
     continue_=False, set_=None, base_image=None, wheelhouse=None, ca_cert=None, engine="docker",
-    jobs=None, namespace="attnforge", push=False, debug=False,
+    jobs=None, namespace="attnforge", push=False, cache_from=None, require_cache=False, debug=False,
 ):  # fmt: skip
     """Build a stack's images layer by layer, skipping every layer whose inputs did not change."""
     started = time.monotonic()
@@ -63,6 +67,11 @@ def build(
     else:
         inv = _invocation(recipes, ws, arch, stack, only, set_, base_image, wheelhouse, ca_cert,
                           engine, jobs, namespace)  # fmt: skip
+        # invoke.yaml (next to tasks.py, or ~/.invoke.yaml) may name the team's cache
+        inv.cache_from = cache_from or (c.config.get("attnforge") or {}).get("cache_from")
+        inv.require_cache = require_cache
+        if require_cache and not inv.cache_from:
+            raise UserError("--require-cache goes with --cache-from (or attnforge.cache_from)")
         state = BuildState(inv)
     if (json or explain) and not dry_run:
         raise UserError("--json and --explain go with --dry-run")
@@ -74,7 +83,10 @@ def build(
     eng = connect(inv.engine)
     inv = _local_defaults(inv, recipes, ws, eng, given_base=base_image is not None or continue_)
     state.invocation = inv
-    plan, _ = plan_build(inv, recipes, ws, eng)
+    notes: list[str] = []
+    plan, _ = plan_build(inv, recipes, ws, eng, notes)
+    for note in notes:
+        out.print(f"[yellow]{note}[/]")
     if plan.blocked_by:
         out.print(plan_table(plan, cache_known=True))
         first = plan.blocked_by[0]
@@ -166,7 +178,10 @@ def _dry_run(inv: Invocation, recipes: Recipes, ws: Workspace, as_json: bool, la
     eng = _connect_for_plan(inv.engine, quiet=as_json)
     if eng is not None:
         inv = _local_defaults(inv, recipes, ws, eng, given_base=inv.base_image is not None)
-    plan, known = plan_build(inv, recipes, ws, eng)
+    notes: list[str] = []
+    plan, known = plan_build(inv, recipes, ws, eng, notes)
+    for note in notes:
+        err.print(f"[yellow]{note}[/]")
     requests = build_requests(plan, ws, Path(inv.ca_cert) if inv.ca_cert else None)
 
     def command_of(layer: str) -> list[str] | None:

@@ -27,7 +27,8 @@ from attnforge.build import (
     staging_for,
     sweep_staging,
 )
-from attnforge.engine import BuildFailed, BuildRequest, RunRequest
+from attnforge.engine import BuildFailed, BuildRequest, RegistryUnavailable, RunRequest
+from attnforge.errors import UserError
 from attnforge.plan import UNCHANGED
 from attnforge.recipes import load_recipes
 from attnforge.workspace import Workspace
@@ -44,6 +45,7 @@ class RecordingEngine:
     interrupt: set[str] = field(default_factory=set)
     calls: list[tuple] = field(default_factory=list)
     name: str = "recording"
+    registry: dict[str, str] | None = None  # ref -> image id; None: the registry does not answer
 
     def describe(self) -> str:
         return "recording engine"
@@ -94,6 +96,17 @@ class RecordingEngine:
     def labels(self, ref: str) -> dict[str, str]:
         return {}
 
+    def remote_has(self, ref: str) -> bool:
+        self.calls.append(("lookup", ref))
+        if self.registry is None:
+            raise RegistryUnavailable(f"registry 127.0.0.9:5000 did not answer for {ref}: refused")
+        return ref in self.registry
+
+    def pull(self, ref: str, log) -> str:
+        self.calls.append(("pull", ref))
+        self.images[ref] = self.registry[ref]
+        return self.registry[ref]
+
     def tags_moved(self) -> list[str]:
         return [c[2] for c in self.calls if c[0] == "tag"]
 
@@ -111,9 +124,9 @@ def recipes():
     return load_recipes(REPO)
 
 
-def run(ws: Workspace, recipes, engine: RecordingEngine, **inv):
+def run(ws: Workspace, recipes, engine: RecordingEngine, notes=None, **inv):
     invocation = Invocation(arch="cpu", stack="cpu", namespace="t", **inv)
-    plan, _ = plan_build(invocation, recipes, ws, engine)
+    plan, _ = plan_build(invocation, recipes, ws, engine, notes)
     state = BuildState(invocation)
     requests = build_requests(plan, ws)
     try:
@@ -226,3 +239,43 @@ def test_staging_left_by_a_dead_build_is_swept_and_a_live_one_is_kept(ws, recipe
         (folder / "big.whl").write_bytes(b"x" * 1024)
     assert sweep_staging(ws) == [dead]
     assert not dead.exists() and live.exists()
+
+
+def _cache_of(ws, recipes) -> dict[str, str]:
+    """What a first build pushed to reg/ns: each layer's content tag -> its image id."""
+    first = RecordingEngine()
+    plan, _, _ = run(ws, recipes, first)
+    return {f"reg/ns/{s.layer}:cpu-{s.short_hash}": first.images[s.hash_tag] for s in plan.chain}
+
+
+def test_a_layer_in_the_registry_cache_is_pulled_smoke_checked_and_tagged_not_built(ws, recipes):
+    engine = RecordingEngine(registry=_cache_of(ws, recipes))
+    plan, requests, outcomes = run(ws, recipes, engine, cache_from="reg/ns")
+    assert [o.status for o in outcomes] == ["pulled"] * 4 and engine.built() == []
+    assert requests == {}
+    for s in plan.chain:
+        pulled = next(i for i, c in enumerate(engine.calls) if c == ("pull", s.pull_ref))
+        kinds = [c[0] for c in engine.calls[pulled : pulled + 3]]
+        assert kinds == ["pull", "run", "tag"]  # smoke-checked before any tag moves
+        assert engine.images[s.hash_tag] == engine.registry[s.pull_ref]
+    assert engine.images["t/cpu:cpu"] == "sha256:validate-image"
+
+
+def test_a_pulled_layer_that_fails_its_smoke_checks_moves_no_tag(ws, recipes):
+    engine = RecordingEngine(registry=_cache_of(ws, recipes), fail_smoke={"torch-cpu"})
+    with pytest.raises(LayerFailed, match="pulled but failed 3 smoke check"):
+        run(ws, recipes, engine, cache_from="reg/ns")
+    assert not any("torch-cpu" in ref for ref in engine.tags_moved())
+
+
+def test_a_registry_that_does_not_answer_falls_back_to_building_and_says_so_once(ws, recipes):
+    engine, notes = RecordingEngine(registry=None), []
+    _, _, outcomes = run(ws, recipes, engine, notes, cache_from="reg/ns")
+    assert [o.status for o in outcomes] == ["built"] * 4
+    assert len(notes) == 1 and "did not answer" in notes[0] and "building instead" in notes[0]
+    assert sum(c[0] == "lookup" for c in engine.calls) == 1  # not asked again for every layer
+
+
+def test_require_cache_makes_an_unanswering_registry_an_error(ws, recipes):
+    with pytest.raises(UserError, match="did not answer"):
+        run(ws, recipes, RecordingEngine(registry=None), cache_from="reg/ns", require_cache=True)
