@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 from ..console import out, user_errors
 from ..engine import connect
@@ -74,7 +75,7 @@ def publish(c, to=None, arch=None, stack=None, namespace="attnforge", engine="do
 
     log_path = ws.logs_for(arch) / "publish.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    pushed = 0
+    refs = []
     with log_path.open("w") as log:
         for local, tags in publish_refs(lineage, arch, stack, namespace):
             image = eng.image_id(local)
@@ -82,10 +83,49 @@ def publish(c, to=None, arch=None, stack=None, namespace="attnforge", engine="do
                 raise UserError(
                     f"{local} (a layer of {final}) is missing locally; nothing more was pushed"
                 )
+            labels = eng.labels(local)
             for tag in tags:
                 target = f"{to.rstrip('/')}/{tag}"
                 eng.tag(image, target)
                 out.print(f"pushing {target}")
                 eng.push(target, log)
-                pushed += 1
-    out.print(f"[green]published[/] {pushed} tags of the validated {final} to {to}")
+                refs.append({
+                    "ref": target,
+                    "digest": eng.registry_digest(target),  # what the registry now serves
+                    "layer": labels.get("org.attnforge.layer"),
+                    "content_hash": labels.get("org.attnforge.hash"),
+                    "image_id": image,
+                })  # fmt: skip
+    manifest = {
+        "arch": arch, "stack": stack, "to": to, "image": final, "image_id": final_id,
+        "versions": json.loads(eng.labels(final).get("org.attnforge.versions", "{}")),
+        "validation": record, "refs": refs,
+    }  # fmt: skip
+    where = ws.reports_for(arch, stack)
+    _write_aside(where / "publish.json", json.dumps(manifest, indent=2) + "\n")
+    _write_aside(where / "publish.md", pull_lines(manifest))
+    out.print(pull_lines(manifest), markup=False, highlight=False)
+    out.print(f"[green]published[/] {len(refs)} tags of the validated {final} to {to}; "
+              f"digests in {where / 'publish.json'}")  # fmt: skip
+
+
+def pull_lines(manifest: dict) -> str:
+    """Markdown for consumers: pin the published stack by digest, never by a moving tag."""
+    final = [
+        r for r in manifest["refs"] if r["ref"].endswith(f"/{manifest['stack']}:{manifest['arch']}")
+    ]
+    lines = [f"### Published {manifest['stack']} for {manifest['arch']}", "", "```"]
+    for r in final or manifest["refs"][-1:]:
+        name = r["ref"].rsplit(":", 1)[0]
+        lines.append(f"docker pull {name}@{r['digest']}")
+    lines += ["```", "", "| layer | ref | digest |", "|---|---|---|"]
+    lines += [f"| {r['layer']} | `{r['ref']}` | `{r['digest']}` |" for r in manifest["refs"]]
+    return "\n".join(lines) + "\n"
+
+
+def _write_aside(path, text: str) -> None:
+    """Write next to the old file, then rename: an interrupted publish never leaves half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

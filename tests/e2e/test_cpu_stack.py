@@ -73,8 +73,8 @@ def tree(tmp_path_factory, engine_ready) -> Path:
         subprocess.run(["docker", "rmi", "-f", *mine], capture_output=True)
 
 
-def build_args(*extra: str) -> list[str]:
-    args = ["build", "--arch", "cpu", "--base-image", BASE, "--namespace", NAMESPACE]
+def build_args(*extra: str, namespace: str = NAMESPACE) -> list[str]:
+    args = ["build", "--arch", "cpu", "--base-image", BASE, "--namespace", namespace]
     if Path(WHEELHOUSE).is_dir():
         # the wheelhouse holds torch's CPU wheel, so pip need not reach download.pytorch.org
         args += ["--wheelhouse", WHEELHOUSE, "--set", "torch-cpu.TORCH_INDEX_URL="]
@@ -95,7 +95,7 @@ def outcomes(stdout: str) -> dict[str, str]:
     found = {}
     for line in stdout.splitlines():
         cells = [c.strip() for c in line.replace("┃", "│").split("│") if c.strip()]
-        if len(cells) >= 2 and cells[1] in {"built", "cached", "failed", "skipped"}:
+        if len(cells) >= 2 and cells[1] in {"built", "cached", "pulled", "failed", "skipped"}:
             found[cells[0]] = cells[1]
     return found
 
@@ -111,6 +111,13 @@ def docker_run(image: str, *cmd: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         ["docker", "run", "--rm", image, *cmd], capture_output=True, text=True, timeout=300
     )
+
+
+def _need_registry() -> None:
+    if not REGISTRY:
+        if os.environ.get("ATTNFORGE_REQUIRE_E2E") == "1":
+            pytest.fail("ATTNFORGE_E2E_REGISTRY is not set")
+        pytest.skip("no local registry (set ATTNFORGE_E2E_REGISTRY=host:port)")
 
 
 def test_the_cpu_stack_builds_and_every_layer_passes_its_smoke_checks(tree):
@@ -399,10 +406,7 @@ def test_publish_refuses_an_image_that_changed_since_validation(tree):
 
 
 def test_publish_pushes_the_validated_stack_to_a_real_registry(tree):
-    if not REGISTRY:
-        if os.environ.get("ATTNFORGE_REQUIRE_E2E") == "1":
-            pytest.fail("ATTNFORGE_E2E_REGISTRY is not set")
-        pytest.skip("no local registry (set ATTNFORGE_E2E_REGISTRY=host:port)")
+    _need_registry()
     target = f"{REGISTRY}/{NAMESPACE}"
     proc = invoke(tree, "publish", "--arch", "cpu", "--namespace", NAMESPACE, "--to", target)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -418,3 +422,70 @@ def test_publish_pushes_the_validated_stack_to_a_real_registry(tree):
         got = tags(layer)
         assert "cpu" in got and any(t.startswith("cpu-") for t in got), (layer, got)
     subprocess.run(["docker", "pull", f"{target}/cpu:cpu"], capture_output=True, check=True)
+
+    # the digests in publish.json are the ones the registry serves (asked here over HTTP)
+    manifest = json.loads((tree / "reports/cpu/cpu/publish.json").read_text())
+    assert manifest["validation"]["passed"] is True and manifest["versions"]["triton"]
+    for r in manifest["refs"]:
+        repo, tag = r["ref"].removeprefix(f"{REGISTRY}/").rsplit(":", 1)
+        req = urllib.request.Request(
+            f"http://{REGISTRY}/v2/{repo}/manifests/{tag}", method="HEAD",
+            headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"},
+        )  # fmt: skip
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            assert resp.headers["Docker-Content-Digest"] == r["digest"], r["ref"]
+    pull = (tree / "reports/cpu/cpu/publish.md").read_text()
+    assert f"docker pull {target}/cpu@sha256:" in pull
+    labels = json.loads(subprocess.run(
+        ["docker", "image", "inspect", "--format", "{{json .Config.Labels}}", f"{target}/cpu:cpu"],
+        capture_output=True, text=True, check=True).stdout)  # fmt: skip
+    assert labels["org.opencontainers.image.created"].endswith("Z")
+    assert "numpy=" in labels["org.opencontainers.image.version"]
+
+
+def test_the_registry_is_the_build_cache_of_the_next_runner(tree):
+    """Push every layer to a registry namespace, forget every local image of the stack, build
+    again with --cache-from: each layer is pulled (and smoke-checked), none is built, and the
+    image ids and content tags are the first build's."""
+    _need_registry()
+    cache = f"{REGISTRY}/{NAMESPACE}-cache"
+    pushed = invoke(tree, *build_args("--push", namespace=cache))
+    assert pushed.returncode == 0, pushed.stdout + pushed.stderr
+    plan = json.loads(invoke(tree, *build_args("--dry-run", "--json", namespace=cache)).stdout)
+    assert [s["status"] for s in plan["steps"]] == ["cached"] * 4  # what the push build made
+    first = {s["layer"]: (s["tag"].split(":")[-1], image_id(s["tag"])) for s in plan["steps"]}
+
+    ids = {image for _, image in first.values()}
+    subprocess.run(["docker", "rmi", "-f", *ids], capture_output=True, check=True)
+    assert all(image_id(s["tag"]) is None for s in plan["steps"])
+
+    again_ns = f"{NAMESPACE}-again"
+    dry = json.loads(
+        invoke(
+            tree, *build_args("--dry-run", "--json", "--cache-from", cache, namespace=again_ns)
+        ).stdout
+    )
+    assert [s["status"] for s in dry["steps"]] == ["pull"] * 4
+    proc = invoke(tree, *build_args("--cache-from", cache, namespace=again_ns))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert outcomes(proc.stdout) == dict.fromkeys(
+        ["base", "torch-cpu", "triton", "validate"], "pulled"
+    )
+    assert "smoke ok" in proc.stdout and "building" not in proc.stdout
+    for layer, (content_tag, image) in first.items():
+        assert image_id(f"{again_ns}/{layer}:{content_tag}") == image, layer
+
+
+def test_a_registry_cache_that_does_not_answer_is_one_sentence_and_a_fallback(tree):
+    proc = invoke(tree, *build_args("--dry-run"), "--cache-from", "127.0.0.1:9/nothing-here")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "registry 127.0.0.1:9 did not answer" in " ".join(proc.stderr.split())
+    assert "Traceback" not in proc.stderr
+    refused = invoke(
+        tree,
+        *build_args("--dry-run"),
+        "--cache-from",
+        "127.0.0.1:9/nothing-here",
+        "--require-cache",
+    )
+    assert refused.returncode == 2 and "did not answer" in refused.stderr
