@@ -645,13 +645,7 @@ def _check_layer(
         _check_values(getattr(layer, section), file, src, (section,), templated=True)
     if layer.source is not None:
         _check_source(layer.source, file, src)
-    if layer.aotriton is not None and (why := _tag_problem(layer.aotriton)):
-        raise RecipeError(
-            file,
-            f"{layer.aotriton!r} is not an AOTriton release tag: a tag {why}",
-            line=src.line_of(("aotriton",)),
-            field="aotriton",
-        )
+    _check_aotriton_tag(layer.aotriton, file, src, ("aotriton",))
     for i, rel in enumerate(layer.patches):
         # The planner joins the series into one space-separated PATCH_SERIES build arg.
         _check_format(rel, _PATH, "a plain relative path (letters, digits, . _ / -)", file, src,
@@ -675,14 +669,16 @@ def _check_layer(
         for section in ("args", "hint_args", "pins"):
             _check_templates(getattr(variant, section), file, src, (*loc, section))
             _check_values(getattr(variant, section), file, src, (*loc, section), templated=True)
-        if variant.aotriton is not None and (why := _tag_problem(variant.aotriton)):
-            raise RecipeError(
-                file,
-                f"{variant.aotriton!r} is not an AOTriton release tag: a tag {why}",
-                line=src.line_of((*loc, "aotriton")),
-                field=f"variants.{vname}.aotriton",
-            )
+        _check_aotriton_tag(variant.aotriton, file, src, (*loc, "aotriton"))
         _check_expect(variant.expect, file, src, (*loc, "expect"))
+
+
+def _check_aotriton_tag(tag: str | None, file: str, src: yamlsrc.Source, loc: tuple) -> None:
+    if tag is not None and (why := _tag_problem(tag)):
+        raise RecipeError(
+            file, f"{tag!r} is not an AOTriton release tag: a tag {why}",
+            line=src.line_of(loc), field=".".join(map(str, loc)),
+        )  # fmt: skip
 
 
 def _check_source(source: SourcePin, file: str, src: yamlsrc.Source) -> None:

@@ -70,6 +70,7 @@ def run_invoke(
     """`python -m invoke ARGS` in cwd, as a user runs it: its own process, output captured. Unless
     `env` names them, the build and report folders are temporary."""
     env = dict(env if env is not None else os.environ)
+    env.pop("TRITON_INTERPRET", None)  # the kernels tests set it for their own process only
     if "ATTNFORGE_BUILD_DIR" not in env or "ATTNFORGE_REPORTS_DIR" not in env:
         env = outputs_env(env=env)
     return subprocess.run(

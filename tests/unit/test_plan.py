@@ -352,6 +352,9 @@ def test_plan_json_is_what_dry_run_json_prints(recipes):
     proc = run_invoke(REPO, "build", "--arch", "gfx1151", "--dry-run", "--json", env=env)
     printed = json.loads(proc.stdout)
     commands = {s["layer"]: s.pop("command") for s in printed["steps"]}
+    for mine, theirs in zip(data["steps"], printed["steps"], strict=True):
+        differ = {k: (mine[k], theirs.get(k)) for k in mine if mine[k] != theirs.get(k)}
+        assert differ == {}, mine["layer"]
     assert printed == data
     assert commands["rocm-sdk"][:2] == ["docker", "buildx"]
     assert "THEROCK_EXTRA=device-gfx1151" in commands["rocm-sdk"]

@@ -31,6 +31,9 @@ NOT_RUN_HERE = {
 # Builds of ROCm stacks need AMD's package index and hours: their plans are made instead.
 PLANNED_ONLY = re.compile(r"^invoke build (?!.*--dry-run)(?!--continue)")
 SLOW = {"invoke kernels.aot --all"}
+# Commands whose non-zero exit is a verdict, not an error: doctor exits 1 where nothing can be
+# built (no engine answers, as in `make test-unit` on a machine without Docker).
+VERDICT_EXITS = {"invoke doctor": {0, 1}}
 
 
 def readme_commands() -> list[str]:
@@ -69,5 +72,6 @@ def test_a_readme_command_runs_without_error(command, tmp_path):
         where.mkdir(parents=True)
         shutil.copy(REPO / "tests/validate/fixtures/h200_report.json", where / "report.json")
     proc = run_invoke(REPO, *args, env=outputs_env(tmp_path), timeout=900)
-    assert proc.returncode == 0, f"{command}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+    allowed = VERDICT_EXITS.get(command, {0})
+    assert proc.returncode in allowed, f"{command}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
     assert "Traceback" not in proc.stdout + proc.stderr
