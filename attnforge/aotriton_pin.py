@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 CMAKE_FILE = Path("cmake/External/aotriton.cmake")
@@ -93,23 +94,37 @@ def parse_version_txt(text: str, source: Path = VERSION_TXT) -> AotritonPin:
     return AotritonPin(lines[0], commit, Path(source), False)
 
 
-def read_aotriton_pin(pytorch_src: Path) -> AotritonPin:
-    """The AOTriton pin of a PyTorch source tree (either era)."""
-    src = Path(pytorch_src)
-    cmake = src / CMAKE_FILE
-    if not cmake.is_file():
+def pin_from(read: Callable[[Path], str | None], where: str) -> AotritonPin:
+    """The AOTriton pin of a PyTorch tree (either era), its files read through ``read`` (a path
+    relative to the tree -> its text, None when absent): a checkout, or ``git show`` of a commit.
+    ``where`` names the tree in errors."""
+    cmake = f"{where}/{CMAKE_FILE}"
+    text = read(CMAKE_FILE)
+    if text is None:
         raise AotritonPinError(
-            f"{cmake} does not exist: {src} is not a PyTorch source tree with AOTriton "
+            f"{cmake} does not exist: {where} is not a PyTorch source tree with AOTriton "
             "support (PyTorch >= 2.3)."
         )
-    text = cmake.read_text(encoding="utf-8")
     sets_version = any(
         name in ("__AOTRITON_VER", "__AOTRITON_RELEASE_PAGE")
         for name, _ in _SET_RE.findall(_strip_comments(text))
     )
     if not sets_version and "aotriton_version.txt" in text:
-        txt = src / VERSION_TXT
-        if not txt.is_file():
-            raise AotritonPinError(f"{cmake} reads {VERSION_TXT}, and {txt} does not exist.")
-        return parse_version_txt(txt.read_text(encoding="utf-8"), txt)
-    return parse_cmake(text, cmake)
+        txt = read(VERSION_TXT)
+        if txt is None:
+            raise AotritonPinError(
+                f"{cmake} reads {VERSION_TXT}, and {where}/{VERSION_TXT} does not exist."
+            )
+        return parse_version_txt(txt, Path(where) / VERSION_TXT)
+    return parse_cmake(text, Path(cmake))
+
+
+def read_aotriton_pin(pytorch_src: Path) -> AotritonPin:
+    """The AOTriton pin of a PyTorch source tree (either era)."""
+    src = Path(pytorch_src)
+
+    def read(rel: Path) -> str | None:
+        path = src / rel
+        return path.read_text(encoding="utf-8") if path.is_file() else None
+
+    return pin_from(read, str(src))

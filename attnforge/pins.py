@@ -620,19 +620,8 @@ class _Checker:
 
     def _pytorch_pin(self, repo: GitRepo, sha: str) -> aotriton_pin.AotritonPin:
         """PyTorch's AOTriton pin at a commit, in either shape (attnforge/aotriton_pin.py)."""
-        text = repo.show(sha, str(aotriton_pin.CMAKE_FILE))
-        if text is None:
-            raise Unavailable(f"{aotriton_pin.CMAKE_FILE} does not exist at {sha[:12]}")
         try:
-            return aotriton_pin.parse_cmake(text)
-        except aotriton_pin.AotritonPinError as exc:
-            if "aotriton_version.txt" not in text:  # the oldest trees read that file instead
-                raise Unavailable(str(exc)) from None
-        txt = repo.show(sha, str(aotriton_pin.VERSION_TXT))
-        if txt is None:
-            raise Unavailable(f"{aotriton_pin.VERSION_TXT} does not exist at {sha[:12]}")
-        try:
-            return aotriton_pin.parse_version_txt(txt)
+            return aotriton_pin.pin_from(lambda rel: repo.show(sha, str(rel)), sha[:12])
         except aotriton_pin.AotritonPinError as exc:
             raise Unavailable(str(exc)) from None
 
