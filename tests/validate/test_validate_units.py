@@ -269,3 +269,20 @@ def test_kernels_check_turns_the_interpreter_on_only_without_a_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert kernels_check._interpret_without_gpu(_Ctx())
     assert os.environ["TRITON_INTERPRET"] == "1"
+
+
+def test_fwd_bwd_case_passes_exact_attention_and_fails_a_wrong_one():
+    from validate.checks.numerics import attention_math, fwd_bwd_case
+    from validate.grid import Case
+
+    case = Case("t", "bf16", True, 32, 2, 2, 64, 64, batch=1)
+
+    def exact(q, k, v, causal):
+        return attention_math(q, k, v, causal, upcast=True)
+
+    def scaled(q, k, v, causal):
+        return attention_math(q, k, v, causal, upcast=True) * 1.1
+
+    assert all(j.ok for j in fwd_bwd_case(exact, case, "cpu").values())
+    wrong = fwd_bwd_case(scaled, case, "cpu")
+    assert not wrong["out"].ok and not wrong["dv"].ok

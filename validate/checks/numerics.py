@@ -11,7 +11,7 @@ import torch
 from validate import tolerance
 from validate.grid import Case
 
-__all__ = ["Case", "attention_math", "judge", "make_inputs"]
+__all__ = ["Case", "attention_math", "fwd_bwd_case", "judge", "make_inputs"]
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -111,3 +111,26 @@ def judge(out: torch.Tensor, ref: torch.Tensor, ref_lowp: torch.Tensor) -> Judge
         f"({tolerance.FACTOR:g} x ref err {ref_err:.3g} + {floor:.3g})"
     )
     return Judgement(ok, err, ref_err, tol, msg)
+
+
+def fwd_bwd_case(attn, case: Case, device: str, reference=attention_math) -> dict[str, Judgement]:
+    """Forward and backward of ``attn(q, k, v, causal) -> out`` (all (batch, heads, seqlen,
+    head_dim)) against ``reference(q, k, v, causal, upcast)`` on fp32 inputs, each of out, dq, dk,
+    dv judged by the rule, with the reference in the input dtype setting its floor."""
+    base = make_inputs(case, device)
+    q, k, v = (t.clone().requires_grad_(True) for t in base)
+    out = attn(q, k, v, case.causal)
+    g = torch.randn_like(out)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), g)
+    qf, kf, vf = (t.float().requires_grad_(True) for t in base)
+    ref = reference(qf, kf, vf, case.causal, upcast=True)
+    rq, rk, rv = torch.autograd.grad(ref, (qf, kf, vf), g.float())
+    ql, kl, vl = (t.clone().requires_grad_(True) for t in base)
+    ref_lp = reference(ql, kl, vl, case.causal, upcast=False)
+    lq, lk, lv = torch.autograd.grad(ref_lp, (ql, kl, vl), g)
+    return {
+        "out": judge(out.detach(), ref.detach(), ref_lp.detach()),
+        "dq": judge(dq, rq, lq),
+        "dk": judge(dk, rk, lk),
+        "dv": judge(dv, rv, lv),
+    }

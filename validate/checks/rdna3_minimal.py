@@ -22,7 +22,7 @@ def run(params: dict[str, Any], ctx) -> dict[str, Any]:
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from validate.checks.numerics import judge, make_inputs
+    from validate.checks.numerics import fwd_bwd_case
     from validate.grid import Case
 
     if not torch.cuda.is_available():
@@ -45,27 +45,18 @@ def run(params: dict[str, Any], ctx) -> dict[str, Any]:
     cases = [Case("fp16-d64-s512", "fp16", False, 64, 8, 8, 512, 512)]
     if not ctx.quick:
         cases.append(Case("fp16-d64-s512-causal", "fp16", True, 64, 8, 8, 512, 512))
+
+    def kernel(q, k, v, causal):  # (batch, heads, seqlen, head_dim): the kernel's default
+        return mod.FlashAttentionFunction.apply(q, k, v, None, causal, None, False)
+
+    def sdpa_math(q, k, v, causal, upcast):  # upstream's reference; q's dtype sets the precision
+        with sdpa_kernel(SDPBackend.MATH):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
     results, fails = {}, []
     for c in cases:
         ctx.progress(f"rdna3_minimal {c.name}")
-        base = make_inputs(c, "cuda")  # (batch, heads, seqlen, head_dim): the kernel's default
-        q, k, v = (t.clone().requires_grad_(True) for t in base)
-        out = mod.FlashAttentionFunction.apply(q, k, v, None, c.causal, None, False)
-        g = torch.randn_like(out)
-        dq, dk, dv = torch.autograd.grad(out, (q, k, v), g)
-        with sdpa_kernel(SDPBackend.MATH):
-            qf, kf, vf = (t.float().requires_grad_(True) for t in base)
-            ref = F.scaled_dot_product_attention(qf, kf, vf, is_causal=c.causal)
-            rq, rk, rv = torch.autograd.grad(ref, (qf, kf, vf), g.float())
-            ql, kl, vl = (t.clone().requires_grad_(True) for t in base)
-            lp = F.scaled_dot_product_attention(ql, kl, vl, is_causal=c.causal)
-            lq, lk, lv = torch.autograd.grad(lp, (ql, kl, vl), g)
-        verdicts = {
-            "out": judge(out.detach(), ref.detach(), lp.detach()),
-            "dq": judge(dq, rq, lq),
-            "dk": judge(dk, rk, lk),
-            "dv": judge(dv, rv, lv),
-        }
+        verdicts = fwd_bwd_case(kernel, c, "cuda", reference=sdpa_math)
         results[c.name] = {n: j.to_json() for n, j in verdicts.items()}
         fails += [f"{c.name} {n}: {j.message}" for n, j in verdicts.items() if not j.ok]
     obs = {"rdna3_minimal.present": True, "rdna3_minimal.works": not fails}
