@@ -28,6 +28,7 @@ from attnforge.doctor import (
 )
 from attnforge.recipes import load_recipes
 from tests.conftest import REPO, run_invoke
+from tests.fakehost import fake_host
 from validate.host import fingerprint
 
 RECIPES = RecipeFacts.of(load_recipes(REPO))
@@ -40,22 +41,9 @@ ENGINE_OK = EngineFacts("docker", True, "Docker 27.5.1 via /usr/bin/docker (buil
 
 
 def host(tmp_path: Path, arch: str | None, kernel: str = "6.18.5", kfd: bool = True) -> Path:
-    """A fake root: KFD topology with a CPU node (and a GPU node for arch), kernel, devices."""
-    root = tmp_path / "root"
-    nodes = root / "sys/class/kfd/kfd/topology/nodes"
-    (nodes / "0").mkdir(parents=True)
-    (nodes / "0/properties").write_text("cpu_cores_count 16\ngfx_target_version 0\n")
-    if arch:
-        (nodes / "1").mkdir()
-        (nodes / "1/properties").write_text(f"gfx_target_version {TARGET[arch]}\nfw_version 9\n")
-    (root / "proc/sys/kernel").mkdir(parents=True)
-    (root / "proc/sys/kernel/osrelease").write_text(kernel + "\n")
-    if arch:
-        (root / "dev/dri").mkdir(parents=True)
-        (root / "dev/dri/renderD128").write_text("")
-        if kfd:
-            (root / "dev/kfd").write_text("")
-    return root
+    """A fake root: a CPU node, and a GPU node with its device nodes when arch is given."""
+    return fake_host(tmp_path / "root", TARGET[arch] if arch else None, kernel,
+                     kfd=kfd and bool(arch), render=bool(arch), fw_version="9")  # fmt: skip
 
 
 def facts_for(tmp_path, arch, env=None, engine=ENGINE_OK, free_gib=500, **host_kw) -> Facts:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fakehost import fake_host
 from validate.host import fingerprint, host_warnings, hsa_override
 
 STRIX_HALO = 110501  # KFD gfx_target_version of gfx1151
@@ -24,23 +25,7 @@ RULES = [
 
 
 def host(tmp_path: Path, kernel="6.18.2-arch1", gfx=STRIX_HALO, kfd=True, driver=None) -> Path:
-    root = tmp_path / "root"
-    node = root / "sys/class/kfd/kfd/topology/nodes"
-    (node / "0").mkdir(parents=True)
-    (node / "0/properties").write_text("cpu_cores_count 16\ngfx_target_version 0\n")
-    if gfx:
-        (node / "1").mkdir()
-        (node / "1/properties").write_text(f"gfx_target_version {gfx}\nfw_version 42\n")
-    (root / "proc/sys/kernel").mkdir(parents=True)
-    (root / "proc/sys/kernel/osrelease").write_text(kernel + "\n")
-    (root / "dev/dri").mkdir(parents=True)
-    (root / "dev/dri/renderD128").write_text("")
-    if kfd:
-        (root / "dev/kfd").write_text("")
-    if driver:
-        (root / "sys/module/amdgpu").mkdir(parents=True)
-        (root / "sys/module/amdgpu/version").write_text(driver + "\n")
-    return root
+    return fake_host(tmp_path / "root", gfx, kernel, kfd=kfd, driver=driver)
 
 
 def test_the_fingerprint_reads_kernel_gpu_driver_devices_and_groups(tmp_path):
