@@ -257,25 +257,33 @@ def test_a_conflicting_patch_series_fails_the_build_with_the_engines_message(tre
     assert "Traceback" not in proc.stderr
 
 
-def test_an_interrupted_build_leaves_no_tag_and_continue_finishes_it(tree):
-    args = build_args("--set", "triton.NUMPY_VERSION=2.3.5")
-    # A nonce in the triton layer's context, so BuildKit's own cache cannot finish the step
-    # before the interrupt lands (a warm machine has built numpy 2.3.5 before).
+def _triton_build_in_flight(tree: Path, args: list[str], **popen) -> subprocess.Popen:
+    """Start `invoke ARGS` and return once the triton layer's pip install is running. A nonce in
+    the layer's context keeps BuildKit's own cache from finishing the step before the test acts
+    (a warm machine has built these numpy versions before)."""
     patch = next((tree / "patches/selftest/cpu-demo").glob("0001-*.patch"))
     patch.write_text(patch.read_text().replace("Subject:", f"X-Nonce: {uuid.uuid4()}\nSubject:", 1))
     log = tree / "build/logs/cpu/triton.log"
     log.unlink(missing_ok=True)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "invoke", *args], cwd=tree, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, start_new_session=True, env=outputs_env(tree),
-    )  # fmt: skip
+        [sys.executable, "-m", "invoke", *args], cwd=tree, env=outputs_env(tree), **popen
+    )
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and proc.poll() is None:
         if log.exists() and "pip install" in log.read_text(errors="replace"):
             break
         time.sleep(0.5)
-    assert proc.poll() is None, "the build ended before it could be interrupted"
+    assert proc.poll() is None, "the build ended before the test could act on it"
     time.sleep(2)  # mid-RUN
+    return proc
+
+
+def test_an_interrupted_build_leaves_no_tag_and_continue_finishes_it(tree):
+    args = build_args("--set", "triton.NUMPY_VERSION=2.3.5")
+    proc = _triton_build_in_flight(
+        tree, args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
     os.killpg(proc.pid, signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode != 0
@@ -324,21 +332,7 @@ def _processes_mentioning(text: str) -> list[str]:
 
 def test_after_sigkill_the_build_client_stops_and_continue_names_the_layer(tree):
     args = build_args("--set", "triton.NUMPY_VERSION=2.3.4")
-    patch = next((tree / "patches/selftest/cpu-demo").glob("0001-*.patch"))
-    patch.write_text(patch.read_text().replace("Subject:", f"X-Nonce: {uuid.uuid4()}\nSubject:", 1))
-    log = tree / "build/logs/cpu/triton.log"
-    log.unlink(missing_ok=True)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "invoke", *args], cwd=tree, stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL, env=outputs_env(tree),
-    )  # fmt: skip
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and proc.poll() is None:
-        if log.exists() and "pip install" in log.read_text(errors="replace"):
-            break
-        time.sleep(0.5)
-    assert proc.poll() is None, "the build ended before it could be killed"
-    time.sleep(2)
+    proc = _triton_build_in_flight(tree, args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     staging = tree / "build/staging/cpu"
     assert _processes_mentioning(str(staging)), "no build client was running"
     proc.kill()  # SIGKILL: no handler of ours runs
