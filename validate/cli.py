@@ -40,6 +40,22 @@ COMMAND_HELP = {
 }
 
 
+# Commands that are not check runs: each module has HELP (one line), add_arguments(parser)
+# and main(args) -> exit status, and imports only the standard library at module level (the
+# parser is built before anything knows whether torch is installed).
+TOOLS = {
+    "stress": "validate.stress",
+    "bench": "validate.bench",
+    "bench-train": "validate.bench_train",
+}
+
+
+def _tool(modname: str):
+    import importlib
+
+    return importlib.import_module(modname)
+
+
 class UsageError(Exception):
     """A mistake in how the tool was called; reported in one sentence with exit status 2."""
 
@@ -99,6 +115,20 @@ def build_parser() -> argparse.ArgumentParser:
             action="append",
             help="leave out checks whose id matches (repeatable), e.g. 'kernels.case.*'",
         )
+    for name, modname in TOOLS.items():
+        try:
+            mod = _tool(modname)
+        except ModuleNotFoundError as exc:
+            if exc.name != modname:
+                raise
+            continue
+        t = sub.add_parser(
+            name,
+            help=mod.HELP,
+            description=getattr(mod, "DESCRIPTION", mod.HELP),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        mod.add_arguments(t)
     r = sub.add_parser("render", help="render a report.json as Markdown and/or HTML")
     r.add_argument("report", metavar="REPORT_JSON")
     r.add_argument("--md", metavar="PATH", help="write Markdown here ('-' for stdout)")
@@ -243,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "render":
             return cmd_render(args)
+        if args.command in TOOLS:
+            return _tool(TOOLS[args.command]).main(args)
         return cmd_run(args, argv)
     except UsageError as exc:
         print(f"python -m validate: error: {exc}", file=sys.stderr)
