@@ -2,6 +2,7 @@
 
 from invoke import Collection
 
+from attnforge.cli import bake as bake_tasks
 from attnforge.cli import build as build_tasks
 from attnforge.cli import doctor as doctor_tasks
 from attnforge.cli import kernels as kernel_tasks
@@ -12,6 +13,7 @@ from attnforge.cli import validate as validate_tasks
 
 ns = Collection()
 ns.add_task(build_tasks.build)
+ns.add_task(bake_tasks.bake)
 ns.add_task(build_tasks.schema)
 ns.add_task(build_tasks.arches)
 ns.add_task(validate_tasks.validate)

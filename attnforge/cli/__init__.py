@@ -20,7 +20,7 @@ from ..plan import default_stack
 from ..recipes import Recipes
 
 # The only short flags, the same in every task that has the option.
-SHORT_FLAGS = {"arch": "a", "stack": "s", "jobs": "j"}
+SHORT_FLAGS = {"arch": "a", "stack": "s", "jobs": "j", "output": "o"}
 
 
 class _Task(Task):
