@@ -148,16 +148,18 @@ def _forward(q, k, v, cu_q, cu_k, max_q, max_k, batch, scale, mask: Mask, alibi,
 
 
 def _backward(
-    do, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, batch, scale, mask: Mask, alibi, varlen
-):
+    do, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, batch, scale, mask: Mask, alibi, varlen,
+    grads=None,
+):  # fmt: skip
+    """dQ, dK, dV; ``grads`` = (dq, dk, dv) to write into (views of one pack: kernels/packed.py)."""
     qs, ks, vs = _Seq(q, varlen), _Seq(k, varlen), _Seq(v, varlen)
     dos, outs = _Seq(do, varlen), _Seq(out, varlen)
     d, hq, hk, cfg, hip, softcap, cap_in, cap_out = _common(qs.t, ks.t, vs.t, mask, scale)
     bd = configs.padded_head_dim(d)
     lse_strides = (0, lse.stride(0)) if varlen else (lse.stride(0), lse.stride(1))
     delta = torch.empty_like(lse)
-    dk = torch.empty(ks.t.shape, dtype=k.dtype, device=k.device)
-    dv = torch.empty(vs.t.shape, dtype=v.dtype, device=v.device)
+    dk = torch.empty(ks.t.shape, dtype=k.dtype, device=k.device) if grads is None else grads[1]
+    dv = torch.empty(vs.t.shape, dtype=v.dtype, device=v.device) if grads is None else grads[2]
     slopes, sa_b, sa_h = _slopes(alibi, batch, hq, q.device)
     dummy = cu_q if cu_q is not None else lse
     cuq = cu_q if varlen else dummy
@@ -196,8 +198,10 @@ def _backward(
     def launch(c: configs.AttnConfig):
         if c.atomic_dq:
             dq_acc = torch.zeros(qs.t.shape, dtype=torch.float32, device=q.device)
-        else:
+        elif grads is None:
             dq_acc = torch.empty(qs.t.shape, dtype=q.dtype, device=q.device)
+        else:
+            dq_acc = grads[0]
         if c.chunk_kv or c.chunk_q:  # RDNA3/3.5: chunked only where buffer loads apply
             tensors = (qs.t, ks.t, vs.t, dos.t, dk, dv, dq_acc, lse, delta)
             c = configs.for_tensors(c, _buffer_loads(*tensors))
@@ -239,7 +243,7 @@ def _backward(
             **tk.launch_options(hip),
         )
         if c.atomic_dq:
-            dq = dq_acc.to(q.dtype)
+            dq = dq_acc.to(q.dtype) if grads is None else grads[0].copy_(dq_acc)
         else:
             tq = c.bwd_q
             _attn_bwd_dq[(triton.cdiv(max_q, tq.block_m), batch * hq)](
@@ -370,8 +374,14 @@ def flash_attn_varlen_func(
 ):
     """flash_attn.flash_attn_varlen_func: q (total_q, Hq, D), k/v (total_k, Hk, D), int32 cu_seqlens."""
     _check_dropout(dropout_p)
-    if block_table is not None:
-        raise NotImplementedError("paged KV (block_table) is not supported")
+    if block_table is not None:  # paged KV: forward only, through the KV-cache kernel
+        from .kvcache import paged_varlen_forward
+
+        return paged_varlen_forward(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+            softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
+            alibi_slopes=alibi_slopes, return_attn_probs=return_attn_probs, block_table=block_table,
+        )  # fmt: skip
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     mask = _mask_from_flash_args(causal, window_size, softcap)
     cu_q = cu_seqlens_q.to(torch.int32)

@@ -1,0 +1,623 @@
+"""Attention against a KV cache: ``flash_attn_with_kvcache`` and paged-KV prefill, forward only.
+
+flash_attn's semantics (Dao-AILab/flash-attention, flash_attn/flash_attn_interface.py
+``flash_attn_with_kvcache`` and csrc/flash_attn/flash_api.cpp ``mha_fwd_kvcache``, read
+2026-11-24): new keys/values are written into the cache in place at ``cache_seqlens`` (after
+rotary embedding of the keys), then the queries attend to the first ``cache_seqlens + seqlen_new``
+cache rows; causal masks and windows are aligned bottom-right on that length; ``cache_leftpad``
+drops the first rows of a sequence; ``block_table`` maps a sequence's pages to cache blocks.
+
+The kernel (``_kv_fwd``) packs the query heads of one KV head's GQA group into the rows of a tile
+(row ``r`` is query position ``r // group`` of head ``hk * group + r % group``), so a decoding step
+(seqlen_q = 1) still fills 16-row matrix tiles, and reads K/V either from a contiguous cache row
+or, paged, through the block table one key row at a time (any page size). Split-KV: with
+``num_splits > 1`` each program handles one slice of the keys and writes an fp32 partial output
+and its LSE; ``_kv_combine`` merges the slices. ``num_splits=0`` picks the count with
+flash_attn's heuristic (``num_splits_heuristic`` in flash_api.cpp) so that short batches of
+decoding still fill the GPU.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from . import configs
+from ._compat import patch_interpreter
+from .configs import Tile
+from .flash import _LN2, _LOG2E, LOG2E, _dot, _mm, _scores
+
+__all__ = [
+    "flash_attn_with_kvcache",
+    "paged_varlen_forward",
+    "apply_rotary",
+    "num_splits_heuristic",
+]
+
+patch_interpreter()
+
+# fmt: off
+
+
+@triton.jit(do_not_specialize=["seqlen_q", "kv_rows", "left", "right", "num_splits"])
+def _kv_fwd(
+    Q, K, V, Out, LSE, OAcc, LAcc, CuQ, SeqlensK, KStart, BlockTable, BatchIdx, Slopes,
+    sq_b, sq_s, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, so_b, so_s, so_h, sl_b, sl_h,
+    sbt_b, sa_b, sa_h, sacc_p, sacc_b, sacc_h, sacc_s, slacc_p, slacc_b, slacc_h,
+    seqlen_q, kv_rows, num_heads_k, group, qk_scale, cap_in, cap_out, left, right, num_splits,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, IS_VARLEN_Q: tl.constexpr, PAGED: tl.constexpr,
+    HAS_BATCH_IDX: tl.constexpr, HAS_KSTART: tl.constexpr, HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    SPLIT: tl.constexpr,
+):
+    """One program per (row block of a GQA group, batch, kv head, key split)."""
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    split = tl.program_id(2)
+    b = pid_bh // num_heads_k
+    hk = pid_bh % num_heads_k
+    if IS_VARLEN_Q:
+        q_start = tl.load(CuQ + b)
+        seqlen_q = tl.load(CuQ + b + 1) - q_start
+    else:
+        q_start = pid_bh * 0
+    n_rows = seqlen_q * group
+    m0 = pid_m * BLOCK_M
+    if m0 >= n_rows:  # only varlen grids (never split) have such programs
+        return
+    EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
+    b64 = b.to(tl.int64)
+    seqlen_k = tl.load(SeqlensK + b)  # keys after the left padding
+    if HAS_KSTART:
+        k_start = tl.load(KStart + b)
+    else:
+        k_start = 0
+    rows = m0 + tl.arange(0, BLOCK_M)
+    row_ok = rows < n_rows
+    qi = rows // group  # query position
+    h = hk * group + (rows - qi * group)  # query head
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d[None, :] < HEAD_DIM
+    q_rows = b64 * sq_b + (q_start + qi).to(tl.int64) * sq_s + h * sq_h
+    if EVEN_D:
+        q_mask = row_ok[:, None]
+    else:
+        q_mask = row_ok[:, None] & d_ok
+    q = tl.load(Q + q_rows[:, None] + offs_d[None, :], mask=q_mask, other=0.0)
+    if HAS_ALIBI:
+        alibi2 = tl.load(Slopes + b * sa_b + h * sa_h, mask=row_ok, other=0.0) * _LOG2E
+        alibi2 = alibi2[:, None]
+    else:
+        alibi2 = 0.0
+    diag = seqlen_k - seqlen_q
+    # This split's keys, whole BLOCK_N tiles, narrowed to what the block's rows can see.
+    if SPLIT:
+        chunk = tl.cdiv(tl.cdiv(seqlen_k, num_splits), BLOCK_N) * BLOCK_N
+        lo = split * chunk
+        hi = tl.minimum(lo + chunk, seqlen_k)
+    else:
+        lo = 0
+        hi = seqlen_k
+    qi_lo = m0 // group
+    qi_hi = (tl.minimum(m0 + BLOCK_M, n_rows) - 1) // group
+    if HAS_RIGHT:
+        hi = tl.minimum(hi, qi_hi + diag + right + 1)
+    if HAS_LEFT:
+        lo = tl.maximum(lo, (tl.maximum(qi_lo + diag - left, 0) // BLOCK_N) * BLOCK_N)
+    if PAGED:
+        bt_row = BlockTable + b64 * sbt_b
+        k_base = K + hk * sk_h
+        v_base = V + hk * sv_h
+    else:
+        if HAS_BATCH_IDX:
+            cb = tl.load(BatchIdx + b).to(tl.int64)
+        else:
+            cb = b64
+        k_base = K + cb * sk_b + hk * sk_h
+        v_base = V + cb * sv_b + hk * sv_h
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    offs_n0 = tl.arange(0, BLOCK_N)
+    for n0 in tl.range(lo, hi, BLOCK_N):
+        offs_n = n0 + offs_n0
+        pos = offs_n + k_start  # row of the sequence in the cache
+        # Rows past what the cache (or block table) holds are never read, whatever the lengths.
+        key_ok = (offs_n < seqlen_k) & (pos < kv_rows)
+        if PAGED:
+            blk = tl.load(bt_row + pos // PAGE_SIZE, mask=key_ok, other=0).to(tl.int64)
+            in_page = pos % PAGE_SIZE
+            k_rows = blk * sk_b + in_page * sk_s
+            v_rows = blk * sv_b + in_page * sv_s
+        else:
+            k_rows = pos * sk_s
+            v_rows = pos * sv_s
+        if EVEN_D:
+            kv_mask = key_ok[:, None]
+        else:
+            kv_mask = key_ok[:, None] & d_ok
+        k = tl.load(k_base + k_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        qk = _mm(q, tl.trans(k))
+        rel = offs_n[None, :] - qi[:, None] - diag
+        s = _scores(qk, rel, key_ok[None, :], qk_scale, cap_in, cap_out, alibi2, left, right,
+                    HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, True)
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no inf - inf on empty rows
+        p = tl.exp2(s - m_use[:, None])
+        alpha = tl.exp2(m_i - m_use)
+        acc = acc * alpha[:, None]
+        v = tl.load(v_base + v_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        acc = _dot(p.to(v.dtype), v, acc)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        m_i = m_new
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    out = acc / l_safe[:, None]
+    lse_ln = (m_i + tl.log2(l_safe)) * _LN2
+    if EVEN_D:
+        o_mask = row_ok[:, None]
+    else:
+        o_mask = row_ok[:, None] & d_ok
+    if SPLIT:
+        # Partial result of this slice; an empty slice has LSE -inf and weighs nothing.
+        acc_rows = split.to(tl.int64) * sacc_p + b64 * sacc_b + h * sacc_h + qi * sacc_s
+        tl.store(OAcc + acc_rows[:, None] + offs_d[None, :], out, mask=o_mask)
+        l_rows = split.to(tl.int64) * slacc_p + b64 * slacc_b + h * slacc_h + qi
+        tl.store(LAcc + l_rows, tl.where(empty, float("-inf"), lse_ln), mask=row_ok)
+    else:
+        o_rows = b64 * so_b + (q_start + qi).to(tl.int64) * so_s + h * so_h
+        tl.store(Out + o_rows[:, None] + offs_d[None, :], out.to(Out.dtype.element_ty),
+                 mask=o_mask)
+        lse = tl.where(empty, float("inf"), lse_ln)
+        tl.store(LSE + b64 * sl_b + h * sl_h + q_start + qi, lse, mask=row_ok)
+
+
+@triton.jit(do_not_specialize=["seqlen_q", "num_splits"])
+def _kv_combine(
+    OAcc, LAcc, Out, LSE,
+    sacc_p, sacc_b, sacc_h, sacc_s, slacc_p, slacc_b, slacc_h, so_b, so_s, so_h, sl_b, sl_h,
+    seqlen_q, num_heads, num_splits,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    """Merge the split-KV partials of one (query block, batch, head): LSE-weighted sum."""
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // num_heads
+    h = pid_bh % num_heads
+    b64 = b.to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = offs_m < seqlen_q
+    offs_d = tl.arange(0, BLOCK_D)
+    l_base = LAcc + b64 * slacc_b + h * slacc_h + offs_m
+    m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    for s in range(0, num_splits):
+        m = tl.maximum(m, tl.load(l_base + s * slacc_p, mask=row_ok, other=float("-inf")))
+    m_use = tl.where(m == float("-inf"), 0.0, m)
+    o_base = OAcc + b64 * sacc_b + h * sacc_h + offs_m[:, None] * sacc_s + offs_d[None, :]
+    o_mask = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    total = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for s in range(0, num_splits):
+        w = tl.exp2((tl.load(l_base + s * slacc_p, mask=row_ok, other=float("-inf")) - m_use)
+                    * _LOG2E)
+        acc += w[:, None] * tl.load(o_base + s * sacc_p, mask=o_mask, other=0.0)
+        total += w
+    empty = total == 0.0
+    t_safe = tl.where(empty, 1.0, total)
+    out = acc / t_safe[:, None]
+    lse = tl.where(empty, float("inf"), m_use + tl.log(t_safe))
+    o_ptrs = Out + b64 * so_b + offs_m[:, None].to(tl.int64) * so_s + h * so_h + offs_d[None, :]
+    tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=o_mask)
+    tl.store(LSE + b64 * sl_b + h * sl_h + offs_m, lse, mask=row_ok)
+
+
+# fmt: on
+
+
+# --------------------------------------------------------------------------------------------
+# configs
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KVConfig:
+    """Tiles of the cache kernel: ``decode`` when a GQA group's rows (seqlen_q x group) fit 16
+    rows, ``prefill`` otherwise; ``combine`` merges split-KV partials (block_m rows)."""
+
+    decode: Tile
+    prefill: Tile
+    combine: Tile
+
+
+def kv_config(family: str, head_dim: int) -> KVConfig:
+    """Default tiles per family and (padded) head dim; docs/kernels.md has the AOT figures."""
+    d = configs.padded_head_dim(head_dim)
+    combine = Tile(16, 16, 4, 1)
+    if family == "interpreter":
+        t = Tile(16, 16, 1, 1)
+        return KVConfig(t, t, t)
+    if family in ("rdna3", "rdna3.5", "rdna4"):
+        if d <= 128:
+            return KVConfig(Tile(16, 64, 4, 1, 2), Tile(64, 32, 4, 1, 2), combine)
+        return KVConfig(Tile(16, 32, 4, 1, 1), Tile(16, 16, 4, 1, 1), combine)
+    if family in ("cdna2", "cdna3", "cdna4"):
+        if d <= 128:
+            return KVConfig(Tile(16, 64, 4, 1, 2), Tile(128, 32, 4, 1, 2), combine)
+        return KVConfig(Tile(16, 32, 4, 1, 1), Tile(64, 16, 4, 1, 1), combine)
+    if family == "hopper":
+        if d <= 128:
+            return KVConfig(Tile(16, 128, 4, 3), Tile(128, 64, 8, 3), combine)
+        return KVConfig(Tile(16, 64, 4, 2), Tile(64, 64, 8, 2), combine)
+    if d <= 128:  # ampere and other NVIDIA
+        return KVConfig(Tile(16, 128, 4, 2), Tile(64, 64, 4, 2), combine)
+    return KVConfig(Tile(16, 64, 4, 2), Tile(64, 32, 8, 2), combine)
+
+
+def num_splits_heuristic(work_blocks: int, num_sms: int, num_key_blocks: int, max_splits=128):
+    """flash_attn's ``num_splits_heuristic`` (csrc/flash_attn/flash_api.cpp): the fewest splits
+    that reach 85% of the best wave efficiency, 1 when the grid nearly fills the GPU already."""
+    if work_blocks >= 0.8 * num_sms:
+        return 1
+    max_splits = min(max_splits, num_sms, num_key_blocks)
+    eff = {}
+    for n in range(1, max_splits + 1):
+        # A split count with the same keys per split as n - 1 is that count in disguise.
+        if n > 1 and -(-num_key_blocks // n) == -(-num_key_blocks // (n - 1)):
+            continue
+        waves = work_blocks * n / num_sms
+        eff[n] = waves / math.ceil(waves)
+    best = max(eff.values(), default=0.0)
+    for n in sorted(eff):
+        if eff[n] >= 0.85 * best:
+            return n
+    return 1
+
+
+def _num_sms(device) -> int:
+    if configs.INTERPRET or device.type != "cuda":
+        return 1
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+# --------------------------------------------------------------------------------------------
+# rotary, append
+# --------------------------------------------------------------------------------------------
+
+
+def apply_rotary(x, cos, sin, positions, interleaved: bool):
+    """flash_attn's rotary embedding (flash_attn/layers/rotary.py, ops/triton/rotary.py) of the
+    first ``2 * cos.shape[1]`` dims of ``x`` (b, s, h, d) at ``positions`` (b, s).
+
+    Computed in fp32 and cast back, like flash_attn's Triton kernel; positions at or past
+    ``cos.shape[0]`` are left unrotated (that kernel loads cos = 1, sin = 0 there).
+    """
+    rd = cos.shape[1] * 2
+    inside = positions < cos.shape[0]
+    idx = positions.clamp(max=cos.shape[0] - 1).long()
+    c = torch.where(inside[..., None], cos[idx].float(), 1.0)[:, :, None, :]  # (b, s, 1, rd/2)
+    s = torch.where(inside[..., None], sin[idx].float(), 0.0)[:, :, None, :]
+    xr = x[..., :rd].float()
+    if interleaved:
+        x0, x1 = xr[..., 0::2], xr[..., 1::2]
+        rot = torch.stack((x0 * c - x1 * s, x0 * s + x1 * c), dim=-1).flatten(-2)
+    else:
+        x0, x1 = xr[..., : rd // 2], xr[..., rd // 2 :]
+        rot = torch.cat((x0 * c - x1 * s, x0 * s + x1 * c), dim=-1)
+    return torch.cat((rot.to(x.dtype), x[..., rd:]), dim=-1)
+
+
+def _append(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table):
+    """Write k/v (b, s_new, hk, d) into the caches at rows cache_seqlens[b] + t, in place.
+
+    Indexing is per dimension, so a write past a sequence's cache (or its block table) raises
+    an index error instead of landing in another sequence.
+    """
+    b, s_new = k.shape[0], k.shape[1]
+    pos = cache_seqlens.long()[:, None] + torch.arange(s_new, device=k.device)[None, :]
+    if block_table is not None:
+        page = k_cache.shape[1]
+        rows = torch.arange(b, device=k.device)[:, None].expand(b, s_new)
+        blocks = block_table.long()[rows, pos // page]
+        k_cache[blocks, pos % page] = k
+        v_cache[blocks, pos % page] = v
+    else:
+        bidx = torch.arange(b, device=k.device) if cache_batch_idx is None else cache_batch_idx
+        rows = bidx.long()[:, None].expand(b, s_new)
+        k_cache[rows, pos] = k
+        v_cache[rows, pos] = v
+
+
+# --------------------------------------------------------------------------------------------
+# entry points
+# --------------------------------------------------------------------------------------------
+
+
+def _check_inputs(q, k_cache, v_cache):
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"q must be float16 or bfloat16, got {q.dtype}")
+    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        raise TypeError("q, k_cache and v_cache must share a dtype")
+    d = q.shape[-1]
+    if d > 256 or k_cache.shape[-1] != d or v_cache.shape[-1] != d:
+        raise ValueError(
+            f"head dims must match and be <= 256, got {d}, {k_cache.shape[-1]}, {v_cache.shape[-1]}"
+        )
+    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise ValueError("k_cache and v_cache need a contiguous last dimension (stride 1)")
+    hq, hk = q.shape[-2], k_cache.shape[-2]
+    if hq % hk != 0 or v_cache.shape[-2] != hk:
+        raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hk})")
+    return d, hq, hk
+
+
+def _int32(t, name: str, batch: int, device):
+    t = torch.as_tensor(t, device=device)
+    if t.dtype not in (torch.int32, torch.int64) or tuple(t.shape) != (batch,):
+        raise ValueError(f"{name} must be an integer tensor of shape ({batch},)")
+    return t.to(torch.int32).contiguous()
+
+
+def _slopes(alibi_slopes, batch: int, heads: int, device):
+    if alibi_slopes is None:
+        return None, 0, 0
+    a = alibi_slopes.to(device=device, dtype=torch.float32)
+    if a.dim() == 1 and a.shape[0] == heads:
+        return a, 0, a.stride(0)
+    if tuple(a.shape) == (batch, heads):
+        return a, a.stride(0), a.stride(1)
+    raise ValueError(
+        f"alibi_slopes shape {tuple(a.shape)}, expected ({heads},) or ({batch}, {heads})"
+    )
+
+
+def _window(causal: bool, window_size, softcap: float, seqlen_cache: int):
+    """(left, right, softcap) as the kernel takes them; windows wider than the cache are off."""
+    left, right = window_size if window_size is not None else (-1, -1)
+    left = None if left is None or left < 0 or left >= seqlen_cache else int(left)
+    right = None if right is None or right < 0 or right >= seqlen_cache else int(right)
+    if causal:
+        right = 0
+    return left, right, float(softcap or 0.0)
+
+
+def _launch(
+    q, k_cache, v_cache, out, lse, *, cu_q, seqlens_k, k_start, block_table, batch_idx,
+    slopes, sa, batch, seqlen_q, max_rows, kv_rows, scale, left, right, softcap, num_splits,
+    varlen,
+):  # fmt: skip
+    """Run the cache kernel (and the combine when split) into ``out``/``lse``."""
+    d, hq, hk = q.shape[-1], q.shape[-2], k_cache.shape[-2]
+    group = hq // hk
+    family = configs.device_family(q.device)
+    kc = kv_config(family, d)
+    tile = kc.decode if max_rows <= kc.decode.block_m else kc.prefill
+    hip = configs.is_hip()
+    bd = configs.padded_head_dim(d)
+    if softcap > 0:
+        cap_in, cap_out = scale / softcap, softcap * LOG2E
+    else:
+        cap_in, cap_out = 0.0, 0.0
+    if varlen:
+        qst = (0, q.stride(0), q.stride(1))
+        ost = (0, out.stride(0), out.stride(1))
+        lst = (0, lse.stride(0))
+    else:
+        qst = (q.stride(0), q.stride(1), q.stride(2))
+        ost = (out.stride(0), out.stride(1), out.stride(2))
+        lst = (lse.stride(0), lse.stride(1))
+    split = num_splits > 1
+    if split:
+        o_acc = torch.empty(
+            (num_splits, batch, hq, seqlen_q, d), dtype=torch.float32, device=q.device
+        )
+        l_acc = torch.empty((num_splits, batch, hq, seqlen_q), dtype=torch.float32, device=q.device)
+        acc_st = o_acc.stride()[:4]
+        lacc_st = l_acc.stride()[:3]
+    else:
+        o_acc, l_acc = lse, lse  # unused pointers
+        acc_st, lacc_st = (0, 0, 0, 0), (0, 0, 0)
+    dummy = seqlens_k
+    grid = (triton.cdiv(max_rows, tile.block_m), batch * hk, num_splits)
+    _kv_fwd[grid](
+        q, k_cache, v_cache, out, lse, o_acc, l_acc,
+        cu_q if cu_q is not None else dummy, seqlens_k,
+        k_start if k_start is not None else dummy,
+        block_table if block_table is not None else dummy,
+        batch_idx if batch_idx is not None else dummy,
+        slopes if slopes is not None else lse,
+        *qst, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), *ost, *lst,
+        block_table.stride(0) if block_table is not None else 0, *sa, *acc_st, *lacc_st,
+        seqlen_q, kv_rows, hk, group, scale * LOG2E, cap_in, cap_out, left or 0, right or 0, num_splits,
+        HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
+        PAGE_SIZE=k_cache.shape[1] if block_table is not None else 1,
+        IS_VARLEN_Q=varlen, PAGED=block_table is not None, HAS_BATCH_IDX=batch_idx is not None,
+        HAS_KSTART=k_start is not None, HAS_LEFT=left is not None, HAS_RIGHT=right is not None,
+        HAS_SOFTCAP=softcap > 0, HAS_ALIBI=slopes is not None, SPLIT=split,
+        **tile.launch_options(hip),
+    )  # fmt: skip
+    if split:
+        c = kc.combine
+        _kv_combine[(triton.cdiv(seqlen_q, c.block_m), batch * hq)](
+            o_acc, l_acc, out, lse, *acc_st, *lacc_st, *ost, *lst, seqlen_q, hq, num_splits,
+            HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=c.block_m, **c.launch_options(hip),
+        )  # fmt: skip
+
+
+@torch.no_grad()
+def flash_attn_with_kvcache(
+    q,
+    k_cache,
+    v_cache,
+    k=None,
+    v=None,
+    rotary_cos=None,
+    rotary_sin=None,
+    cache_seqlens=None,
+    cache_batch_idx=None,
+    cache_leftpad=None,
+    block_table=None,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    rotary_interleaved=True,
+    alibi_slopes=None,
+    num_splits=0,
+    return_softmax_lse=False,
+):
+    """flash_attn.flash_attn_with_kvcache: q (B, Sq, Hq, D) against k_cache/v_cache
+    (B_cache, S_cache, Hk, D), or (num_blocks, page_size, Hk, D) with ``block_table``
+    (B, max_blocks) int32. With ``k``/``v`` (B, S_new, Hk, D) the caches are updated in place at
+    ``cache_seqlens`` first (keys rotated when ``rotary_cos``/``rotary_sin`` are given). Returns
+    out (B, Sq, Hq, D), and the LSE (B, Hq, Sq) with ``return_softmax_lse``. Forward only.
+    """
+    if q.dim() != 4:
+        raise ValueError(
+            f"q must be (batch, seqlen_q, heads, head_dim), got shape {tuple(q.shape)}"
+        )
+    d, hq, hk = _check_inputs(q, k_cache, v_cache)
+    batch, seqlen_q = q.shape[0], q.shape[1]
+    device = q.device
+    paged = block_table is not None
+    if paged:
+        if cache_batch_idx is not None:
+            raise ValueError("cache_batch_idx cannot be combined with block_table (paged KV)")
+        if cache_leftpad is not None:
+            raise ValueError("cache_leftpad cannot be combined with block_table (paged KV)")
+        block_table = _block_table(block_table, batch, device)
+        seqlen_cache = block_table.shape[1] * k_cache.shape[1]
+    else:
+        seqlen_cache = k_cache.shape[1]
+        if cache_batch_idx is not None:
+            cache_batch_idx = _int32(cache_batch_idx, "cache_batch_idx", batch, device)
+        elif k_cache.shape[0] < batch:
+            raise ValueError(f"k_cache holds {k_cache.shape[0]} sequences, q has {batch}")
+    if k is not None or v is not None:
+        if k is None or v is None:
+            raise ValueError("new keys need new values (pass both k and v, or neither)")
+        if cache_seqlens is None:
+            raise ValueError("appending k/v needs cache_seqlens (where each sequence ends)")
+        if k.dtype != q.dtype or v.dtype != q.dtype:
+            raise TypeError("k and v must have q's dtype")
+        if k.dim() != 4 or k.shape != v.shape or (k.shape[0], *k.shape[2:]) != (batch, hk, d):
+            raise ValueError(f"k and v must be (batch={batch}, seqlen_new, {hk}, {d})")
+    seqlen_new = k.shape[1] if k is not None else 0
+    if cache_seqlens is None:
+        cache_seqlens = torch.full((batch,), seqlen_cache, dtype=torch.int32, device=device)
+    elif isinstance(cache_seqlens, int):
+        cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=device)
+    else:
+        cache_seqlens = _int32(cache_seqlens, "cache_seqlens", batch, device)
+    if paged:
+        # flash_attn checks this too: keys past the block table would be read from nowhere.
+        longest = int(cache_seqlens.max().item()) + seqlen_new
+        if longest > seqlen_cache:
+            raise ValueError(
+                f"cache_seqlens + new keys reach {longest} rows, past the {seqlen_cache} that "
+                "block_table addresses; give block_table more columns"
+            )
+    scale = softmax_scale if softmax_scale is not None else d**-0.5
+    if seqlen_q == 1 and alibi_slopes is None:
+        causal = False  # one query row at the bottom sees every key anyway (flash_api.cpp)
+    left, right, cap = _window(causal, window_size, softcap, seqlen_cache)
+    if rotary_cos is not None or rotary_sin is not None:
+        if rotary_cos is None or rotary_sin is None or k is None:
+            raise ValueError("rotary embedding needs rotary_cos, rotary_sin and new k/v to append")
+        rd = rotary_cos.shape[-1] * 2
+        if rotary_cos.shape != rotary_sin.shape or rd > d or rd % 16:
+            raise ValueError(
+                f"rotary_cos/sin must be (seqlen_ro, rotary_dim / 2) with rotary_dim <= {d} and a "
+                f"multiple of 16, got {tuple(rotary_cos.shape)} and {tuple(rotary_sin.shape)}"
+            )
+        start = cache_seqlens.long()[:, None]
+        k_pos = start + torch.arange(seqlen_new, device=device)
+        # Queries move along with the keys under a causal mask or a window; otherwise every
+        # query sits at the first new position (flash_attn's docstring).
+        local = left is not None or right is not None
+        q_pos = start + torch.arange(seqlen_q, device=device) * int(local)
+        k = apply_rotary(k, rotary_cos, rotary_sin, k_pos, rotary_interleaved)
+        q = apply_rotary(q, rotary_cos, rotary_sin, q_pos, rotary_interleaved)
+    if k is not None:
+        _append(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table)
+    seqlens_k = cache_seqlens + seqlen_new
+    k_start = None
+    if cache_leftpad is not None:
+        k_start = _int32(cache_leftpad, "cache_leftpad", batch, device)
+        seqlens_k = seqlens_k - k_start
+    seqlens_k = seqlens_k.to(torch.int32).contiguous()
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    slopes, sa_b, sa_h = _slopes(alibi_slopes, batch, hq, device)
+    out = torch.empty(q.shape, dtype=q.dtype, device=device)
+    lse = torch.empty((batch, hq, seqlen_q), dtype=torch.float32, device=device)
+    rows = seqlen_q * (hq // hk)
+    kc = kv_config(configs.device_family(device), d)
+    tile = kc.decode if rows <= kc.decode.block_m else kc.prefill
+    n_key_blocks = triton.cdiv(seqlen_cache, tile.block_n)
+    if num_splits is None or num_splits < 1:
+        work = batch * hk * triton.cdiv(rows, tile.block_m)
+        num_splits = num_splits_heuristic(work, _num_sms(device), n_key_blocks)
+    num_splits = max(1, min(int(num_splits), 128, n_key_blocks))
+    _launch(
+        q, k_cache, v_cache, out, lse, cu_q=None, seqlens_k=seqlens_k, k_start=k_start,
+        block_table=block_table, batch_idx=cache_batch_idx, slopes=slopes, sa=(sa_b, sa_h),
+        batch=batch, seqlen_q=seqlen_q, max_rows=rows, kv_rows=seqlen_cache, scale=scale, left=left, right=right,
+        softcap=cap, num_splits=num_splits, varlen=False,
+    )  # fmt: skip
+    return (out, lse) if return_softmax_lse else out
+
+
+def _block_table(block_table, batch: int, device):
+    bt = torch.as_tensor(block_table, device=device)
+    if bt.dim() != 2 or bt.shape[0] != batch or bt.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"block_table must be an int32 tensor of shape ({batch}, max_blocks)")
+    bt = bt.to(torch.int32)
+    return bt if bt.stride(-1) == 1 else bt.contiguous()
+
+
+@torch.no_grad()
+def paged_varlen_forward(
+    q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
+    softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+    return_attn_probs=False, block_table,
+):  # fmt: skip
+    """``flash_attn_varlen_func(..., block_table=...)``: varlen queries (total_q, Hq, D) against a
+    paged cache (num_blocks, page_size, Hk, D); sequence b's keys are its first
+    ``cu_seqlens_k[b+1] - cu_seqlens_k[b]`` cache rows through ``block_table[b]``. Forward only:
+    the result carries no gradient. Returns out, or (out, lse (Hq, total_q), None)."""
+    if q.dim() != 3:
+        raise ValueError(f"q must be (total_q, heads, head_dim), got shape {tuple(q.shape)}")
+    d, hq, hk = _check_inputs(q, k_cache, v_cache)
+    device = q.device
+    cu_q = cu_seqlens_q.to(device=device, dtype=torch.int32).contiguous()
+    cu_k = cu_seqlens_k.to(device=device, dtype=torch.int32)
+    batch = cu_q.numel() - 1
+    block_table = _block_table(block_table, batch, device)
+    seqlen_cache = block_table.shape[1] * k_cache.shape[1]
+    if int(max_seqlen_k) > seqlen_cache:
+        raise ValueError(
+            f"max_seqlen_k {int(max_seqlen_k)} is past the {seqlen_cache} rows that block_table "
+            "addresses; give block_table more columns"
+        )
+    seqlens_k = (cu_k[1:] - cu_k[:-1]).contiguous()
+    scale = softmax_scale if softmax_scale is not None else d**-0.5
+    left, right, cap = _window(causal, window_size, softcap, seqlen_cache)
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    slopes, sa_b, sa_h = _slopes(alibi_slopes, batch, hq, device)
+    out = torch.empty(q.shape, dtype=q.dtype, device=device)
+    lse = torch.empty((hq, q.shape[0]), dtype=torch.float32, device=device)
+    _launch(
+        q, k_cache, v_cache, out, lse, cu_q=cu_q, seqlens_k=seqlens_k, k_start=None,
+        block_table=block_table, batch_idx=None, slopes=slopes, sa=(sa_b, sa_h), batch=batch,
+        seqlen_q=int(max_seqlen_q), max_rows=int(max_seqlen_q) * (hq // hk),
+        kv_rows=seqlen_cache, scale=scale,
+        left=left, right=right, softcap=cap, num_splits=1, varlen=True,
+    )  # fmt: skip
+    return (out, lse, None) if return_attn_probs else out
