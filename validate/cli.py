@@ -16,8 +16,9 @@ from validate.expect import KNOWN_KEYS, ExpectError, evaluate, load_expect
 
 DESCRIPTION = """\
 Validate the attention stack of this Python environment: which SDPA backend really runs,
-whether it is right, flash_attn and the bundled kernels. Every check runs in its own
-subprocess; a crash or hang becomes that check's result and the run goes on.
+whether it is right, flash_attn and the bundled kernels. Checks run in long-lived worker
+processes that import torch once; a crash or hang becomes that check's result, its worker is
+replaced, and the run goes on (--isolate: one process per check).
 
 exit status: 0 every required check passed (or skipped) and every expectation held;
 1 a required check failed/crashed/timed out or an expectation was broken; 2 usage error."""
@@ -76,6 +77,16 @@ def _positive(text: str) -> float:
     return value
 
 
+def _workers(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("at least 1 worker is needed")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="python -m validate",
@@ -104,6 +115,20 @@ def build_parser() -> argparse.ArgumentParser:
             help="per-check timeout (default 300)",
         )
         p.add_argument(
+            "--workers",
+            type=_workers,
+            default=1,
+            metavar="N",
+            help="check workers running at once (default 1: on one GPU a second worker rarely "
+            "helps and skews timings)",
+        )
+        p.add_argument(
+            "--isolate",
+            action="store_true",
+            help="run every check in a fresh process of its own, as before the worker pool "
+            "(slower; for debugging a check that behaves differently in a shared worker)",
+        )
+        p.add_argument(
             "--only",
             metavar="GLOB",
             action="append",
@@ -129,7 +154,13 @@ def build_parser() -> argparse.ArgumentParser:
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         mod.add_arguments(t)
-    r = sub.add_parser("render", help="render a report.json as Markdown and/or HTML")
+    r = sub.add_parser(
+        "render",
+        help="render a report.json as Markdown and/or HTML",
+        description="Render a report.json as Markdown and/or a self-contained HTML page. The "
+        "page also draws bench.json, bench_train.json and stress-*.json found next to the "
+        "report (plots need matplotlib).",
+    )
     r.add_argument("report", metavar="REPORT_JSON")
     r.add_argument("--md", metavar="PATH", help="write Markdown here ('-' for stdout)")
     r.add_argument("--html", metavar="PATH", help="write HTML here ('-' for stdout)")
@@ -142,7 +173,12 @@ def _write(text: str, path: str) -> None:
         return
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(text, encoding="utf-8")
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")  # the old file stays until this one is whole
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, p)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _check_writable(path: str | None, flag: str) -> None:
@@ -166,6 +202,7 @@ def cmd_render(args: argparse.Namespace) -> int:
         raise UsageError("render needs --md PATH and/or --html PATH.")
     try:
         data = report.load(args.report)
+        siblings = report.load_siblings(args.report) if args.html else {}
     except report.ReportError as exc:
         raise UsageError(str(exc)) from None
     _check_writable(args.md, "--md")
@@ -174,9 +211,11 @@ def cmd_render(args: argparse.Namespace) -> int:
         if args.md:
             _write(render.to_markdown(data), args.md)
         if args.html:
-            _write(render.to_html(data), args.html)
+            _write(render.to_html(data, siblings), args.html)
     except OSError as exc:
         raise UsageError(f"cannot write: {exc}") from None
+    except render.PlotsUnavailable as exc:
+        raise UsageError(str(exc)) from None
     return 0
 
 
@@ -210,11 +249,28 @@ def cmd_run(args: argparse.Namespace, argv: list[str]) -> int:
 
     started_at = report.now()
     t0 = time.monotonic()
-    print(
-        f"validate {args.command}{' --quick' if args.quick else ''}: one subprocess per check",
-        flush=True,
+    how = (
+        "one subprocess per check (--isolate)"
+        if args.isolate
+        else f"{args.workers} check worker{'s' if args.workers > 1 else ''}"
     )
-    records = suite.execute(checks, args.timeout, only=only, on_record=_print_record)
+    print(f"validate {args.command}{' --quick' if args.quick else ''}: {how}", flush=True)
+    if args.isolate:
+        records = suite.execute(
+            checks, args.timeout, only=only, on_record=_print_record, workers=args.workers
+        )
+    else:
+        from validate.pool import Pool
+
+        with Pool(workers=args.workers) as pool:
+            records = suite.execute(
+                checks,
+                args.timeout,
+                only=only,
+                on_record=_print_record,
+                runner=pool.run,
+                workers=args.workers,
+            )
     obs = suite.observations(records)
     expectations = None
     broken = 0

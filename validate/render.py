@@ -5,8 +5,12 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from validate import plots
 from validate.grid import BACKENDS
+from validate.plots import PlotsUnavailable
 from validate.runner import FAILING
+
+__all__ = ["PlotsUnavailable", "to_html", "to_markdown"]
 
 ICON = {"pass": "✅", "fail": "❌", "crash": "💥", "timeout": "⏱️", "skip": "⏭️"}
 RUN_CELL = {
@@ -203,100 +207,392 @@ def to_markdown(report: dict[str, Any]) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
+# ------------------------------------------------------------------------------------ HTML
+# One self-contained page: no script, no external stylesheet, font or image; the plots are
+# inline SVG drawn by matplotlib (validate/plots.py, imported only here).
+
+CSS = """
+body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:0 auto;max-width:1240px;
+ padding:1em 2em;color:#222;line-height:1.4}
+h1{margin-bottom:.2em}h2{margin-top:1.6em;border-bottom:1px solid #ddd;padding-bottom:.2em}
+nav a{margin-right:1em}code,pre{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:.9em}
+table{border-collapse:collapse;margin:.6em 0}
+td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;vertical-align:top}
+th{background:#f4f4f4}td.num{text-align:right;font-variant-numeric:tabular-nums}
+.pass,.met,.ok{color:#0a6b1f}.fail,.crash,.timeout,.broken,.error,.deferred-fault{color:#b00020}
+.skip,.unsupported{color:#666}
+td.cell-pass{background:#dcf2df}td.cell-bad{background:#f8d7da}td.cell-off{background:#eee;color:#555}
+h1.pass{color:#0a6b1f}h1.fail{color:#b00020}
+.small{font-size:.85em;color:#555}pre{background:#f6f6f6;padding:8px;overflow:auto}
+figure.plot{margin:1em 0;border:1px solid #e4e4e4;padding:4px}
+figure.plot svg{max-width:100%;height:auto;display:block}
+figcaption{font-size:.85em;color:#444;padding:2px 6px}
+details{margin:.4em 0}summary{cursor:pointer}ul.kern{margin:0;padding-left:1.2em}
+td{overflow-wrap:break-word}table.fixed{table-layout:fixed;width:100%}
+table.fixed td{overflow-wrap:anywhere}
+"""
+
+SECTIONS = [
+    ("summary", "Summary"), ("environment", "Environment"), ("expectations", "Expectations"),
+    ("backends", "SDPA backends"), ("kernels", "Kernels seen"), ("bench", "Benchmark"),
+    ("training", "Training step"), ("stress", "Stress"), ("checks", "Checks"),
+    ("failures", "Failures"), ("markdown", "Markdown summary"),
+]  # fmt: skip
+
+
 def _h(x: Any) -> str:
     return html.escape("" if x is None else str(x))
 
 
-def _table(head: list[str], rows: list[list[str]], raw: bool = False) -> str:
+def _table(
+    head: list[str], rows: list[list[str]], raw: bool = False, widths: list[int] | None = None
+) -> str:
+    """A table; `raw` cells are HTML (a cell may be a whole <td>); `widths` (percent per column)
+    fix the layout so that long unbroken names (kernels) wrap instead of widening the page."""
+    cols = ""
+    if widths:
+        cols = "<colgroup>" + "".join(f"<col style='width:{w}%'>" for w in widths) + "</colgroup>"
     th = "".join(f"<th>{_h(h)}</th>" for h in head)
     body = "".join(
-        "<tr>" + "".join(f"<td>{c if raw else _h(c)}</td>" for c in row) + "</tr>" for row in rows
+        "<tr>"
+        + "".join(
+            c if raw and c.startswith("<td") else f"<td>{c if raw else _h(c)}</td>" for c in row
+        )
+        + "</tr>"  # fmt: skip
+        for row in rows
     )
-    return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
+    css = " class='fixed'" if widths else ""
+    return f"<table{css}>{cols}<thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def to_html(report: dict[str, Any]) -> str:
+def _status(s: Any) -> str:
+    return f"<span class='{_h(s)}'>{_h(s)}</span>"
+
+
+def _num(x: Any, digits: int = 3) -> str:
+    if x is None:
+        return "<td class='num'></td>"
+    return f"<td class='num'>{_h(f'{x:.{digits}g}' if isinstance(x, float) else x)}</td>"
+
+
+def _section(sid: str, body: list[str]) -> list[str]:
+    title = dict(SECTIONS)[sid]
+    return [f"<section id='{sid}'><h2>{_h(title)}</h2>", *body, "</section>"]
+
+
+def _environment(report: dict[str, Any]) -> list[str]:
+    env = report.get("environment") or {}
+    t = env.get("torch") or {}
+    rows: list[list[str]] = []
+
+    def add(name: str, value: Any) -> None:
+        if value not in (None, "", [], {}):
+            rows.append([name, _value(value)])
+
+    add("python", env.get("python") and f"{env['python']} ({env.get('executable', '')})")
+    add("torch", t.get("version") and f"{t['version']} (git {str(t.get('git_version'))[:12]})")
+    add("HIP", t.get("hip"))
+    add("CUDA", t.get("cuda"))
+    add("cuDNN", env.get("cudnn_version"))
+    add("ROCm", env.get("rocm_version"))
+    for pkg in ("triton", "flash_attn"):
+        info = env.get(pkg) or {}
+        if info:
+            add(pkg, info.get("version") if info.get("present") else f"absent: {info.get('error')}")
+    add("AOTriton libraries", ", ".join(env.get("aotriton_libs") or []))
+    for d in env.get("devices") or []:
+        mem = d.get("total_memory_bytes")
+        add(f"device {d.get('index', '')}".strip(),
+            f"{d.get('name')} ({d.get('arch')}"
+            + (f", {mem / 2**30:.0f} GiB" if mem else "") + ")")  # fmt: skip
+    add("CPU capability", env.get("cpu_capability"))
+    add("platform", env.get("platform"))
+    host = report.get("host") or {}
+    add("host", host.get("hostname") and f"{host['hostname']} ({host.get('platform')})")
+    out = [_table(["what", "value"], rows)] if rows else ["<p>The env check recorded nothing.</p>"]
+    lines = _host_lines(report)
+    if lines:
+        out.append("<ul>" + "".join(f"<li>{_h(ln[2:])}</li>" for ln in lines if ln) + "</ul>")
+    if env.get("env"):
+        out += ["<h3>Attention-related environment variables</h3>",
+                _table(["variable", "value"], [[k, v] for k, v in env["env"].items()])]  # fmt: skip
+    else:
+        out.append("<p class='small'>No attention-related environment variable was set.</p>")
+    return _section("environment", out)
+
+
+def _expectations(report: dict[str, Any]) -> list[str]:
+    exp = report.get("expectations")
+    if not exp:
+        return _section("expectations", ["<p>No expect file: nothing was promised.</p>"])
+    rows = [
+        [_status(e["status"]), f"<code>{_h(e['key'])}</code>", _h(_value(e["expected"])),
+         _h(_value(e["observed"])), _h(e["message"])]
+        for e in exp.get("results", [])
+    ]  # fmt: skip
+    return _section("expectations", [
+        f"<p>From <code>{_h(exp.get('file'))}</code>.</p>",
+        _table(["status", "key", "promised", "seen", "message"], rows, raw=True),
+    ])  # fmt: skip
+
+
+HTML_RUN = {"deferred-fault": "deferred fault", "unsupported": "refused", "": "not run"}
+
+
+def _backend_td(entry: dict[str, Any] | None) -> str:
+    if not entry:
+        return "<td></td>"
+    run = entry.get("run") or ""
+    css = ("cell-pass" if run == "pass" else "cell-off" if run in ("unsupported", "skip", "")
+           else "cell-bad")  # fmt: skip
+    body = _h(HTML_RUN.get(run, run))
+    if run in ("pass", "fail") and entry.get("max_abs_err") is not None:
+        body += f" {_h(_fmt(entry['max_abs_err']))} / {_h(_fmt(entry.get('tolerance')))}"
+    if entry.get("can_use") is False:
+        body += " <span class='small'>(can_use: no)</span>"
+    why = list(entry.get("reasons") or [])
+    if entry.get("error"):
+        why.append(entry["error"])
+    if why:
+        body += ("<details><summary>why</summary><ul>"
+                 + "".join(f"<li>{_h(w)}</li>" for w in why) + "</ul></details>")  # fmt: skip
+    return f"<td class='{css}'>{body}</td>"
+
+
+def _backends(report: dict[str, Any]) -> list[str]:
+    matrix = report.get("backend_matrix") or []
+    if not matrix:
+        return _section("backends", ["<p>No SDPA case ran.</p>"])
+    rows = [
+        [_h(row["case"]), _h(row.get("default_backend") or "?"), _h(row.get("profiler_backend"))]
+        + [_backend_td(row["backends"].get(b)) for b in BACKENDS]
+        for row in matrix
+    ]
+    return _section("backends", [
+        "<p>Each backend forced on each case and judged against an fp32 reference: green passed "
+        "(max|err| / tolerance, flash-attention's rule), red failed or faulted, grey refused "
+        "— open <i>why</i> for PyTorch's own reasons.</p>",
+        _table(["case", "default pick", "profiler", *BACKENDS], rows, raw=True),
+    ])  # fmt: skip
+
+
+def _kernel_li(name: str, limit: int = 240) -> str:
+    """A kernel name; C++ template names run to thousands of characters: the start is shown,
+    the whole name is the tooltip."""
+    if len(name) <= limit:
+        return f"<li><code>{_h(name)}</code></li>"
+    return f"<li><code title='{_h(name)}'>{_h(name[: limit - 1])}…</code></li>"
+
+
+def _kernels(report: dict[str, Any]) -> list[str]:
+    details = {c["id"]: c.get("details") or {} for c in report.get("checks", [])}
+    rows = []
+    for row in report.get("backend_matrix") or []:
+        d = details.get(f"sdpa.case.{row['case']}", {})
+        kern = row.get("default_kernels") or d.get("default_kernels") or []
+        ops = d.get("default_aten_ops") or []
+        if not kern and not ops:
+            continue
+        rows.append([
+            _h(row["case"]),
+            _h(row.get("default_backend") or "?")
+            + (f"<br><span class='small'>{_h(row['default_backend_source'])}</span>"
+               if row.get("default_backend_source") else ""),
+            _h(row.get("profiler_backend")),
+            "<ul class='kern'>" + "".join(_kernel_li(k) for k in kern) + "</ul>",
+            "<ul class='kern'>" + "".join(f"<li><code>{_h(o)}</code></li>" for o in ops) + "</ul>",
+        ])  # fmt: skip
+    if not rows:
+        return _section("kernels", ["<p>The profiler recorded no kernels.</p>"])
+    return _section("kernels", [
+        "<p>What <code>torch.profiler</code> saw for SDPA's default pick in each case: the GPU "
+        "kernels and the aten ops they came from.</p>",
+        _table(["case", "default pick", "profiler says", "kernels", "aten ops"], rows, raw=True,
+               widths=[13, 13, 8, 44, 22]),
+    ])  # fmt: skip
+
+
+def _env_line(doc: dict[str, Any]) -> str:
+    env = doc.get("env") or {}
+    build = (
+        f"HIP {env['hip']}"
+        if env.get("hip")
+        else f"CUDA {env['cuda']}"
+        if env.get("cuda")
+        else "CPU"
+    )
+    return (f"Measured {_h(doc.get('created'))} on {_h(env.get('device'))} ({_h(env.get('arch'))}), "
+            f"torch {_h(env.get('torch'))} ({_h(build)}), triton {_h(env.get('triton'))}.")  # fmt: skip
+
+
+def _figures(plots: list[Any]) -> list[str]:
+    return [
+        f"<figure class='plot' id='plot-{_h(p.key)}'>{p.svg}"
+        + (f"<figcaption>{_h(p.caption)}</figcaption>" if p.caption else "")
+        + "</figure>"
+        for p in plots
+    ]
+
+
+def _shape_text(s: dict[str, Any]) -> str:
+    heads = f"{s['h']}" + (f"/{s['hkv']}" if s.get("hkv") not in (None, s["h"]) else "")
+    return (f"{s['name']}: b {s['b']}, heads {heads}, q {s['sq']} × k {s['sk']}, d {s['d']}, "
+            f"{s['dtype']}{', causal' if s['causal'] else ''}")  # fmt: skip
+
+
+def _bench(doc: dict[str, Any] | None) -> list[str]:
+    if doc is None:
+        return _section("bench", [
+            "<p>No bench.json next to this report (<code>python -m validate bench --json "
+            "bench.json</code> makes one).</p>"])  # fmt: skip
+    results = doc.get("results") or []
+    out = [f"<p>{_env_line(doc)} TFLOP/s counts flash-attention's FLOPs (4·b·sq·sk·h·d, half "
+           "when causal; ×2.5 backward, ×3.5 forward+backward); times are medians.</p>"]  # fmt: skip
+    out += _figures(plots.bench_plots(doc))
+    groups: dict[tuple, list[str]] = {}
+    for r in results:
+        if r["status"] != "ok":
+            key = (r["backend"], r["status"], r.get("message") or "")
+            groups.setdefault(key, []).append(f"{r['shape']['name']} {r['mode']}")
+    runs = {b: sum(r["backend"] == b for r in results) for b in {r["backend"] for r in results}}
+    if groups:
+        rows = [[_h(b), _status(st), _h(msg),
+                 _h(f"all {len(where)} runs" if len(where) == runs[b] > 1 else ", ".join(where))]
+                for (b, st, msg), where in groups.items()]  # fmt: skip
+        out += ["<h3>Runs without a time</h3>",
+                _table(["backend", "status", "message", "where"], rows, raw=True)]  # fmt: skip
+    ok = [r for r in results if r["status"] == "ok"]
+    if ok:
+        rows = [[_h(r["backend"]), _h(_shape_text(r["shape"])), _h(r["mode"]), _num(r["ms"]),
+                 _num(r.get("tflops")), _num(r.get("peak_mem_mb")), _h(len(r.get("ms_all") or []))]
+                for r in ok]  # fmt: skip
+        out += ["<details><summary>All timings</summary>",
+                _table(["backend", "shape", "mode", "ms", "TFLOP/s", "peak MB", "repeats"],
+                       rows, raw=True), "</details>"]  # fmt: skip
+    return _section("bench", out)
+
+
+def _training(doc: dict[str, Any] | None) -> list[str]:
+    if doc is None:
+        return _section("training", [
+            "<p>No bench_train.json next to this report (<code>python -m validate bench-train "
+            "--json bench_train.json</code> makes one).</p>"])  # fmt: skip
+    ref, ratios = plots.train_ratios(doc)
+    ratio = {b: x for b, _, x in ratios}
+    c = doc.get("config") or {}
+    out = [f"<p>{_env_line(doc)} {c.get('steps')} steps after {c.get('warmup')} warm-up, "
+           f"seed {c.get('seed')}; the ratio is each backend's median step time over "
+           f"{_h(ref)}'s.</p>"]  # fmt: skip
+    p = plots.train_plot(doc)
+    out += _figures([p] if p else [])
+    rows = [[_h(r["backend"]), _status(r["status"]), _num(r.get("median_step_ms")),
+             _num(ratio.get(r["backend"])), _num(r.get("tokens_per_s"), 4),
+             _num(r.get("peak_mem_mb"), 4), _num(r.get("first_loss"), 6), _h(r.get("message"))]
+            for r in doc.get("results") or []]  # fmt: skip
+    out.append(_table(["backend", "status", "median step ms", f"× {ref}", "tokens/s", "peak MB",
+                       "first loss", "message"], rows, raw=True))  # fmt: skip
+    lc = doc.get("loss_check")
+    if lc:
+        out.append(f"<p>Loss check against {_h(lc.get('reference'))} (tolerance "
+                   f"{_h(lc.get('tolerance'))}, largest relative difference "
+                   f"{_h(lc.get('max_rel_diff'))}): {_status('pass' if lc.get('ok') else 'fail')} "
+                   f"— {_h(lc.get('message'))}</p>")  # fmt: skip
+    return _section("training", out)
+
+
+def _stress(docs: list[dict[str, Any]]) -> list[str]:
+    if not docs:
+        return _section("stress", [
+            "<p>No stress-*.json next to this report (<code>python -m validate stress "
+            "--workload W --json stress-W.json</code> makes one).</p>"])  # fmt: skip
+    out = []
+    for doc in docs:
+        res = f" at {doc['resolution']}" if doc.get("resolution") else ""
+        out.append(f"<h3>{_h(doc.get('workload'))}{_h(res)}</h3><p class='small'>{_env_line(doc)} "
+                   + "; ".join(_h(_shape_text(s)) for s in doc.get("shapes") or []) + "</p>")  # fmt: skip
+        rows = []
+        for r in doc.get("runs") or []:
+            f = r.get("first_failure")
+            first = (f"iteration {f.get('iteration')}: {f.get('kind')} — {f.get('message')}"
+                     if f else "")  # fmt: skip
+            rows.append([_h(r["backend"]), _status(r["status"]),
+                         _h(f"{r.get('iters_completed')}/{r.get('iters_requested')}"),
+                         _num(r.get("ms_per_iter")), _h(first),
+                         _h("yes" if r.get("serialize") else "no"), _h(r.get("message"))])  # fmt: skip
+        out.append(_table(["backend", "status", "iterations", "ms/iter", "first failure",
+                           "serialized", "message"], rows, raw=True))  # fmt: skip
+    return _section("stress", out)
+
+
+def _checks(report: dict[str, Any]) -> list[str]:
+    rows = [
+        [_status(r["status"]) + (" <span class='small'>host-suspect</span>"
+                                 if r.get("host_suspect") else ""),
+         f"<code>{_h(r['id'])}</code>" + ("" if r.get("required", True) else " (optional)"),
+         f"{r.get('duration_s', 0):.1f}s", _h(r.get("message"))]
+        for r in report.get("checks", [])
+    ]  # fmt: skip
+    return _section("checks", [_table(["status", "check", "time", "message"], rows, raw=True)])
+
+
+def _failures(report: dict[str, Any]) -> list[str]:
+    bad = [r for r in report.get("checks", []) if r["status"] in FAILING]
+    if not bad:
+        return _section("failures", ["<p>No check failed, crashed or timed out.</p>"])
+    out = []
+    for r in bad:
+        out.append(f"<h3 class='{_h(r['status'])}'>{_h(r['id'])}: {_h(r['status'])}</h3>"
+                   f"<p>{_h(r.get('message'))}</p>")  # fmt: skip
+        if r.get("stderr_tail"):
+            out.append("<pre>" + _h("\n".join(r["stderr_tail"])) + "</pre>")
+    return _section("failures", out)
+
+
+def to_html(report: dict[str, Any], siblings: dict[str, Any] | None = None) -> str:
+    """The whole page. `siblings`: report.load_siblings()'s bench, bench_train and stress
+    documents. Raises plots.PlotsUnavailable when there is something to plot and no matplotlib."""
+    siblings = siblings or {}
+    if siblings.get("bench") or siblings.get("bench_train"):
+        plots.available()
     s = report.get("summary") or {}
     status = str(s.get("status", "?"))
-    parts = [
-        "<!doctype html><html><head><meta charset='utf-8'>",
-        f"<title>Validation {_h(status)} {_h(report.get('stack') or '')} {_h(report.get('arch') or '')}</title>",
-        "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin:1em 0}"
-        "td,th{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top}"
-        ".pass{color:#070}.fail,.crash,.timeout,.broken{color:#b00}.skip{color:#777}"
-        "pre{background:#f5f5f5;padding:8px;overflow:auto}</style></head><body>",
-        f"<h1 class='{_h(status)}'>Validation {_h(status.upper())}</h1>",
-        f"<p>{_h(headline(report))}</p>",
-    ]
+    target = ""
     if report.get("stack") or report.get("arch"):
-        parts.append(
-            f"<p>stack <code>{_h(report.get('stack'))}</code> on <code>{_h(report.get('arch'))}</code></p>"
-        )
-    exp = report.get("expectations")
-    if exp:
-        parts.append(f"<h2>Expectations</h2><p>{_h(exp.get('file'))}</p>")
-        rows = [
-            [
-                f"<span class='{_h(e['status'])}'>{_h(e['status'])}</span>",
-                f"<code>{_h(e['key'])}</code>",
-                _h(_value(e["expected"])),
-                _h(_value(e["observed"])),
-                _h(e["message"]),
-            ]
-            for e in exp.get("results", [])
-        ]
-        parts.append(_table(["status", "key", "promised", "seen", "message"], rows, raw=True))
-    rows = [
-        [
-            f"<span class='{_h(r['status'])}'>{_h(r['status'])}</span>",
-            f"<code>{_h(r['id'])}</code>",
-            f"{r.get('duration_s', 0):.1f}s",
-            _h(r.get("message")),
-        ]
-        for r in report.get("checks", [])
+        target = f": stack {report.get('stack')} on {report.get('arch')}"
+    counts = ", ".join(f"{n} {k}" for k, n in (s.get("counts") or {}).items() if n)
+    parts = [
+        "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
+        "<meta name='viewport' content='width=device-width, initial-scale=1'>",
+        f"<title>Validation {_h(status.upper())}{_h(target)}</title>",
+        f"<style>{CSS}</style></head><body>",
+        f"<h1 class='{_h(status)}'>Validation {_h(status.upper())}{_h(target)}</h1>",
+        "<nav>" + "".join(f"<a href='#{sid}'>{_h(t)}</a>" for sid, t in SECTIONS) + "</nav>",
     ]
-    parts += ["<h2>Checks</h2>", _table(["status", "check", "time", "message"], rows, raw=True)]
-    matrix = report.get("backend_matrix") or []
-    if matrix:
-        rows = [
-            [row["case"], row.get("default_backend") or "?", row.get("profiler_backend") or ""]
-            + [backend_cell(row["backends"].get(b)) for b in BACKENDS]
-            for row in matrix
-        ]
-        parts += [
-            "<h2>SDPA backends</h2>",
-            _table(["case", "default pick", "profiler", *BACKENDS], rows),
-        ]
-        reasons = [
-            f"<li>{_h(row['case'])} / {_h(b)}: {_h('; '.join(e['reasons']))}</li>"
-            for row in matrix
-            for b, e in row["backends"].items()
-            if e.get("reasons")
-        ]
-        if reasons:
-            parts.append("<h3>Why backends were refused</h3><ul>" + "".join(reasons) + "</ul>")
-        kern = [
-            f"<li>{_h(row['case'])}: {_h(', '.join(row['default_kernels'][:6]))}</li>"
-            for row in matrix
-            if row.get("default_kernels")
-        ]
-        if kern:
-            parts.append("<h3>Kernels the profiler saw</h3><ul>" + "".join(kern) + "</ul>")
-    bad = [r for r in report.get("checks", []) if r["status"] in FAILING]
-    if bad:
-        parts.append("<h2>Failures</h2>")
-        for r in bad:
-            parts.append(
-                f"<h3 class='{_h(r['status'])}'>{_h(r['id'])}: {_h(r['status'])}</h3><p>{_h(r.get('message'))}</p>"
-            )
-            if r.get("stderr_tail"):
-                parts.append("<pre>" + _h("\n".join(r["stderr_tail"])) + "</pre>")
-    env = report.get("environment") or {}
-    if env.get("env"):
-        rows = [[k, v] for k, v in env["env"].items()]
-        parts += ["<h2>Attention-related environment</h2>", _table(["variable", "value"], rows)]
+    parts += _section("summary", [
+        f"<p>{_h(headline(report).replace('`', ''))}</p>",
+        f"<p>Checks: {_h(counts)} · exit status {_h(s.get('exit_code'))}"
+        + (f" · broken expectations: {_h(s['broken_expectations'])}"
+           if s.get("broken_expectations") else "") + "</p>",
+        *([f"<p class='fail'>Failed required checks: {_h(', '.join(s['failed_required']))}</p>"]
+          if s.get("failed_required") else []),
+    ])  # fmt: skip
+    parts += _environment(report)
+    parts += _expectations(report)
+    parts += _backends(report)
+    parts += _kernels(report)
+    parts += _bench(siblings.get("bench"))
+    parts += _training(siblings.get("bench_train"))
+    parts += _stress(siblings.get("stress") or [])
+    parts += _checks(report)
+    parts += _failures(report)
+    parts += _section("markdown", [
+        "<details><summary>The Markdown summary (report.md, what CI shows)</summary>",
+        f"<pre>{_h(to_markdown(report))}</pre></details>",
+    ])  # fmt: skip
     parts.append(
-        f"<p><small>schema {_h(report.get('schema_version'))}, {_h(report.get('started_at'))}</small></p>"
+        f"<footer class='small'><p>Report schema {_h(report.get('schema_version'))}, run started "
+        f"{_h(report.get('started_at'))}, {_h((report.get('tool') or {}).get('name'))} "
+        f"{_h((report.get('tool') or {}).get('version'))}.</p></footer>"
     )
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"

@@ -151,3 +151,53 @@ def write_json(report: dict[str, Any], path: str | Path) -> None:
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps(report, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+
+
+# Documents other tools write next to report.json (docs/validation.md, "Report"): file name
+# pattern -> the "kind" each must declare. They are separate documents with their own version.
+SIBLINGS = {
+    "bench": ("bench.json", "attnforge.bench"),
+    "bench_train": ("bench_train.json", "attnforge.bench_train"),
+    "stress": ("stress-*.json", "attnforge.stress"),
+}
+SIBLING_VERSION = 1
+SIBLING_LISTS = {"attnforge.bench": "results", "attnforge.bench_train": "results",
+                 "attnforge.stress": "runs"}  # fmt: skip
+SIBLING_TOOLS = {"attnforge.bench": "bench", "attnforge.bench_train": "bench-train",
+                 "attnforge.stress": "stress"}  # fmt: skip
+
+
+def load_sibling(path: str | Path, kind: str) -> dict[str, Any]:
+    """Read one sibling document, checking that it is the `kind` its file name promises."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ReportError(f"cannot read {p}: {exc.strerror or exc}.") from None
+    except json.JSONDecodeError as exc:
+        raise ReportError(f"{p}:{exc.lineno}:{exc.colno}: not valid JSON ({exc.msg}).") from None
+    found = data.get("kind") if isinstance(data, dict) else None
+    if found != kind:
+        what = f"a document of kind {found!r}" if found else "not an attnforge document (no kind)"
+        raise ReportError(
+            f"{p}: expected kind {kind!r} but it is {what}; move it away or write it again "
+            f"with `python -m validate {SIBLING_TOOLS[kind]} --json {p.name}`."
+        )
+    if data.get("version") != SIBLING_VERSION:
+        raise ReportError(
+            f"{p}: {kind} version {data.get('version')!r} is not supported; this renderer "
+            f"reads version {SIBLING_VERSION}."
+        )
+    if not isinstance(data.get(SIBLING_LISTS[kind]), list):
+        raise ReportError(f"{p}: {kind} document without a {SIBLING_LISTS[kind]!r} list.")
+    return data
+
+
+def load_siblings(report_path: str | Path) -> dict[str, Any]:
+    """The bench, training and stress documents next to a report.json (absent ones: None/[])."""
+    folder = Path(report_path).parent
+    found: dict[str, Any] = {}
+    for key, (pattern, kind) in SIBLINGS.items():
+        docs = [load_sibling(p, kind) for p in sorted(folder.glob(pattern)) if p.is_file()]
+        found[key] = docs if "*" in pattern else (docs[0] if docs else None)
+    return found
