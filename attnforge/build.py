@@ -79,6 +79,8 @@ class Invocation:
     namespace: str = "attnforge"
     cache_from: str | None = None  # a registry namespace whose content tags are pulled, not built
     require_cache: bool = False  # a cache that does not answer is an error, not a fallback
+    builder: str | None = None  # a buildx builder or a buildkitd address (BuildRequest.builder)
+    push: bool = False  # push the tags (with a builder: each layer as soon as it passed its checks)
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -311,11 +313,22 @@ def stage_context(step: Step, root: Path, dest: Path, wheelhouse: Path | None) -
     return ctx / "Dockerfile"
 
 
+def unchecked_ref(step: Step) -> str:
+    """Where a builder pushes a layer straight to the registry before its smoke checks ran: beside
+    the content tag, never on it, so a registry cache never offers an image that failed them."""
+    return f"{step.hash_tag}-unchecked"
+
+
 def build_requests(
-    plan: Plan, ws: Workspace, ca_cert: Path | None = None
+    plan: Plan,
+    ws: Workspace,
+    ca_cert: Path | None = None,
+    builder: str | None = None,
+    push: bool = False,
 ) -> dict[str, BuildRequest]:
     """The engine request of every step that will build, keyed by layer: made before anything
-    runs, so a dry run shows them and tests can compare them with what the engine received."""
+    runs, so a dry run shows them and tests can compare them with what the engine received.
+    With a builder and push, each layer goes straight to the registry (`unchecked_ref`)."""
     secrets = {"ca": ca_cert} if ca_cert else {}
     origin = provenance(ws)
     requests = {}
@@ -330,6 +343,8 @@ def build_requests(
             labels=labels_for(step, origin),
             iidfile=stage / "iid",
             secrets=secrets,
+            builder=builder,
+            push_to=unchecked_ref(step) if builder and push else None,
         )
     return requests
 
@@ -405,9 +420,13 @@ def execute(
     requests: Mapping[str, BuildRequest],
     wheelhouse: Path | None = None,
     progress: Progress | None = None,
+    after_layer: Callable[[Step], None] | None = None,
 ) -> list[Outcome]:
-    """Build every step of the plan in order; raises LayerFailed at the first failure."""
+    """Build every step of the plan in order; raises LayerFailed at the first failure.
+    `after_layer` runs once a layer's tags have moved (built, pulled or cached): a remote
+    builder's next layer can only start from a parent that was pushed there."""
     notify = progress or (lambda event, step, detail: None)
+    done_with = after_layer or (lambda step: None)
     logs = ws.logs_for(plan.arch)
     logs.mkdir(parents=True, exist_ok=True)
     inputs = InputsStore(ws)
@@ -428,6 +447,7 @@ def execute(
             inputs.record(step)
             state.done.append(step.hash)
             state.save(ws)
+            done_with(step)
             continue
 
         state.in_progress = step.layer
@@ -446,6 +466,7 @@ def execute(
             state.save(ws)
             raise
         inputs.record(step)
+        done_with(step)
     state.in_progress = None
     state.save(ws)
     return outcomes

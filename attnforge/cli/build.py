@@ -46,6 +46,9 @@ HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
         "(e.g. registry.example.com/team; default: attnforge.cache_from in invoke.yaml)",
         "require_cache": "with --cache-from: fail when the registry does not answer, instead of "
         "building",
+        "builder": "build on this BuildKit builder: a `docker buildx` builder name, or a buildkitd "
+        'address such as tcp://host:1234 (for buildctl; e.g. "$BUILDKIT_HOST"); results come back '
+        "to the engine for the smoke checks and tags (with --push: through the registry)",
         "debug": "show tracebacks",
     },
 )
@@ -53,7 +56,8 @@ HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 def build(
     c, arch=None, stack=None, only=None, dry_run=False, json=False, explain=None,
     continue_=False, set_=None, base_image=None, wheelhouse=None, ca_cert=None, engine="docker",
-    jobs=None, namespace="attnforge", push=False, cache_from=None, require_cache=False, debug=False,
+    jobs=None, namespace="attnforge", push=False, cache_from=None, require_cache=False,
+    builder=None, debug=False,
 ):  # fmt: skip
     """Build a stack's images layer by layer, skipping every layer whose inputs did not change."""
     started = time.monotonic()
@@ -64,6 +68,7 @@ def build(
         inv = state.invocation
         where = f", which stopped at layer {state.stopped_at}" if state.stopped_at else ""
         out.print(f"continuing the last build: stack {inv.stack} for {inv.arch}{where}")
+        inv.push = inv.push or push
     else:
         inv = _invocation(recipes, ws, arch, stack, only, set_, base_image, wheelhouse, ca_cert,
                           engine, jobs, namespace)  # fmt: skip
@@ -72,7 +77,13 @@ def build(
         inv.require_cache = require_cache
         if require_cache and not inv.cache_from:
             raise UserError("--require-cache goes with --cache-from (or attnforge.cache_from)")
+        inv.builder, inv.push = builder or None, push
         state = BuildState(inv)
+    if inv.builder and inv.engine != "docker":
+        raise UserError(
+            "--builder goes with --engine docker: podman has no BuildKit builders",
+            hint="leave --builder out to build with podman itself",
+        )
     if (json or explain) and not dry_run:
         raise UserError("--json and --explain go with --dry-run")
 
@@ -81,6 +92,14 @@ def build(
         return
 
     eng = connect(inv.engine)
+    if inv.builder:
+        eng.check_builder(inv.builder)
+        if not inv.push:
+            out.print(
+                f"[dim]builder {inv.builder}: each layer starts from its parent's image, which a "
+                "remote builder can only pull from a registry: add --push with --namespace "
+                "REGISTRY/TEAM unless the builder shares this engine's images[/]"
+            )
     inv = _local_defaults(inv, recipes, ws, eng, given_base=base_image is not None or continue_)
     state.invocation = inv
     notes: list[str] = []
@@ -97,21 +116,33 @@ def build(
     if not continue_:
         state.save(ws)
     progress = LayerProgress(total=len(plan.chain))
+    pushed: set[str] = set()
+    push_log = ws.logs_for(plan.arch) / "push.log"
+
+    def push_layer(step) -> None:
+        push_log.parent.mkdir(parents=True, exist_ok=True)
+        with push_log.open("a") as fh:
+            for ref in (step.hash_tag, *step.moving_tags):
+                if ref not in pushed:
+                    out.print(f"pushing {ref}")
+                    eng.push(ref, fh)
+                    pushed.add(ref)
+
+    push_log.unlink(missing_ok=True)
     try:
+        requests = build_requests(plan, ws, Path(inv.ca_cert) if inv.ca_cert else None,
+                                  builder=inv.builder, push=inv.push)  # fmt: skip
         outcomes = execute(
-            plan, eng, ws=ws, state=state,
-            requests=build_requests(plan, ws, Path(inv.ca_cert) if inv.ca_cert else None),
+            plan, eng, ws=ws, state=state, requests=requests,
             wheelhouse=Path(inv.wheelhouse) if inv.wheelhouse else None, progress=progress,
+            # a remote builder's next layer pulls its parent: push each one as soon as it passed
+            after_layer=push_layer if inv.builder and inv.push else None,
         )  # fmt: skip
     finally:
         progress.close()
-    if push:
-        log = ws.logs_for(plan.arch) / "push.log"
-        with log.open("w") as fh:
-            for s in plan.chain:
-                for ref in (s.hash_tag, *s.moving_tags):
-                    out.print(f"pushing {ref}")
-                    eng.push(ref, fh)
+    if inv.push:
+        for s in plan.chain:
+            push_layer(s)
     out.print(summary_table(outcomes, time.monotonic() - started))
     if plan.final_tag:
         out.print(
@@ -182,7 +213,8 @@ def _dry_run(inv: Invocation, recipes: Recipes, ws: Workspace, as_json: bool, la
     plan, known = plan_build(inv, recipes, ws, eng, notes)
     for note in notes:
         err.print(f"[yellow]{note}[/]")
-    requests = build_requests(plan, ws, Path(inv.ca_cert) if inv.ca_cert else None)
+    requests = build_requests(plan, ws, Path(inv.ca_cert) if inv.ca_cert else None,
+                              builder=inv.builder, push=inv.push)  # fmt: skip
 
     def command_of(layer: str) -> list[str] | None:
         req = requests.get(layer)
