@@ -10,8 +10,24 @@ import os
 
 from . import sdpa_shim
 from .interface import flash_attn_func, flash_attn_varlen_func
+from .kvcache import flash_attn_with_kvcache
+from .packed import (
+    flash_attn_kvpacked_func,
+    flash_attn_qkvpacked_func,
+    flash_attn_varlen_kvpacked_func,
+    flash_attn_varlen_qkvpacked_func,
+)
 
-__all__ = ["flash_attn_func", "flash_attn_varlen_func", "sdpa_shim"]
+__all__ = [
+    "flash_attn_func",
+    "flash_attn_varlen_func",
+    "flash_attn_qkvpacked_func",
+    "flash_attn_kvpacked_func",
+    "flash_attn_varlen_qkvpacked_func",
+    "flash_attn_varlen_kvpacked_func",
+    "flash_attn_with_kvcache",
+    "sdpa_shim",
+]
 
 if os.environ.get("ATTNFORGE_SDPA_SHIM") == "1":
     sdpa_shim.enable()
