@@ -11,6 +11,7 @@ from typing import Any
 
 from invoke.exceptions import Exit
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from .build import Outcome
@@ -46,9 +47,9 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except UserError as exc:
             if debug:
                 traceback.print_exc()
-            err.print(f"[bold red]error:[/] {exc.message}", markup=True, soft_wrap=True)
+            err.print(f"[bold red]error:[/] {escape(exc.message)}", markup=True, soft_wrap=True)
             if exc.hint:
-                err.print(f"[yellow]hint:[/] {exc.hint}", soft_wrap=True)
+                err.print(f"[yellow]hint:[/] {escape(exc.hint)}", soft_wrap=True)
             raise Exit(code=getattr(exc, "exit_code", 2)) from None
         except KeyboardInterrupt:
             err.print(

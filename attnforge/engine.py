@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,34 +71,9 @@ class BuildRequest:
     labels: dict[str, str]
     iidfile: Path
     secrets: dict[str, Path] = field(default_factory=dict)  # id -> file; never in a layer
-    # A named BuildKit builder (`docker buildx --builder NAME`), or a buildkitd address such as
-    # tcp://buildkitd:1234 (what BUILDKIT_HOST holds) for `buildctl`; None: the engine's own.
-    builder: str | None = None
-    # With a builder: push the result straight to this ref instead of loading it into the engine
-    # (the engine then pulls it for the smoke checks). Never a content or moving tag: those move
-    # only after the smoke checks pass.
-    push_to: str | None = None
-
-    @property
-    def via_buildctl(self) -> bool:
-        return self.builder is not None and "://" in self.builder
 
     def argv(self, cli: Sequence[str], mode: str) -> list[str]:
-        if self.via_buildctl:
-            return self.buildctl_argv()
-        if self.builder is not None:
-            if mode == "podman":
-                raise UserError(
-                    "--builder names a BuildKit builder, which podman cannot use",
-                    hint="use --engine docker with docker buildx, or leave --builder out",
-                )
-            out = (
-                ["--output", f"type=image,name={self.push_to},push=true"]
-                if self.push_to
-                else ["--load"]
-            )
-            cmd = [*cli, "buildx", "build", "--builder", self.builder, *out, "--progress=plain"]
-        elif mode == "podman":
+        if mode == "podman":
             cmd = [*cli, "build"]
         elif mode == "buildx":
             cmd = [*cli, "buildx", "build", "--load", "--progress=plain"]
@@ -111,41 +87,6 @@ class BuildRequest:
         for sid, path in sorted(self.secrets.items()):
             cmd += ["--secret", f"id={sid},src={path}"]
         return [*cmd, str(self.context)]
-
-    @property
-    def tarball(self) -> Path:
-        """buildctl without push_to: where the image is written (type=docker) for `docker load`."""
-        return self.iidfile.with_name("image.tar")
-
-    @property
-    def metadata_file(self) -> Path:
-        """buildctl's build metadata; its containerimage.config.digest is the image id."""
-        return self.iidfile.with_name("metadata.json")
-
-    def buildctl_argv(self, buildctl: str = "buildctl") -> list[str]:
-        """The same build for a standalone buildkitd: its Dockerfile frontend takes the args and
-        labels as `build-arg:`/`label:` options (buildctl build --help; moby/buildkit README,
-        "Building a Dockerfile with buildctl")."""
-        assert self.builder is not None
-        cmd = [
-            buildctl, "--addr", self.builder, "build", "--progress=plain",
-            "--frontend", "dockerfile.v0",
-            "--local", f"context={self.context}",
-            "--local", f"dockerfile={self.dockerfile.parent}",
-            "--opt", f"filename={self.dockerfile.name}",
-        ]  # fmt: skip
-        for key, value in sorted(self.build_args.items()):
-            cmd += ["--opt", f"build-arg:{key}={value}"]
-        for key, value in sorted(self.labels.items()):
-            cmd += ["--opt", f"label:{key}={value}"]
-        for sid, path in sorted(self.secrets.items()):
-            cmd += ["--secret", f"id={sid},src={path}"]
-        output = (
-            f"type=image,name={self.push_to},push=true"
-            if self.push_to
-            else f"type=docker,dest={self.tarball}"  # no name: loading it moves no tag
-        )
-        return [*cmd, "--metadata-file", str(self.metadata_file), "--output", output]
 
 
 @dataclass(frozen=True)
@@ -400,59 +341,6 @@ class DockerEngine(_CliEngine):
             host if out.returncode == 0 and host and host != "unix:///var/run/docker.sock" else None
         )
 
-    def check_builder(self, builder: str) -> None:
-        """A UserError, before anything is planned, when the builder cannot be used from here."""
-        if "://" in builder:
-            if not shutil.which("buildctl"):
-                raise UserError(
-                    f"--builder {builder} is a buildkitd address, and buildctl is not installed",
-                    hint="install buildctl (moby/buildkit releases) on PATH, or name a buildx "
-                    "builder instead (`docker buildx create --name NAME --driver remote ADDRESS`)",
-                )
-            return
-        if self.mode != "buildx":
-            raise UserError(
-                f"--builder {builder} needs docker buildx, and {self.cli} has no buildx plugin",
-                hint="install docker-buildx, or set ATTNFORGE_DOCKER to a docker CLI that has it",
-            )
-        found = subprocess.run(
-            [self.cli, "buildx", "inspect", builder], capture_output=True, text=True,
-            timeout=60, env=self.env,
-        )  # fmt: skip
-        if found.returncode != 0:
-            raise UserError(
-                f"docker buildx has no builder named {builder!r}",
-                hint="`docker buildx ls` lists them; `docker buildx create --name NAME ...` makes one",
-            )
-
-    def build_argv(self, req: BuildRequest) -> list[str]:
-        if req.via_buildctl:
-            return req.buildctl_argv(shutil.which("buildctl") or "buildctl")
-        return req.argv([self.cli], self.mode)
-
-    def build(
-        self, req: BuildRequest, log: IO[str], on_line: Callable[[str], None] | None = None
-    ) -> str:
-        """As every engine builds, or on a named builder: its result comes back to this engine
-        (loaded, or pushed to req.push_to and pulled), and the image id is that of this engine."""
-        if req.builder is None:
-            return super().build(req, log, on_line)
-        argv = self.build_argv(req)
-        log.write("$ " + " ".join(argv) + "\n")
-        code = _stream(argv, log, on_line, self.env)
-        if code != 0:
-            raise BuildFailed(code)
-        if req.push_to:
-            return self.pull(req.push_to, log)
-        if not req.via_buildctl:
-            return req.iidfile.read_text().strip()
-        # buildctl wrote an unnamed docker tarball: load it, and take the id it reported
-        code = _stream([self.cli, "load", "-i", str(req.tarball)], log, None, self.env)
-        image = json.loads(req.metadata_file.read_text()).get("containerimage.config.digest")
-        if code != 0 or not image or self.image_id(image) is None:
-            raise BuildFailed(code or 1)
-        return image
-
     def describe(self) -> str:
         info = self.client.version()
         rootless = any("rootless" in o for o in self.client.info().get("SecurityOptions") or [])
@@ -506,8 +394,58 @@ class DockerEngine(_CliEngine):
             ) from None
 
 
+# Where Podman differs from Docker (docs/engines.md says the same for users):
+# - the OCI image format, Buildah's default, drops SHELL (every Dockerfile here sets one) and
+#   HEALTHCHECK, so builds ask for Docker's format; --layers keeps each step as Buildah's cache;
+# - image ids are printed bare (`fcad8e...`) where Docker, the iidfile and attnforge's stamps say
+#   `sha256:fcad8e...`; the id of the same image is the same hex under both engines;
+# - the registry's digest of a push is not the local image's `.Digest` (Podman re-serializes the
+#   manifest on push), so it is taken from `podman push --digestfile`;
+# - a plain-HTTP registry is allowed in registries.conf(.d) (`insecure = true`), never by
+#   --tls-verify=false here; Docker allows 127.0.0.0/8 by itself.
+PODMAN_BUILD_FLAGS = ("--format", "docker", "--layers")
+RLIMIT_REFUSED = "error setting rlimit"  # runc's words when it may not raise a container's limits
+
+
+def podman_build_argv(req: BuildRequest, cli: str) -> list[str]:
+    """`podman build` for req: Docker's image format and kept layers (see above). Secrets
+    (`--secret id=ca,src=FILE`) and `RUN --mount=type=cache|bind|secret` are Buildah's own (1.28)."""
+    argv = req.argv([cli], "podman")
+    return [*argv[:2], *PODMAN_BUILD_FLAGS, *argv[2:]]
+
+
+def podman_image_id(printed: str) -> str | None:
+    """An id as Docker writes it (`sha256:HEX`) from what `podman image inspect` printed."""
+    hexid = printed.strip()
+    if not hexid:
+        return None
+    return hexid if hexid.startswith("sha256:") else f"sha256:{hexid}"
+
+
+def podman_remote_verdict(ref: str, returncode: int, output: str) -> bool:
+    """Whether `podman manifest inspect ref` found ref in its registry; RegistryUnavailable when
+    the registry did not say. Podman 4 fetches an OCI single-image manifest and then refuses to
+    show it ("Treating single images as manifest lists is not implemented"): that is a hit."""
+    if returncode == 0 or "single images as manifest lists" in output:
+        return True
+    lowered = output.lower()
+    if any(s in lowered for s in ("manifest unknown", "name unknown", "not found")):
+        return False
+    last = output.strip().splitlines()[-1][:200] if output.strip() else "no output"
+    raise RegistryUnavailable(f"registry {_registry_of(ref)} did not answer for {ref}: {last}")
+
+
+def _rlimits_refused() -> UserError:
+    return UserError(
+        "podman cannot start containers here: runc may not raise their open-file and process "
+        "limits above this host's (no CAP_SYS_RESOURCE, as inside another container)",
+        hint="set default_ulimits in a containers.conf.d drop-in to the host's hard limits "
+        "(`tools/setup.sh podman` writes one), or run podman rootless",
+    )
+
+
 class PodmanEngine(_CliEngine):
-    """Podman: everything through its CLI (it builds with Buildah, secrets and cache mounts included)."""
+    """Podman: everything through its CLI; it builds with Buildah, secrets and cache mounts included."""
 
     name = "podman"
 
@@ -522,6 +460,7 @@ class PodmanEngine(_CliEngine):
                 "podman cannot reach its storage or service", hint="run `podman info` to see why"
             )
         self.cli, self.mode, self.env = cli, "podman", dict(os.environ)
+        self._pushed: dict[str, str] = {}  # ref -> the digest its push wrote (--digestfile)
 
     def describe(self) -> str:
         out = subprocess.run([self.cli, "--version"], capture_output=True, text=True).stdout.strip()
@@ -531,13 +470,16 @@ class PodmanEngine(_CliEngine):
         ).stdout.strip()  # fmt: skip
         return (out or "podman") + (" rootless" if rootless == "true" else "")
 
+    def build_argv(self, req: BuildRequest) -> list[str]:
+        return podman_build_argv(req, self.cli)
+
     def image_id(self, ref: str) -> str | None:
         out = subprocess.run(
             [self.cli, "image", "inspect", "--format", "{{.Id}}", ref],
             capture_output=True,
             text=True,
         )
-        return (out.stdout.strip() or None) if out.returncode == 0 else None
+        return podman_image_id(out.stdout) if out.returncode == 0 else None
 
     def tag(self, image: str, ref: str) -> None:
         subprocess.run([self.cli, "tag", image, ref], check=True, capture_output=True)
@@ -549,29 +491,59 @@ class PodmanEngine(_CliEngine):
         )  # fmt: skip
         return json.loads(out.stdout or "{}") or {}
 
+    def run(
+        self, req: RunRequest, input: str | None = None, timeout: float | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        proc = super().run(req, input, timeout)
+        if proc.returncode != 0 and RLIMIT_REFUSED in proc.stderr:
+            raise _rlimits_refused()
+        return proc
+
+    def run_streaming(
+        self, req: RunRequest, log: IO[str], on_line: Callable[[str], None] | None = None
+    ) -> int:
+        refused = []
+
+        def watch(line: str) -> None:
+            if RLIMIT_REFUSED in line:
+                refused.append(line)
+            if on_line:
+                on_line(line)
+
+        code = _stream(req.argv([self.cli]), log, watch, self.env)
+        if code != 0 and refused:
+            raise _rlimits_refused()
+        return code
+
+    def push(self, ref: str, log: IO[str]) -> None:
+        with tempfile.TemporaryDirectory(prefix="attnforge-push-") as tmp:
+            digestfile = Path(tmp) / "digest"
+            argv = [self.cli, "push", "--digestfile", str(digestfile), ref]
+            code = _stream(argv, log, None, self.env)
+            if code != 0:
+                raise UserError(
+                    f"pushing {ref} failed (exit {code}); is the registry reachable and are you "
+                    "logged in (podman login)? A plain-HTTP registry needs `insecure = true` in "
+                    "registries.conf.d"
+                )
+            self._pushed[ref] = digestfile.read_text().strip()
+
     def registry_digest(self, ref: str) -> str:
-        # Unverified here: the digest podman records for the image it pushed to ref.
-        out = subprocess.run(
-            [self.cli, "image", "inspect", "--format", "{{.Digest}}", ref],
-            capture_output=True, text=True,
-        )  # fmt: skip
-        if out.returncode != 0 or not out.stdout.strip().startswith("sha256:"):
-            raise RegistryUnavailable(f"could not read {ref}'s digest back from podman")
-        return out.stdout.strip()
+        """The manifest digest the registry stored for ref, as `podman push` wrote it: the
+        registry names a manifest by the sha256 of the very bytes pushed."""
+        digest = self._pushed.get(ref, "")
+        if not digest.startswith("sha256:"):
+            raise RegistryUnavailable(
+                f"no digest for {ref}: podman reports a registry's digest only for its own push"
+            )
+        return digest
 
     def remote_has(self, ref: str) -> bool:
-        # Unverified here: podman's remote manifest lookup (this sandbox refuses podman run).
+        """Whether the registry has ref (podman's credentials and registries.conf); nothing is pulled."""
         out = subprocess.run(
             [self.cli, "manifest", "inspect", ref], capture_output=True, text=True, timeout=120
         )
-        if out.returncode == 0:
-            return True
-        text = (out.stderr or out.stdout).strip()
-        if "manifest unknown" in text or "not found" in text.lower():
-            return False
-        raise RegistryUnavailable(
-            f"registry {_registry_of(ref)} did not answer for {ref}: {text.splitlines()[-1][:200] if text else 'no output'}"
-        )
+        return podman_remote_verdict(ref, out.returncode, (out.stderr or out.stdout))
 
 
 def connect(name: str) -> DockerEngine | PodmanEngine:

@@ -3,7 +3,7 @@
 # reachable Docker engine, a local base image, a wheelhouse for the cpu stack and (for the
 # tests) a local registry. Safe to run again: every step checks before it acts.
 #
-#   tools/setup.sh STEP [STEP ...]    steps: venv engine base-image wheelhouse registry all
+#   tools/setup.sh STEP [STEP ...]    steps: venv engine base-image wheelhouse registry podman all
 #
 # Nothing here needs the network beyond the distro's package mirror and PyPI; no registry is
 # pulled from: the base image is made with debootstrap and `docker import`.
@@ -97,6 +97,49 @@ registry() {
   die "the registry did not come up; see /tmp/attnforge-registry.log"
 }
 
+# Podman next to Docker (`--engine podman`): the packages, the base image copied into Podman's own
+# storage (`docker-daemon:` keeps its id), the loopback registry allowed over plain HTTP (Docker
+# allows 127.0.0.0/8 by itself; Podman needs `insecure = true`), and, only where containers cannot
+# start otherwise, default ulimits. Settings go in drop-ins named 50-attnforge-*.conf, never into
+# the user's own files; as non-root they go under ~/.config/containers (rootless Podman).
+podman_dropin() {  # podman_dropin DIR NAME CONTENT: (re)write DIR/NAME only if it differs
+  local dir=$1 file=$1/$2 content=$3
+  [ -f "$file" ] && [ "$(cat "$file")" = "$content" ] && return 0
+  say "writing $file"
+  mkdir -p "$dir"
+  printf '%s\n' "$content" > "$file.tmp" && mv "$file.tmp" "$file"
+}
+
+podman_engine() {
+  apt_install podman buildah
+  local conf=/etc/containers
+  [ "$(id -u)" = 0 ] || conf=${XDG_CONFIG_HOME:-$HOME/.config}/containers
+  podman_dropin "$conf/registries.conf.d" 50-attnforge-loopback.conf "# tools/setup.sh podman: the local test registry speaks plain HTTP.
+[[registry]]
+location = \"$REGISTRY_ADDR\"
+insecure = true"
+  if ! podman image exists "$BASE_IMAGE"; then
+    say "copying $BASE_IMAGE from Docker into Podman's storage"
+    podman pull -q "docker-daemon:$BASE_IMAGE" >/dev/null || die "could not copy $BASE_IMAGE from Docker to Podman"
+  fi
+  local out
+  out=$(podman run --rm "$BASE_IMAGE" true 2>&1) && return 0
+  case "$out" in
+    *"error setting rlimit"*)
+      # Rootful Podman gives containers 1048576 open files and runc must set that; without
+      # CAP_SYS_RESOURCE (Podman inside a container, as here) it may not go above this process's
+      # hard limit. Podman 4.3 also lowers its own process limit to 32768 as it starts.
+      local nofile nproc
+      nofile=$(ulimit -Hn); [ "$nofile" = unlimited ] && nofile=1048576
+      nproc=$(ulimit -Hu); { [ "$nproc" = unlimited ] || [ "$nproc" -gt 32768 ]; } && nproc=32768
+      podman_dropin "$conf/containers.conf.d" 50-attnforge-ulimits.conf "# tools/setup.sh podman: runc here may not raise rlimits above the host's hard limits.
+[containers]
+default_ulimits = [\"nofile=$nofile:$nofile\", \"nproc=$nproc:$nproc\"]"
+      out=$(podman run --rm "$BASE_IMAGE" true 2>&1) && return 0 ;;
+  esac
+  die "podman cannot run $BASE_IMAGE: $out"
+}
+
 run_step() {
   case "$1" in
     venv) venv ;;
@@ -104,8 +147,9 @@ run_step() {
     base-image) engine; base_image ;;
     wheelhouse) venv; wheelhouse ;;
     registry) registry ;;
+    podman) engine; base_image; podman_engine ;;
     all) venv; engine; base_image; wheelhouse ;;
-    *) die "unknown step $1; valid: venv engine base-image wheelhouse registry all" ;;
+    *) die "unknown step $1; valid: venv engine base-image wheelhouse registry podman all" ;;
   esac
 }
 
