@@ -71,9 +71,34 @@ class BuildRequest:
     labels: dict[str, str]
     iidfile: Path
     secrets: dict[str, Path] = field(default_factory=dict)  # id -> file; never in a layer
+    # A named BuildKit builder (`docker buildx --builder NAME`), or a buildkitd address such as
+    # tcp://buildkitd:1234 (what BUILDKIT_HOST holds) for `buildctl`; None: the engine's own.
+    builder: str | None = None
+    # With a builder: push the result straight to this ref instead of loading it into the engine
+    # (the engine then pulls it for the smoke checks). Never a content or moving tag: those move
+    # only after the smoke checks pass.
+    push_to: str | None = None
+
+    @property
+    def via_buildctl(self) -> bool:
+        return self.builder is not None and "://" in self.builder
 
     def argv(self, cli: Sequence[str], mode: str) -> list[str]:
-        if mode == "podman":
+        if self.via_buildctl:
+            return self.buildctl_argv()
+        if self.builder is not None:
+            if mode == "podman":
+                raise UserError(
+                    "--builder names a BuildKit builder, which podman cannot use",
+                    hint="use --engine docker with docker buildx, or leave --builder out",
+                )
+            out = (
+                ["--output", f"type=image,name={self.push_to},push=true"]
+                if self.push_to
+                else ["--load"]
+            )
+            cmd = [*cli, "buildx", "build", "--builder", self.builder, *out, "--progress=plain"]
+        elif mode == "podman":
             cmd = [*cli, "build"]
         elif mode == "buildx":
             cmd = [*cli, "buildx", "build", "--load", "--progress=plain"]
@@ -87,6 +112,41 @@ class BuildRequest:
         for sid, path in sorted(self.secrets.items()):
             cmd += ["--secret", f"id={sid},src={path}"]
         return [*cmd, str(self.context)]
+
+    @property
+    def tarball(self) -> Path:
+        """buildctl without push_to: where the image is written (type=docker) for `docker load`."""
+        return self.iidfile.with_name("image.tar")
+
+    @property
+    def metadata_file(self) -> Path:
+        """buildctl's build metadata; its containerimage.config.digest is the image id."""
+        return self.iidfile.with_name("metadata.json")
+
+    def buildctl_argv(self, buildctl: str = "buildctl") -> list[str]:
+        """The same build for a standalone buildkitd: its Dockerfile frontend takes the args and
+        labels as `build-arg:`/`label:` options (buildctl build --help; moby/buildkit README,
+        "Building a Dockerfile with buildctl")."""
+        assert self.builder is not None
+        cmd = [
+            buildctl, "--addr", self.builder, "build", "--progress=plain",
+            "--frontend", "dockerfile.v0",
+            "--local", f"context={self.context}",
+            "--local", f"dockerfile={self.dockerfile.parent}",
+            "--opt", f"filename={self.dockerfile.name}",
+        ]  # fmt: skip
+        for key, value in sorted(self.build_args.items()):
+            cmd += ["--opt", f"build-arg:{key}={value}"]
+        for key, value in sorted(self.labels.items()):
+            cmd += ["--opt", f"label:{key}={value}"]
+        for sid, path in sorted(self.secrets.items()):
+            cmd += ["--secret", f"id={sid},src={path}"]
+        output = (
+            f"type=image,name={self.push_to},push=true"
+            if self.push_to
+            else f"type=docker,dest={self.tarball}"  # no name: loading it moves no tag
+        )
+        return [*cmd, "--metadata-file", str(self.metadata_file), "--output", output]
 
 
 @dataclass(frozen=True)
@@ -340,6 +400,59 @@ class DockerEngine(_CliEngine):
         return (
             host if out.returncode == 0 and host and host != "unix:///var/run/docker.sock" else None
         )
+
+    def check_builder(self, builder: str) -> None:
+        """A UserError, before anything is planned, when the builder cannot be used from here."""
+        if "://" in builder:
+            if not shutil.which("buildctl"):
+                raise UserError(
+                    f"--builder {builder} is a buildkitd address, and buildctl is not installed",
+                    hint="install buildctl (moby/buildkit releases) on PATH, or name a buildx "
+                    "builder instead (`docker buildx create --name NAME --driver remote ADDRESS`)",
+                )
+            return
+        if self.mode != "buildx":
+            raise UserError(
+                f"--builder {builder} needs docker buildx, and {self.cli} has no buildx plugin",
+                hint="install docker-buildx, or set ATTNFORGE_DOCKER to a docker CLI that has it",
+            )
+        found = subprocess.run(
+            [self.cli, "buildx", "inspect", builder], capture_output=True, text=True,
+            timeout=60, env=self.env,
+        )  # fmt: skip
+        if found.returncode != 0:
+            raise UserError(
+                f"docker buildx has no builder named {builder!r}",
+                hint="`docker buildx ls` lists them; `docker buildx create --name NAME ...` makes one",
+            )
+
+    def build_argv(self, req: BuildRequest) -> list[str]:
+        if req.via_buildctl:
+            return req.buildctl_argv(shutil.which("buildctl") or "buildctl")
+        return req.argv([self.cli], self.mode)
+
+    def build(
+        self, req: BuildRequest, log: IO[str], on_line: Callable[[str], None] | None = None
+    ) -> str:
+        """As every engine builds, or on a named builder: its result comes back to this engine
+        (loaded, or pushed to req.push_to and pulled), and the image id is that of this engine."""
+        if req.builder is None:
+            return super().build(req, log, on_line)
+        argv = self.build_argv(req)
+        log.write("$ " + " ".join(argv) + "\n")
+        code = _stream(argv, log, on_line, self.env)
+        if code != 0:
+            raise BuildFailed(code)
+        if req.push_to:
+            return self.pull(req.push_to, log)
+        if not req.via_buildctl:
+            return req.iidfile.read_text().strip()
+        # buildctl wrote an unnamed docker tarball: load it, and take the id it reported
+        code = _stream([self.cli, "load", "-i", str(req.tarball)], log, None, self.env)
+        image = json.loads(req.metadata_file.read_text()).get("containerimage.config.digest")
+        if code != 0 or not image or self.image_id(image) is None:
+            raise BuildFailed(code or 1)
+        return image
 
     def describe(self) -> str:
         info = self.client.version()
