@@ -1,4 +1,4 @@
-"""Run one check in its own subprocess and turn how it ended into a status.
+"""How a check process ended -> a status, and one check in a process of its own (``--isolate``).
 
 Standard library only: the parent process never imports torch, so nothing a check does
 (a segfault, an abort, an illegal memory access, a hang) can take the run down.
@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,18 +109,108 @@ def _kill_group(proc: subprocess.Popen) -> None:
             proc.kill()
 
 
+def child_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a check process: this package importable, unbuffered output, and one
+    Triton cache for every process of the run (a user's TRITON_CACHE_DIR is kept)."""
+    package_parent = str(Path(__file__).resolve().parent.parent)
+    out = dict(os.environ if env is None else env)
+    out["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, out.get("PYTHONPATH", "")) if p)
+    out.setdefault("PYTHONUNBUFFERED", "1")
+    cache = triton_cache_dir(out)
+    if cache:
+        out["TRITON_CACHE_DIR"] = cache
+    return out
+
+
+def _writable_dir(path: str) -> bool:
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(path, os.W_OK | os.X_OK)
+
+
+def triton_cache_dir(
+    environ: dict[str, str], writable: Callable[[str], bool] = _writable_dir
+) -> str | None:
+    """Where every check process of a run keeps Triton's compiled kernels.
+
+    A user's TRITON_CACHE_DIR wins. Otherwise Triton's own default (``$TRITON_HOME`` or
+    ``$HOME``, then ``.triton/cache``) when it can be written, else a per-user folder in the
+    temporary directory: an image run as another user, or with a read-only home, still compiles
+    each kernel once per run instead of once per process. None when nothing is writable.
+    """
+    if environ.get("TRITON_CACHE_DIR"):
+        return environ["TRITON_CACHE_DIR"]
+    home = environ.get("TRITON_HOME") or environ.get("HOME")
+    candidates = [os.path.join(home, ".triton", "cache")] if home else []
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    candidates.append(os.path.join(tempfile.gettempdir(), f"attnforge-triton-cache-{uid}"))
+    for path in candidates:
+        if writable(path):
+            return path
+    return None
+
+
+def make_record(
+    check: dict[str, Any], outcome: Outcome, duration: float, stderr: str
+) -> dict[str, Any]:
+    """The report record of one check from how its process (or its turn in a worker) ended;
+    ``stderr`` is the check's own standard error, whose last lines a failure records."""
+    status, message = classify(outcome)
+    rc = outcome.returncode
+    timed_out = outcome.timed_out
+    payload = outcome.payload
+    record: dict[str, Any] = {
+        "id": check["id"],
+        "group": check.get("group", check["id"].split(".")[0]),
+        "title": check.get("title", check["id"]),
+        "required": bool(check.get("required", True)),
+        "status": status,
+        "message": message,
+        "duration_s": round(duration, 3),
+        "returncode": None if timed_out else rc,
+        "signal": signal_name(-rc) if (rc or 0) < 0 and not timed_out else None,
+        "progress": outcome.progress[-5:],
+        "observations": {},
+        "details": {},
+        "metrics": {},
+    }
+    if payload is not None:
+        for key in ("observations", "details", "metrics"):
+            if isinstance(payload.get(key), dict):
+                record[key] = payload[key]
+    if status in FAILING:
+        record["stderr_tail"] = tail(stderr)
+    return record
+
+
+def read_result(path: Path) -> dict[str, Any] | None:
+    """A check's result file, or None when it is missing or cut short."""
+    if not path.exists():
+        return None
+    try:
+        payload = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, OSError, UnicodeDecodeError):
+        return None
+    return payload if isinstance(payload, dict) else None
+
+
+def read_progress(path: Path) -> list[str]:
+    """The stages a check reported, in order."""
+    if not path.exists():
+        return []
+    text = path.read_text(encoding="utf-8", errors="replace")
+    return [ln for ln in text.splitlines() if ln.strip()]
+
+
 def run_isolated(
     check: dict[str, Any],
     timeout: float,
     env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Run ``check`` (a JSON-able spec) via ``python -m validate._worker``; return its record."""
-    package_parent = str(Path(__file__).resolve().parent.parent)
-    child_env = dict(os.environ if env is None else env)
-    child_env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (package_parent, child_env.get("PYTHONPATH", "")) if p
-    )
-    child_env.setdefault("PYTHONUNBUFFERED", "1")
+    """Run ``check`` (a JSON-able spec) in a process of its own; return its record."""
+    child = child_env(env)
     with tempfile.TemporaryDirectory(prefix="validate-") as tmp:
         spec_path = Path(tmp, "spec.json")
         result_path = Path(tmp, "result.json")
@@ -144,7 +235,7 @@ def run_isolated(
                 stdin=subprocess.DEVNULL,
                 stdout=out_fh,
                 stderr=err_fh,
-                env=child_env,
+                env=child,
                 start_new_session=True,
             )
             timed_out = False
@@ -155,44 +246,9 @@ def run_isolated(
             _kill_group(proc)  # the check's leftovers too, not only a hung check
             proc.wait()
         duration = time.monotonic() - started
-        payload = None
-        if result_path.exists():
-            try:
-                payload = json.loads(result_path.read_text(encoding="utf-8"))
-            except (json.JSONDecodeError, OSError):
-                payload = None
-        progress = []
-        if progress_path.exists():
-            progress = [
-                ln for ln in progress_path.read_text(encoding="utf-8").splitlines() if ln.strip()
-            ]
-        out = out_path.read_bytes()
-        err = err_path.read_bytes()
-    stderr = err.decode("utf-8", "replace")
-    stdout = out.decode("utf-8", "replace")
+        payload = read_result(result_path)
+        progress = read_progress(progress_path)
+        stdout = out_path.read_bytes().decode("utf-8", "replace")
+        stderr = err_path.read_bytes().decode("utf-8", "replace")
     outcome = Outcome(proc.returncode, timed_out, payload, stderr + stdout[-2000:], progress)
-    status, message = classify(outcome)
-    record: dict[str, Any] = {
-        "id": check["id"],
-        "group": check.get("group", check["id"].split(".")[0]),
-        "title": check.get("title", check["id"]),
-        "required": bool(check.get("required", True)),
-        "status": status,
-        "message": message,
-        "duration_s": round(duration, 3),
-        "returncode": None if timed_out else proc.returncode,
-        "signal": signal_name(-proc.returncode)
-        if (proc.returncode or 0) < 0 and not timed_out
-        else None,
-        "progress": progress[-5:],
-        "observations": {},
-        "details": {},
-        "metrics": {},
-    }
-    if payload is not None:
-        for key in ("observations", "details", "metrics"):
-            if isinstance(payload.get(key), dict):
-                record[key] = payload[key]
-    if status in FAILING:
-        record["stderr_tail"] = tail(stderr)
-    return record
+    return make_record(check, outcome, duration, stderr)

@@ -1,11 +1,18 @@
-"""Plan the checks of a command and run them one subprocess each (standard library only)."""
+"""Plan the checks of a command and run them in check workers (standard library only).
+
+Each spec says where it may run: ``worker`` is a sharing key (consecutive checks with the same
+key share a long-lived worker process, validate/pool.py), ``isolate`` asks for a worker of its
+own, and ``batch`` groups kernels cases that compile the same kernel (with several workers, a
+worker that compiled it gets the next one)."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import sys
 from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -49,28 +56,72 @@ def provider(key: str) -> str:
     return PROVIDERS.get(best, "?")
 
 
+# Sharing keys. env, the SDPA flags and the SDPA cases touch nothing the others would see
+# (sdpa_kernel puts the backend flags back, and the worker's StateGuard does too), so they share
+# one worker; flash_attn, the rocWMMA kernel and the bundled kernels each import a package whose
+# import reads environment variables (FLASH_ATTENTION_TRITON_AMD_ENABLE, TRITON_INTERPRET), so
+# each group starts a fresh worker.
+MAIN = "main"
+# Checks that run where the kernels.list check stood, and checks that wait for another.
+DEPENDS = {"flash_attn.run": "flash_attn.info"}
+_KERNEL_SHAPE_RE = re.compile(r"-b\d+-sq\d+-sk\d+-h\d+x\d+")
+
+
 def _spec(cid: str, target: str, title: str, **kw: Any) -> dict[str, Any]:
+    group = kw.pop("group", cid.split(".")[0])
     return {
         "id": cid,
-        "group": kw.pop("group", cid.split(".")[0]),
+        "group": group,
         "title": title,
         "target": target,
         "params": kw.pop("params", {}),
         "required": kw.pop("required", True),
+        "worker": kw.pop("worker", group),
+        "isolate": bool(kw.pop("isolate", False)),
         **kw,
     }
+
+
+def kernel_batch(name: str) -> str:
+    """Kernels cases that differ only in batch, lengths and head counts compile one kernel:
+    'attn-bf16-b1-sq129-sk129-h2x2-d128-full-bshd' -> 'attn-bf16-d128-full-bshd'."""
+    return _KERNEL_SHAPE_RE.sub("", name)
+
+
+def placement(spec: dict[str, Any], observations: dict[str, Any]) -> dict[str, Any]:
+    """The spec as it will run, given what earlier checks observed.
+
+    On ROCm each SDPA case gets a worker of its own: PyTorch states some of its reasons
+    ("Flash attention support on Navi31 GPU is still experimental") with TORCH_WARN_ONCE,
+    which only the first case in a process would show.
+    """
+    if spec["id"].startswith("sdpa.case.") and observations.get("torch.hip") is True:
+        return {**spec, "isolate": True}
+    return spec
 
 
 def plan(command: str, quick: bool) -> list[dict[str, Any]]:
     """The static checks of a command (kernels cases are added once they are listed)."""
     groups = GROUPS[command]
-    checks = [_spec("env", "validate.checks.env:run", "Environment and device")]
+    checks = [_spec("env", "validate.checks.env:run", "Environment and device", worker=MAIN)]
     if "backends" in groups:
         checks.append(
-            _spec("sdpa.config", "validate.checks.sdpa:config", "SDPA backends compiled/enabled")
+            _spec(
+                "sdpa.config",
+                "validate.checks.sdpa:config",
+                "SDPA backends compiled/enabled",
+                worker=MAIN,
+            )
         )
+        # Alone: it sets the preferred ROCm library and runs flash under each, and a refused
+        # forced run would use up PyTorch's warn-once reasons before the cases state them.
         checks.append(
-            _spec("sdpa.rocm", "validate.checks.sdpa:rocm", "ROCm flash-attention library")
+            _spec(
+                "sdpa.rocm",
+                "validate.checks.sdpa:rocm",
+                "ROCm flash-attention library",
+                isolate=True,
+            )
         )
         for case in grid.grid(quick):
             checks.append(
@@ -79,6 +130,7 @@ def plan(command: str, quick: bool) -> list[dict[str, Any]]:
                     "validate.checks.sdpa:case",
                     f"SDPA {case.name}",
                     group="sdpa",
+                    worker=MAIN,
                     params={
                         "case": {k: v for k, v in case.to_json().items() if k != "gqa"},
                         "reference": case.name == grid.REFERENCE_CASE,
@@ -158,50 +210,98 @@ def _skip(spec: dict[str, Any], message: str) -> dict[str, Any]:
     }
 
 
+def _kernel_cases(list_spec: dict[str, Any], names: list[str]) -> list[dict[str, Any]]:
+    return [
+        _spec(
+            f"kernels.case.{name}",
+            "validate.checks.kernels:run_case",
+            f"kernel {name}",
+            group="kernels",
+            params={"name": name},
+            quick=list_spec.get("quick", False),
+            worker=list_spec.get("worker", "kernels"),
+            batch=kernel_batch(name),
+        )
+        for name in names
+    ]
+
+
+def _now(runner: Callable[..., dict[str, Any]], spec: dict[str, Any], timeout: float) -> Future:
+    """Run in this thread (one worker: no threads, and Ctrl-C stops the run at once)."""
+    fut: Future = Future()
+    fut.set_result(runner(spec, timeout=timeout))
+    return fut
+
+
 def execute(
     checks: list[dict[str, Any]],
     timeout: float,
     only: Callable[[str], bool] | None = None,
     on_record: Callable[[dict[str, Any]], None] | None = None,
     runner: Callable[..., dict[str, Any]] = run_isolated,
+    workers: int = 1,
 ) -> list[dict[str, Any]]:
-    """Run the planned checks in order; kernels cases are discovered from kernels.list."""
-    records: list[dict[str, Any]] = []
-    queue = list(checks)
-    by_id: dict[str, dict[str, Any]] = {}
-    while queue:
-        spec = queue.pop(0)
-        if only is not None and not only(spec["id"]):
-            continue
-        if spec["id"] == "flash_attn.run":
-            info = by_id.get("flash_attn.info")
-            if info is not None and info["status"] != "pass":
-                rec = _skip(spec, f"flash_attn.info is {info['status']}: {info['message']}")
-                records.append(rec)
-                by_id[rec["id"]] = rec
-                if on_record:
-                    on_record(rec)
-                continue
-        rec = runner(spec, timeout=float(spec.get("timeout", timeout)))
-        records.append(rec)
-        by_id[rec["id"]] = rec
-        if on_record:
-            on_record(rec)
+    """Run the planned checks, up to ``workers`` at a time, and return their records in plan
+    order (``on_record`` sees them in that order too). Kernels cases are discovered from
+    kernels.list and take its place in the order; flash_attn.run waits for flash_attn.info and
+    is a skip when that did not pass."""
+    order = [s for s in checks if only is None or only(s["id"])]
+    done: dict[str, dict[str, Any]] = {}
+    started: set[str] = set()
+    running: dict[Future, dict[str, Any]] = {}
+    seen: dict[str, Any] = {}  # observations so far, for placement()
+    emitted = 0
+    threads = ThreadPoolExecutor(max_workers=workers) if workers > 1 else None
+
+    def finish(spec: dict[str, Any], rec: dict[str, Any]) -> None:
+        nonlocal emitted
+        done[spec["id"]] = rec
+        seen.update(rec.get("observations") or {})
         if spec["id"] == "kernels.list" and rec["status"] == "pass":
-            names = rec["details"].get("cases", [])
-            new = [
-                _spec(
-                    f"kernels.case.{name}",
-                    "validate.checks.kernels:run_case",
-                    f"kernel {name}",
-                    group="kernels",
-                    params={"name": name},
-                    quick=spec.get("quick", False),
-                )
-                for name in names
-            ]
-            queue[0:0] = new
-    return records
+            new = _kernel_cases(spec, list(rec["details"].get("cases", [])))
+            new = [s for s in new if only is None or only(s["id"])]
+            at = next(i for i, s in enumerate(order) if s["id"] == spec["id"]) + 1
+            order[at:at] = new
+        while emitted < len(order) and order[emitted]["id"] in done:
+            if on_record:
+                on_record(done[order[emitted]["id"]])
+            emitted += 1
+
+    try:
+        while True:
+            for spec in list(order):
+                if len(running) >= workers:
+                    break
+                if spec["id"] in started:
+                    continue
+                dep = DEPENDS.get(spec["id"])
+                if dep in started and dep not in done:
+                    continue  # it is running; another check may go first
+                started.add(spec["id"])
+                info = done.get(dep) if dep else None
+                if info is not None and info["status"] != "pass":
+                    finish(spec, _skip(spec, f"{dep} is {info['status']}: {info['message']}"))
+                    continue
+                placed = placement(spec, seen)
+                limit = float(spec.get("timeout", timeout))
+                if threads is None:
+                    fut = _now(runner, placed, limit)
+                else:
+                    fut = threads.submit(runner, placed, timeout=limit)
+                running[fut] = spec
+            if not running:
+                if all(s["id"] in started for s in order):
+                    break
+                continue
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for fut in finished:
+                finish(running.pop(fut), fut.result())
+    finally:
+        if threads is not None:
+            # On an error or Ctrl-C do not wait for the checks in flight: the caller closes
+            # the pool, which kills their workers.
+            threads.shutdown(wait=not running, cancel_futures=True)
+    return [done[s["id"]] for s in order]
 
 
 def observations(records: list[dict[str, Any]]) -> dict[str, Any]:
