@@ -1,10 +1,16 @@
 """Rendering: Markdown for CI summaries, HTML for `invoke report`, and the JSON schema."""
 
 import json
+import re
+import shutil
+import subprocess
+import sys
+from html.parser import HTMLParser
 
 import pytest
 
-from validate import render
+from tests.validate.conftest import FIXTURES, REPO
+from validate import plots, render
 
 FIXTURE_NAMES = [
     "h200_report.json",
@@ -90,3 +96,237 @@ def test_render_rejects_bad_reports_without_traceback(content, fragment, tmp_pat
     assert proc.returncode == 2
     assert fragment in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+# ---------------------------------------------------------------- the HTML page and its plots
+
+SIBLING_FILES = ["bench.json", "bench_train.json", "stress-llm.json", "stress-sdxl.json"]
+
+
+def report_folder(fixtures_dir, dest, siblings=SIBLING_FILES):
+    """A reports/<arch>/<stack>/ folder: the H200 report and the synthetic sibling documents."""
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copy(fixtures_dir / "h200_report.json", dest / "report.json")
+    for name in siblings:
+        shutil.copy(fixtures_dir / "siblings" / name, dest / name)
+    return dest / "report.json"
+
+
+def hide_matplotlib(tmp_path):
+    """PYTHONPATH that makes `import matplotlib` fail, as in an image without it."""
+    fake = tmp_path / "no-mpl" / "matplotlib"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('matplotlib is not installed here')\n")
+    return {"PYTHONPATH": str(fake.parent)}
+
+
+class PageParts(HTMLParser):
+    """Tags, ids and anything that could make the browser fetch something."""
+
+    def __init__(self):
+        super().__init__()
+        self.ids, self.tags, self.fetches = [], [], []
+        self.figures, self.figure_svgs, self._in_figure = 0, 0, 0
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        self.tags.append(tag)
+        if "id" in a:
+            self.ids.append(a["id"])
+        if tag == "figure" and "plot" in (a.get("class") or "").split():
+            self.figures += 1
+            self._in_figure = 1
+        elif tag == "svg" and self._in_figure:
+            self.figure_svgs += 1
+            self._in_figure = 0
+        for name in ("src", "href", "xlink:href", "srcset", "data", "action"):
+            value = a.get(name)
+            if value is not None and not value.startswith("#"):
+                self.fetches.append(f"<{tag} {name}={value!r}>")
+        if tag in ("script", "link", "iframe", "object", "embed", "img", "base"):
+            self.fetches.append(f"<{tag}>")
+
+
+@pytest.fixture(scope="module")
+def full_page():
+    """The page for the H200 report with every sibling (drawn once: matplotlib takes ~2 s)."""
+    pytest.importorskip("matplotlib", reason="the dev extra brings matplotlib")
+    fixtures = FIXTURES
+    siblings = {
+        "bench": json.loads((fixtures / "siblings" / "bench.json").read_text()),
+        "bench_train": json.loads((fixtures / "siblings" / "bench_train.json").read_text()),
+        "stress": [json.loads((fixtures / "siblings" / n).read_text())
+                   for n in ("stress-llm.json", "stress-sdxl.json")],
+    }  # fmt: skip
+    report = json.loads((fixtures / "h200_report.json").read_text())
+    return render.to_html(report, siblings), siblings
+
+
+def expected_plots(siblings) -> int:
+    """What the contract asks for: a figure per (dtype, d, causal, mode) of the sweep with a
+    time, one per mode of the workload shapes with a time, one for the training step."""
+    ok = [r for r in siblings["bench"]["results"] if r["status"] == "ok"]
+    sweep = {(r["shape"]["dtype"], r["shape"]["d"], r["shape"]["causal"], r["mode"])
+             for r in ok if r["shape"]["family"] == "sweep"}  # fmt: skip
+    workload = {r["mode"] for r in ok if r["shape"]["family"] == "workload"}
+    return len(sweep) + len(workload) + 1
+
+
+def test_every_plot_is_an_inline_svg(full_page):
+    page, siblings = full_page
+    parts = PageParts()
+    parts.feed(page)
+    assert expected_plots(siblings) == 9
+    assert parts.figures == parts.figure_svgs == 9
+    for title in ("fwd · bf16 · head dim 128 · causal", "fwd_bwd · bf16 · head dim 64 · not causal",
+                  "fwd_bwd · workload shapes", "training step · width 1024"):  # fmt: skip
+        assert title in page
+    assert "Not plotted: sdpa.math error at sweep-d128-s8192" in page
+
+
+def test_the_page_fetches_nothing(full_page):
+    page, _ = full_page
+    parts = PageParts()
+    parts.feed(page)
+    assert parts.fetches == []
+    assert "@import" not in page and "url(http" not in page
+
+
+def test_ids_are_unique_across_plots(full_page):
+    # matplotlib names clip paths and markers by content hash: two figures share names unless
+    # each figure's ids are prefixed
+    page, _ = full_page
+    parts = PageParts()
+    parts.feed(page)
+    dupes = {i for i in parts.ids if parts.ids.count(i) > 1}
+    assert len(parts.ids) > 100 and not dupes
+    refs = set(re.findall(r'(?:url\(#|href="#)([^)"]+)', page))
+    assert refs <= set(parts.ids)
+
+
+def test_page_shows_matrix_kernels_stress_and_markdown(full_page):
+    page, _ = full_page
+    # a refused backend is grey with PyTorch's own reason in it; a passing one green
+    assert "<td class='cell-off'>refused <span class='small'>(can_use: no)</span><details>" in page
+    assert "head_dim should be a multiple of 8" in page
+    assert page.count("<td class='cell-pass'>") == 29
+    # the profiler's kernels and the aten ops they came from (check details, not the matrix)
+    assert "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma" in page
+    assert "aten::_cudnn_attention_forward" in page
+    # stress: the first failure of each run, per workload
+    assert "iteration 1411: mismatch — max|err| 0.031 &gt; tolerance 0.0078" in page
+    assert "<h3>sdxl at 1024x1024</h3>" in page
+    # training: the ratio to the loss check's reference
+    assert "<th>× sdpa.math</th>" in page
+    # bench runs without a time are listed with their reason
+    assert "all 36 runs" in page and "torch.OutOfMemoryError" in page
+    # and the Markdown summary CI shows
+    assert "## ❌ Validation FAIL: stack `host-nvidia` on `sm_90`" in page
+
+
+def test_a_page_without_siblings_says_how_to_make_them(fixture_report):
+    page = render.to_html(fixture_report)
+    assert "<figure" not in page
+    assert "python -m validate bench --json bench.json" in page
+    assert "python -m validate stress --workload W" in page
+
+
+def test_sweep_panels_group_by_dtype_head_dim_causal_and_mode():
+    def r(backend, d, causal, mode, status="ok", family="sweep", s=512):
+        shape = {"name": f"x{d}{s}", "family": family, "b": 1, "h": 1, "hkv": 1, "sq": s, "sk": s,
+                 "d": d, "causal": causal, "dtype": "bf16"}  # fmt: skip
+        return {"backend": backend, "shape": shape, "mode": mode, "status": status}
+
+    results = [
+        r("a", 64, False, "fwd"), r("b", 64, False, "fwd", s=1024), r("a", 128, True, "fwd"),
+        r("a", 64, False, "bwd"), r("a", 64, True, "bwd", status="crash"),
+        r("a", 64, False, "fwd", family="workload"),
+    ]  # fmt: skip
+    panels = plots.sweep_panels(results)
+    assert list(panels) == [("bf16", 64, False, "fwd"), ("bf16", 128, True, "fwd"),
+                            ("bf16", 64, False, "bwd")]  # fmt: skip
+    assert len(panels[("bf16", 64, False, "fwd")]) == 2  # a panel without a time is left out
+    assert list(plots.workload_panels(results)) == ["fwd"]
+
+
+@pytest.mark.parametrize(
+    ("reference", "expected"),
+    [("sdpa.math", ("sdpa.math", [2.0, 1.0])), ("gone", ("sdpa.flash", [1.0, 0.5])),
+     (None, ("sdpa.flash", [1.0, 0.5]))],
+)  # fmt: skip
+def test_training_ratios_are_relative_to_the_loss_checks_reference(reference, expected):
+    doc = {"results": [
+        {"backend": "sdpa.flash", "status": "ok", "median_step_ms": 200.0},
+        {"backend": "flash_attn", "status": "unsupported", "median_step_ms": None},
+        {"backend": "sdpa.math", "status": "ok", "median_step_ms": 100.0},
+    ], "loss_check": {"reference": reference}}  # fmt: skip
+    ref, ratios = plots.train_ratios(doc)
+    assert (ref, [x for _, _, x in ratios]) == expected
+
+
+@pytest.mark.slow  # a subprocess that imports matplotlib and draws nine figures: ~3 s on 2 cores
+def test_render_cli_draws_the_siblings(fixtures_dir, tmp_path, run_validate):
+    report = report_folder(fixtures_dir, tmp_path / "reports" / "sm_90" / "host-nvidia")
+    page = report.with_suffix(".html")
+    proc = run_validate("render", str(report), "--html", str(page))
+    assert proc.returncode == 0, proc.stderr
+    parts = PageParts()
+    parts.feed(page.read_text())
+    assert parts.figure_svgs == 9
+    assert [p.name for p in report.parent.iterdir() if p.name.startswith(".")] == []
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "fragment"),
+    [
+        ("bench.json", {"kind": "attnforge.stress", "version": 1, "runs": []},
+         "bench.json: expected kind 'attnforge.bench' but it is a document of kind "
+         "'attnforge.stress'"),
+        ("bench_train.json", {"kind": "attnforge.bench_train", "version": 2, "results": []},
+         "bench_train.json: attnforge.bench_train version 2 is not supported"),
+        ("stress-sdxl.json", {"schema_version": "1.1"}, "not an attnforge document (no kind)"),
+        ("bench.json", {"kind": "attnforge.bench", "version": 1},
+         "attnforge.bench document without a 'results' list"),
+        ("stress-llm.json", "{oops", "stress-llm.json:1:2: not valid JSON"),
+    ],
+)  # fmt: skip
+def test_a_wrong_sibling_is_one_sentence_and_the_old_page_stays(
+    name, content, fragment, fixtures_dir, tmp_path, run_validate
+):
+    report = report_folder(fixtures_dir, tmp_path / "r", siblings=[])
+    (report.parent / name).write_text(content if isinstance(content, str) else json.dumps(content))
+    page = report.with_suffix(".html")
+    page.write_text("the last good page")
+    proc = run_validate("render", str(report), "--html", str(page), "--md", "-")
+    assert proc.returncode == 2
+    assert fragment in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert page.read_text() == "the last good page"
+
+
+def test_without_matplotlib_plots_fail_in_one_sentence_and_the_rest_still_renders(
+    fixtures_dir, tmp_path, run_validate
+):
+    env = hide_matplotlib(tmp_path)
+    report = report_folder(fixtures_dir, tmp_path / "r", siblings=["bench.json"])
+    proc = run_validate("render", str(report), "--html", str(tmp_path / "p.html"), env=env)
+    assert proc.returncode == 2
+    assert "matplotlib" in proc.stderr and "install it" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "p.html").exists()
+    # in an image without matplotlib: Markdown, and a page with nothing to plot, still work
+    (report.parent / "bench.json").unlink()
+    proc = run_validate("render", str(report), "--html", str(tmp_path / "p.html"), "--md", "-",
+                        env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("## ❌ Validation FAIL")
+    assert "No bench.json next to this report" in (tmp_path / "p.html").read_text()
+
+
+def test_the_renderer_does_not_import_matplotlib_until_it_plots(run_validate, tmp_path):
+    code = ("import sys, json, validate.cli, validate.render as r; "
+            "r.to_markdown(json.load(open(sys.argv[1]))); r.to_html(json.load(open(sys.argv[1]))); "
+            "print('matplotlib' in sys.modules)")  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", code, str(FIXTURES / "h200_report.json")],
+                          cwd=REPO, capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False"
