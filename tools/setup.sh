@@ -146,7 +146,7 @@ run_step() {
     engine) engine ;;
     base-image) engine; base_image ;;
     wheelhouse) venv; wheelhouse ;;
-    registry) registry ;;
+    registry) registry; apt_install chromium fonts-dejavu-core ;;  # + the report's browser test
     podman) engine; base_image; podman_engine ;;
     all) venv; engine; base_image; wheelhouse ;;
     *) die "unknown step $1; valid: venv engine base-image wheelhouse registry podman all" ;;
