@@ -3,7 +3,7 @@
 # reachable Docker engine, a local base image, a wheelhouse for the cpu stack and (for the
 # tests) a local registry. Safe to run again: every step checks before it acts.
 #
-#   tools/setup.sh STEP [STEP ...]    steps: venv engine base-image wheelhouse registry podman all
+#   tools/setup.sh STEP [STEP ...]    steps: venv engine base-image wheelhouse registry buildx-tools podman all
 #
 # Nothing here needs the network beyond the distro's package mirror and PyPI; no registry is
 # pulled from: the base image is made with debootstrap and `docker import`.
@@ -16,6 +16,7 @@ BASE_IMAGE=${BASE_IMAGE:-attnforge-local/debian:bookworm}
 DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 WHEELHOUSE=${WHEELHOUSE:-build/wheelhouse}
 REGISTRY_ADDR=${REGISTRY_ADDR:-127.0.0.1:5000}
+BUILDX_IMAGE=${BUILDX_IMAGE:-attnforge-local/buildx-tools:trixie}
 # The cpu stack's pins (recipes/layers/torch-cpu.yaml, triton.yaml); images run Debian 12's Python 3.11.
 WHEELS=("torch==2.13.0+cpu" "triton==3.6.0" "numpy==2.4.6")
 
@@ -68,6 +69,24 @@ base_image() {
   debootstrap --variant=minbase --include=python3,python3-venv bookworm "$root" "$DEBIAN_MIRROR" >/tmp/attnforge-debootstrap.log 2>&1 \
     || die "debootstrap failed; see /tmp/attnforge-debootstrap.log"
   tar -C "$root" -c . | "$cli" import -c 'CMD ["/bin/bash"]' - "$BASE_IMAGE" >/dev/null
+  rm -rf "$root"
+}
+
+# `docker buildx` for the bake tests (tests/e2e/test_bake.py). Debian 12 packages no buildx;
+# Debian 13 (trixie) has docker-buildx 0.13.1 and docker-cli 26.1 (`apt-cache policy
+# docker-buildx` with trixie's archive, 2026-11-24). So: an image of trixie made with
+# debootstrap, with both, that the tests run with the engine's socket mounted. Nothing is put on
+# this host's PATH: builds keep using the 20.10 CLI that tools/setup.sh installs.
+buildx_tools() {
+  local cli; cli=$(docker_cli)
+  "$cli" image inspect "$BUILDX_IMAGE" >/dev/null 2>&1 && return 0
+  apt_install debootstrap
+  local root; root=$(mktemp -d /tmp/attnforge-buildx-rootfs.XXXXXX)
+  say "making $BUILDX_IMAGE with debootstrap (Debian 13, docker-cli + docker-buildx)"
+  debootstrap --variant=minbase --include=docker-cli,docker-buildx trixie "$root" "$DEBIAN_MIRROR" \
+      >/tmp/attnforge-debootstrap-buildx.log 2>&1 \
+    || { rm -rf "$root"; die "debootstrap failed; see /tmp/attnforge-debootstrap-buildx.log"; }
+  tar -C "$root" -c . | "$cli" import -c 'ENTRYPOINT ["docker"]' - "$BUILDX_IMAGE" >/dev/null
   rm -rf "$root"
 }
 
@@ -147,9 +166,10 @@ run_step() {
     base-image) engine; base_image ;;
     wheelhouse) venv; wheelhouse ;;
     registry) registry; apt_install chromium fonts-dejavu-core ;;  # + the report's browser test
+    buildx-tools) engine; buildx_tools ;;
     podman) engine; base_image; podman_engine ;;
     all) venv; engine; base_image; wheelhouse ;;
-    *) die "unknown step $1; valid: venv engine base-image wheelhouse registry podman all" ;;
+    *) die "unknown step $1; valid: venv engine base-image wheelhouse registry buildx-tools podman all" ;;
   esac
 }
 
