@@ -143,11 +143,12 @@ WORKLOADS: dict[str, Workload] = {
         "Stable Diffusion 1.5 UNet: 8 heads, head dims 40/80/160, self-attention and "
         f"{CLIP_TOKENS}-token cross-attention, batch 2 (CFG)",
         (
-            "runwayml/stable-diffusion-v1-5 unet/config.json (attention_head_dim 8, "
+            "stable-diffusion-v1-5/stable-diffusion-v1-5 (formerly runwayml/) unet/config.json (attention_head_dim 8, "
             "block_out_channels [320, 640, 1280, 1280], cross_attention_dim 768); "
             "https://huggingface.co/stable-diffusion-v1-5/stable-diffusion-v1-5",
             "huggingface/diffusers src/diffusers/models/unets/unet_2d_condition.py "
-            "(attention_head_dim is the number of heads), commit 58eb52c0, 2026-08-23",
+            "(attention_head_dim is the number of heads), commit 58eb52c0, 2026-08-23; "
+            "https://github.com/huggingface/diffusers",
         ),
         ((512, 512),),
         _sd15,
