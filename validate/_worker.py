@@ -237,8 +237,8 @@ class StateGuard:
     Environment variables, the working directory, warning filters, and where torch is loaded:
     SDPA backend flags, the preferred ROCm flash-attention library, default dtype, grad mode,
     determinism, TF32 and cuDNN switches, the thread count, ``F.scaled_dot_product_attention``
-    itself (a shim may replace it) and the random seed (torch seeds a fresh process with a
-    fixed default). Only values that differ are written back, so a clean check costs nothing
+    itself (a shim may replace it) and the random state (reseeded with the worker's own seed, so
+    no check depends on what the one before it drew). Only values that differ are written back, so a clean check costs nothing
     and sets off no deprecation warning. What cannot be put back (a module imported with other
     variables set, C++ warn-once messages already shown) is why some checks ask for a worker of
     their own (``isolate``).
@@ -288,7 +288,7 @@ class StateGuard:
         torch = sys.modules.get("torch")
         if torch is not None and self.seed is not None:
             try:
-                torch.manual_seed(self.seed)  # CPU now; CUDA lazily, as a fresh process has it
+                torch.manual_seed(self.seed)  # CPU now, CUDA lazily: no check inherits a draw
             except Exception:  # noqa: BLE001
                 pass
         return changed
