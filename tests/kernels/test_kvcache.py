@@ -1,0 +1,388 @@
+"""flash_attn_with_kvcache and paged-KV prefill (CPU interpreter) against a reference written here.
+
+The reference follows flash-attention's tests/test_flash_attn.py::test_flash_attn_kvcache: the
+cache after the append is built by hand, keys are the rows [leftpad, cache_seqlens + seqlen_new),
+causal masks and windows are aligned bottom-right on that length, rotary as flash_attn's
+apply_rotary_emb (rotate_half form), the error rule flash-attention's.
+"""
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from kernels import flash_attn_varlen_func, flash_attn_with_kvcache
+from kernels.kvcache import num_splits_heuristic
+from validate import tolerance
+
+
+def _rand(*shape, dtype, g):
+    return torch.randn(*shape, generator=g).to(dtype)
+
+
+def _rotary_ref(x, cos, sin, pos, interleaved):
+    """flash_attn.layers.rotary.apply_rotary_emb_torch at per-row positions ``pos`` (b, s)."""
+    rd = cos.shape[1] * 2
+    c, s = cos[pos].float(), sin[pos].float()  # (b, s, rd/2)
+    if interleaved:
+        c, s = c.repeat_interleave(2, -1), s.repeat_interleave(2, -1)
+    else:
+        c, s = torch.cat((c, c), -1), torch.cat((s, s), -1)
+    xr = x[..., :rd].float()
+    if interleaved:
+        half = torch.stack((-xr[..., 1::2], xr[..., 0::2]), -1).flatten(-2)
+    else:
+        x1, x2 = xr.chunk(2, -1)
+        half = torch.cat((-x2, x1), -1)
+    rot = xr * c[:, :, None] + half * s[:, :, None]
+    return torch.cat((rot.to(x.dtype), x[..., rd:]), -1)
+
+
+def _attn_ref(q, k, v, *, scale, causal, window, softcap, slopes, upcast):
+    """One sequence: q (sq, hq, d), k/v (sk, hk, d) -> (out (sq, hq, d), lse (hq, sq))."""
+    dtype = q.dtype
+    if upcast:
+        q, k, v = q.float(), k.float(), v.float()
+    sq, hq, _ = q.shape
+    sk, hk = k.shape[0], k.shape[1]
+    k = k.repeat_interleave(hq // hk, 1)
+    v = v.repeat_interleave(hq // hk, 1)
+    s = torch.einsum("qhd,khd->hqk", q, k).float() * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    rel = torch.arange(sk)[None, :] - torch.arange(sq)[:, None] - (sk - sq)
+    if slopes is not None:
+        s = s - slopes.float()[:, None, None] * rel.abs()
+    ok = torch.ones(sq, sk, dtype=torch.bool)
+    if causal:
+        ok &= rel <= 0
+    if window[0] >= 0:
+        ok &= rel >= -window[0]
+    if window[1] >= 0:
+        ok &= rel <= window[1]
+    s = s.masked_fill(~ok, float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    p = torch.softmax(s, -1).nan_to_num(0.0)
+    out = torch.einsum("hqk,khd->qhd", p.to(v.dtype), v).to(dtype)
+    return out, torch.where(torch.isneginf(lse), float("inf"), lse)
+
+
+@dataclass(frozen=True)
+class KVCase:
+    """One flash_attn_with_kvcache call; ``page`` > 0 means a paged cache of that page size."""
+
+    name: str
+    sq: int = 1
+    hq: int = 4
+    hk: int = 2
+    d: int = 32
+    cache: int = 48  # rows per sequence in the cache
+    lens: tuple = (17, 40)  # cache_seqlens before the append
+    new: int = 0  # seqlen of the appended k/v
+    page: int = 0
+    causal: bool = False
+    window: tuple = (-1, -1)
+    alibi: bool = False
+    softcap: float = 0.0
+    rotary: int = 0  # rotary_dim
+    interleaved: bool = False
+    leftpad: tuple | None = None
+    batch_idx: tuple | None = None  # cache rows of the batch (cache holds len + 1 rows)
+    splits: int = 1
+    dtype: torch.dtype = torch.float16
+
+
+CASES = [
+    KVCase("decode-gqa"),
+    KVCase("decode-split-empty-slices", lens=(5, 47), splits=4, window=(3, 0), hk=1),
+    KVCase(
+        "append-rotary-paged-split",
+        new=1,
+        page=16,
+        rotary=16,
+        causal=True,
+        splits=3,
+        dtype=torch.bfloat16,
+    ),
+    KVCase(
+        "chunk-append-rotary-interleaved-leftpad-batchidx",
+        sq=3,
+        new=2,
+        lens=(9, 30),
+        rotary=32,
+        interleaved=True,
+        causal=True,
+        leftpad=(4, 0),
+        batch_idx=(2, 0),
+        splits=0,
+    ),
+    KVCase(
+        "local-alibi-mqa-paged",
+        sq=4,
+        hk=1,
+        new=4,
+        cache=64,
+        lens=(0, 21),
+        page=32,
+        window=(5, 2),
+        alibi=True,
+        splits=2,
+    ),
+    KVCase("softcap-padded-headdim-batchidx", d=40, softcap=15.0, batch_idx=(1, 2), splits=2),
+    KVCase("causal-empty-rows", sq=6, lens=(3, 10), causal=True, rotary=0, dtype=torch.bfloat16),
+    KVCase("many-rows", sq=9, hq=4, hk=2, new=9, lens=(11, 2), causal=True, page=16, rotary=16),
+    KVCase(
+        "noncausal-rotary-at-one-position",
+        sq=2,
+        new=2,
+        lens=(6, 12),
+        rotary=16,
+        interleaved=True,
+        splits=2,
+    ),
+]
+
+
+def _run(case: KVCase, seed=0):
+    """(out, lse, expected out per batch, fp32/low-precision refs, caches after, expected caches)."""
+    g = torch.Generator().manual_seed(seed)
+    b, dt = len(case.lens), case.dtype
+    n_cache = b + 1 if case.batch_idx else b
+    kc = _rand(n_cache, case.cache, case.hk, case.d, dtype=dt, g=g)
+    vc = _rand(n_cache, case.cache, case.hk, case.d, dtype=dt, g=g)
+    q = _rand(b, case.sq, case.hq, case.d, dtype=dt, g=g)
+    k = _rand(b, case.new, case.hk, case.d, dtype=dt, g=g) if case.new else None
+    v = _rand(b, case.new, case.hk, case.d, dtype=dt, g=g) if case.new else None
+    lens = torch.tensor(case.lens, dtype=torch.int32)
+    slopes = torch.rand(b, case.hq, generator=g) * 0.3 if case.alibi else None
+    cos = sin = None
+    if case.rotary:
+        angle = torch.rand(case.cache, case.rotary // 2, generator=g) * 6.283
+        cos, sin = angle.cos().to(dt), angle.sin().to(dt)
+    bidx = torch.tensor(case.batch_idx, dtype=torch.int32) if case.batch_idx else None
+    leftpad = torch.tensor(case.leftpad, dtype=torch.int32) if case.leftpad else None
+
+    # Expected cache contents and attention, by hand.
+    rows = [bidx[i].item() if bidx is not None else i for i in range(b)]
+    k_exp, v_exp = kc.clone(), vc.clone()
+    q_ro = q
+    if case.new:
+        k_ro = k
+        if case.rotary:
+            pos = lens.long()[:, None] + torch.arange(case.new)
+            k_ro = _rotary_ref(k, cos, sin, pos, case.interleaved)
+            moving = case.causal or case.window != (-1, -1)
+            q_pos = lens.long()[:, None] + torch.arange(case.sq) * int(moving)
+            q_ro = _rotary_ref(q, cos, sin, q_pos, case.interleaved)
+        for i in range(b):
+            n = case.lens[i]
+            k_exp[rows[i], n : n + case.new] = k_ro[i]
+            v_exp[rows[i], n : n + case.new] = v[i]
+    refs = []
+    for i in range(b):
+        lo = case.leftpad[i] if case.leftpad else 0
+        hi = case.lens[i] + case.new
+        ki, vi = k_exp[rows[i], lo:hi], v_exp[rows[i], lo:hi]
+        kw = dict(
+            scale=case.d**-0.5,
+            causal=case.causal,
+            window=case.window,
+            softcap=case.softcap,
+            slopes=slopes[i] if slopes is not None else None,
+        )
+        refs.append(
+            (
+                _attn_ref(q_ro[i], ki, vi, upcast=True, **kw),
+                _attn_ref(q_ro[i], ki, vi, upcast=False, **kw),
+            )
+        )
+
+    # The call, on a paged layout of the same cache when asked.
+    block_table = None
+    k_in, v_in = kc, vc
+    if case.page:
+        per_seq = case.cache // case.page
+        n_blocks = 3 * b * per_seq
+        block_table = torch.randperm(n_blocks, generator=g)[: b * per_seq].reshape(b, per_seq)
+        block_table = block_table.to(torch.int32)
+        k_in = _rand(n_blocks, case.page, case.hk, case.d, dtype=dt, g=g)
+        v_in = _rand(n_blocks, case.page, case.hk, case.d, dtype=dt, g=g)
+        for i in range(b):
+            k_in[block_table[i].long()] = kc[i].reshape(per_seq, case.page, case.hk, case.d)
+            v_in[block_table[i].long()] = vc[i].reshape(per_seq, case.page, case.hk, case.d)
+    out, lse = flash_attn_with_kvcache(
+        q,
+        k_in,
+        v_in,
+        k,
+        v,
+        rotary_cos=cos,
+        rotary_sin=sin,
+        cache_seqlens=lens,
+        cache_batch_idx=bidx,
+        cache_leftpad=leftpad,
+        block_table=block_table,
+        causal=case.causal,
+        window_size=case.window,
+        softcap=case.softcap,
+        rotary_interleaved=case.interleaved,
+        alibi_slopes=slopes,
+        num_splits=case.splits,
+        return_softmax_lse=True,
+    )
+    if case.page:
+        per_seq = case.cache // case.page
+        k_after = torch.stack([k_in[block_table[i].long()].reshape(kc.shape[1:]) for i in range(b)])
+        v_after = torch.stack([v_in[block_table[i].long()].reshape(vc.shape[1:]) for i in range(b)])
+    else:
+        k_after, v_after = k_in, v_in
+    return out, lse, refs, (k_after, v_after), (k_exp, v_exp)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_kvcache_matches_the_reference(case):
+    out, lse, refs, _, _ = _run(case)
+    eps = torch.finfo(case.dtype).eps
+    for i, ((ref, ref_lse), (pt, _)) in enumerate(refs):
+        err = (out[i].float() - ref.float()).abs().max().item()
+        pt_err = (pt.float() - ref.float()).abs().max().item()
+        ok, bound = tolerance.within(err, pt_err, ref.float().abs().max().item(), eps)
+        assert ok, (case.name, i, err, bound)
+        fin = torch.isfinite(ref_lse)  # (hq, sq), like lse[i]
+        assert torch.equal(fin, torch.isfinite(lse[i])), (case.name, i)
+        if fin.any():
+            assert (lse[i][fin] - ref_lse[fin]).abs().max().item() <= 1e-2, (case.name, i)
+
+
+def test_causal_rows_that_see_no_key_give_zero_and_infinite_lse():
+    case = next(c for c in CASES if c.name == "causal-empty-rows")
+    out, lse, *_ = _run(case)
+    # Batch 0 has 3 keys for 6 queries: bottom-right alignment leaves queries 0..2 empty.
+    assert torch.count_nonzero(out[0, :3]) == 0 and torch.isinf(lse[0, :, :3]).all()
+    assert torch.isfinite(lse[0, :, 3:]).all() and torch.isfinite(lse[1]).all()
+
+
+@pytest.mark.parametrize("name", [c.name for c in CASES if c.new])
+def test_append_writes_exactly_the_new_rows(name):
+    case = next(c for c in CASES if c.name == name)
+    _, _, _, after, expected = _run(case)
+    k_after, v_after = after
+    k_exp, v_exp = expected
+    rows = list(case.batch_idx) if case.batch_idx else list(range(len(case.lens)))
+    # Rotary is computed in fp32 either way; allow one rounding step as flash_attn's test does.
+    assert torch.allclose(k_after[rows].float(), k_exp[rows].float(), rtol=1e-3, atol=1e-3)
+    assert torch.equal(v_after[rows], v_exp[rows])
+    if case.batch_idx:  # the cache row no batch entry points at is untouched
+        (spare,) = set(range(len(rows) + 1)) - set(rows)
+        assert torch.equal(k_after[spare], k_exp[spare])
+
+
+def test_split_kv_agrees_with_one_split():
+    base = KVCase("s", lens=(33, 47), causal=True, alibi=True, dtype=torch.bfloat16)
+    one = _run(base)[0]
+    for n in (2, 3, 5):
+        many = _run(
+            KVCase("s", lens=(33, 47), causal=True, alibi=True, splits=n, dtype=torch.bfloat16)
+        )[0]
+        assert (many.float() - one.float()).abs().max().item() <= 2**-7 * 4
+
+
+def test_paged_varlen_prefill_matches_the_reference():
+    g = torch.Generator().manual_seed(3)
+    dt, page, hq, hk, d = torch.float16, 16, 4, 2, 32
+    lens_q, lens_k = [5, 1, 12], [40, 17, 12]
+    per_seq, n_blocks = 3, 12
+    kc = _rand(n_blocks, page, hk, d, dtype=dt, g=g)
+    vc = _rand(n_blocks, page, hk, d, dtype=dt, g=g)
+    bt = torch.randperm(n_blocks, generator=g)[:9].reshape(3, per_seq).to(torch.int32)
+    q = _rand(sum(lens_q), hq, d, dtype=dt, g=g)
+    cu_q = torch.tensor([0, 5, 6, 18], dtype=torch.int32)
+    cu_k = torch.tensor([0, 40, 57, 69], dtype=torch.int32)
+    slopes = torch.rand(hq, generator=g) * 0.3
+    for kw in (dict(causal=True), dict(window_size=(7, 3), alibi_slopes=slopes, softcap=10.0)):
+        out, lse, none = flash_attn_varlen_func(
+            q, kc, vc, cu_q, cu_k, 12, 40, block_table=bt, return_attn_probs=True, **kw
+        )
+        assert none is None and lse.shape == (hq, 18) and not out.requires_grad
+        for i in range(3):
+            a, z = cu_q[i].item(), cu_q[i + 1].item()
+            ks = kc[bt[i].long()].reshape(-1, hk, d)[: lens_k[i]]
+            vs = vc[bt[i].long()].reshape(-1, hk, d)[: lens_k[i]]
+            args = dict(
+                scale=d**-0.5,
+                causal=kw.get("causal", False),
+                window=kw.get("window_size", (-1, -1)),
+                softcap=kw.get("softcap", 0.0),
+                slopes=slopes if "alibi_slopes" in kw else None,
+            )
+            ref, ref_lse = _attn_ref(q[a:z], ks, vs, upcast=True, **args)
+            pt, _ = _attn_ref(q[a:z], ks, vs, upcast=False, **args)
+            err = (out[a:z].float() - ref.float()).abs().max().item()
+            pt_err = (pt.float() - ref.float()).abs().max().item()
+            assert tolerance.within(err, pt_err, ref.float().abs().max().item(), 2**-10)[0], (
+                kw,
+                i,
+                err,
+            )
+            assert (lse[:, a:z] - ref_lse).abs().max().item() <= 1e-2
+
+
+@pytest.mark.parametrize(
+    "work, sms, key_blocks, expected",
+    [
+        (200, 132, 64, 1),  # the grid already fills the GPU
+        (1, 4, 8, 4),  # 4 splits make one full wave
+        (2, 8, 100, 4),  # 3 splits reach 75% < 85% of the best (100% at 4)
+        (3, 4, 2, 1),  # at most 2 key blocks: 2 splits is no better than 1
+    ],
+)
+def test_num_splits_heuristic_follows_flash_attn(work, sms, key_blocks, expected):
+    assert num_splits_heuristic(work, sms, key_blocks) == expected
+
+
+def _small():
+    q = torch.zeros(1, 1, 2, 16, dtype=torch.float16)
+    kc = torch.zeros(1, 32, 2, 16, dtype=torch.float16)
+    return q, kc, kc.clone()
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(rotary_cos=torch.ones(32, 8), rotary_sin=torch.zeros(32, 8)), "rotary"),
+        (dict(k=torch.zeros(1, 1, 2, 16, dtype=torch.float16)), "pass both"),
+        (
+            dict(
+                k=torch.zeros(1, 1, 2, 16, dtype=torch.float16),
+                v=torch.zeros(1, 1, 2, 16, dtype=torch.float16),
+            ),
+            "cache_seqlens",
+        ),
+        (
+            dict(block_table=torch.zeros(1, 2, dtype=torch.int32), cache_batch_idx=torch.zeros(1)),
+            "cache_batch_idx",
+        ),
+    ],
+)
+def test_inconsistent_arguments_are_refused(kwargs, match):
+    q, kc, vc = _small()
+    with pytest.raises(ValueError, match=match):
+        flash_attn_with_kvcache(q, kc, vc, **kwargs)
+
+
+def test_paged_cache_too_short_for_the_lengths_is_refused():
+    q = torch.zeros(1, 1, 2, 16, dtype=torch.float16)
+    kc = torch.zeros(4, 16, 2, 16, dtype=torch.float16)
+    bt = torch.tensor([[0, 1]], dtype=torch.int32)
+    with pytest.raises(ValueError, match="block_table"):
+        flash_attn_with_kvcache(q, kc, kc.clone(), cache_seqlens=33, block_table=bt)
+
+
+def test_append_past_the_cache_raises_instead_of_writing_elsewhere():
+    q, kc, vc = _small()
+    kc = torch.zeros(2, 32, 2, 16, dtype=torch.float16)
+    vc = kc.clone()
+    k = torch.ones(1, 2, 2, 16, dtype=torch.float16)
+    with pytest.raises(IndexError):
+        flash_attn_with_kvcache(q, kc, vc, k, k.clone(), cache_seqlens=31)
+    assert not kc[1].any()  # the next sequence's rows were not written
