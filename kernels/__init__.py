@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 from . import sdpa_shim
-from .interface import flash_attn_func, flash_attn_varlen_func
+from .interface import flash_attn_fp8_func, flash_attn_func, flash_attn_varlen_func
 from .kvcache import flash_attn_with_kvcache
 from .packed import (
     flash_attn_kvpacked_func,
@@ -26,6 +26,7 @@ __all__ = [
     "flash_attn_varlen_qkvpacked_func",
     "flash_attn_varlen_kvpacked_func",
     "flash_attn_with_kvcache",
+    "flash_attn_fp8_func",
     "sdpa_shim",
 ]
 

@@ -88,7 +88,7 @@ def _signature(fn, ptr_types: dict, constexprs: dict, pointer_range: bool = Fals
     """
     sig, attrs = {}, {}
     ptr_attrs = [["tt.divisibility", 16]] + ([["tt.pointer_range", 32]] if pointer_range else [])
-    floats = {"qk_scale", "cap_in", "cap_out", "sm_scale"}
+    floats = {"qk_scale", "cap_in", "cap_out", "sm_scale", "drop_scale"}
     for i, name in enumerate(fn.arg_names):
         if name in constexprs:
             sig[name] = "constexpr"
@@ -103,6 +103,32 @@ def _signature(fn, ptr_types: dict, constexprs: dict, pointer_range: bool = Fals
             if re.match(r"^s[a-z]*_[bsh]$", name) and not name.startswith("sa_"):
                 attrs[(i,)] = [["tt.divisibility", 16]]
     return sig, attrs
+
+
+# The dropout and FP8 variants' extra arguments, None (a constexpr) where a variant is off, as the
+# launcher passes them: the default kernels compile as they did before the variants existed.
+_FWD_OFF = dict(
+    Rng=None, drop_scale=None, SDMask=None, DescQ=None, DescK=None, DescV=None,
+    HAS_DROPOUT=False, RETURN_SDMASK=False, IS_FP8=False,
+)  # fmt: skip
+_BWD_OFF = dict(Rng=None, drop_scale=None, HAS_DROPOUT=False)
+_DROPOUT = dict(Rng="*i64", drop_scale="fp32")
+
+
+def _variants(head_dim: int, cfg, base, fp8: str | None):
+    """The dropout variant of each default kernel (``<name>_dropout``) and, where the arch
+    multiplies ``fp8`` natively, the FP8 forward (``fwd_fp8``: e4m3 q/k/v, bf16 output)."""
+    out = []
+    for name, fn, ptrs, consts, tile in base:
+        c = {k: v for k, v in consts.items() if k not in _DROPOUT}
+        out.append((f"{name}_dropout", fn, dict(ptrs, Rng="*i64"), dict(c, HAS_DROPOUT=True), tile))
+    if fp8:
+        name, fn, ptrs, consts, tile = base[0]
+        c = {k: v for k, v in consts.items() if k not in ("DescQ", "DescK", "DescV")}
+        p8 = dict(ptrs, Q=f"*{fp8}", K=f"*{fp8}", V=f"*{fp8}", DescQ="*fp32", DescK="*fp32",
+                  DescV="*fp32")  # fmt: skip
+        out.append(("fwd_fp8", fn, p8, dict(c, IS_FP8=True), tile))
+    return out
 
 
 def _kernels(head_dim: int, cfg, dtype: str = "bf16"):
@@ -142,7 +168,7 @@ def _kernels(head_dim: int, cfg, dtype: str = "bf16"):
             "fwd",
             flash._attn_fwd,
             fwd_ptrs,
-            dict(flags, BLOCK_M=cfg.fwd.block_m, BLOCK_N=cfg.fwd.block_n, REVERSE=True),
+            dict(flags, BLOCK_M=cfg.fwd.block_m, BLOCK_N=cfg.fwd.block_n, REVERSE=True, **_FWD_OFF),
             cfg.fwd,
         ),
         (
@@ -156,6 +182,7 @@ def _kernels(head_dim: int, cfg, dtype: str = "bf16"):
                 ATOMIC_DQ=cfg.atomic_dq,
                 RELOAD=cfg.reload,
                 D_CHUNK=cfg.chunk_kv,
+                **_BWD_OFF,
             ),
             cfg.bwd_kv,
         ),
@@ -173,6 +200,7 @@ def _kernels(head_dim: int, cfg, dtype: str = "bf16"):
                     REVERSE=True,
                     RELOAD=cfg.reload,
                     D_CHUNK=cfg.chunk_q,
+                    **_BWD_OFF,
                 ),
                 cfg.bwd_q,
             )
@@ -295,12 +323,16 @@ def check_arch(arch: str, spec: dict, head_dims, over_2gib: bool = False) -> lis
     the JIT builds for larger tensors instead.
     """
     from .configs import config_for, for_tensors
+    from .flash import FP8_DOT
 
     os.environ.pop("TRITON_INTERPRET", None)
     reports = []
     for d in head_dims:
         cfg = for_tensors(config_for(spec["family"], d), not over_2gib)
-        for name, fn, ptrs, consts, tile in _kernels(d, cfg):
+        base = _kernels(d, cfg)
+        for name, fn, ptrs, consts, tile in base + _variants(
+            d, cfg, base, FP8_DOT.get(spec["family"])
+        ):
             try:
                 if spec["vendor"] == "amd":
                     r = _compile_amd(arch, spec, name, fn, ptrs, consts, tile, over_2gib)

@@ -14,6 +14,12 @@ Conventions shared by every kernel here:
 * Every loop over key (or query) blocks is split into masked ranges and one unmasked middle range
   whose tiles are provably full; every load of a partial tile is masked (out-of-bounds reads were
   the Qwen-Image crash).
+* Dropout and FP8 are constexpr variants (``HAS_DROPOUT``, ``RETURN_SDMASK``, ``IS_FP8``) whose
+  extra arguments are ``None`` when off; Triton makes a ``None`` argument a constexpr, so the
+  default kernels keep their signature and compile to the same code as without the variants.
+  Dropout keeps score (b, h, i, j) iff word 0 of Philox4x32-10 with counter (j, i, b * Hq + h,
+  offset) and key seed is >= ``floor(p * 2**32)`` (i, j: positions within the sequence); the
+  backward regenerates the same bits. ``kernels.dropout_ref`` is that rule in plain PyTorch.
 """
 
 from __future__ import annotations
@@ -30,6 +36,13 @@ LN2 = 0.6931471805599453
 _LOG2E = tl.constexpr(LOG2E)
 _LN2 = tl.constexpr(LN2)
 _TWO_LOG2E = tl.constexpr(2 * LOG2E)
+
+# Families whose matrix units multiply e4m3 natively, and the Triton type they take: CDNA3's MFMA
+# the FNUZ variant (torch.float8_e4m3fnuz), CDNA4/RDNA4/Hopper the OCP one (float8_e4m3fn), as in
+# ROCm/flash-attention's Triton backend (flash_attn/flash_attn_triton_amd/utils.py,
+# get_recommended_fp8_dtype; fwd_prefill.py IS_FP8 path, commit 0218cd2c, read 2026-11-24). Triton
+# would emulate fp8 elsewhere (RDNA3, CDNA2, Ampere); the launcher refuses those instead.
+FP8_DOT = {"cdna3": "fp8e4b8", "cdna4": "fp8e4nv", "rdna4": "fp8e4nv", "hopper": "fp8e4nv"}
 
 # Triton 3.6's interpreter multiplies bf16 tiles wrongly; fp32 operands are exact there (a product
 # of two bf16/fp16 values is exact in fp32), so the CPU path upcasts and keeps GPU numerics.
@@ -54,6 +67,26 @@ def _mm(a, b):
         return tl.dot(a.to(tl.float32), b.to(tl.float32))
     else:
         return tl.dot(a, b)
+
+
+@triton.jit
+def _rne_e4m3(x):
+    """Non-negative fp32 ``x`` rounded to the nearest e4m3 value, ties to even, still in fp32:
+    Triton 3.6's interpreter truncates when it converts fp32 to fp8 (GPUs round to nearest)."""
+    bits = x.to(tl.int32, bitcast=True)
+    normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -1048576).to(tl.float32, bitcast=True)
+    # Below 2**-6 the e4m3 grid is multiples of 2**-9; adding 1.5 * 2**23 rounds to an integer.
+    sub = ((x * 512.0 + 12582912.0) - 12582912.0) / 512.0
+    return tl.where(x < 0.015625, sub, normal)
+
+
+@triton.jit
+def _to_operand(p, dtype: tl.constexpr):
+    """``p`` as a matrix operand of ``dtype``, rounded to nearest in the interpreter too."""
+    if _UPCAST_DOT and dtype.is_fp8():
+        return _rne_e4m3(p).to(dtype)
+    else:
+        return p.to(dtype)
 
 
 @triton.jit
@@ -92,6 +125,30 @@ def _loop_zero(i):
 def _alibi2(Slopes, b, h, sa_b, sa_h):
     """The ALiBi slope of (b, h) in the base-2 score domain."""
     return tl.load(Slopes + b * sa_b + h * sa_h).to(tl.float32) * _LOG2E
+
+
+@triton.jit
+def _rng_state(Rng):
+    """Philox key words, counter word 3 and keep threshold from the launcher's int64
+    ``[seed, offset, threshold]`` tensor (flash_attn's rng_state plus the threshold)."""
+    seed = tl.load(Rng)
+    k0 = (seed & 0xFFFFFFFF).to(tl.uint32)
+    k1 = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    c3 = (tl.load(Rng + 1) & 0xFFFFFFFF).to(tl.uint32)
+    thresh = tl.load(Rng + 2).to(tl.uint32)
+    return k0, k1, c3, thresh
+
+
+@triton.jit
+def _keep(k0, k1, c3, thresh, bh, rows, cols):
+    """Dropout keep mask of the scores (rows, cols) of head row ``bh`` = b * Hq + h: word 0 of
+    Philox4x32-10 (Triton's tl.philox_impl, as tl.rand uses it) at counter (col, row, bh, c3)."""
+    zero = (rows + cols) * 0
+    c0 = (cols + zero).to(tl.uint32, bitcast=True)
+    c1 = (rows + zero).to(tl.uint32, bitcast=True)
+    c2 = (zero + bh).to(tl.uint32, bitcast=True)
+    r, _, _, _ = tl.philox_impl(c0, c1, c2, zero.to(tl.uint32, bitcast=True) + c3, k0, k1, 10)
+    return r >= thresh
 
 
 @triton.jit
@@ -256,10 +313,10 @@ def _seq_bounds(CuQ, CuK, b, seqlen_q, seqlen_k, IS_VARLEN: tl.constexpr):
 
 @triton.jit
 def _fwd_loop(acc, l_i, m_i, q, k_base, v_base, sk_s, sv_s, start, end, offs_m, offs_d, seqlen_k,
-              diag, qk_scale, cap_in, cap_out, alibi2, left, right,
+              diag, qk_scale, cap_in, cap_out, alibi2, left, right, k0, k1, c3, thresh, bh,
               HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr,
               HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr,
-              HAS_RIGHT: tl.constexpr, MASK: tl.constexpr):
+              HAS_RIGHT: tl.constexpr, MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr):
     offs_n0 = tl.arange(0, BLOCK_N)
     for n0 in tl.range(start, end, BLOCK_N):
         offs_n = n0 + offs_n0
@@ -278,10 +335,41 @@ def _fwd_loop(acc, l_i, m_i, q, k_base, v_base, sk_s, sv_s, start, end, offs_m, 
         alpha = tl.exp2(m_i - m_use)
         acc = acc * alpha[:, None]
         v = _load_tile(v_base, offs_n, sv_s, seqlen_k, offs_d, HEAD_DIM, MASK, EVEN_D)
-        acc = _dot(p.to(v.dtype), v, acc)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        if HAS_DROPOUT:
+            # The softmax sum counts every score; only the product with V sees the dropped ones
+            # as 0 (the 1/(1-p) scale is applied to the output once).
+            l_i = l_i * alpha + tl.sum(p, 1)
+            keep = _keep(k0, k1, c3, thresh, bh, offs_m[:, None], offs_n[None, :])
+            acc = _dot(tl.where(keep, p, 0.0).to(v.dtype), v, acc)
+        else:
+            acc = _dot(_to_operand(p, v.dtype), v, acc)
+            l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
     return acc, l_i, m_i
+
+
+@triton.jit
+def _fwd_sdmask(SDMask, bh, max_q, max_k, q, k_base, sk_s, start, end, offs_m, offs_d, seqlen_q,
+                seqlen_k, diag, qk_scale, cap_in, cap_out, alibi2, left, right, lse2, k0, k1, c3,
+                thresh, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr,
+                HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr,
+                HAS_RIGHT: tl.constexpr):
+    """flash_attn's S_dmask for tests (return_attn_probs with dropout): the normalised
+    probability of every visible score, negated where dropout drops it, into a (b, Hq, max_q,
+    max_k) fp32 tensor; a second pass over the keys once the LSE is known."""
+    offs_n0 = tl.arange(0, BLOCK_N)
+    row_base = SDMask + (bh.to(tl.int64) * max_q + offs_m[:, None]) * max_k
+    for n0 in tl.range(start, end, BLOCK_N):
+        offs_n = n0 + offs_n0
+        k = _load_tile(k_base, offs_n, sk_s, seqlen_k, offs_d, HEAD_DIM, True, EVEN_D)
+        qk = _mm(q, tl.trans(k))
+        rel = offs_n[None, :] - offs_m[:, None] - diag
+        s = _scores(qk, rel, offs_n[None, :] < seqlen_k, qk_scale, cap_in, cap_out, alibi2, left,
+                    right, HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, True)
+        p = tl.exp2(s - lse2[:, None])
+        keep = _keep(k0, k1, c3, thresh, bh, offs_m[:, None], offs_n[None, :])
+        ok = (offs_m[:, None] < seqlen_q) & (offs_n[None, :] < seqlen_k)
+        tl.store(row_base + offs_n[None, :], tl.where(keep, p, -p), mask=ok)
 
 
 @triton.jit(do_not_specialize=["seqlen_q", "seqlen_k", "left", "right"])
@@ -289,10 +377,14 @@ def _attn_fwd(
     Q, K, V, Out, LSE, CuQ, CuK, Slopes,
     sq_b, sq_s, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, so_b, so_s, so_h, sl_b, sl_h, sa_b, sa_h,
     seqlen_q, seqlen_k, num_heads_q, group, qk_scale, cap_in, cap_out, left, right,
+    Rng, drop_scale, SDMask, DescQ, DescK, DescV,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, REVERSE: tl.constexpr,
+    HAS_DROPOUT: tl.constexpr, RETURN_SDMASK: tl.constexpr, IS_FP8: tl.constexpr,
 ):
+    """Rng/drop_scale (dropout), SDMask (S_dmask) and DescQ/K/V (FP8: fp32 (batch, Hk) descale
+    factors, Q's per KV head as flash_attn 3 has them) are None when their variant is off."""
     pid_m = tl.program_id(0)
     if REVERSE:
         # Causal: the longest rows first, so the tail of the grid is short blocks.
@@ -301,12 +393,24 @@ def _attn_fwd(
     b = pid_bh // num_heads_q
     h = pid_bh % num_heads_q
     hk = h // group
+    max_q = seqlen_q
+    max_k = seqlen_k
     q_start, seqlen_q, k_start, seqlen_k = _seq_bounds(CuQ, CuK, b, seqlen_q, seqlen_k, IS_VARLEN)
     m0 = pid_m * BLOCK_M
     if m0 >= seqlen_q:
         return
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
     b64 = b.to(tl.int64)
+    if HAS_DROPOUT:
+        k0, k1, c3, thresh = _rng_state(Rng)
+    else:
+        k0, k1, c3, thresh = 0, 0, 0, 0
+    if IS_FP8:
+        # Descaling Q and K is one factor on the scores: folded into the scale (and softcap).
+        d_idx = b * (num_heads_q // group) + hk
+        qk_descale = tl.load(DescQ + d_idx) * tl.load(DescK + d_idx)
+        qk_scale = qk_scale * qk_descale
+        cap_in = cap_in * qk_descale
     q_base = _base(Q, b64, h, q_start, sq_b, sq_h, sq_s)
     k_base = _base(K, b64, hk, k_start, sk_b, sk_h, sk_s)
     v_base = _base(V, b64, hk, k_start, sv_b, sv_h, sv_s)
@@ -323,20 +427,32 @@ def _attn_fwd(
     if HAS_LEFT:
         acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, k_base, v_base, sk_s, sv_s, lo, full_lo,
                                   offs_m, offs_d, seqlen_k, diag, qk_scale, cap_in, cap_out, alibi2,
-                                  left, right, HEAD_DIM, BLOCK_N, EVEN_D, HAS_SOFTCAP, HAS_ALIBI,
-                                  HAS_LEFT, HAS_RIGHT, True)
+                                  left, right, k0, k1, c3, thresh, pid_bh, HEAD_DIM, BLOCK_N,
+                                  EVEN_D, HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, True,
+                                  HAS_DROPOUT)
     acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, k_base, v_base, sk_s, sv_s, full_lo, full_hi,
                               offs_m, offs_d, seqlen_k, diag, qk_scale, cap_in, cap_out, alibi2,
-                              left, right, HEAD_DIM, BLOCK_N, EVEN_D, HAS_SOFTCAP, HAS_ALIBI,
-                              HAS_LEFT, HAS_RIGHT, False)
+                              left, right, k0, k1, c3, thresh, pid_bh, HEAD_DIM, BLOCK_N, EVEN_D,
+                              HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, False, HAS_DROPOUT)
     acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, k_base, v_base, sk_s, sv_s, full_hi, hi,
                               offs_m, offs_d, seqlen_k, diag, qk_scale, cap_in, cap_out, alibi2,
-                              left, right, HEAD_DIM, BLOCK_N, EVEN_D, HAS_SOFTCAP, HAS_ALIBI,
-                              HAS_LEFT, HAS_RIGHT, True)
+                              left, right, k0, k1, c3, thresh, pid_bh, HEAD_DIM, BLOCK_N, EVEN_D,
+                              HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, True, HAS_DROPOUT)
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
-    out = acc / l_safe[:, None]
+    if HAS_DROPOUT:
+        out = acc * (drop_scale / l_safe)[:, None]
+    elif IS_FP8:
+        out = acc * (tl.load(DescV + b * (num_heads_q // group) + hk) / l_safe)[:, None]
+    else:
+        out = acc / l_safe[:, None]
     lse = tl.where(empty, float("inf"), (m_i + tl.log2(l_safe)) * _LN2)
+    if RETURN_SDMASK:
+        lse2 = tl.where(empty, float("inf"), m_i + tl.log2(l_safe))
+        _fwd_sdmask(SDMask, pid_bh, max_q, max_k, q, k_base, sk_s, lo, hi, offs_m, offs_d, seqlen_q,
+                    seqlen_k, diag, qk_scale, cap_in, cap_out, alibi2, left, right, lse2, k0, k1,
+                    c3, thresh, HEAD_DIM, BLOCK_N, EVEN_D, HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
+                    HAS_RIGHT)
     o_base = _base(Out, b64, h, q_start, so_b, so_h, so_s)
     row_ok = offs_m < seqlen_q
     o_ptrs = _tile(o_base, offs_m, so_s, offs_d)
@@ -380,11 +496,12 @@ def _attn_bwd_delta(
 def _dkdv_loop(dk, dv, k, v, k_ptrs, v_ptrs, k_rows, v_rows, q_base, do_base, lse_base,
                delta_base, dq_base, sq_s, sdo_s, sdq_s, start, end, offs_n, offs_d, seqlen_q,
                seqlen_k, diag, qk_scale, cap_in, cap_out, alibi2, left, right, sm_scale,
+               k0, k1, c3, thresh, bh, drop_scale,
                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_D: tl.constexpr,
                HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr,
                HAS_RIGHT: tl.constexpr, ATOMIC_DQ: tl.constexpr, RELOAD: tl.constexpr,
                MASK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-               D_CHUNK: tl.constexpr):
+               D_CHUNK: tl.constexpr, HAS_DROPOUT: tl.constexpr):
     offs_m0 = tl.arange(0, BLOCK_M)
     for m0 in tl.range(start, end, BLOCK_M):
         offs_m = m0 + offs_m0
@@ -418,13 +535,19 @@ def _dkdv_loop(dk, dv, k, v, k_ptrs, v_ptrs, k_rows, v_rows, q_base, do_base, ls
             dp_t = _mm_chunked(tl.zeros([BLOCK_N, BLOCK_M], tl.float32), v_rows + bump, offs_n,
                                seqlen_k, True, do_rows, offs_m, seqlen_q, MASK, HEAD_DIM, BLOCK_D,
                                D_CHUNK, EVEN_D)
+            if HAS_DROPOUT:
+                keep_t = _keep(k0, k1, c3, thresh, bh, offs_m[None, :], offs_n[:, None])
+                dp_t = tl.where(keep_t, dp_t * drop_scale, 0.0)
             ds_t = p_t * (dp_t - delta[None, :])
             if HAS_SOFTCAP:
                 t = _tanh(qk_t * cap_in)
                 ds_t = ds_t * (1.0 - t * t)
             do = _load_rows(do_rows + offs_d[None, :], offs_m, seqlen_q, offs_d, HEAD_DIM, MASK,
                             EVEN_D)
-            dv = _dot(p_t.to(do.dtype), do, dv)
+            if HAS_DROPOUT:
+                dv = _dot(tl.where(keep_t, p_t * drop_scale, 0.0).to(do.dtype), do, dv)
+            else:
+                dv = _dot(p_t.to(do.dtype), do, dv)
             q = _load_rows(q_rows + offs_d[None, :], offs_m, seqlen_q, offs_d, HEAD_DIM, MASK,
                            EVEN_D)
             ds_lo = ds_t.to(q.dtype)
@@ -433,8 +556,15 @@ def _dkdv_loop(dk, dv, k, v, k_ptrs, v_ptrs, k_rows, v_rows, q_base, do_base, ls
                 k = _load_rows(k_ptrs + bump, offs_n, seqlen_k, offs_d, HEAD_DIM, True, EVEN_D)
         else:
             do = _load_tile(do_base, offs_m, sdo_s, seqlen_q, offs_d, HEAD_DIM, MASK, EVEN_D)
-            dv = _dot(p_t.to(do.dtype), do, dv)
-            dp_t = _mm(v, tl.trans(do))
+            if HAS_DROPOUT:
+                # With Z = keep / (1 - p): dV = (P o Z)^T dO and dP = (dO V^T) o Z; delta =
+                # rowsum(O o dO) is unchanged because O already carries Z.
+                keep_t = _keep(k0, k1, c3, thresh, bh, offs_m[None, :], offs_n[:, None])
+                dv = _dot(tl.where(keep_t, p_t * drop_scale, 0.0).to(do.dtype), do, dv)
+                dp_t = tl.where(keep_t, _mm(v, tl.trans(do)) * drop_scale, 0.0)
+            else:
+                dv = _dot(p_t.to(do.dtype), do, dv)
+                dp_t = _mm(v, tl.trans(do))
             ds_t = p_t * (dp_t - delta[None, :])
             if HAS_SOFTCAP:
                 t = _tanh(qk_t * cap_in)
@@ -455,10 +585,11 @@ def _attn_bwd_dkdv(
     sq_b, sq_s, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, sdo_b, sdo_s, sdo_h,
     sdk_b, sdk_s, sdk_h, sdv_b, sdv_s, sdv_h, sdq_b, sdq_s, sdq_h, sl_b, sl_h, sa_b, sa_h,
     seqlen_q, seqlen_k, num_heads_k, group, sm_scale, qk_scale, cap_in, cap_out, left, right,
+    Rng, drop_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-    RELOAD: tl.constexpr, D_CHUNK: tl.constexpr,
+    RELOAD: tl.constexpr, D_CHUNK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
 ):
     """One program per (key block, batch, kv head); loops over the GQA group's query heads."""
     pid_n = tl.program_id(0)
@@ -483,6 +614,10 @@ def _attn_bwd_dkdv(
     v = _load_rows(v_ptrs, offs_n, seqlen_k, offs_d, HEAD_DIM, True, EVEN_D)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    if HAS_DROPOUT:
+        k0, k1, c3, thresh = _rng_state(Rng)
+    else:
+        k0, k1, c3, thresh = 0, 0, 0, 0
     diag = seqlen_k - seqlen_q
     lo, full_lo, full_hi, hi = _query_ranges(n0, seqlen_q, seqlen_k, left, right, BLOCK_M, BLOCK_N,
                                              HAS_LEFT, HAS_RIGHT)
@@ -495,25 +630,28 @@ def _attn_bwd_dkdv(
         lse_base = _row_base(LSE, b64, h64, q_start, sl_b, sl_h)
         delta_base = _row_base(Delta, b64, h64, q_start, sl_b, sl_h)
         alibi2 = _alibi2(Slopes, b, h, sa_b, sa_h) if HAS_ALIBI else 0.0
+        bh = b * (num_heads_k * group) + h
         if HAS_RIGHT:
             dk, dv = _dkdv_loop(dk, dv, k, v, k_ptrs, v_ptrs, k_rows, v_rows, q_base, do_base,
                                 lse_base, delta_base, dq_base, sq_s, sdo_s, sdq_s, lo, full_lo,
                                 offs_n, offs_d, seqlen_q, seqlen_k, diag, qk_scale, cap_in, cap_out,
-                                alibi2, left, right, sm_scale, HEAD_DIM, BLOCK_M, EVEN_D,
-                                HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, ATOMIC_DQ, RELOAD,
-                                True, BLOCK_N, BLOCK_D, D_CHUNK)
+                                alibi2, left, right, sm_scale, k0, k1, c3, thresh, bh, drop_scale,
+                                HEAD_DIM, BLOCK_M, EVEN_D, HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
+                                HAS_RIGHT, ATOMIC_DQ, RELOAD, True, BLOCK_N, BLOCK_D, D_CHUNK, HAS_DROPOUT)
         dk, dv = _dkdv_loop(dk, dv, k, v, k_ptrs, v_ptrs, k_rows, v_rows, q_base, do_base,
                             lse_base, delta_base, dq_base, sq_s, sdo_s, sdq_s, full_lo, full_hi,
                             offs_n, offs_d, seqlen_q, seqlen_k, diag, qk_scale, cap_in, cap_out,
-                            alibi2, left, right, sm_scale, HEAD_DIM, BLOCK_M, EVEN_D,
-                            HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, ATOMIC_DQ, RELOAD,
-                            False, BLOCK_N, BLOCK_D, D_CHUNK)
+                            alibi2, left, right, sm_scale, k0, k1, c3, thresh, bh, drop_scale,
+                            HEAD_DIM, BLOCK_M, EVEN_D, HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
+                            HAS_RIGHT, ATOMIC_DQ, RELOAD,
+                            False, BLOCK_N, BLOCK_D, D_CHUNK, HAS_DROPOUT)
         dk, dv = _dkdv_loop(dk, dv, k, v, k_ptrs, v_ptrs, k_rows, v_rows, q_base, do_base,
                             lse_base, delta_base, dq_base, sq_s, sdo_s, sdq_s, full_hi, hi,
                             offs_n, offs_d, seqlen_q, seqlen_k, diag, qk_scale, cap_in, cap_out,
-                            alibi2, left, right, sm_scale, HEAD_DIM, BLOCK_M, EVEN_D,
-                            HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, ATOMIC_DQ, RELOAD,
-                            True, BLOCK_N, BLOCK_D, D_CHUNK)
+                            alibi2, left, right, sm_scale, k0, k1, c3, thresh, bh, drop_scale,
+                            HEAD_DIM, BLOCK_M, EVEN_D, HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
+                            HAS_RIGHT, ATOMIC_DQ, RELOAD,
+                            True, BLOCK_N, BLOCK_D, D_CHUNK, HAS_DROPOUT)
     dk = dk * sm_scale
     st_mask = _tile_mask(offs_n < seqlen_k, offs_d, HEAD_DIM, EVEN_D)
     dk_base = _base(DK, b64, hk, k_start, sdk_b, sdk_h, sdk_s)
@@ -525,11 +663,12 @@ def _attn_bwd_dkdv(
 @triton.jit
 def _dq_loop(dq, q, do, q_ptrs, do_ptrs, q_rows, do_rows, seqlen_q, lse2, delta, k_base, v_base,
              sk_s, sv_s, start, end, offs_m, offs_d, seqlen_k, diag, qk_scale, cap_in, cap_out,
-             alibi2, left, right,
+             alibi2, left, right, k0, k1, c3, thresh, bh, drop_scale,
              HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr,
              HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr,
              HAS_RIGHT: tl.constexpr, RELOAD: tl.constexpr, MASK: tl.constexpr,
-             BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, D_CHUNK: tl.constexpr):
+             BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, D_CHUNK: tl.constexpr,
+             HAS_DROPOUT: tl.constexpr):
     offs_n0 = tl.arange(0, BLOCK_N)
     for n0 in tl.range(start, end, BLOCK_N):
         offs_n = n0 + offs_n0
@@ -557,6 +696,9 @@ def _dq_loop(dq, q, do, q_ptrs, do_ptrs, q_rows, do_rows, seqlen_q, lse2, delta,
                              MASK, HEAD_DIM, BLOCK_D, D_CHUNK, EVEN_D)
         else:
             dp = _mm(do, tl.trans(v))
+        if HAS_DROPOUT:
+            keep = _keep(k0, k1, c3, thresh, bh, offs_m[:, None], offs_n[None, :])
+            dp = tl.where(keep, dp * drop_scale, 0.0)
         ds = p * (dp - delta[:, None])
         if HAS_SOFTCAP:
             t = _tanh(qk * cap_in)
@@ -574,10 +716,11 @@ def _attn_bwd_dq(
     sq_b, sq_s, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, sdo_b, sdo_s, sdo_h,
     sdq_b, sdq_s, sdq_h, sl_b, sl_h, sa_b, sa_h,
     seqlen_q, seqlen_k, num_heads_q, group, sm_scale, qk_scale, cap_in, cap_out, left, right,
+    Rng, drop_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, REVERSE: tl.constexpr,
-    RELOAD: tl.constexpr, D_CHUNK: tl.constexpr,
+    RELOAD: tl.constexpr, D_CHUNK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
 ):
     """One program per (query block, batch, query head): dQ without atomics."""
     pid_m = tl.program_id(0)
@@ -613,21 +756,28 @@ def _attn_bwd_dq(
     alibi2 = _alibi2(Slopes, b, h, sa_b, sa_h) if HAS_ALIBI else 0.0
     diag = seqlen_k - seqlen_q
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    if HAS_DROPOUT:
+        k0, k1, c3, thresh = _rng_state(Rng)
+    else:
+        k0, k1, c3, thresh = 0, 0, 0, 0
     lo, full_lo, full_hi, hi = _key_ranges(m0, seqlen_q, seqlen_k, left, right, BLOCK_M, BLOCK_N,
                                            HAS_LEFT, HAS_RIGHT)
     if HAS_LEFT:
         dq = _dq_loop(dq, q, do, q_ptrs, do_ptrs, q_rows, do_rows, seqlen_q, lse2, delta, k_base,
                       v_base, sk_s, sv_s, lo, full_lo, offs_m, offs_d, seqlen_k, diag, qk_scale,
-                      cap_in, cap_out, alibi2, left, right, HEAD_DIM, BLOCK_N, EVEN_D, HAS_SOFTCAP,
-                      HAS_ALIBI, HAS_LEFT, HAS_RIGHT, RELOAD, True, BLOCK_M, BLOCK_D, D_CHUNK)
+                      cap_in, cap_out, alibi2, left, right, k0, k1, c3, thresh, pid_bh, drop_scale,
+                      HEAD_DIM, BLOCK_N, EVEN_D, HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT,
+                      RELOAD, True, BLOCK_M, BLOCK_D, D_CHUNK, HAS_DROPOUT)
     dq = _dq_loop(dq, q, do, q_ptrs, do_ptrs, q_rows, do_rows, seqlen_q, lse2, delta, k_base,
                   v_base, sk_s, sv_s, full_lo, full_hi, offs_m, offs_d, seqlen_k, diag, qk_scale,
-                  cap_in, cap_out, alibi2, left, right, HEAD_DIM, BLOCK_N, EVEN_D, HAS_SOFTCAP,
-                  HAS_ALIBI, HAS_LEFT, HAS_RIGHT, RELOAD, False, BLOCK_M, BLOCK_D, D_CHUNK)
+                  cap_in, cap_out, alibi2, left, right, k0, k1, c3, thresh, pid_bh, drop_scale,
+                  HEAD_DIM, BLOCK_N, EVEN_D, HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, RELOAD,
+                  False, BLOCK_M, BLOCK_D, D_CHUNK, HAS_DROPOUT)
     dq = _dq_loop(dq, q, do, q_ptrs, do_ptrs, q_rows, do_rows, seqlen_q, lse2, delta, k_base,
                   v_base, sk_s, sv_s, full_hi, hi, offs_m, offs_d, seqlen_k, diag, qk_scale,
-                  cap_in, cap_out, alibi2, left, right, HEAD_DIM, BLOCK_N, EVEN_D, HAS_SOFTCAP,
-                  HAS_ALIBI, HAS_LEFT, HAS_RIGHT, RELOAD, True, BLOCK_M, BLOCK_D, D_CHUNK)
+                  cap_in, cap_out, alibi2, left, right, k0, k1, c3, thresh, pid_bh, drop_scale,
+                  HEAD_DIM, BLOCK_N, EVEN_D, HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, RELOAD,
+                  True, BLOCK_M, BLOCK_D, D_CHUNK, HAS_DROPOUT)
     dq = dq * sm_scale
     dq_base = _base(DQ, b64, h64, q_start, sdq_b, sdq_h, sdq_s)
     dq_ptrs = _tile(dq_base, offs_m, sdq_s, offs_d)

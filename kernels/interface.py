@@ -1,4 +1,5 @@
-"""flash_attn-compatible entry points (``flash_attn_func``, ``flash_attn_varlen_func``) with autograd."""
+"""flash_attn-compatible entry points (``flash_attn_func``, ``flash_attn_varlen_func``) with autograd,
+and the forward-only FP8 entry point ``flash_attn_fp8_func``."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import triton
 
 from . import autotune, configs
 from ._compat import patch_interpreter
-from .flash import LOG2E, _attn_bwd_delta, _attn_bwd_dkdv, _attn_bwd_dq, _attn_fwd
+from .flash import FP8_DOT, LOG2E, _attn_bwd_delta, _attn_bwd_dkdv, _attn_bwd_dq, _attn_fwd
 
-__all__ = ["flash_attn_func", "flash_attn_varlen_func", "attention"]
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_fp8_func", "attention"]
 
 patch_interpreter()
 
@@ -24,6 +25,66 @@ class Mask:
     left: int | None = None
     right: int | None = None
     softcap: float = 0.0
+
+
+@dataclass(frozen=True)
+class Dropout:
+    """The dropout of one call: probability, the int64 ``[seed, offset, threshold]`` tensor the
+    kernels read (kept for the backward, like flash_attn's ``rng_state``) and, when
+    ``return_attn_probs`` asks for it, the S_dmask tensor the forward fills."""
+
+    p: float
+    rng: torch.Tensor
+    sdmask: torch.Tensor | None = None
+
+    @property
+    def scale(self) -> float:
+        return 1.0 / (1.0 - self.p)
+
+
+def philox_seed_offset(device: torch.device, increment: int) -> tuple[int, int]:
+    """(seed, offset) for one dropout call from torch's default generator of ``device``.
+
+    On a GPU this is flash_attn's rule (csrc/flash_attn/flash_api.cpp: the generator's Philox seed
+    and offset, the offset then advanced by ``increment`` = batch * heads * 32), so
+    ``torch.manual_seed`` reproduces a run and later draws see the generator where flash_attn
+    would leave it. The CPU generator of Triton's interpreter has no Philox offset: both numbers
+    are drawn from it, which ``torch.manual_seed`` reproduces too.
+    """
+    if device.type == "cuda":
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                "dropout cannot be captured in a CUDA graph by attnforge's kernels (the Philox "
+                "offset is read on the host); capture with dropout_p=0 or run eagerly"
+            )
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        gen = torch.cuda.default_generators[index]
+        seed, offset = gen.initial_seed(), gen.get_offset()
+        gen.set_offset(offset + increment)
+        return seed, offset
+    seed, offset = torch.randint(0, 2**62, (2,)).tolist()
+    return seed, offset
+
+
+def keep_threshold(p: float) -> int:
+    """A score is kept when its 32-bit Philox word is >= this: P(keep) = 1 - threshold / 2**32."""
+    return min(int(p * 2**32), 2**32 - 1)
+
+
+def _dropout(q, p: float, batch: int, hq: int, max_q: int, max_k: int, sdmask: bool):
+    """The :class:`Dropout` of a call (None when ``p`` is 0), advancing torch's generator."""
+    if not p:
+        return None
+    p = float(p)
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {p}")
+    seed, offset = philox_seed_offset(q.device, batch * hq * 32)
+    seed = seed - 2**64 if seed >= 2**63 else seed  # the uint64 seed's bits in an int64
+    rng = torch.tensor([seed, offset, keep_threshold(p)], dtype=torch.int64, device=q.device)
+    probs = None
+    if sdmask:
+        probs = torch.zeros((batch, hq, max_q, max_k), dtype=torch.float32, device=q.device)
+    return Dropout(p, rng, probs)
 
 
 class _Seq:
@@ -62,8 +123,14 @@ def _slopes(alibi_slopes, batch: int, heads: int, device):
     return a, a.stride(0), a.stride(1)
 
 
-def _common(q, k, v, mask: Mask, scale: float):
-    if q.dtype not in (torch.float16, torch.bfloat16):
+FP8_TYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+
+
+def _common(q, k, v, mask: Mask, scale: float, fp8: bool = False):
+    if fp8:
+        if q.dtype not in FP8_TYPES:
+            raise TypeError(f"q must be float8_e4m3fn or float8_e4m3fnuz, got {q.dtype}")
+    elif q.dtype not in (torch.float16, torch.bfloat16):
         raise TypeError(f"q must be float16 or bfloat16, got {q.dtype}")
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise TypeError("q, k and v must share a dtype")
@@ -86,10 +153,16 @@ def _common(q, k, v, mask: Mask, scale: float):
     return d, hq, hk, cfg, hip, softcap, cap_in, cap_out
 
 
-def _forward(q, k, v, cu_q, cu_k, max_q, max_k, batch, scale, mask: Mask, alibi, varlen):
+def _forward(
+    q, k, v, cu_q, cu_k, max_q, max_k, batch, scale, mask: Mask, alibi, varlen,
+    drop: Dropout | None = None, descale=None, out_dtype=None,
+):  # fmt: skip
+    """(out, lse). ``drop``: dropout (fills ``drop.sdmask`` when it has one); ``descale``: FP8
+    (q/k/v e4m3 with fp32 (batch, Hk) descale tensors (dq, dk, dv)), output in ``out_dtype``."""
     qs, ks, vs = _Seq(q, varlen), _Seq(k, varlen), _Seq(v, varlen)
-    d, hq, hk, cfg, hip, softcap, cap_in, cap_out = _common(qs.t, ks.t, vs.t, mask, scale)
-    out = torch.empty(qs.t.shape, dtype=q.dtype, device=q.device)
+    fp8 = descale is not None
+    d, hq, hk, cfg, hip, softcap, cap_in, cap_out = _common(qs.t, ks.t, vs.t, mask, scale, fp8)
+    out = torch.empty(qs.t.shape, dtype=out_dtype or q.dtype, device=q.device)
     os_ = _Seq(out, varlen).strides
     if varlen:
         lse = torch.empty((hq, q.shape[0]), dtype=torch.float32, device=q.device)
@@ -99,7 +172,10 @@ def _forward(q, k, v, cu_q, cu_k, max_q, max_k, batch, scale, mask: Mask, alibi,
         lse_strides = (lse.stride(0), lse.stride(1))
     slopes, sa_b, sa_h = _slopes(alibi, batch, hq, q.device)
     bd = configs.padded_head_dim(d)
+    if fp8:
+        bd = max(bd, 32)  # fp8 dots take K >= 32 on some targets (wgmma k32)
     dummy = cu_q if cu_q is not None else out
+    desc_q, desc_k, desc_v = descale if fp8 else (None, None, None)
 
     def launch(c: configs.AttnConfig):
         t = c.fwd
@@ -129,6 +205,12 @@ def _forward(q, k, v, cu_q, cu_k, max_q, max_k, batch, scale, mask: Mask, alibi,
             cap_out,
             mask.left or 0,
             mask.right or 0,
+            drop.rng if drop else None,
+            drop.scale if drop else None,
+            drop.sdmask if drop else None,
+            desc_q,
+            desc_k,
+            desc_v,
             HEAD_DIM=d,
             BLOCK_D=bd,
             BLOCK_M=t.block_m,
@@ -139,19 +221,23 @@ def _forward(q, k, v, cu_q, cu_k, max_q, max_k, batch, scale, mask: Mask, alibi,
             HAS_SOFTCAP=softcap > 0,
             HAS_ALIBI=slopes is not None,
             REVERSE=mask.right is not None,
+            HAS_DROPOUT=drop is not None,
+            RETURN_SDMASK=drop is not None and drop.sdmask is not None,
+            IS_FP8=fp8,
             **t.launch_options(hip),
         )
 
     key = autotune.key("fwd", q, d, mask, softcap > 0, slopes is not None, varlen)
-    launch(autotune.choose(key, cfg, launch))
+    launch(autotune.choose(key + "|dropout" if key and drop else key, cfg, launch))
     return out, lse
 
 
 def _backward(
     do, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, batch, scale, mask: Mask, alibi, varlen,
-    grads=None,
+    grads=None, drop: Dropout | None = None,
 ):  # fmt: skip
-    """dQ, dK, dV; ``grads`` = (dq, dk, dv) to write into (views of one pack: kernels/packed.py)."""
+    """dQ, dK, dV; ``grads`` = (dq, dk, dv) to write into (views of one pack: kernels/packed.py);
+    ``drop``: the forward's dropout, whose mask the kernels regenerate."""
     qs, ks, vs = _Seq(q, varlen), _Seq(k, varlen), _Seq(v, varlen)
     dos, outs = _Seq(do, varlen), _Seq(out, varlen)
     d, hq, hk, cfg, hip, softcap, cap_in, cap_out = _common(qs.t, ks.t, vs.t, mask, scale)
@@ -173,7 +259,9 @@ def _backward(
         HAS_RIGHT=mask.right is not None,
         HAS_SOFTCAP=softcap > 0,
         HAS_ALIBI=slopes is not None,
+        HAS_DROPOUT=drop is not None,
     )
+    drop_args = (drop.rng, drop.scale) if drop else (None, None)
     pre_m = 64
     _attn_bwd_delta[(triton.cdiv(max_q, pre_m), batch * hq)](
         outs.t,
@@ -234,6 +322,7 @@ def _backward(
             hk,
             hq // hk,
             *scal,
+            *drop_args,
             BLOCK_M=tk.block_m,
             BLOCK_N=tk.block_n,
             ATOMIC_DQ=c.atomic_dq,
@@ -269,6 +358,7 @@ def _backward(
                 hq,
                 hq // hk,
                 *scal,
+                *drop_args,
                 BLOCK_M=tq.block_m,
                 BLOCK_N=tq.block_n,
                 REVERSE=mask.right is not None,
@@ -281,27 +371,34 @@ def _backward(
         return dq
 
     key = autotune.key("bwd", q, d, mask, softcap > 0, slopes is not None, varlen)
-    dq = launch(autotune.choose(key, cfg, launch))
+    dq = launch(autotune.choose(key + "|dropout" if key and drop else key, cfg, launch))
     return dq, dk, dv
 
 
 class _FlashAttn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi, varlen):
-        out, lse = _forward(q, k, v, cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi, varlen)
+    def forward(
+        ctx, q, k, v, cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi, varlen, drop=None
+    ):
+        out, lse = _forward(
+            q, k, v, cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi, varlen, drop=drop
+        )
         ctx.mark_non_differentiable(lse)
         ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, alibi)
-        ctx.meta = (max_q, max_k, batch, scale, mask, varlen)
+        ctx.meta = (max_q, max_k, batch, scale, mask, varlen, drop)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, out, lse, cu_q, cu_k, alibi = ctx.saved_tensors
-        max_q, max_k, batch, scale, mask, varlen = ctx.meta
+        max_q, max_k, batch, scale, mask, varlen, drop = ctx.meta
         dq, dk, dv = _backward(
-            dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi, varlen
-        )
-        return dq, dk, dv, None, None, None, None, None, None, None, None, None
+            dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi, varlen,
+            drop=drop,
+        )  # fmt: skip
+        # One gradient per forward input; autograd drops the trailing None when ``drop`` was not
+        # passed.
+        return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
 
 
 def _mask_from_flash_args(causal: bool, window_size, softcap: float) -> Mask:
@@ -311,13 +408,6 @@ def _mask_from_flash_args(causal: bool, window_size, softcap: float) -> Mask:
     if causal:
         right = 0
     return Mask(left=left, right=right, softcap=float(softcap or 0.0))
-
-
-def _check_dropout(dropout_p: float):
-    if dropout_p and dropout_p > 0.0:
-        raise NotImplementedError(
-            "attnforge kernels do not implement dropout (dropout_p must be 0)"
-        )
 
 
 def attention(q, k, v, *, scale: float, mask: Mask, alibi_slopes=None):
@@ -342,15 +432,24 @@ def flash_attn_func(
 ):
     """flash_attn.flash_attn_func: q (B, Sq, Hq, D), k/v (B, Sk, Hk, D) -> out (B, Sq, Hq, D).
 
-    With ``return_attn_probs`` returns (out, softmax_lse, None): attention probabilities are
-    never materialised. ``deterministic`` is accepted; the default dQ path has no atomics.
+    ``dropout_p > 0`` drops attention probabilities with a Philox mask seeded from torch's
+    generator (``torch.manual_seed`` reproduces it) and regenerated in the backward. With
+    ``return_attn_probs`` returns (out, softmax_lse, S_dmask): S_dmask is None without dropout
+    (as in flash_attn); with dropout it is (B, Hq, Sq, Sk) fp32, the attention probabilities
+    negated where dropped (kept: ``S_dmask >= 0``), 0 where a key is not visible; it holds the
+    whole score matrix, so it is for small shapes (tests). ``deterministic`` is accepted; the
+    default dQ path has no atomics.
     """
-    _check_dropout(dropout_p)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     mask = _mask_from_flash_args(causal, window_size, softcap)
-    out, lse = attention(q, k, v, scale=scale, mask=mask, alibi_slopes=alibi_slopes)
+    b, sq, hq = q.shape[0], q.shape[1], q.shape[2]
+    sk = k.shape[1]
+    drop = _dropout(q, dropout_p, b, hq, sq, sk, return_attn_probs)
+    out, lse = _FlashAttn.apply(
+        q, k, v, None, None, sq, sk, b, scale, mask, alibi_slopes, False, drop
+    )
     if return_attn_probs:
-        return out, lse, None
+        return out, lse, drop.sdmask if drop else None
     return out
 
 
@@ -372,9 +471,16 @@ def flash_attn_varlen_func(
     return_attn_probs=False,
     block_table=None,
 ):
-    """flash_attn.flash_attn_varlen_func: q (total_q, Hq, D), k/v (total_k, Hk, D), int32 cu_seqlens."""
-    _check_dropout(dropout_p)
+    """flash_attn.flash_attn_varlen_func: q (total_q, Hq, D), k/v (total_k, Hk, D), int32 cu_seqlens.
+
+    Dropout as in :func:`flash_attn_func`; S_dmask is (batch, Hq, max_seqlen_q, max_seqlen_k),
+    each sequence's scores at its own positions from (0, 0).
+    """
     if block_table is not None:  # paged KV: forward only, through the KV-cache kernel
+        if dropout_p:
+            raise NotImplementedError(
+                "dropout is not implemented for paged KV (block_table); pass dropout_p=0"
+            )
         from .kvcache import paged_varlen_forward
 
         return paged_varlen_forward(
@@ -387,20 +493,108 @@ def flash_attn_varlen_func(
     cu_q = cu_seqlens_q.to(torch.int32)
     cu_k = cu_seqlens_k.to(torch.int32)
     batch = cu_q.numel() - 1
+    max_q, max_k = int(max_seqlen_q), int(max_seqlen_k)
+    drop = _dropout(q, dropout_p, batch, q.shape[1], max_q, max_k, return_attn_probs)
     out, lse = _FlashAttn.apply(
-        q,
-        k,
-        v,
-        cu_q,
-        cu_k,
-        int(max_seqlen_q),
-        int(max_seqlen_k),
-        batch,
-        scale,
-        mask,
-        alibi_slopes,
-        True,
+        q, k, v, cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi_slopes, True, drop
     )
+    if return_attn_probs:
+        return out, lse, drop.sdmask if drop else None
+    return out
+
+
+def fp8_dtype_for(device) -> torch.dtype:
+    """The e4m3 type the device's matrix units multiply natively, or a NotImplementedError that
+    names the arch when they have none (Triton would emulate fp8 there: RDNA3, CDNA2, Ampere)."""
+    family = configs.device_family(device)
+    if family == "interpreter":
+        return torch.float8_e4m3fn  # the interpreter has no FNUZ types
+    if configs.is_hip():
+        arch = torch.cuda.get_device_properties(device).gcnArchName.split(":")[0]
+        name = FP8_DOT.get(family)
+    else:
+        major, minor = torch.cuda.get_device_capability(device)
+        arch = f"sm{major}{minor}"
+        name = "fp8e4nv" if (major, minor) >= (8, 9) else None
+    if name is None:
+        raise NotImplementedError(
+            f"FP8 attention needs fp8 matrix instructions, which {arch} ({family}) does not have; "
+            "run it on gfx942, gfx950, gfx12xx or NVIDIA sm89+, or use flash_attn_func in bf16"
+        )
+    return torch.float8_e4m3fnuz if name == "fp8e4b8" else torch.float8_e4m3fn
+
+
+def _descale(d, name: str, batch: int, hk: int, device) -> torch.Tensor:
+    """A descale factor as the kernel reads it: fp32 (batch, Hk), contiguous."""
+    t = torch.ones(1) if d is None else torch.as_tensor(d)
+    t = t.to(device=device, dtype=torch.float32)
+    if t.numel() == 1:
+        t = t.reshape(1, 1)
+    elif tuple(t.shape) == (hk,):
+        t = t.reshape(1, hk)
+    elif tuple(t.shape) != (batch, hk):
+        raise ValueError(
+            f"{name} must be one number (per tensor), ({hk},) or ({batch}, {hk}) (per batch and "
+            f"key/value head), got shape {tuple(t.shape)}"
+        )
+    return t.expand(batch, hk).contiguous()
+
+
+def flash_attn_fp8_func(
+    q,
+    k,
+    v,
+    descale_q=None,
+    descale_k=None,
+    descale_v=None,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    out_dtype=torch.bfloat16,
+    return_attn_probs=False,
+):
+    """FP8 attention forward: e4m3 q (B, Sq, Hq, D), k/v (B, Sk, Hk, D) -> out (B, Sq, Hq, D).
+
+    The real inputs are ``q * descale_q`` etc.: descale factors are one number per tensor or
+    one per (batch, key/value head), shaped (Hk,) or (B, Hk) as flash_attn 3 takes them (Q's
+    too are per key/value head); None means 1. Scores and the softmax accumulate in fp32, P is
+    rounded to e4m3 for the P.V product (as ROCm's Triton backend does), and ``out_dtype`` is
+    bfloat16 or float16. Forward only (no autograd). The dtype must be the one the GPU
+    multiplies natively (:func:`fp8_dtype_for`: float8_e4m3fnuz on gfx942, float8_e4m3fn on
+    gfx950, gfx12xx and sm89+); other GPUs raise NotImplementedError naming the arch. With
+    ``return_attn_probs`` returns (out, softmax_lse, None).
+    """
+    if out_dtype not in (torch.bfloat16, torch.float16):
+        raise TypeError(f"out_dtype must be torch.bfloat16 or torch.float16, got {out_dtype}")
+    if q.dtype not in FP8_TYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(
+            f"q, k and v must share an e4m3 dtype (float8_e4m3fn or float8_e4m3fnuz), got "
+            f"{q.dtype}, {k.dtype}, {v.dtype}"
+        )
+    native = fp8_dtype_for(q.device)
+    if q.dtype != native:
+        raise TypeError(
+            f"this GPU multiplies {native} natively, got {q.dtype}; quantise to {native} "
+            f"(its largest value is {torch.finfo(native).max:g})"
+        )
+    b, sq, sk, hk = q.shape[0], q.shape[1], k.shape[1], k.shape[2]
+    descale = tuple(
+        _descale(t, name, b, hk, q.device)
+        for t, name in (
+            (descale_q, "descale_q"),
+            (descale_k, "descale_k"),
+            (descale_v, "descale_v"),
+        )
+    )
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    mask = _mask_from_flash_args(causal, window_size, softcap)
+    with torch.no_grad():
+        out, lse = _forward(
+            q, k, v, None, None, sq, sk, b, scale, mask, alibi_slopes, False,
+            descale=descale, out_dtype=out_dtype,
+        )  # fmt: skip
     if return_attn_probs:
         return out, lse, None
     return out

@@ -83,10 +83,10 @@ def test_softmax_scale_is_applied():
     assert _close(flash_attn_func(q, k, v, softmax_scale=0.05), ref)
 
 
-def test_dropout_is_refused_rather_than_ignored():
+def test_dropout_probability_outside_0_1_is_refused():
     q, k, v = _qkv(1, 8, 8, 1, 1, 16)
-    with pytest.raises(NotImplementedError, match="dropout"):
-        flash_attn_func(q, k, v, dropout_p=0.1)
+    with pytest.raises(ValueError, match="dropout_p"):
+        flash_attn_func(q, k, v, dropout_p=1.0)
 
 
 def test_head_dim_over_256_is_refused():
