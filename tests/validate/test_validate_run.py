@@ -190,7 +190,9 @@ def _fake_tree(tmp_path, repo, check_src=FAKE_CHECK):
 
 
 @pytest.mark.slow
-def test_kernels_cases_run_each_in_their_own_process(tmp_path, repo, run_validate):
+def test_kernels_cases_report_their_own_status_and_a_segfault_is_that_cases_crash(
+    tmp_path, repo, run_validate
+):
     root = _fake_tree(tmp_path, repo)
     proc = run_validate("kernels", "--quick", "--json", "r.json", cwd=root)
     report = json.loads((root / "r.json").read_text())
