@@ -7,9 +7,11 @@ named context, `target:<parent>`, keyed by the very image reference its Dockerfi
 pulling. Args, tags and labels are the ones `invoke build` gives the same layer (labels through
 `build.labels_for`), so bake and `invoke build` make images under the same content tags.
 
-Bake's file format: github.com/docker/buildx, docs/bake-reference.md (target fields `context`,
-`contexts`, `dockerfile`, `args`, `tags`, `labels`, `secret`, `cache-from`, `cache-to`), read
-2026-11-24.
+Bake's file format: github.com/docker/buildx, docs/bake-reference.md (JSON files; target fields
+`context`, `contexts`, `dockerfile`, `args`, `tags`, `labels`, `secret`, `cache-from`,
+`cache-to`) and https://docs.docker.com/build/bake/contexts/ ("Using a target as a build
+context": `target:<name>`), read 2026-11-24; checked against buildx 0.13.1's `bake --print` in
+tests/e2e/test_bake.py.
 """
 
 from __future__ import annotations

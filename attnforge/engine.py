@@ -124,9 +124,10 @@ class BuildRequest:
         return self.iidfile.with_name("metadata.json")
 
     def buildctl_argv(self, buildctl: str = "buildctl") -> list[str]:
-        """The same build for a standalone buildkitd: its Dockerfile frontend takes the args and
-        labels as `build-arg:`/`label:` options (buildctl build --help; moby/buildkit README,
-        "Building a Dockerfile with buildctl")."""
+        """The same build for a standalone buildkitd: the Dockerfile frontend's `build-arg:` and
+        `label:` options are what `docker buildx build` sends it for --build-arg and --label, and
+        --metadata-file records `containerimage.config.digest` (moby/buildkit README, "Building
+        a Dockerfile with buildctl" and "Metadata", read 2026-11-24)."""
         assert self.builder is not None
         cmd = [
             buildctl, "--addr", self.builder, "build", "--progress=plain",
