@@ -134,6 +134,18 @@ def panel_title(key: tuple) -> str:
     return f"{mode} · {dtype} · head dim {d} · {'causal' if causal else 'not causal'}"
 
 
+def _has_memory(rows: list[dict[str, Any]]) -> bool:
+    return any(r["status"] == "ok" and r.get("peak_mem_mb") for r in rows)
+
+
+def _no_memory(has_mem: bool) -> str:
+    return "" if has_mem else "No peak memory was recorded (a CPU run has none)."
+
+
+def _join(*parts: str) -> str:
+    return " ".join(p for p in parts if p)
+
+
 def _not_plotted(rows: list[dict[str, Any]]) -> str:
     bad = [r for r in rows if r["status"] not in ("ok", "unsupported")]
     if not bad:
@@ -144,7 +156,9 @@ def _not_plotted(rows: list[dict[str, Any]]) -> str:
 
 
 def _sweep_plot(key: tuple, rows: list[dict[str, Any]], col: dict[str, str]) -> Plot:
-    fig, (speed, memory) = _figure(9.0, 3.1, ncols=2)
+    has_mem = _has_memory(rows)
+    fig, axes = _figure(9.0 if has_mem else 6.0, 3.1, ncols=2 if has_mem else 1)
+    speed, memory = axes[0], axes[-1]
     backends = list(dict.fromkeys(r["backend"] for r in rows))
     seqs = sorted({_seq(r["shape"]) for r in rows})
     for b in backends:
@@ -154,7 +168,7 @@ def _sweep_plot(key: tuple, rows: list[dict[str, Any]], col: dict[str, str]) -> 
             xs = [_seq(r["shape"]) for r in ok]
             speed.plot(xs, [r["tflops"] for r in ok], marker="o", ms=3, color=col[b], label=b)
             mem = [r for r in ok if r.get("peak_mem_mb")]
-            if mem:
+            if mem and has_mem:
                 memory.plot([_seq(r["shape"]) for r in mem], [r["peak_mem_mb"] for r in mem],
                             marker="o", ms=3, color=col[b], label=b)  # fmt: skip
         failed = [_seq(r["shape"]) for r in rows
@@ -162,15 +176,16 @@ def _sweep_plot(key: tuple, rows: list[dict[str, Any]], col: dict[str, str]) -> 
         if failed:  # an x on the axis where a backend crashed, errored or hung
             speed.plot(failed, [0.03] * len(failed), "x", ms=7, mew=2, color=col[b],
                        transform=speed.get_xaxis_transform(), clip_on=False)  # fmt: skip
-    for ax in (speed, memory):
+    for ax in axes:
         ax.set_xscale("log", base=2)
         ax.set_xticks(seqs, [str(s) for s in seqs])
         ax.minorticks_off()
         ax.set_xlabel("sequence length (keys)")
     speed.set_ylabel("TFLOP/s")
     speed.set_ylim(bottom=0)
-    memory.set_ylabel("peak memory (MB)")
-    memory.set_yscale("log")
+    if has_mem:
+        memory.set_ylabel("peak memory (MB)")
+        memory.set_yscale("log")
     _legend(fig, speed)
     title = panel_title(key)
     fig.suptitle(title, fontsize=10)
@@ -178,33 +193,38 @@ def _sweep_plot(key: tuple, rows: list[dict[str, Any]], col: dict[str, str]) -> 
     caption = _not_plotted(rows)
     if caption:
         caption += " (x on the axis)."
-    return Plot(slug, title, _svg(fig, slug), caption)
+    return Plot(slug, title, _svg(fig, slug), _join(caption, _no_memory(has_mem)))
 
 
 def _workload_plot(mode: str, rows: list[dict[str, Any]], col: dict[str, str]) -> Plot:
     names = list(dict.fromkeys(r["shape"]["name"] for r in rows))
     backends = list(dict.fromkeys(r["backend"] for r in rows if r["status"] == "ok"))
-    fig, (speed, memory) = _figure(9.0, 0.9 + 0.45 * len(names) * max(1, len(backends)) / 3, 2)
+    has_mem = _has_memory(rows)
+    fig, axes = _figure(9.0 if has_mem else 6.0,
+                        0.9 + 0.45 * len(names) * max(1, len(backends)) / 3, 2 if has_mem else 1)  # fmt: skip
+    speed, memory = axes[0], axes[-1]
     height = 0.8 / max(1, len(backends))
     for i, b in enumerate(backends):
         by_name = {r["shape"]["name"]: r for r in rows if r["backend"] == b and r["status"] == "ok"}
         ys = [n + (i - (len(backends) - 1) / 2) * height for n in range(len(names))]
         speed.barh(ys, [(by_name.get(n) or {}).get("tflops") or 0 for n in names], height,
                    color=col[b], label=b)  # fmt: skip
-        memory.barh(ys, [(by_name.get(n) or {}).get("peak_mem_mb") or 0 for n in names], height,
-                    color=col[b], label=b)  # fmt: skip
-    for ax in (speed, memory):
+        if has_mem:
+            memory.barh(ys, [(by_name.get(n) or {}).get("peak_mem_mb") or 0 for n in names],
+                        height, color=col[b], label=b)  # fmt: skip
+    for ax in axes:
         ax.set_yticks(range(len(names)), names, fontsize=8)
         ax.invert_yaxis()
     speed.set_xlabel("TFLOP/s")
-    memory.set_xlabel("peak memory (MB)")
-    memory.set_yticklabels([])
+    if has_mem:
+        memory.set_xlabel("peak memory (MB)")
+        memory.set_yticklabels([])
     _legend(fig, speed)
     title = f"{mode} · workload shapes"
     fig.suptitle(title, fontsize=10)
     slug = _slug(f"workload-{mode}")
     caption = _not_plotted(rows)
-    return Plot(slug, title, _svg(fig, slug), caption + "." if caption else "")
+    return Plot(slug, title, _svg(fig, slug), _join(caption and caption + ".", _no_memory(has_mem)))
 
 
 def bench_plots(bench: dict[str, Any]) -> list[Plot]:

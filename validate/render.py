@@ -421,7 +421,8 @@ def _env_line(doc: dict[str, Any]) -> str:
         if env.get("cuda")
         else "CPU"
     )
-    return (f"Measured {_h(doc.get('created'))} on {_h(env.get('device'))} ({_h(env.get('arch'))}), "
+    arch = f" ({env['arch']})" if env.get("arch") else ""
+    return (f"Measured {_h(doc.get('created'))} on {_h(env.get('device'))}{_h(arch)}, "
             f"torch {_h(env.get('torch'))} ({_h(build)}), triton {_h(env.get('triton'))}.")  # fmt: skip
 
 

@@ -330,3 +330,14 @@ def test_the_renderer_does_not_import_matplotlib_until_it_plots(run_validate, tm
                           cwd=REPO, capture_output=True, text=True)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False"
+
+
+def test_a_run_without_memory_figures_draws_speed_only(full_page):
+    _, siblings = full_page
+    results = [{**r, "peak_mem_mb": None} for r in siblings["bench"]["results"]]
+    drawn = plots.bench_plots({**siblings["bench"], "results": results})
+    with_memory = plots.bench_plots(siblings["bench"])
+    assert [p.key for p in drawn] == [p.key for p in with_memory]
+    for p, q in zip(drawn, with_memory, strict=True):
+        assert p.svg.count(f'id="{p.key}-axes_') == 1 and q.svg.count(f'id="{q.key}-axes_') == 2
+        assert "No peak memory was recorded" in p.caption and "peak memory (MB)" not in p.svg
