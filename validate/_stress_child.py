@@ -487,6 +487,8 @@ def pipeline(spec: dict[str, Any], progress: Progress) -> dict[str, Any]:
             f"shim routed {st['routed']} call(s), fell back {st['fallback']} {st['reasons']}"
         )
     status = "pass" if failure is None else ("crash" if failure["kind"] == "crash" else "fail")
+    if shim is not None and status == "pass" and shim.stats()["routed"] == 0:
+        status = "unsupported"  # shim on, but every call fell back: no comparison was made
     head = (
         f"{completed} image(s) at {width}x{height}, {spec['steps']} steps, finite and not flat"
         if failure is None

@@ -374,10 +374,14 @@ def probe_env() -> tuple[dict[str, Any] | None, str]:
     """The env block, read in a child (this process never imports torch); (None, why) on failure."""
     with tempfile.TemporaryDirectory(prefix="validate-stress-env-") as tmp:
         out = Path(tmp, "env.json")
-        proc = subprocess.run(
-            [sys.executable, "-m", "validate._stress_child", "--env", str(out)],
-            env=_child_env(False), capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-m", "validate._stress_child", "--env", str(out)],
+                env=_child_env(False), capture_output=True, text=True, timeout=600,
+                start_new_session=True,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            return None, "reading torch's versions and device took over 600 s"
         if out.exists():
             return json.loads(out.read_text(encoding="utf-8")), ""
     last = tail(proc.stderr, 1)
