@@ -242,9 +242,12 @@ def kv_config(family: str, head_dim: int) -> KVConfig:
         t = Tile(16, 16, 1, 1)
         return KVConfig(t, t, t)
     if family in ("rdna3", "rdna3.5", "rdna4"):
-        if d <= 128:
+        # d=128 decoding with 64-key tiles spills 93 VGPRs on gfx1151; 32-key tiles do not.
+        if d <= 64:
             return KVConfig(Tile(16, 64, 4, 1, 2), Tile(64, 32, 4, 1, 2), combine)
-        return KVConfig(Tile(16, 32, 4, 1, 1), Tile(16, 16, 4, 1, 1), combine)
+        if d <= 128:
+            return KVConfig(Tile(16, 32, 4, 1, 2), Tile(64, 32, 4, 1, 2), combine)
+        return KVConfig(Tile(16, 16, 4, 1, 1), Tile(16, 16, 4, 1, 1), combine)
     if family in ("cdna2", "cdna3", "cdna4"):
         if d <= 128:
             return KVConfig(Tile(16, 64, 4, 1, 2), Tile(128, 32, 4, 1, 2), combine)
@@ -253,8 +256,8 @@ def kv_config(family: str, head_dim: int) -> KVConfig:
         if d <= 128:
             return KVConfig(Tile(16, 128, 4, 3), Tile(128, 64, 8, 3), combine)
         return KVConfig(Tile(16, 64, 4, 2), Tile(64, 64, 8, 2), combine)
-    if d <= 128:  # ampere and other NVIDIA
-        return KVConfig(Tile(16, 128, 4, 2), Tile(64, 64, 4, 2), combine)
+    if d <= 128:  # ampere and other NVIDIA; 4-warp 64x64 prefill spills 32 bytes at d=128
+        return KVConfig(Tile(16, 128, 4, 2), Tile(64, 64, 8, 2), combine)
     return KVConfig(Tile(16, 64, 4, 2), Tile(64, 32, 8, 2), combine)
 
 
@@ -621,3 +624,32 @@ def paged_varlen_forward(
         left=left, right=right, softcap=cap, num_splits=1, varlen=True,
     )  # fmt: skip
     return (out, lse, None) if return_attn_probs else out
+
+
+def aot_kernels(head_dim: int, family: str, dtype: str = "bf16", page_size: int = 16):
+    """(name, jit fn, pointer types, constexprs, tile) of the cache kernels for ``kernels.aot``:
+    split-KV decoding from a paged cache (causal), paged varlen prefill, and the combine."""
+    kc = kv_config(family, head_dim)
+    bd = configs.padded_head_dim(head_dim)
+    p = f"*{dtype}"
+    ptrs = dict(
+        Q=p, K=p, V=p, Out=p, LSE="*fp32", OAcc="*fp32", LAcc="*fp32", CuQ="*i32",
+        SeqlensK="*i32", KStart="*i32", BlockTable="*i32", BatchIdx="*i32", Slopes="*fp32",
+    )  # fmt: skip
+    flags = dict(
+        HEAD_DIM=head_dim, BLOCK_D=bd, PAGE_SIZE=page_size, PAGED=True, HAS_BATCH_IDX=False,
+        HAS_KSTART=False, HAS_LEFT=False, HAS_RIGHT=True, HAS_SOFTCAP=False, HAS_ALIBI=False,
+    )  # fmt: skip
+
+    def tiles(t):
+        return dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n)
+
+    combine_ptrs = dict(OAcc="*fp32", LAcc="*fp32", Out=p, LSE="*fp32")
+    return [
+        ("kv_decode", _kv_fwd, ptrs,
+         dict(flags, IS_VARLEN_Q=False, SPLIT=True, **tiles(kc.decode)), kc.decode),
+        ("kv_prefill", _kv_fwd, ptrs,
+         dict(flags, IS_VARLEN_Q=True, SPLIT=False, **tiles(kc.prefill)), kc.prefill),
+        ("kv_combine", _kv_combine, combine_ptrs,
+         dict(HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=kc.combine.block_m), kc.combine),
+    ]  # fmt: skip

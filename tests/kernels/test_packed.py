@@ -177,6 +177,18 @@ def test_a_pack_of_the_wrong_shape_is_refused(call):
         call()
 
 
-def test_dropout_is_refused_rather_than_ignored():
-    with pytest.raises(NotImplementedError, match="dropout"):
-        flash_attn_qkvpacked_func(_rand(1, 8, 3, 2, 16), dropout_p=0.1)
+def test_packed_dropout_is_the_unpacked_dropout_for_the_same_seed():
+    qkv = _rand(1, 17, 3, 2, 16).requires_grad_()
+    do = _rand(1, 17, 2, 16, seed=9)
+    torch.manual_seed(5)
+    out, _, sdmask = flash_attn_qkvpacked_func(
+        qkv, dropout_p=0.3, causal=True, return_attn_probs=True
+    )
+    out.backward(do)
+    q, k, v = (t.detach().clone().requires_grad_() for t in qkv.detach().unbind(2))
+    torch.manual_seed(5)
+    out2, _, sdmask2 = flash_attn_func(q, k, v, dropout_p=0.3, causal=True, return_attn_probs=True)
+    out2.backward(do)
+    assert (sdmask < 0).any() and torch.equal(sdmask, sdmask2)  # something was dropped
+    assert torch.equal(out, out2)
+    assert torch.equal(qkv.grad, torch.stack((q.grad, k.grad, v.grad), dim=2))
