@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import uuid
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, outputs_env, run_invoke
+from tests.conftest import COPY_IGNORE, REPO, outputs_env, run_invoke
 from tests.e2e.test_cpu_stack import BASE, CA_CERT, WHEELHOUSE, _engine_problem, outcomes
 
 pytestmark = pytest.mark.e2e
@@ -52,6 +53,8 @@ def out(tmp_path_factory) -> Path:
             pytest.fail(f"the bake tests are required here but cannot run: {problem}")
         pytest.skip(f"no buildx for the bake tests: {problem}")
     base = tmp_path_factory.mktemp("bake")
+    # a copy of the tree, so that every step plans from the same files
+    shutil.copytree(REPO, base / "tree", ignore=COPY_IGNORE)
     yield base
     tags = subprocess.run(
         ["docker", "images", "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True, text=True
@@ -69,7 +72,7 @@ def plan_args() -> list[str]:
 
 
 def invoke(out: Path, *args: str, timeout: int = 1800) -> subprocess.CompletedProcess[str]:
-    return run_invoke(REPO, *args, env=outputs_env(out), timeout=timeout)
+    return run_invoke(out / "tree", *args, env=outputs_env(out), timeout=timeout)
 
 
 def buildx(out: Path, *args: str, timeout: int = 1800) -> subprocess.CompletedProcess[str]:
