@@ -279,7 +279,11 @@ def workload_shapes(
 
 
 def _fmt(x: float | None, spec: str) -> str:
-    return "-" if x is None else format(x, spec)
+    """``format(x, spec)``, or a dash as wide as the spec asks for None."""
+    if x is None:
+        width = spec.split(".")[0]
+        return "-".rjust(int(width) if width.isdigit() else 0)
+    return format(x, spec)
 
 
 def print_row(r: dict[str, Any]) -> None:
