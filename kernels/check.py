@@ -166,12 +166,14 @@ def list_cases(quick: bool = False) -> list[str]:
     ``quick``): the GPU grid's long sequences would take hours in the interpreter, and each case
     costs the validation suite a process of about 2 s (the CPU tests run :func:`grid_cpu`).
     """
+    from . import check_kvcache
     from .configs import INTERPRET
 
     if INTERPRET:
         cases = grid_interpreter()[:1] if quick else grid_interpreter()
     else:
         cases = _grid_quick() if quick else _grid_full()
+        cases += check_kvcache.grid(quick)  # packed and kv-cache (kernels/check_kvcache.py)
     return [c.name for c in cases] + [SHIM_CASE]
 
 
@@ -374,6 +376,12 @@ def run_case(name: str) -> dict:
     t0 = time.perf_counter()
     if name == SHIM_CASE:
         return _run_shim(device)
+    from . import check_kvcache
+
+    if name.startswith(check_kvcache.PREFIXES):
+        r = check_kvcache.run(name, device)
+        r["metrics"]["seconds"] = time.perf_counter() - t0
+        return r
     case = Case.parse(name)
     res = compare(case, device)
     m = res["metrics"]
@@ -389,6 +397,8 @@ def run_case(name: str) -> dict:
 
 
 def main(argv=None) -> int:
+    from . import check_kvcache
+
     ap = argparse.ArgumentParser(
         prog="python -m kernels.check", description=__doc__.splitlines()[0]
     )
@@ -402,6 +412,7 @@ def main(argv=None) -> int:
         names = args.case
     elif args.boundary:
         names = [c.name for c in _grid_boundary()]
+        names += [c.name for c in check_kvcache.grid_boundary()]
     else:
         names = list_cases(quick=args.quick)
     results = {}

@@ -386,3 +386,66 @@ def test_append_past_the_cache_raises_instead_of_writing_elsewhere():
     with pytest.raises(IndexError):
         flash_attn_with_kvcache(q, kc, vc, k, k.clone(), cache_seqlens=31)
     assert not kc[1].any()  # the next sequence's rows were not written
+
+
+# The GPU check grid's packed / kv-cache cases (kernels/check_kvcache.py), run here on tiny shapes.
+
+
+def test_check_case_names_round_trip():
+    from kernels import check_kvcache
+
+    cases = check_kvcache.grid(False) + check_kvcache.grid(True) + check_kvcache.grid_boundary()
+    assert all(check_kvcache.parse(c.name) == c for c in cases)
+    with pytest.raises(ValueError):
+        check_kvcache.parse("kvcache-bf16-nonsense")
+
+
+def test_gpu_grid_lists_the_new_cases_and_boundary_covers_every_layout(monkeypatch):
+    from kernels import check, check_kvcache, configs
+
+    monkeypatch.setattr(configs, "INTERPRET", False)
+    names = check.list_cases(quick=True)
+    assert all(c.name in names for c in check_kvcache.grid(True))
+    full = check_kvcache.grid(False)
+    kinds = {c.kind for c in full if isinstance(c, check_kvcache.PackedCase)}
+    assert kinds == {"qkv", "kv", "varqkv", "varkv"}
+    kv = [c for c in full if isinstance(c, check_kvcache.KVCacheCase)]
+    assert {"contig", "page16", "page256", "leftpad", "bidx"} <= {c.layout for c in kv}
+    assert {0, 1, 2} <= {c.rope for c in kv} and {0, 1, 7} <= {c.splits for c in kv}
+    assert any(c.sq == 1 and c.new == 0 for c in kv) and any(c.hk == 1 for c in kv)
+    bnd = check_kvcache.grid_boundary()
+    assert {"contig", "page16", "leftpad", "bidx"} <= {
+        c.layout for c in bnd if isinstance(c, check_kvcache.KVCacheCase)
+    }
+    assert any(isinstance(c, check_kvcache.PagedVarlenCase) for c in bnd)
+
+
+CHECK_NAMES = [
+    "kvcache-bf16-b3-sq1-sk17-h4x1-d72-causal-page16-new1-rope1-s3",
+    "kvcache-fp16-b2-sq3-sk20-h4x2-d32-window-leftpad-new3-rope2-s0",
+    pytest.param(
+        "kvcache-fp16-b3-sq1-sk17-h4x1-d40-alibi-bidx-new1-rope0-s2", marks=pytest.mark.slow
+    ),
+    "pagedvarlen-fp16-b2-sq20-sk20-h2x2-d16-softcap-page16",
+    pytest.param("packed-fp16-qkv-b1-sq17-sk17-h2x2-d16-causal", marks=pytest.mark.slow),
+    pytest.param("packed-bf16-varkv-b3-sq20-sk30-h4x1-d16-window", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("name", CHECK_NAMES)
+def test_check_cases_pass_in_the_interpreter(name):
+    from kernels import check
+
+    res = check.run_case(name)
+    assert res["status"] == "pass", res["message"]
+    assert all(isinstance(v, float) for v in res["metrics"].values())
+
+
+def test_a_check_case_fails_when_the_rule_does(monkeypatch):
+    from kernels import check_kvcache
+
+    monkeypatch.setattr(tolerance, "within", lambda err, *_a, **_k: (False, 0.0))
+    res = check_kvcache.run(
+        "kvcache-fp16-b2-sq1-sk17-h2x2-d16-causal-contig-new0-rope0-s1", torch.device("cpu")
+    )
+    assert res["status"] == "fail"
