@@ -3,6 +3,7 @@
 from invoke import Collection
 
 from attnforge.cli import bake as bake_tasks
+from attnforge.cli import bisect as bisect_tasks
 from attnforge.cli import build as build_tasks
 from attnforge.cli import doctor as doctor_tasks
 from attnforge.cli import kernels as kernel_tasks
@@ -19,6 +20,7 @@ ns.add_task(build_tasks.arches)
 ns.add_task(validate_tasks.validate)
 ns.add_task(validate_tasks.report)
 ns.add_task(publish_tasks.publish)
+ns.add_task(bisect_tasks.bisect)
 ns.add_task(doctor_tasks.doctor)
 ns.add_collection(Collection.from_module(patch_tasks), "patches")
 ns.add_collection(Collection.from_module(kernel_tasks), "kernels")
