@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 from validate import tolerance
 
+from . import check_variants
+
 CASE_RE = re.compile(
     r"^attn-(?P<dtype>fp16|bf16)-b(?P<b>\d+)-sq(?P<sq>\d+)-sk(?P<sk>\d+)-h(?P<hq>\d+)x(?P<hk>\d+)"
     r"-d(?P<d>\d+)-(?P<mask>full|causal|window|alibi|softcap|sdpacausal)-(?P<layout>bshd|bhsd|varlen)$"
@@ -173,6 +175,7 @@ def list_cases(quick: bool = False) -> list[str]:
         cases = grid_interpreter()[:1] if quick else grid_interpreter()
     else:
         cases = _grid_quick() if quick else _grid_full()
+        cases += check_variants.grid(quick)  # dropout and FP8 (kernels/check_variants.py)
         cases += check_kvcache.grid(quick)  # packed and kv-cache (kernels/check_kvcache.py)
     return [c.name for c in cases] + [SHIM_CASE]
 
@@ -376,6 +379,10 @@ def run_case(name: str) -> dict:
     t0 = time.perf_counter()
     if name == SHIM_CASE:
         return _run_shim(device)
+    if name.startswith(check_variants.PREFIXES):
+        r = check_variants.run(name, device)
+        r["metrics"]["seconds"] = time.perf_counter() - t0
+        return r
     from . import check_kvcache
 
     if name.startswith(check_kvcache.PREFIXES):
@@ -411,7 +418,7 @@ def main(argv=None) -> int:
     if args.case:
         names = args.case
     elif args.boundary:
-        names = [c.name for c in _grid_boundary()]
+        names = [c.name for c in _grid_boundary() + check_variants.grid_boundary()]
         names += [c.name for c in check_kvcache.grid_boundary()]
     else:
         names = list_cases(quick=args.quick)
