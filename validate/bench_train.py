@@ -210,15 +210,15 @@ def main(args: argparse.Namespace) -> int:
     backends = bench._names(args.backend, bench.BACKENDS, "backend")
     if args.warmup is not None and args.warmup < 0:
         raise UsageError("--warmup must be 0 or more.")
+    size = "tiny" if args.tiny else ("quick" if args.quick else "full")
+    cfg = config_for(size, args)  # a usage error before torch is loaded
     env, why = bench.probe_env()
     if env is None:
         print(f"python -m validate bench-train: {why}; nothing was timed.", file=sys.stderr)
         return 1
-    size = "tiny" if args.tiny else ("quick" if args.quick else "full")
     if env["device"] == "cpu" and size != "tiny":
         print("no GPU here: training the tiny model (--tiny)")
-        size = "tiny"
-    cfg = config_for(size, args)
+        cfg = config_for("tiny", args)
     print(
         f"bench-train: {cfg['layers']} layer(s), width {cfg['width']}, {cfg['heads']} head(s), "
         f"seq {cfg['seq']}, batch {cfg['batch']}, {cfg['dtype']}; {cfg['warmup']} warm-up + "
