@@ -149,13 +149,15 @@ def _bisectable(step: Step) -> bool:
 
 
 def _default_key(recipes: Recipes, step: Step) -> str:
+    """SOURCE_REF of a source layer; else the one commit or version pin, or among several the
+    version of what the layer is named after or provides (triton: TRITON_VERSION, not NUMPY's)."""
     if "SOURCE_REF" in step.pins:
         return "SOURCE_REF"
-    versions = [k for k in step.pins if pin_kind(k) == "version"]
-    commits = [k for k in step.pins if pin_kind(k) == "commit"]
-    choices = versions + commits
-    if len(choices) == 1:
-        return choices[0]
+    choices = [k for k in step.pins if pin_kind(k) in ("version", "commit")]
+    own = {step.layer, *recipes.layers[step.layer].provides}
+    named = [k for k in choices if pin_kind(k) == "version" and project_of(k) in own]
+    if len(choices) == 1 or len(named) == 1:
+        return choices[0] if len(choices) == 1 else named[0]
     raise UserError(
         f"layer {step.layer} has {'no' if not choices else 'several'} pins to bisect"
         + (f": {', '.join(choices)}" if choices else " (no commit or version pin)"),
