@@ -197,9 +197,8 @@ def _torch_state(torch) -> list[_Setting]:
     for getter, setter in _SDPA_FLAGS:
         if hasattr(bc, getter) and hasattr(bc, setter):
             out.append((setter, getattr(bc, getter), getattr(bc, setter)))
-    if getattr(torch.version, "hip", None) and hasattr(bc, "preferred_rocm_fa_library"):
-        pref = bc.preferred_rocm_fa_library
-        out.append(("preferred_rocm_fa_library", pref, pref))
+    # Not preferred_rocm_fa_library: its getter may state a warn-once reason, which the check
+    # that reads it (sdpa.rocm) must see first; that check runs alone and puts it back itself.
     for getter, setter in (
         ("get_default_dtype", "set_default_dtype"),
         ("is_grad_enabled", "set_grad_enabled"),
@@ -235,7 +234,7 @@ class StateGuard:
     """Process-wide state as it was when the worker became ready, put back before each check.
 
     Environment variables, the working directory, warning filters, and where torch is loaded:
-    SDPA backend flags, the preferred ROCm flash-attention library, default dtype, grad mode,
+    SDPA backend flags, default dtype, grad mode,
     determinism, TF32 and cuDNN switches, the thread count, ``F.scaled_dot_product_attention``
     itself (a shim may replace it) and the random state (reseeded with the worker's own seed, so
     no check depends on what the one before it drew). Only values that differ are written back, so a clean check costs nothing

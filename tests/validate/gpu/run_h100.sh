@@ -41,7 +41,7 @@ want() { [[ " $SCENARIOS " == *" $1 "* ]]; }
     echo "rc3=$?"
   fi
   if want 4; then
-    echo "== 4. two bundled kernels cases, each in its own process"
+    echo "== 4. two bundled kernels cases (one worker)"
     $PY -m validate kernels --quick --timeout 240 --only env --only kernels.list \
       --only 'kernels.case.attn-bf16-b1-sq129-sk129-h2x2-d128-full-bshd' \
       --only 'kernels.case.shim-routing' --json "$OUT/kernels.json"
