@@ -261,7 +261,9 @@ def train_plot(doc: dict[str, Any]) -> Plot | None:
         return None
     col = colours([b for b, _, _ in ratios])
     mem = {r["backend"]: r.get("peak_mem_mb") or 0 for r in doc["results"]}
-    fig, (speed, memory) = _figure(9.0, 0.9 + 0.32 * len(ratios), 2)
+    has_mem = _has_memory(doc["results"])
+    fig, axes = _figure(9.0 if has_mem else 6.0, 0.9 + 0.32 * len(ratios), 2 if has_mem else 1)
+    speed, memory = axes[0], axes[-1]
     names = [b for b, _, _ in ratios]
     speed.barh(names, [x for _, _, x in ratios], color=[col[b] for b in names])
     for i, (_, ms, x) in enumerate(ratios):
@@ -269,16 +271,17 @@ def train_plot(doc: dict[str, Any]) -> Plot | None:
     speed.axvline(1.0, color="black", lw=0.8)
     speed.set_xlim(0, max(x for _, _, x in ratios) * 1.45)
     speed.set_xlabel(f"median step time / {ref}'s (lower is faster)")
-    memory.barh(names, [mem.get(b, 0) for b in names], color=[col[b] for b in names])
-    memory.set_xlabel("peak memory (MB)")
-    memory.set_yticklabels([])
-    for ax in (speed, memory):
+    if has_mem:
+        memory.barh(names, [mem.get(b, 0) for b in names], color=[col[b] for b in names])
+        memory.set_xlabel("peak memory (MB)")
+        memory.set_yticklabels([])
+    for ax in axes:
         ax.invert_yaxis()
     c = doc.get("config") or {}
     title = (f"training step · width {c.get('width')}, {c.get('layers')} layers, "
              f"{c.get('heads')} heads, seq {c.get('seq')}, batch {c.get('batch')}, {c.get('dtype')}")  # fmt: skip
     fig.suptitle(title, fontsize=10)
-    return Plot("train-ratio", title, _svg(fig, "train-ratio"))
+    return Plot("train-ratio", title, _svg(fig, "train-ratio"), _no_memory(has_mem))
 
 
 def available() -> None:

@@ -496,7 +496,7 @@ def _training(doc: dict[str, Any] | None) -> list[str]:
     if lc:
         out.append(f"<p>Loss check against {_h(lc.get('reference'))} (tolerance "
                    f"{_h(lc.get('tolerance'))}, largest relative difference "
-                   f"{_h(lc.get('max_rel_diff'))}): {_status('pass' if lc.get('ok') else 'fail')} "
+                   f"{_h(_fmt(lc.get('max_rel_diff')))}): {_status('pass' if lc.get('ok') else 'fail')} "
                    f"— {_h(lc.get('message'))}</p>")  # fmt: skip
     return _section("training", out)
 

@@ -341,3 +341,11 @@ def test_a_run_without_memory_figures_draws_speed_only(full_page):
     for p, q in zip(drawn, with_memory, strict=True):
         assert p.svg.count(f'id="{p.key}-axes_') == 1 and q.svg.count(f'id="{q.key}-axes_') == 2
         assert "No peak memory was recorded" in p.caption and "peak memory (MB)" not in p.svg
+    train = siblings["bench_train"]
+    cpu = plots.train_plot(
+        {**train, "results": [{**r, "peak_mem_mb": None} for r in train["results"]]}
+    )
+    gpu = plots.train_plot(train)
+    assert (
+        cpu.svg.count('id="train-ratio-axes_') == 1 and gpu.svg.count('id="train-ratio-axes_') == 2
+    )
