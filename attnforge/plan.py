@@ -194,6 +194,8 @@ def parse_overrides(items: Iterable[str], recipes: Recipes) -> dict[str, dict[st
             raise unknown("layer", layer, recipes.layers)
         spec = recipes.layers[layer]
         keys = {"variant", *spec.args, *spec.hint_args, *spec.pins}
+        if spec.source:  # a source layer's commit (and repository) can be --set too: invoke bisect
+            keys |= {"SOURCE_REPO", "SOURCE_REF"}
         for v in spec.variants.values():
             keys |= set(v.args) | set(v.pins) | set(v.hint_args) | set(v.from_set)
         if key not in keys:
@@ -405,11 +407,11 @@ def render_values(
         given = " ".join(f"--set {layer.name}.{k}=..." for k in missing)
         raise _Gated(f"variant {variant} takes {', '.join(missing)} from the command line: {given}")
     from_set = set(vspec.from_set) if vspec else set()
+    if layer.source:
+        pins = {"SOURCE_REPO": layer.source.repo, "SOURCE_REF": layer.source.ref, **pins}
     for key, value in sets.items():  # --set wins over recipes
         target = hints if key in hints else pins if key in pins or key in from_set else args
         target[key] = value
-    if layer.source:
-        pins = {"SOURCE_REPO": layer.source.repo, "SOURCE_REF": layer.source.ref, **pins}
     return _Values(args, pins, hints, expect, tvars)
 
 

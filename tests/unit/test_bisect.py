@@ -522,3 +522,22 @@ def test_a_different_recorded_bisect_is_not_continued_by_mistake(tmp_path, repo_
     text = " ".join(proc.stderr.split())
     assert "a different bisect of cpu/cpu/triton is recorded" in text
     assert "check cmd:true (recorded) vs cmd:false (now)" in text and "--reset" in text
+
+
+def test_a_source_layers_commit_can_be_set_and_changes_its_key():
+    """What each probe of a git bisect does: --set LAYER.SOURCE_REF=<commit>."""
+    from attnforge.plan import Options, parse_overrides, resolve
+    from attnforge.recipes import load_recipes
+
+    recipes = load_recipes(REPO)
+    layer = next(n for n, spec in recipes.layers.items() if spec.source)
+    stack = next(s for s, spec in recipes.stacks.items() if any(e.layer == layer for e in spec.entries()))  # fmt: skip
+    arch = next(a for a in recipes.arches if resolve(recipes, a, stack).step(layer).runs)
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    before = resolve(recipes, arch, stack).step(layer)
+    after = resolve(recipes, arch, stack, Options(
+        overrides=parse_overrides([f"{layer}.SOURCE_REF={commit}"], recipes))).step(layer)  # fmt: skip
+    assert before.pins["SOURCE_REF"] != commit and after.pins["SOURCE_REF"] == commit
+    assert after.args["SOURCE_REF"] == commit and after.hash != before.hash
+    with pytest.raises(UserError, match="40 lowercase hex digits"):
+        parse_overrides([f"{layer}.SOURCE_REF=main"], recipes)
