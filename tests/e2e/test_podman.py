@@ -1,0 +1,279 @@
+"""End to end on a real Podman: the cpu stack built, smoke-checked, interrupted and resumed,
+validated and published with `--engine podman`, as a Strix Halo toolbox user would.
+
+One build, reused by every test in this module (they run in order and share a tree copy and an
+image namespace). Inputs are test_cpu_stack's (ATTNFORGE_E2E_*); Podman needs what
+`tools/setup.sh podman` prepares: podman and buildah, the base image in Podman's own storage, the
+loopback registry allowed over plain HTTP, and (where runc may not raise rlimits) default ulimits.
+With ATTNFORGE_REQUIRE_E2E=1 (make test, CI) a Podman that cannot build is a failure, not a skip.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import COPY_IGNORE, REPO
+from tests.e2e.test_cpu_stack import (
+    BASE,
+    CA_CERT,
+    REGISTRY,
+    _triton_build_in_flight,
+    build_args,
+    invoke,
+    outcomes,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+NAMESPACE = f"attnforge-podman-{uuid.uuid4().hex[:8]}"
+LAYERS = ["base", "torch-cpu", "triton", "validate"]
+MANIFEST_TYPES = "application/vnd.docker.distribution.manifest.v2+json, application/vnd.oci.image.manifest.v1+json"
+
+
+def podman(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def podman_id(ref: str) -> str | None:
+    """The image id as Docker writes it, read from Podman (which prints the bare hex)."""
+    proc = podman("image", "inspect", "--format", "{{.Id}}", ref)
+    return f"sha256:{proc.stdout.strip()}" if proc.returncode == 0 and proc.stdout.strip() else None
+
+
+def podman_build(*extra: str, namespace: str = NAMESPACE) -> list[str]:
+    return build_args("--engine", "podman", *extra, namespace=namespace)
+
+
+def _podman_problem() -> str | None:
+    if not shutil.which("podman"):
+        return "podman is not installed (tools/setup.sh podman installs it)"
+    try:
+        from attnforge.engine import PodmanEngine
+
+        PodmanEngine()
+    except Exception as exc:  # noqa: BLE001 - any reason is a reason to skip or fail
+        return str(exc)
+    if podman_id(BASE) is None:
+        return f"base image {BASE} is not in Podman's storage (tools/setup.sh podman copies it)"
+    ran = podman("run", "--rm", BASE, "true")
+    if ran.returncode != 0:
+        return f"podman cannot run {BASE}: {ran.stderr.strip()[-300:]} (see tools/setup.sh podman)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory) -> Path:
+    problem = _podman_problem()
+    if problem:
+        if os.environ.get("ATTNFORGE_REQUIRE_E2E") == "1":
+            pytest.fail(f"Podman end-to-end tests are required here but cannot run: {problem}")
+        pytest.skip(f"no Podman for end-to-end tests: {problem}")
+    dest = tmp_path_factory.mktemp("podman") / "tree"
+    shutil.copytree(REPO, dest, ignore=COPY_IGNORE)
+    yield dest
+    remove_images_of(NAMESPACE)
+
+
+def remove_images_of(namespace: str) -> None:
+    """Every image with a name in the namespace, by id: an image pulled by digest has no tag."""
+    listed = podman("images", "--format", "{{.ID}} {{.Repository}}").stdout.splitlines()
+    ids = sorted({line.split()[0] for line in listed if namespace in line})
+    if ids:
+        podman("rmi", "-f", *ids)
+
+
+@pytest.fixture(scope="module")
+def built(tree: Path) -> subprocess.CompletedProcess[str]:
+    """The one full build of the cpu stack with Podman that the tests below share."""
+    proc = invoke(tree, *podman_build())
+    if proc.returncode != 0:
+        pytest.fail(f"the Podman build of the cpu stack failed:\n{proc.stdout}{proc.stderr}")
+    return proc
+
+
+def test_the_cpu_stack_builds_with_podman_and_every_layer_passes_its_smoke_checks(tree, built):
+    assert built.returncode == 0, built.stdout + built.stderr
+    assert outcomes(built.stdout) == dict.fromkeys(LAYERS, "built")
+    assert "engine: podman version" in built.stdout
+    assert "smoke ok" in built.stdout and "FAIL" not in built.stdout
+    assert podman_id(f"{NAMESPACE}/cpu:cpu") == podman_id(f"{NAMESPACE}/validate:cpu") is not None
+    command = (tree / "build/logs/cpu/torch-cpu.log").read_text().splitlines()[0]
+    assert " build --format docker --layers " in command  # the OCI format would drop SHELL
+    assert "--secret id=ca,src=" in command or not Path(CA_CERT).is_file()
+
+
+def test_every_layer_has_its_content_tag_in_podman_and_a_rebuild_is_all_cached(tree, built):
+    plan = json.loads(invoke(tree, *podman_build("--dry-run", "--json")).stdout)
+    assert [s["status"] for s in plan["steps"]] == ["cached"] * 4
+    for step in plan["steps"]:
+        assert step["tag"].startswith(f"{NAMESPACE}/{step['layer']}:cpu-")
+        assert podman_id(step["tag"]) is not None, step["tag"]
+    again = invoke(tree, *podman_build())
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert outcomes(again.stdout) == dict.fromkeys(LAYERS, "cached")
+
+
+def test_the_content_keys_are_the_same_under_docker_and_podman(tree, built):
+    """The base image has one id in both engines (Podman's bare hex is written sha256:HEX), so
+    the same inputs give the same content tags: a cache filled by one engine serves the other."""
+    docker = invoke(tree, *build_args("--dry-run", "--json", namespace=NAMESPACE))
+    if docker.returncode != 0:
+        pytest.skip(f"no Docker engine to compare with: {docker.stderr.strip()[-200:]}")
+    under_podman = json.loads(invoke(tree, *podman_build("--dry-run", "--json")).stdout)
+    tags = [s["tag"] for s in json.loads(docker.stdout)["steps"]]
+    assert tags == [s["tag"] for s in under_podman["steps"]]
+
+
+def test_the_podman_image_carries_its_versions_manifest_as_file_and_label(tree, built):
+    final = f"{NAMESPACE}/cpu:cpu"
+    ran = podman("run", "--rm", final, "cat", "/opt/attnforge/versions.json")
+    assert ran.returncode == 0, ran.stderr
+    manifest = json.loads(ran.stdout)
+    assert manifest["torch-cpu"]["TORCH_VERSION"] == "2.13.0+cpu"
+    assert manifest["base_image"]["digest"] == podman_id(BASE)  # sha256:HEX, as under Docker
+    labels = json.loads(podman("image", "inspect", "--format", "{{json .Labels}}", final).stdout)
+    assert json.loads(labels["org.attnforge.versions"]) == manifest
+    assert labels["org.attnforge.layer"] == "validate"
+    # Docker's image format (Buildah's OCI one drops SHELL: the base layer's bash-only RUN would fail)
+    kind = podman("image", "inspect", "--format", "{{.ManifestType}}", final).stdout.strip()
+    assert kind == "application/vnd.docker.distribution.manifest.v2+json"
+
+
+def test_the_ca_bundle_handed_to_buildah_as_a_secret_is_in_no_layer(tree, built):
+    if not Path(CA_CERT).is_file():
+        pytest.skip("no CA bundle was handed to the build")
+    size, digest = (
+        Path(CA_CERT).stat().st_size,
+        hashlib.sha256(Path(CA_CERT).read_bytes()).hexdigest(),
+    )
+    script = (
+        "import hashlib, os, sys\n"
+        "hits = []\n"
+        "for root, dirs, files in os.walk('/'):\n"
+        "    dirs[:] = [d for d in dirs if os.path.join(root, d) not in ('/proc', '/sys', '/dev')]\n"
+        "    for f in files:\n"
+        "        p = os.path.join(root, f)\n"
+        "        try:\n"
+        f"            if os.path.getsize(p) == {size} and hashlib.sha256(open(p, 'rb').read()).hexdigest() == {digest!r}:\n"
+        "                hits.append(p)\n"
+        "        except OSError:\n"
+        "            pass\n"
+        "print(hits); sys.exit(1 if hits else 0)\n"
+    )  # fmt: skip
+    ran = podman("run", "--rm", f"{NAMESPACE}/cpu:cpu", "python3", "-c", script)
+    assert ran.returncode == 0, (
+        f"the host CA bundle was found in the image: {ran.stdout}{ran.stderr}"
+    )
+
+
+def test_an_interrupted_podman_build_leaves_no_tag_and_continue_finishes_it(tree, built):
+    args = podman_build("--set", "triton.NUMPY_VERSION=2.3.5")
+    proc = _triton_build_in_flight(
+        tree, args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    os.killpg(proc.pid, signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode != 0 and "--continue" in stderr
+    state = json.loads((tree / "build/state/last-build.json").read_text())
+    assert state["failed"] == "triton" and state["interrupted"] is True
+    assert state["invocation"]["engine"] == "podman"
+
+    plan = json.loads(invoke(tree, *args, "--dry-run", "--json").stdout)
+    triton = next(s for s in plan["steps"] if s["layer"] == "triton")
+    assert triton["status"] == "build" and podman_id(triton["tag"]) is None
+
+    resumed = invoke(tree, "build", "--continue")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "stopped at layer triton" in " ".join(resumed.stdout.split())
+    assert "engine: podman version" in resumed.stdout
+    assert outcomes(resumed.stdout) == {
+        "base": "cached", "torch-cpu": "cached", "triton": "built", "validate": "built",
+    }  # fmt: skip
+    assert podman_id(triton["tag"]) is not None
+    numpy = podman(
+        "run", "--rm", f"{NAMESPACE}/cpu:cpu", "python3", "-c", "import numpy; print(numpy.__version__)"
+    )  # fmt: skip
+    assert numpy.stdout.strip() == "2.3.5", numpy.stderr
+
+
+def test_validate_with_podman_runs_the_suite_in_the_image_and_stamps_its_id(tree, built):
+    proc = invoke(
+        tree, "validate", "--arch", "cpu", "--namespace", NAMESPACE, "--quick",
+        "--engine", "podman", timeout=1200,
+    )  # fmt: skip
+    report = tree / "reports/cpu/cpu/report.json"
+    assert report.exists(), proc.stdout + proc.stderr
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "schema_version" in json.loads(report.read_text())
+    stamp = json.loads((tree / "reports/cpu/cpu/validated.json").read_text())
+    assert stamp["passed"] is True and stamp["image_id"] == podman_id(f"{NAMESPACE}/cpu:cpu")
+
+
+def _need_registry() -> None:
+    if not REGISTRY:
+        if os.environ.get("ATTNFORGE_REQUIRE_E2E") == "1":
+            pytest.fail("ATTNFORGE_E2E_REGISTRY is not set")
+        pytest.skip("no local registry (set ATTNFORGE_E2E_REGISTRY=host:port)")
+
+
+def _registry_digest(repo: str, tag: str) -> str:
+    req = urllib.request.Request(
+        f"http://{REGISTRY}/v2/{repo}/manifests/{tag}", method="HEAD",
+        headers={"Accept": MANIFEST_TYPES},
+    )  # fmt: skip
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return resp.headers["Docker-Content-Digest"]
+
+
+def test_publish_with_podman_records_the_digests_the_registry_serves(tree, built):
+    _need_registry()
+    target = f"{REGISTRY}/{NAMESPACE}"
+    proc = invoke(
+        tree, "publish", "--arch", "cpu", "--namespace", NAMESPACE, "--to", target,
+        "--engine", "podman",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    manifest = json.loads((tree / "reports/cpu/cpu/publish.json").read_text())
+    assert manifest["image_id"] == podman_id(f"{NAMESPACE}/cpu:cpu")
+    pushed = {r["ref"] for r in manifest["refs"]}
+    assert f"{target}/cpu:cpu" in pushed
+    for layer in LAYERS:
+        assert f"{target}/{layer}:cpu" in pushed
+        assert any(r.startswith(f"{target}/{layer}:cpu-") for r in pushed), layer
+    for r in manifest["refs"]:
+        repo, tag = r["ref"].removeprefix(f"{REGISTRY}/").rsplit(":", 1)
+        # not the local image's .Digest: podman re-serializes the manifest when it pushes
+        assert _registry_digest(repo, tag) == r["digest"], r["ref"]
+    final = next(r for r in manifest["refs"] if r["ref"] == f"{target}/cpu:cpu")
+    pulled = podman("pull", f"{target}/cpu@{final['digest']}")
+    assert pulled.returncode == 0, pulled.stderr
+
+
+def test_the_registry_is_podmans_build_cache_too(tree, built):
+    """What publish pushed is a cache for the next Podman runner: each layer is pulled by its
+    content tag and smoke-checked, none built, and the image ids are this build's."""
+    _need_registry()
+    cache, again = f"{REGISTRY}/{NAMESPACE}", f"{NAMESPACE}-again"
+    published = ("--set", "triton.NUMPY_VERSION=2.3.5", "--cache-from", cache)  # --continue's build
+    dry = json.loads(
+        invoke(tree, *podman_build("--dry-run", "--json", *published, namespace=again)).stdout
+    )
+    assert [s["status"] for s in dry["steps"]] == ["pull"] * 4
+    proc = invoke(tree, *podman_build(*published, namespace=again))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert outcomes(proc.stdout) == dict.fromkeys(LAYERS, "pulled")
+    assert "smoke ok" in proc.stdout
+    for step in dry["steps"]:
+        content_tag = step["tag"].split(":")[-1]
+        assert podman_id(step["tag"]) == podman_id(f"{NAMESPACE}/{step['layer']}:{content_tag}")
