@@ -179,7 +179,12 @@ def _invocation(
 
 
 def _local_defaults(
-    inv: Invocation, recipes: Recipes, ws: Workspace, eng: Engine, given_base: bool
+    inv: Invocation,
+    recipes: Recipes,
+    ws: Workspace,
+    eng: Engine,
+    given_base: bool,
+    to_stderr: bool = False,
 ) -> Invocation:
     """Offline by default where it can be: when the stack's base image is not in the engine but the
     local one tools/setup.sh makes (debootstrap + docker import) is, build on that instead of
@@ -190,7 +195,8 @@ def _local_defaults(
         return inv
     if eng.image_id(local) is None:
         return inv
-    out.print(
+    # A --json plan owns stdout: the note goes to stderr there, so the output stays JSON.
+    (err if to_stderr else out).print(
         f"[dim]base image: {local} ({spec.base_image} is not in the engine; --base-image to change)[/]"
     )
     return Invocation(**{**inv.__dict__, "base_image": local})
@@ -208,7 +214,9 @@ def _connect_for_plan(name: str, quiet: bool) -> Engine | None:
 def _dry_run(inv: Invocation, recipes: Recipes, ws: Workspace, as_json: bool, layer: str | None):
     eng = _connect_for_plan(inv.engine, quiet=as_json)
     if eng is not None:
-        inv = _local_defaults(inv, recipes, ws, eng, given_base=inv.base_image is not None)
+        inv = _local_defaults(
+            inv, recipes, ws, eng, given_base=inv.base_image is not None, to_stderr=as_json
+        )
     notes: list[str] = []
     plan, known = plan_build(inv, recipes, ws, eng, notes)
     for note in notes:

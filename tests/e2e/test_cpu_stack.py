@@ -181,6 +181,11 @@ def test_a_rebuild_with_nothing_changed_is_all_cached(tree):
     assert outcomes(proc.stdout) == dict.fromkeys(
         ["base", "torch-cpu", "triton", "validate"], "cached"
     )
+    # The same defaults under --dry-run --json: the note goes to stderr, stdout stays JSON.
+    proc = invoke(tree, "build", "--arch", "cpu", "--namespace", NAMESPACE, "--dry-run", "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"base image: {BASE}" in " ".join(proc.stderr.split())
+    assert json.loads(proc.stdout)["steps"]
     print(
         f"no-op rebuild took {time.monotonic() - started:.1f}s"
     )  # the number lives in docs/benchmarks.md
