@@ -323,7 +323,7 @@ class Prober:
             for layer in chain[: chain.index(exc.layer)]:
                 build[layer] = "cached" if plan.step(layer).status == "cached" else "built"
             first_line = exc.message.split(";", 1)[0]
-            return {k: v or "not run" for k, v in build.items()}, "", f"{first_line} (skip)"
+            return {k: v or "not run" for k, v in build.items()}, "", first_line
         build = {o.layer: o.status for o in outcomes if o.layer in chain}
         final = plan.chain[-1]
         return build, self.engine.image_id(final.hash_tag) or final.hash_tag, ""

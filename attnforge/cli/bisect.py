@@ -269,16 +269,19 @@ def _print_result(state: bs.BisectState, outcome: bs.Outcome, spec: bs.CheckSpec
     table = Table(
         title=f"probes of {state.layer}.{state.key} ({state.check})", title_justify="left"
     )
-    for col in ("#", "pin", "what", "verdict", "why", "cached", "evidence"):
+    for col in ("#", "pin", "what", "verdict", "why", "cached"):
         table.add_column(col, overflow="fold")
     labels = {c.pin: c.label for c in state.candidates}
     for i, p in enumerate(state.probes, 1):
         cached = [layer for layer, how in p.build.items() if how == "cached"]
         table.add_row(str(i), bs.short_pin(p.pin), labels.get(p.pin, ""),
                       f"[{VERDICT_STYLE[p.verdict]}]{p.verdict}[/]", p.reason,
-                      ", ".join(cached) or "-", p.report)  # fmt: skip
+                      ", ".join(cached) or "-")  # fmt: skip
     if state.probes:
         out.print(table)
+        folder = Path(state.probes[0].report).parent
+        out.print(f"each probe's evidence: {folder}/<pin>/ (probe.json, check.log, the check's "
+                  "report, a failed build's log)", markup=False, soft_wrap=True)  # fmt: skip
     if outcome.status == "running":
         out.print(f"bisect in progress ({path}); the range still in doubt: "
                   f"{state.candidates[outcome.last_good].pin[:12]}..{state.candidates[outcome.first_bad].pin[:12]}")  # fmt: skip
@@ -312,7 +315,6 @@ def _print_evidence(state: bs.BisectState, good: bs.Candidate, bad: bs.Candidate
     table.add_column(f"last good {bs.short_pin(good.pin)}", overflow="fold")
     table.add_column(f"first bad {bs.short_pin(bad.pin)}", overflow="fold")
     table.add_row("verdict", pg.reason if pg else "(taken as good)", pb.reason if pb else "(taken as bad)")  # fmt: skip
-    table.add_row("report", pg.report if pg else "-", pb.report if pb else "-")
     if spec.output:
         names = (spec.output,)
         for what, before, after in bs.report_rows(
@@ -322,6 +324,10 @@ def _print_evidence(state: bs.BisectState, good: bs.Candidate, bad: bs.Candidate
     else:
         table.add_row("output (last lines)", _tail(pg), _tail(pb))
     out.print(table)
+    for which, p in (("last good", pg), ("first bad", pb)):
+        if p is not None:
+            shown = Path(p.report) / (spec.output or "check.log")
+            out.print(f"{which}: {shown}", markup=False, soft_wrap=True)
 
 
 def _tail(probe: bs.Probe | None, n: int = 6) -> str:
