@@ -7,6 +7,7 @@ from attnforge.cli import bisect as bisect_tasks
 from attnforge.cli import build as build_tasks
 from attnforge.cli import doctor as doctor_tasks
 from attnforge.cli import kernels as kernel_tasks
+from attnforge.cli import matrix as matrix_tasks
 from attnforge.cli import patches as patch_tasks
 from attnforge.cli import pins as pin_tasks
 from attnforge.cli import publish as publish_tasks
@@ -19,6 +20,7 @@ ns.add_task(build_tasks.schema)
 ns.add_task(build_tasks.arches)
 ns.add_task(validate_tasks.validate)
 ns.add_task(validate_tasks.report)
+ns.add_task(matrix_tasks.matrix_task)
 ns.add_task(publish_tasks.publish)
 ns.add_task(bisect_tasks.bisect)
 ns.add_task(doctor_tasks.doctor)
