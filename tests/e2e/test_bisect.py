@@ -40,7 +40,27 @@ RUN --mount=type=bind,source=.,target=/ctx \\
  && git -C /opt/probe checkout -q "${SOURCE_REF}" \\
  && rm -rf /opt/probe/.git \\
  && if [ -e /opt/probe/BREAKS_THE_BUILD ]; then echo "this commit does not build" >&2; exit 1; fi
+# the validation suite, and the repository's own check for it (check:probe.*)
+COPY validate /opt/attnforge/validate
+ENV PYTHONPATH=/opt/attnforge VALIDATE_EXTRA_CHECKS=/opt/probe/checks.py
 COPY attnforge-manifest.json /opt/attnforge/versions.json
+"""
+
+CHECKS_PY = """\
+import sys
+
+sys.path.insert(0, "/opt/probe")
+
+
+def probe_ok(params, ctx):
+    import probe
+
+    if not probe.ok():
+        return {"status": "fail", "message": "probe.ok() is False"}
+    return {"status": "pass", "message": "probe.ok() holds"}
+
+
+CHECKS = [{"id": "probe.ok", "func": "probe_ok", "title": "the planted module works"}]
 """
 
 STACK = """
@@ -68,6 +88,7 @@ def make_history(work: Path) -> list[str]:
     for i in range(COMMITS):
         (work / "probe.py").write_text(f"def ok():\n    return {i < FIRST_BAD}\n")
         (work / "version.txt").write_text(f"{i}\n")
+        (work / "checks.py").write_text(CHECKS_PY)
         marker = work / "BREAKS_THE_BUILD"
         if i == UNBUILDABLE:
             marker.write_text("planted\n")
@@ -99,7 +120,7 @@ def workspace(tmp_path_factory, engine_ready):  # noqa: F811
         "needs: [python]\n"
         "arches: [cpu]\n"
         f"source: {{repo: 'file://{tree / 'bisect-src.git'}', ref: {shas[0]}}}\n"
-        "context: [bisect-src.bundle]\n"
+        "context: [bisect-src.bundle, validate]\n"
         "smoke:\n"
         "  - name: the probe module is there\n"
         "    python: \"import os; assert os.path.isfile('/opt/probe/probe.py')\"\n"
@@ -131,9 +152,9 @@ def _seed_base(tree: Path, common: list[str]) -> None:
         subprocess.run(["docker", "tag", there, tag], check=True)
 
 
-def bisect(tree: Path, shas: list[str], common: list[str], *extra: str):
+def bisect(tree: Path, shas: list[str], common: list[str], *extra: str, check: str = CHECK):
     return invoke(tree, "bisect", *common, "--layer", "bisect-probe", "--good", shas[0],
-                  "--bad", shas[-1], "--check", CHECK, *extra, timeout=1200)  # fmt: skip
+                  "--bad", shas[-1], "--check", check, *extra, timeout=1200)  # fmt: skip
 
 
 def test_bisect_names_the_planted_commit_in_log2_probes_with_the_base_cached_and_resumes(workspace):
@@ -181,3 +202,31 @@ def test_bisect_names_the_planted_commit_in_log2_probes_with_the_base_cached_and
     again = bisect(tree, shas, common)
     assert again.returncode == 0 and "probe 4" not in again.stdout
     assert f"first bad SOURCE_REF: {shas[FIRST_BAD]}" in " ".join(again.stdout.split())
+
+
+def test_a_validation_check_decides_and_the_evidence_is_the_two_real_reports(workspace):
+    """check:probe.* runs `python -m validate all --only 'probe.*'` in each probe's image (the
+    suite and the check come with the layer); --verify probes both ends first. The pins the first
+    test built are in the engine by content tag, so for them only the check runs again."""
+    tree, shas, common = workspace
+    proc = bisect(tree, shas, common, "--reset", "--verify", check="check:probe.*")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = " ".join(proc.stdout.split())
+    assert "forgot the recorded bisect" in out
+    assert f"first bad SOURCE_REF: {shas[FIRST_BAD]}" in out
+    state = BisectState.load(state_path(tree / "build/state", "cpu", "bisect-test", "bisect-probe"))
+    assert [p.pin for p in state.probes] == [shas[0], shas[-1], shas[4], shas[UNBUILDABLE],
+                                             shas[FIRST_BAD]]  # fmt: skip
+    probes = {p.pin: p for p in state.probes}
+    assert probes[shas[FIRST_BAD]].reason == "probe.ok fail: probe.ok() is False"
+    assert probes[shas[4]].reason == "1 matching check(s) passed or skipped"
+    # the pins the first test built are images by content tag now: not built again
+    assert probes[shas[4]].build == probes[shas[FIRST_BAD]].build == {"base": "cached", "bisect-probe": "cached"}  # fmt: skip
+    assert probes[shas[0]].build == {"base": "cached", "bisect-probe": "built"}
+
+    good = json.loads((Path(probes[shas[4]].report) / "report.json").read_text())
+    bad = json.loads((Path(probes[shas[FIRST_BAD]].report) / "report.json").read_text())
+    assert [(c["id"], c["status"]) for c in good["checks"]] == [("probe.ok", "pass")]
+    assert [(c["id"], c["status"]) for c in bad["checks"]] == [("probe.ok", "fail")]
+    assert "probe.ok │ pass: probe.ok() holds │ fail: probe.ok() is False" in out
+    assert f"first bad: {probes[shas[FIRST_BAD]].report}/report.json" in out
