@@ -541,3 +541,71 @@ def test_a_source_layers_commit_can_be_set_and_changes_its_key():
     assert after.args["SOURCE_REF"] == commit and after.hash != before.hash
     with pytest.raises(UserError, match="40 lowercase hex digits"):
         parse_overrides([f"{layer}.SOURCE_REF=main"], recipes)
+
+
+# ---------------------------------------------------------------------------- one probe
+
+
+def _prober(tmp_path, engine, layer="triton", key="TRITON_VERSION", check="cmd:exit 1"):
+    from attnforge.bisect_run import Prober
+    from attnforge.build import Invocation
+    from attnforge.recipes import load_recipes
+    from attnforge.workspace import Workspace
+
+    ws = Workspace(REPO, tmp_path / "build", tmp_path / "reports")
+    inv = Invocation(arch="cpu", stack="cpu", namespace="t")
+    flags = {"devices": [], "groups": [], "extra": []}
+    return ws, Prober(ws, load_recipes(REPO), engine, inv, layer, key, bs.parse_check(check), flags)  # fmt: skip
+
+
+def _engine(exit_code=0, **script):
+    from tests.unit.test_executor import RecordingEngine
+
+    class CheckingEngine(RecordingEngine):
+        def run_streaming(self, req, log, on_line=None) -> int:
+            self.calls.append(("check", req.image, tuple(req.command), req.mounts))
+            log.write("the check's output\n")
+            return exit_code
+
+    return CheckingEngine(**script)
+
+
+def test_a_probe_builds_with_the_pin_checks_the_final_image_and_keeps_its_evidence(tmp_path):
+    engine = _engine(exit_code=1)
+    ws, prober = _prober(tmp_path, engine)
+    probe = prober.probe("3.5.0")
+    assert (probe.verdict, probe.reason) == (bs.BAD, "the command exited 1")
+    builds = [c for c in engine.calls if c[0] == "build"]
+    triton = next(req for _, layer, req in builds if layer == "triton")
+    assert triton.build_args["TRITON_VERSION"] == "3.5.0"
+    check = next(c for c in engine.calls if c[0] == "check")
+    assert check[1] == "sha256:validate-image" and check[2] == ("sh", "-c", "exit 1")
+    assert check[3][0][1] == "/out"
+    folder = Path(probe.report)
+    assert folder == tmp_path / "reports/cpu/cpu/bisect/triton/3.5.0"
+    assert json.loads((folder / "probe.json").read_text())["verdict"] == bs.BAD
+    assert (folder / "check.log").read_text() == "the check's output\n"
+    assert probe.build == dict.fromkeys(["base", "torch-cpu", "triton", "validate"], "built")
+    # content tags only; the user's last build state is not the probe's
+    assert all(ref.split(":")[1].startswith("cpu-") for ref in engine.tags_moved())
+    assert not (tmp_path / "build/state/last-build.json").exists()
+
+
+def test_a_build_failure_of_the_bisected_layer_is_a_skip_with_its_log(tmp_path):
+    engine = _engine(fail_build={"triton"})
+    ws, prober = _prober(tmp_path, engine)
+    probe = prober.probe("3.5.0")
+    assert probe.verdict == bs.SKIP and "layer 'triton' failed to build" in probe.reason
+    assert probe.build == {"base": "built", "torch-cpu": "built", "triton": "failed",
+                           "validate": "not run"}  # fmt: skip
+    assert "no matching distribution" in (Path(probe.report) / "build-triton.log").read_text()
+    assert not [c for c in engine.calls if c[0] == "check"]
+
+
+def test_a_build_failure_below_the_bisected_layer_stops_the_bisect(tmp_path):
+    engine = _engine(fail_build={"torch-cpu"})
+    ws, prober = _prober(tmp_path, engine)
+    with pytest.raises(UserError, match="layer torch-cpu, below the bisected layer triton, failed"):
+        prober.probe("3.5.0")
+    assert not (tmp_path / "reports/cpu/cpu/bisect/triton/3.5.0").exists()
+    assert not list((tmp_path / "reports/cpu/cpu/bisect/triton").glob(".*"))
