@@ -41,7 +41,7 @@ VERSIONS = (
 STATES = ("works", "partial", "fails", "refused", "absent", "unknown", "pick")
 ICON = {"works": "✅", "partial": "◐", "fails": "❌", "refused": "—", "absent": "∅", "unknown": "?",
         "pick": ""}  # fmt: skip
-NOTED = ("partial", "fails", "refused")  # states whose reason the Markdown lists as a note
+NOTED = ("works", "partial", "fails", "refused")  # states whose reason is shown (else a tooltip)
 RUN_BAD = ("fail", "crash", "deferred-fault")
 CHECK_BAD = ("fail", "crash", "timeout")
 DTYPE_PREFERENCE = ("bf16", "fp16", "fp32")
@@ -262,6 +262,11 @@ def sdpa_cell(report: dict[str, Any], backend: str) -> Cell:
         text = "fails" if len(bad) == len(runs) else f"fails {len(bad)}/{len(runs)} cases"
         return Cell("fails", text, reason(bad, bad[0][1].get("run") or "failed"))
     if len(passed) == len(runs):
+        # A forced run passes where the backend is switched off in the process (can_use_* says
+        # "runtime disabled"): it works, but SDPA will not choose it.
+        doubted = [(c, e) for c, e in runs if e.get("can_use") is False]
+        if doubted:
+            return Cell("works", "works when forced", reason(doubted, "can_use says no"))
         return Cell("works", "works", "")
     if passed:
         return Cell("partial", f"{len(passed)}/{len(runs)} cases", reason(refused, "refused"))

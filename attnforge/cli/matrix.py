@@ -137,18 +137,18 @@ def copy_report(entry: matrix.Entry, dest: Path, root: Path, html: bool) -> tupl
         for p in sorted(src.parent.glob(pattern)):
             if p.is_file() and p.resolve() != src.resolve():
                 shutil.copy2(p, dest / p.name)
-    if not html:
-        return ("report.md" if (dest / "report.md").is_file() else "report.json"), ""
-    proc = subprocess.run(
-        [sys.executable, "-m", "validate", "render", str(dest / "report.json"),
-         "--html", str(dest / "report.html"), "--md", str(dest / "report.md")],
-        cwd=root, capture_output=True, text=True,
-    )  # fmt: skip
+    argv = [sys.executable, "-m", "validate", "render", str(dest / "report.json"),
+            "--md", str(dest / "report.md")]  # fmt: skip
+    if html:
+        argv += ["--html", str(dest / "report.html")]
+    proc = subprocess.run(argv, cwd=root, capture_output=True, text=True)
+    if proc.returncode == 0 and not html:
+        return "report.md", ""
     if proc.returncode == 0 and (dest / "report.html").is_file():
         return "report.html", ""
     why = (proc.stderr.strip() or proc.stdout.strip() or f"exit {proc.returncode}").splitlines()
     fallback = "report.md" if (dest / "report.md").is_file() else "report.json"
-    return fallback, f"{src}: its HTML page was not drawn ({why[-1]}); the matrix links {fallback}"
+    return fallback, f"{src}: its page was not drawn ({why[-1]}); the matrix links {fallback}"
 
 
 def summary_line(r: matrix.Row) -> str:
@@ -193,7 +193,7 @@ def write(output: Path, page: str, markdown: str, staged_reports: Path | None) -
         "4096, head dim 128, non-causal shape)",
         "mode": "bench mode for the speed figures: fwd (default), bwd or fwd_bwd",
         "html_reports": "draw each report's own HTML page next to its copy and link it (default "
-        "on; --no-html-reports links report.md)",
+        "on; --no-html-reports draws and links its Markdown only)",
         "debug": "show tracebacks",
     },
     iterable=["reports"],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import importlib
+import json
 import os
 import platform
 import sys
@@ -83,6 +84,21 @@ def python_package_versions(names: tuple[str, ...]) -> dict[str, str]:
     return found
 
 
+# Written into every attnforge image by its layers (the plan's versions manifest: each layer's
+# pins, e.g. flash-attention's SOURCE_REF); absent on a bare host.
+IMAGE_VERSIONS = "/opt/attnforge/versions.json"
+
+
+def image_versions(path: str = IMAGE_VERSIONS) -> dict[str, Any] | None:
+    """The image's versions manifest, or None where there is none (or it is unreadable)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            found = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
 def aotriton_libs(torch_dir: str) -> list[str]:
     return sorted(
         os.path.basename(p) for p in glob.glob(os.path.join(torch_dir, "lib", "libaotriton*"))
@@ -98,6 +114,7 @@ def run(params: dict[str, Any], ctx) -> dict[str, Any]:
         "env": attention_env(),
         "rocm_version": rocm_version(),
         "rocm_python_packages": python_package_versions(ROCM_PYTHON_PACKAGES),
+        "image_versions": image_versions(),
     }
     obs: dict[str, Any] = {}
     ctx.progress("import torch")
