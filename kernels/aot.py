@@ -115,11 +115,12 @@ _BWD_OFF = dict(Rng=None, drop_scale=None, HAS_DROPOUT=False)
 _DROPOUT = dict(Rng="*i64", drop_scale="fp32")
 
 
-def _variants(head_dim: int, cfg, base, fp8: str | None):
-    """The dropout variant of each default kernel (``<name>_dropout``) and, where the arch
-    multiplies ``fp8`` natively, the FP8 forward (``fwd_fp8``: e4m3 q/k/v, bf16 output)."""
+def _variants(dropout_base, base, fp8: str | None):
+    """The dropout variant of each kernel of ``dropout_base`` (the default kernels with the
+    dropout config's tiles) as ``<name>_dropout`` and, where the arch multiplies ``fp8``
+    natively, the FP8 forward of ``base`` (``fwd_fp8``: e4m3 q/k/v, bf16 output)."""
     out = []
-    for name, fn, ptrs, consts, tile in base:
+    for name, fn, ptrs, consts, tile in dropout_base:
         c = {k: v for k, v in consts.items() if k not in _DROPOUT}
         out.append((f"{name}_dropout", fn, dict(ptrs, Rng="*i64"), dict(c, HAS_DROPOUT=True), tile))
     if fp8:
@@ -330,9 +331,9 @@ def check_arch(arch: str, spec: dict, head_dims, over_2gib: bool = False) -> lis
     for d in head_dims:
         cfg = for_tensors(config_for(spec["family"], d), not over_2gib)
         base = _kernels(d, cfg)
-        for name, fn, ptrs, consts, tile in base + _variants(
-            d, cfg, base, FP8_DOT.get(spec["family"])
-        ):
+        dcfg = for_tensors(config_for(spec["family"], d, dropout=True), not over_2gib)
+        variants = _variants(_kernels(d, dcfg), base, FP8_DOT.get(spec["family"]))
+        for name, fn, ptrs, consts, tile in base + variants:
             try:
                 if spec["vendor"] == "amd":
                     r = _compile_amd(arch, spec, name, fn, ptrs, consts, tile, over_2gib)

@@ -192,8 +192,21 @@ def _interpreter(d: int) -> AttnConfig:
     return AttnConfig(t, t, t)
 
 
-def config_for(family: str, head_dim: int) -> AttnConfig:
-    """The default config of a family for a (padded) head dimension; no device needed."""
+# Dropout keeps the Philox mask live in the backward: with the shared tiles ptxas spills there
+# (sm90 dK/dV 64x64 w4: 564 / 1720 bytes at d=64 / 128; sm80 dK/dV and dQ: 16-232 bytes). These
+# tiles compile without spills with dropout (python -m kernels.aot --arch sm90 --arch sm80); AMD's
+# shared tiles already do, and the forward's everywhere. Their speed is not measured yet.
+_DROPOUT_BWD = {
+    ("hopper", 64): {"bwd_kv": Tile(16, 128, 8, 2)},
+    ("hopper", 128): {"bwd_kv": Tile(16, 128, 8, 2)},
+    ("ampere", 64): {"bwd_kv": Tile(16, 32, 4, 1), "bwd_q": Tile(64, 64, 8, 2)},
+    ("ampere", 128): {"bwd_kv": Tile(16, 64, 8, 1), "bwd_q": Tile(64, 64, 8, 2)},
+}
+
+
+def config_for(family: str, head_dim: int, dropout: bool = False) -> AttnConfig:
+    """The default config of a family for a (padded) head dimension; no device needed.
+    ``dropout``: the backward tiles of the dropout kernels where they differ."""
     d = padded_head_dim(head_dim)
     if family in ("rdna3", "rdna3.5", "rdna4"):
         cfg = _rdna(d, family)
@@ -207,6 +220,9 @@ def config_for(family: str, head_dim: int) -> AttnConfig:
         cfg = _interpreter(d)
     else:
         raise ValueError(f"unknown family {family!r}; valid: {', '.join(FAMILIES)}")
+    if dropout:
+        group = "ampere" if family == "nvidia" else family
+        cfg = replace(cfg, **_DROPOUT_BWD.get((group, d), {}))
     return override(cfg, os.environ.get("ATTNFORGE_KERNELS_CONFIG"))
 
 

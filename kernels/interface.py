@@ -241,6 +241,8 @@ def _backward(
     qs, ks, vs = _Seq(q, varlen), _Seq(k, varlen), _Seq(v, varlen)
     dos, outs = _Seq(do, varlen), _Seq(out, varlen)
     d, hq, hk, cfg, hip, softcap, cap_in, cap_out = _common(qs.t, ks.t, vs.t, mask, scale)
+    if drop:
+        cfg = configs.config_for(configs.device_family(q.device), d, dropout=True)
     bd = configs.padded_head_dim(d)
     lse_strides = (0, lse.stride(0)) if varlen else (lse.stride(0), lse.stride(1))
     delta = torch.empty_like(lse)

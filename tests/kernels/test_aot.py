@@ -179,3 +179,24 @@ def test_unknown_arch_is_a_user_error():
         timeout=120,
     )
     assert proc.returncode == 2 and "gfx1151" in proc.stderr
+
+
+@pytest.mark.slow
+def test_dropout_and_fp8_variants_compile_without_spills(aot_run):
+    # Issue 13: every arch gets the dropout forward and backward, the FP8 forward only where its
+    # matrix unit multiplies e4m3 natively (kernels.flash.FP8_DOT); none of them spills.
+    from kernels.flash import FP8_DOT
+
+    _, reports = aot_run
+    by = {(r["arch"], r["head_dim"], r["kernel"]): r for r in reports}
+    for arch, spec in ARCHES.items():
+        for d in aot.DEFAULT_HEAD_DIMS:
+            fp8 = by.get((arch, d, "fwd_fp8"))
+            assert (fp8 is not None) == (spec["family"] in FP8_DOT), (arch, d)
+            for kernel in ("fwd_dropout", "bwd_dkdv_dropout", "bwd_dq_dropout", "fwd_fp8"):
+                r = by.get((arch, d, kernel))
+                if r is None and kernel == "fwd_fp8":
+                    continue
+                assert not r["spills"] and not r["scratch_bytes"] and not r["problems"], r
+            if fp8 is not None:
+                assert any(t in k for k in fp8["matrix_instrs"] for t in ("fp8", "f8", "e4m3")), fp8
