@@ -67,7 +67,7 @@ def test_a_readme_command_runs_without_error(command, tmp_path):
     args = command.split()[1:]
     if PLANNED_ONLY.match(command):
         args.append("--dry-run")
-    if args[0] == "report":  # a real report (from an H200 run) where --arch/--stack look for it
+    if args[0] in ("report", "matrix"):  # a real report (an H200 run's) where they look for it
         where = tmp_path / "reports" / "gfx1151" / "default"
         where.mkdir(parents=True)
         shutil.copy(REPO / "tests/validate/fixtures/h200_report.json", where / "report.json")
