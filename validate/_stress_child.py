@@ -23,7 +23,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from validate.runner import is_device_fault
+from validate.runner import is_device_fault, watch_parent
 
 # Testing hook (not user interface): plant a fault, e.g. "segfault@3", "nan@2:sdpa.math",
 # several separated by commas. Kinds: segfault, abort, exit, hang, error, devicefault (a
@@ -513,6 +513,7 @@ def _write_json(value: Any, path: str) -> None:
 
 
 def main(argv: list[str]) -> None:
+    watch_parent()
     if argv[:1] == ["--env"]:
         _write_json(env_info(), argv[1])
         os._exit(0)

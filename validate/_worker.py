@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from validate.runner import is_device_fault
+from validate.runner import is_device_fault, watch_parent
 
 # Testing hook: a Python file run in every check process before its first check (for example
 # to call torch.backends.cuda.enable_flash_sdp(False)). Not part of the user interface.
@@ -344,6 +344,7 @@ def serve(request_fd: int, reply_fd: int) -> None:
 
 
 def main(argv: list[str]) -> None:
+    watch_parent()
     if argv[:1] == ["--serve"]:
         serve(int(argv[1]), int(argv[2]))
         return

@@ -46,6 +46,32 @@ def is_device_fault(text: str) -> bool:
     return bool(_FAULT_RE.search(text or ""))
 
 
+# Set by every launcher to its own pid: the child compares its parent with it, so a parent that
+# died while the child was still importing torch is noticed too.
+PARENT_ENV = "VALIDATE_PARENT_PID"
+
+
+def watch_parent(interval: float = 0.5) -> None:
+    """In a check or worker process: kill this process group when the validate process that
+    started it is gone (SIGKILLed, timed out, a cancelled CI job, `docker stop`), so no check
+    goes on holding the GPU. A thread that polls the parent pid rather than PR_SET_PDEATHSIG,
+    which fires when the forking *thread* exits, and the pool starts workers from threads."""
+    import threading
+
+    parent = int(os.environ.get(PARENT_ENV) or os.getppid())
+
+    def watch() -> None:
+        while True:
+            time.sleep(interval)
+            if os.getppid() != parent:
+                try:
+                    os.killpg(os.getpgrp(), signal.SIGKILL)
+                finally:
+                    os._exit(137)
+
+    threading.Thread(target=watch, name="watch-parent", daemon=True).start()
+
+
 def signal_name(signum: int) -> str:
     """SIGSEGV for 11, and so on; 'signal N' where Python does not know the number."""
     try:
@@ -110,12 +136,14 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 
 def child_env(env: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of a check process: this package importable, unbuffered output, and one
-    Triton cache for every process of the run (a user's TRITON_CACHE_DIR is kept)."""
+    """The environment of a check process: this package importable, unbuffered output, the pid it
+    watches (watch_parent), and one Triton cache for every process of the run (a user's
+    TRITON_CACHE_DIR is kept)."""
     package_parent = str(Path(__file__).resolve().parent.parent)
     out = dict(os.environ if env is None else env)
     out["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, out.get("PYTHONPATH", "")) if p)
     out.setdefault("PYTHONUNBUFFERED", "1")
+    out[PARENT_ENV] = str(os.getpid())
     cache = triton_cache_dir(out)
     if cache:
         out["TRITON_CACHE_DIR"] = cache

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from validate import workloads
-from validate.runner import Outcome, classify, signal_name, tail
+from validate.runner import Outcome, child_env, classify, signal_name, tail
 
 HELP = "run backends for many iterations at real workload shapes; report the first failure"
 DESCRIPTION = """\
@@ -314,10 +314,7 @@ def document(
 
 
 def _child_env(serialize: bool) -> dict[str, str]:
-    env = dict(os.environ)
-    package_parent = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH", "")) if p)
-    env.setdefault("PYTHONUNBUFFERED", "1")
+    env = child_env()
     if serialize:
         env.update(SERIALIZE_ENV)
     return env
@@ -476,7 +473,7 @@ def main(args: argparse.Namespace) -> int:
             flush=True,
         )
     runs = []
-    child_env = _child_env(args.serialize)
+    run_env = _child_env(args.serialize)
     for backend in backends:
         spec = {
             "backend": backend,
@@ -489,7 +486,7 @@ def main(args: argparse.Namespace) -> int:
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
             json.dump(spec, fh)
         try:
-            outcome, lines = launch([fh.name], args.timeout, child_env)
+            outcome, lines = launch([fh.name], args.timeout, run_env)
         finally:
             os.unlink(fh.name)
         run = run_record(
