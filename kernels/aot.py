@@ -3,13 +3,14 @@
     python -m kernels.aot --arch gfx1151 | --all [--head-dims 64,128 | --all-head-dims] [--json]
                           [--over-2gib]
 
-For each arch, head dim and kernel (forward; backward delta, dK/dV and dQ) it compiles the
-family's default config with Triton's HIP or CUDA target and reports VGPRs/registers, SGPRs,
-spills, scratch, LDS bytes, occupancy and the matrix instructions in the ISA. Exit status 1 when
-a default config spills registers to memory (VGPR spills, scratch, ptxas spill stores) or needs
-more LDS than the arch allows; SGPRs spilled into VGPR lanes cost no memory traffic and are
-reported, not failed. Spills listed in ``configs.ACCEPTED_SPILLS`` (kept because they measured
-faster) are reported as accepted and do not fail either, unless they grew past the recorded size.
+For each arch, head dim and kernel (forward; backward delta, dK/dV and dQ; the KV-cache decode,
+paged prefill and split-KV combine) it compiles the family's default config with Triton's HIP
+or CUDA target and reports VGPRs/registers, SGPRs, spills, scratch, LDS bytes, occupancy and the
+matrix instructions in the ISA. Exit status 1 when a default config spills registers to memory
+(VGPR spills, scratch, ptxas spill stores) or needs more LDS than the arch allows; SGPRs
+spilled into VGPR lanes cost no memory traffic and are reported, not failed. Spills listed in
+``configs.ACCEPTED_SPILLS`` (kept because they measured faster) are reported as accepted and do
+not fail either, unless they grew past the recorded size.
 
 AMD kernels are specialized like the HIP JIT specializes them for tensors of at most 2 GiB
 (``tt.pointer_range = 32`` on the pointers: buffer loads with 32-bit offsets); ``--over-2gib``
@@ -325,6 +326,7 @@ def check_arch(arch: str, spec: dict, head_dims, over_2gib: bool = False) -> lis
     """
     from .configs import config_for, for_tensors
     from .flash import FP8_DOT
+    from .kvcache import aot_kernels
 
     os.environ.pop("TRITON_INTERPRET", None)
     reports = []
@@ -333,7 +335,8 @@ def check_arch(arch: str, spec: dict, head_dims, over_2gib: bool = False) -> lis
         base = _kernels(d, cfg)
         dcfg = for_tensors(config_for(spec["family"], d, dropout=True), not over_2gib)
         variants = _variants(_kernels(d, dcfg), base, FP8_DOT.get(spec["family"]))
-        for name, fn, ptrs, consts, tile in base + variants:
+        # The KV-cache kernels (kernels/kvcache.py: split-KV decode, paged prefill, combine).
+        for name, fn, ptrs, consts, tile in base + variants + aot_kernels(d, spec["family"]):
             try:
                 if spec["vendor"] == "amd":
                     r = _compile_amd(arch, spec, name, fn, ptrs, consts, tile, over_2gib)

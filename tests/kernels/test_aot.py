@@ -51,6 +51,8 @@ def test_every_arch_and_kernel_compiles(aot_run):
 def test_kernels_use_the_arch_matrix_unit(aot_run):
     _, reports = aot_run
     for r in reports:
+        if r["kernel"] == "kv_combine":  # an LSE-weighted sum of split-KV partials: no matmul
+            continue
         prefix = MATRIX[ARCHES[r["arch"]]["matrix_unit"]]
         assert any(k.startswith(prefix) for k in r["matrix_instrs"]), (r["arch"], r["kernel"])
 
