@@ -523,7 +523,7 @@ def _td(cell: Cell, limit: int = 110) -> str:
     body = f"<span class='state'>{_h(label)}</span>"
     if cell.tflops is not None:
         body += f"<span class='speed'>{_h(_speed(cell))}</span>"
-    elif cell.speed_note and cell.state not in ("absent", "unknown"):
+    elif cell.speed_note and cell.state in ("works", "partial", "pick"):
         body += f"<span class='nospeed' title='{_h(cell.speed_note)}'>speed —</span>"
     if cell.reason and cell.state in NOTED:
         short = cell.reason if len(cell.reason) <= limit else cell.reason[: limit - 1] + "…"
