@@ -1,0 +1,123 @@
+"""End to end on a real Docker engine: `invoke validate --bench --stress` on the cpu stack.
+
+Builds the cpu stack in a copy of the tree under its own image namespace (as test_cpu_stack.py
+does), validates it with the benchmarks and a stress run at tiny shapes, then validates an image
+whose bench-train is broken: the run fails naming it, and the last good bench_train.json stays.
+The tests in this module run in order and share one tree and namespace.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import COPY_IGNORE, REPO
+from tests.e2e.test_cpu_stack import WHEELHOUSE, _engine_problem, build_args, image_id, invoke
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+NAMESPACE = f"attnforge-e2e-bench-{uuid.uuid4().hex[:8]}"
+BROKEN = f"{NAMESPACE}/broken-bench-train:cpu"
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory) -> Path:
+    problem = _engine_problem()
+    if problem:
+        if os.environ.get("ATTNFORGE_REQUIRE_E2E") == "1":
+            pytest.fail(f"end-to-end tests are required here but cannot run: {problem}")
+        pytest.skip(f"no container engine for end-to-end tests: {problem}")
+    dest = tmp_path_factory.mktemp("e2e-bench") / "tree"
+    shutil.copytree(REPO, dest, ignore=COPY_IGNORE)
+    if Path(WHEELHOUSE).is_dir():
+        (dest / "build").mkdir()
+        (dest / "build" / "wheelhouse").symlink_to(Path(WHEELHOUSE).resolve())
+    yield dest
+    tags = subprocess.run(
+        ["docker", "images", "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True, text=True
+    ).stdout.split()
+    mine = [t for t in tags if NAMESPACE in t]
+    if mine:
+        subprocess.run(["docker", "rmi", "-f", *mine], capture_output=True)
+
+
+def _doc(path: Path, kind: str) -> dict:
+    doc = json.loads(path.read_text())
+    assert (doc["kind"], doc["version"]) == (kind, 1)
+    assert doc["env"]["device"] == "cpu" and doc["env"]["torch"].endswith("+cpu")
+    return doc
+
+
+def test_validate_with_bench_and_stress_writes_every_document_beside_the_report(tree):
+    built = invoke(tree, *build_args(namespace=NAMESPACE))
+    assert built.returncode == 0, built.stdout + built.stderr
+    proc = invoke(
+        tree, "validate", "--arch", "cpu", "--namespace", NAMESPACE, "--quick", "--bench",
+        "--stress", "llm", "--stress-iters", "2", timeout=1800,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    reports = tree / "reports/cpu/cpu"
+    assert json.loads((reports / "report.json").read_text())["summary"]["status"] == "pass"
+
+    bench = _doc(reports / "bench.json", "attnforge.bench")
+    assert bench["size"] == "tiny"  # the cpu stack benches CPU-sized shapes
+    by = {(r["backend"], r["mode"]): r for r in bench["results"]}
+    for mode in ("fwd", "bwd", "fwd_bwd"):
+        assert by["sdpa.math", mode]["status"] == "ok" and by["sdpa.math", mode]["ms"] > 0
+        assert by["kernels", mode]["status"] == "ok"  # in Triton's interpreter, in the image
+        assert by["sdpa.efficient", mode]["status"] == "unsupported"
+        assert by["flash_attn", mode]["status"] == "unsupported"  # not in the cpu stack
+
+    train = _doc(reports / "bench_train.json", "attnforge.bench_train")
+    assert train["loss_check"]["ok"] and train["loss_check"]["reference"] == "sdpa.math"
+    ran = {r["backend"] for r in train["results"] if r["status"] == "ok"}
+    assert {"sdpa.math", "sdpa.flash", "kernels"} <= ran
+
+    stress = _doc(reports / "stress-llm.json", "attnforge.stress")
+    assert stress["workload"] == "llm"
+    assert {r["backend"]: r["status"] for r in stress["runs"]}["sdpa.math"] == "pass"
+
+    stamp = json.loads((reports / "validated.json").read_text())
+    assert stamp["passed"] is True
+    assert stamp["tools"] == {"bench": 0, "bench-train": 0, "stress llm": 0}
+    assert not list(reports.glob(".run-*"))
+
+
+def test_a_broken_bench_train_fails_the_run_and_keeps_the_last_good_document(tree):
+    reports = tree / "reports/cpu/cpu"
+    last_train = (reports / "bench_train.json").read_bytes()
+    last_bench = json.loads((reports / "bench.json").read_text())
+    # The same image, with bench-train aborting (SIGABRT) as soon as it starts.
+    dockerfile = (
+        f"FROM {NAMESPACE}/cpu:cpu\n"
+        "RUN sed -i 's/^def main(args: argparse.Namespace) -> int:$/&\\n    os.abort()/' "
+        "/opt/attnforge/src/validate/bench_train.py && grep -q 'os.abort()' "
+        "/opt/attnforge/src/validate/bench_train.py\n"
+    )
+    made = subprocess.run(
+        ["docker", "build", "-q", "-t", BROKEN, "-"],
+        input=dockerfile, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert made.returncode == 0 and image_id(BROKEN), made.stderr
+
+    proc = invoke(
+        tree, "validate", "--arch", "cpu", "--namespace", NAMESPACE, "--image", BROKEN,
+        "--quick", "--bench", timeout=1800,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    said = " ".join(proc.stdout.split())
+    assert (
+        "bench-train wrote no bench_train.json" in said and "previous one, if any, is kept" in said
+    )
+    assert (reports / "bench_train.json").read_bytes() == last_train
+    new_bench = json.loads((reports / "bench.json").read_text())
+    assert new_bench["created"] >= last_bench["created"] and new_bench != last_bench
+    stamp = json.loads((reports / "validated.json").read_text())
+    assert stamp["image"] == BROKEN and stamp["passed"] is False and stamp["exit"] == 0
+    assert stamp["tools"]["bench-train"] != 0 and stamp["tools"]["bench"] == 0
