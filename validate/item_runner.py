@@ -12,7 +12,8 @@ The parent polls EVENTS. An item running longer than the timeout gets ``timeout`
 process group is killed; a process that dies inside an item (a signal, a GPU fault, an exit)
 charges that item with ``crash``. Either way a fresh process takes the items still left, so one
 bad shape never costs the others. A process that dies outside any item (torch does not import,
-say) charges every item left, since a new process would only die the same way.
+say) charges every item left, since a new process would only die the same way; so does one
+that makes no progress outside any item for longer than the timeout (``timeout``).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class _Events:
     env: dict[str, Any] | None = None
     started: dict[int, float] = field(default_factory=dict)
     results: dict[int, dict[str, Any]] = field(default_factory=dict)
+    last_event: float = field(default_factory=time.monotonic)
 
     def read(self, on_result: Callable[[int, dict[str, Any]], None]) -> None:
         """Consume the complete lines written since the last read."""
@@ -69,6 +71,7 @@ class _Events:
             except json.JSONDecodeError:
                 continue
             kind = ev.get("event")
+            self.last_event = time.monotonic()
             if kind == "env" and self.env is None:
                 self.env = ev.get("env")
             elif kind == "start":
@@ -132,6 +135,7 @@ def run_items(
                     start_new_session=True,
                 )
                 timed_out: int | None = None
+                stalled = False
                 while True:
                     try:
                         proc.wait(timeout=POLL_S)
@@ -142,6 +146,9 @@ def run_items(
                     running = [i for i in events.started if i not in events.results]
                     if running and time.monotonic() - events.started[running[-1]] > timeout:
                         timed_out = running[-1]
+                        break
+                    if not running and time.monotonic() - events.last_event > timeout:
+                        stalled = True  # between items: importing torch, say
                         break
                 _kill_group(proc)
                 proc.wait()
@@ -160,6 +167,17 @@ def run_items(
                 )
                 remaining.remove(timed_out)
                 continue
+            if stalled:
+                for i in remaining:  # a new process would most likely hang the same way
+                    on_outcome(
+                        i,
+                        ItemOutcome(
+                            "timeout",
+                            f"before this item started: no progress outside any item for "
+                            f"{timeout:g} s; the process was killed",
+                        ),
+                    )
+                break
             in_flight = [i for i in remaining if i in events.started]
             how = _how_it_ended(proc.returncode, stderr)
             if in_flight:

@@ -248,6 +248,23 @@ def test_a_process_that_dies_outside_any_item_charges_every_item_left(tmp_path):
     )
 
 
+def test_a_process_that_hangs_outside_any_item_times_out_every_item_left(tmp_path):
+    (tmp_path / "fake_child.py").write_text("import time\ntime.sleep(60)\n")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    outcomes: dict = {}
+    item_runner.run_items(
+        "fake_child",
+        {"items": ["a", "b"]},
+        2,
+        1.0,
+        lambda i, r: None,
+        outcomes.__setitem__,
+        env=env,
+    )
+    assert sorted(outcomes) == [0, 1]
+    assert all(o.status == "timeout" and "outside any item" in o.message for o in outcomes.values())
+
+
 # --- the command line -----------------------------------------------------------------------
 
 
