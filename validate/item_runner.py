@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from validate import runner
 from validate.runner import _kill_group, is_device_fault, signal_name, tail
 
 POLL_S = 0.1
@@ -107,12 +108,9 @@ def run_items(
     ``on_result(index, result)`` gets each item the child reported; ``on_outcome(index,
     outcome)`` each item the child could not report (crash or timeout).
     """
-    package_parent = str(Path(__file__).resolve().parent.parent)
-    child_env = dict(os.environ if env is None else env)
-    child_env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (package_parent, child_env.get("PYTHONPATH", "")) if p
-    )
-    child_env.setdefault("PYTHONUNBUFFERED", "1")
+    # This package importable, the pid the child watches (it ends its group when this process
+    # is gone), one Triton cache for the run.
+    child_env = runner.child_env(env)
     remaining = list(range(count))
     env_seen: dict[str, Any] | None = None
     with tempfile.TemporaryDirectory(prefix="validate-items-") as tmp:
@@ -191,9 +189,11 @@ def run_items(
 
 
 class EventWriter:
-    """Child side: append events to the parent's file, each line flushed to disk at once."""
+    """Child side: append events to the parent's file, each line flushed to disk at once.
+    Creating one also starts watching the parent (runner.watch_parent)."""
 
     def __init__(self, path: str):
+        runner.watch_parent()  # a killed bench leaves nothing running on the GPU
         self._fh = open(path, "a", encoding="utf-8")  # noqa: SIM115 - lives as long as the child
 
     def emit(self, event: dict[str, Any]) -> None:
