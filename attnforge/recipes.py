@@ -6,6 +6,7 @@ Pure: reads files under the repo root and nothing else.
 
 from __future__ import annotations
 
+import fnmatch
 import re
 import string
 from dataclasses import dataclass
@@ -209,6 +210,28 @@ class StackEntry(Strict):
     optional: bool = False
 
 
+class BenchGate(Strict):
+    """Results of `python -m validate bench` that must keep their speed against the baseline."""
+
+    backend: str = Field(description="a bench backend (kernels, sdpa.flash, ...) or a glob")
+    shape: str = Field("*", description="a bench shape name or glob (sweep-*, sweep-*-d128-*)")
+    mode: Literal["fwd", "bwd", "fwd_bwd", "all"] = Field("all", description="which pass")
+    min_ratio: float | None = Field(
+        None, gt=0, description="least speed against the baseline (baseline ms / now ms; "
+        "default: bench_gates.min_ratio)",
+    )  # fmt: skip
+
+
+class BenchGates(Strict):
+    """A stack's benchmark gates (docs/validation.md, "Baselines"): `invoke validate --bench`
+    fails when a gated result's median speed falls below min_ratio of the baseline's."""
+
+    min_ratio: float = Field(0.9, gt=0, description="threshold of the gates that set none")
+    gates: list[BenchGate] = Field(
+        description="read in order: the first gate that matches a result decides"
+    )
+
+
 class Stack(Strict):
     name: str = ""
     description: str
@@ -221,6 +244,7 @@ class Stack(Strict):
     )
     layers: list[str | StackEntry]
     expect: dict[str, Any] = Field(default_factory=dict)
+    bench_gates: BenchGates | None = None
 
     def entries(self) -> list[StackEntry]:
         out = []
@@ -545,6 +569,33 @@ def _check_templates(values: dict[str, Any], file: str, src: yamlsrc.Source, loc
                 )
 
 
+def known_bench_backends() -> tuple[str, ...] | None:
+    """The benchmark's backends, when the validate package is importable (stdlib at top level)."""
+    try:
+        from validate.bench import BACKENDS
+    except Exception:  # noqa: BLE001 - absent or broken: skip this check, the bench reports it
+        return None
+    return tuple(BACKENDS)
+
+
+def _check_bench_gates(gates: BenchGates | None, file: str, src: yamlsrc.Source, loc: tuple) -> None:  # fmt: skip
+    backends = known_bench_backends()
+    if gates is None or backends is None:
+        return
+    for i, gate in enumerate(gates.gates):
+        if any(c in gate.backend for c in "*?["):
+            if not any(fnmatch.fnmatchcase(b, gate.backend) for b in backends):
+                raise RecipeError(file, f"backend glob {gate.backend!r} matches no bench backend",
+                                  line=src.line_of((*loc, "gates", i, "backend")),
+                                  field=".".join(map(str, (*loc, "gates", i, "backend"))),
+                                  choices=backends)  # fmt: skip
+        elif gate.backend not in backends:
+            raise RecipeError(file, f"unknown bench backend {gate.backend!r}",
+                              line=src.line_of((*loc, "gates", i, "backend")),
+                              field=".".join(map(str, (*loc, "gates", i, "backend"))),
+                              choices=backends)  # fmt: skip
+
+
 def known_expect_keys() -> dict[str, str] | None:
     """The validation suite's expectation vocabulary, when the validate package is importable."""
     try:
@@ -714,6 +765,7 @@ def _check_stack(
     _check_format(stack.base_image, _IMAGE_REF, "an image reference (name[:tag][@sha256:digest])",
                   file, src, (*base, "base_image"))  # fmt: skip
     _check_expect(stack.expect, file, src, (*base, "expect"))
+    _check_bench_gates(stack.bench_gates, file, src, (*base, "bench_gates"))
     for i, entry in enumerate(stack.entries()):
         loc = (*base, "layers", i)
         if entry.layer not in layers:

@@ -526,6 +526,36 @@ def _timer(torch, device: str):
     return start_cpu, stop_cpu, lambda values: list(values)
 
 
+SLOWDOWN_ENV = "VALIDATE_BENCH_SLOWDOWN"
+
+
+def slowdown_factor(backend: str, spec: str | None) -> float:
+    """Testing hook (docs/validation.md, "Testing hooks"): VALIDATE_BENCH_SLOWDOWN=BACKEND:FACTOR
+    (comma list) makes that backend's timed calls FACTOR times as long."""
+    for item in (spec or "").split(","):
+        name, _, factor = item.strip().rpartition(":")
+        if name == backend:
+            return float(factor)
+    return 1.0
+
+
+def _planted_slowdown(torch, attn: Attention, timed):
+    """`timed`, or `timed` followed by a wait of (factor - 1) times its own duration: the planted
+    slowdown the baseline gate's tests catch. On a GPU the wait sits between the timing events."""
+    factor = slowdown_factor(attn.backend, os.environ.get(SLOWDOWN_ENV))
+    if factor <= 1:
+        return timed
+
+    def slowed(state):
+        begin = time.perf_counter()
+        timed(state)
+        if attn.device == "cuda":
+            torch.cuda.synchronize()
+        time.sleep((factor - 1) * (time.perf_counter() - begin))
+
+    return slowed
+
+
 def run_item(torch, attn: Attention, item: dict[str, Any], warmup: int, repeats: int) -> dict:
     """Warm-up, then ``repeats`` timed calls of one (shape, mode): {"status", "ms_all", ...}."""
     from validate.checks.sdpa import captured_warnings
@@ -566,6 +596,7 @@ def run_item(torch, attn: Attention, item: dict[str, Any], warmup: int, repeats:
         def timed(state):
             forward().backward(dout)
 
+    timed = _planted_slowdown(torch, attn, timed)
     message = ""
     with attn.context(), torch.set_grad_enabled(grad):
         with captured_warnings() as warned:

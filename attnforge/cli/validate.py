@@ -13,6 +13,8 @@ from pathlib import Path
 
 from invoke.exceptions import Exit
 
+from .. import baseline as gate
+from .. import baseline_store
 from ..console import out, user_errors
 from ..engine import RunRequest, check_engine_name, connect
 from ..errors import UserError
@@ -109,13 +111,15 @@ def stress_workloads(values: list[str], known: list[str]) -> list[str]:
 
 
 def tool_runs(
-    bench: bool, stress: list[str], quick: bool, tiny: bool, timeout: int, stress_iters: int
-) -> list[ToolRun]:
-    """What runs after the suite: bench and bench-train with --bench, stress per workload.
-    ``tiny`` (no GPU: the cpu stack) shrinks every shape, since CPU torch and Triton's
-    interpreter would take hours at the real ones."""
+    bench: bool, stress: list[str], quick: bool, tiny: bool, timeout: int, stress_iters: int,
+    backends: tuple[str, ...] = (),
+) -> list[ToolRun]:  # fmt: skip
+    """What runs after the suite: bench and bench-train with --bench (over ``backends``, default
+    all), stress per workload. ``tiny`` (no GPU: the cpu stack) shrinks every shape, since CPU
+    torch and Triton's interpreter would take hours at the real ones."""
     size = ["--tiny"] if tiny else (["--quick"] if quick else [])
     limit = ["--timeout", str(timeout)] if timeout else []
+    limit += ["--backend", ",".join(backends)] if backends else []
     runs = []
     if bench:
         runs.append(
@@ -132,7 +136,8 @@ def tool_runs(
         runs.append(ToolRun(f"stress {w}", f"stress-{w}.json",
                             ["-m", "validate", "stress", "--workload", w, "--backend", "all",
                              "--iters", str(stress_iters), "--json", f"{{out}}/stress-{w}.json",
-                             *(["--tiny"] if tiny else []), *limit]))  # fmt: skip
+                             *(["--tiny"] if tiny else []),
+                             *(["--timeout", str(timeout)] if timeout else [])]))  # fmt: skip
     return runs
 
 
@@ -187,29 +192,41 @@ def print_summary(report_path: Path) -> None:
         "stress": "after the suite, stress every backend at a workload's shapes: qwen-image, "
         "sd15, sdxl or llm (repeatable, or a comma list): stress-<workload>.json",
         "stress_iters": "iterations per backend for --stress (default 100; 10 with --quick)",
+        "baseline": "with --bench: compare the benchmark with this one and apply the stack's "
+        "bench_gates: a report folder, report.json, bench.json, or an image published with "
+        "`invoke publish` (default: the kept last passing run, reports/<arch>/<stack>/baseline/)",
+        "bench_backend": "with --bench: time only this backend (repeatable, or a comma list; "
+        "default all), e.g. kernels",
         "debug": "show tracebacks",
     },
-    iterable=["stress"],
+    iterable=["stress", "bench_backend"],
 )
 @user_errors
 def validate(
     c, arch=None, stack=None, image=None, local=False, quick=False, timeout=None, engine="docker",
-    namespace="attnforge", bench=False, stress=None, stress_iters=None, debug=False,
+    namespace="attnforge", bench=False, stress=None, stress_iters=None, baseline=None,
+    bench_backend=None, debug=False,
 ):  # fmt: skip
     """Run the validation suite in the stack's image; writes reports/<arch>/<stack>/report.{json,md}.
 
     With --bench and --stress, the benchmarks and stress runs follow in the same image and land
-    beside the report. The last report stays in place until this run has written a complete new
-    one; so do the last bench and stress documents."""
+    beside the report; --bench compares with the baseline and fails below the stack's gates. The
+    last report stays in place until this run has written a complete new one; so do the last
+    bench and stress documents, and the kept baseline moves only after a run that passed."""
     ws = Workspace.discover()
     recipes = load_recipes(ws.root)
     arch, stack = choose_target(recipes, arch, stack)
     timeout = whole_number("--timeout", timeout) if timeout is not None else 0
     iters = whole_number("--stress-iters", stress_iters) if stress_iters is not None else None
     workloads = stress_workloads(list(stress or []), workload_names(ws.root) if stress else [])
+    if (baseline or bench_backend) and not bench:
+        flag = "--baseline" if baseline else "--bench-backend"
+        raise UserError(f"{flag} goes with --bench, which runs the benchmark it is about",
+                        hint=f"invoke validate --arch {arch} --bench {flag} ...")  # fmt: skip
     runs = tool_runs(
         bench, workloads, quick, tiny=recipes.arches[arch].vendor == "cpu", timeout=timeout,
         stress_iters=iters or (10 if quick else 100),
+        backends=bench_backends(list(bench_backend or [])),
     )  # fmt: skip
     check_engine_name(engine)
     plan = resolve(recipes, arch, stack, Options(namespace=namespace))
@@ -230,6 +247,8 @@ def validate(
             )
 
     reports = ws.reports_for(arch, stack)
+    base = find_baseline(baseline, reports, ws, engine) if bench else None
+    gates, min_ratio = stack_gates(recipes, stack)
     reports.mkdir(parents=True, exist_ok=True)
     run_dir = reports / f".run-{os.getpid()}"  # the new report is written here, then moved
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -286,13 +305,27 @@ def validate(
                 "the previous report, if any, is unchanged"
             )
         failures = tool_failures(runs, codes, run_dir)
+        benched = bench and (run_dir / "bench.json").exists()
+        compared = None
+        if benched and base is not None:
+            compared = compare_with_baseline(base, run_dir, reports, gates, min_ratio)
+            failures += [f"below the baseline: {s}" for s in compared.get("failures", [])]
         passed = code == 0 and not failures
+        outputs = (*(t.output for t in runs), *(COMPARE_OUTPUTS if compared else ()))
         if not local:
-            # What `invoke publish` checks: this very image passed (image ids, not tags, which move).
+            # What `invoke publish` checks: this very image passed (image ids, not tags, which
+            # move); `documents` lets it tell this run's bench.json from a later --local one's.
+            documents = {name: baseline_store.sha256_file(run_dir / name)
+                         for name in ("report.json", *outputs) if (run_dir / name).is_file()}  # fmt: skip
             (run_dir / VALIDATED).write_text(json.dumps(
                 {"image": ref, "image_id": eng.image_id(ref), "exit": code, "passed": passed,
-                 "tools": codes}, indent=2) + "\n")  # fmt: skip
-        _move_into_place(run_dir, reports, local, tuple(t.output for t in runs))
+                 "tools": codes, "documents": documents,
+                 "baseline": ({"source": base.source, "passed": compared.get("passed")}
+                              if compared else None)}, indent=2) + "\n")  # fmt: skip
+        _move_into_place(run_dir, reports, local, outputs)
+        if benched and not compared:  # the last comparison was of the bench just replaced
+            for name in COMPARE_OUTPUTS:
+                (reports / name).unlink(missing_ok=True)
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
     report = reports / "report.json"
@@ -301,12 +334,129 @@ def validate(
     for t in runs:
         if (reports / t.output).exists():
             out.print(f"{t.name}: {reports / t.output}")
+    if compared:
+        print_comparison(compared, reports)
+    if benched:
+        keep_or_not(passed, reports, base, ref if not local else None, eng, local)
     if code != 0:
         out.print(f"[bold red]validation failed[/] (exit {code})")
     for sentence in failures:
         out.print(sentence, style="bold red", markup=False, highlight=False)
     if not passed:
         raise Exit(code=code or 1)
+
+
+COMPARE_OUTPUTS = ("baseline-compare.json", "baseline-compare.md")
+
+
+def bench_backends(values: list[str]) -> tuple[str, ...]:
+    """--bench-backend values (repeatable, comma lists) -> backend names, checked against the
+    bench's own list when the validate package is importable here."""
+    from ..recipes import known_bench_backends
+
+    known = known_bench_backends()
+    picked: list[str] = []
+    for name in (v.strip() for value in values for v in value.split(",")):
+        if not name:
+            continue
+        if known is not None and name not in known:
+            raise UserError(f"--bench-backend {name}: no such backend",
+                            hint=f"choose from {', '.join(known)}")  # fmt: skip
+        if name not in picked:
+            picked.append(name)
+    return tuple(picked)
+
+
+def stack_gates(recipes: Recipes, stack: str) -> tuple[list[gate.Gate], float]:
+    """The stack's bench_gates (recipes/stacks.yaml) as gates, and their default threshold."""
+    spec = recipes.stacks[stack].bench_gates
+    if spec is None:
+        return [], gate.DEFAULT_MIN_RATIO
+    gates = [gate.Gate(g.backend, g.shape, g.mode, g.min_ratio) for g in spec.gates]
+    return gates, spec.min_ratio
+
+
+def find_baseline(
+    given: str | None, reports: Path, ws: Workspace, engine: str
+) -> baseline_store.Baseline | None:
+    """--baseline's benchmark, else the kept one of this arch and stack, else None (said)."""
+    if given:
+        engines: dict[str, object] = {}
+
+        def eng():
+            if "engine" not in engines:
+                engines["engine"] = connect(engine)
+            return engines["engine"]
+
+        found = baseline_store.resolve(
+            given, ws.reports_dir, image_id=lambda ref: eng().image_id(ref),
+            registry_digest=lambda ref: eng().registry_digest(ref),
+        )  # fmt: skip
+        out.print(f"baseline: {found.source}", markup=False, highlight=False)
+        return found
+    kept = baseline_store.kept_dir(reports)
+    if kept is None:
+        out.print(f"no baseline for this arch and stack yet ({reports / baseline_store.KEPT}): "
+                  "this run's benchmark becomes it if the run passes", markup=False)  # fmt: skip
+        return None
+    try:
+        bench_doc = gate.load_bench(kept)
+    except gate.BaselineError as exc:
+        out.print(f"the kept baseline cannot be read ({exc}); comparing with nothing, and a "
+                  "passing run replaces it", style="yellow", markup=False)  # fmt: skip
+        return None
+    out.print(f"baseline: the last passing run, {kept}", markup=False, highlight=False)
+    return baseline_store.Baseline(bench_doc, f"the kept baseline ({kept})", kept)
+
+
+def compare_with_baseline(
+    base: baseline_store.Baseline, run_dir: Path, reports: Path, gates: list[gate.Gate],
+    min_ratio: float,
+) -> dict:  # fmt: skip
+    """This run's bench.json against the baseline's; the document is written into the run folder
+    (baseline-compare.json and .md) and moves into place with the report."""
+    try:
+        current = gate.load_bench(run_dir / "bench.json")
+    except gate.BaselineError as exc:
+        return {"passed": False, "failures": [f"this run's bench.json cannot be compared: {exc}"]}
+    doc = gate.compare(base.bench, current, gates, min_ratio, baseline_source=base.source,
+                       now_source=str(reports / "bench.json"), created=gate.now_iso())  # fmt: skip
+    gate.write(doc, run_dir / COMPARE_OUTPUTS[0], run_dir / COMPARE_OUTPUTS[1])
+    return doc
+
+
+def print_comparison(doc: dict, reports: Path) -> None:
+    if "rows" not in doc:
+        return
+    out.print("\n".join(gate.table_lines(doc)), markup=False, highlight=False, soft_wrap=True)
+    for note in doc["notes"]:
+        out.print(f"note: {note}", style="yellow", markup=False, highlight=False)
+    for unmatched in doc["unmatched_gates"]:
+        out.print(f"note: the gate {unmatched} matched no result of this run", style="yellow",
+                  markup=False, highlight=False)  # fmt: skip
+    out.print(gate.headline(doc), style="green" if doc["passed"] else "bold red", markup=False,
+              highlight=False)  # fmt: skip
+    out.print(f"comparison: {reports / COMPARE_OUTPUTS[0]} (and .md)", markup=False)
+
+
+def keep_or_not(
+    passed: bool, reports: Path, base: baseline_store.Baseline | None, ref: str | None, eng,
+    local: bool,
+) -> None:  # fmt: skip
+    """After a passing --bench run its report and bench become the kept baseline; after any
+    other the kept one stays as it was."""
+    if not passed:
+        if baseline_store.kept_dir(reports) is not None:
+            out.print("the kept baseline is unchanged: this run did not pass", markup=False)
+        return
+    bench_doc = json.loads((reports / "bench.json").read_text())
+    kept = baseline_store.keep(reports, {
+        "kind": "attnforge.baseline", "version": 1, "kept": gate.now_iso(),
+        "bench_created": bench_doc.get("created"), "local": local, "image": ref,
+        "image_id": eng.image_id(ref) if ref and eng else None,
+        "compared_with": base.source if base else None,
+    })  # fmt: skip
+    out.print(f"kept as the baseline of the next --bench run: {kept}", markup=False)
 
 
 def _move_into_place(
