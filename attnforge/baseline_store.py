@@ -9,6 +9,13 @@
   registry digest, or its local image id when it was pulled here).
 - Anything else is a path: a bench.json, a report.json or publish.json with bench.json beside
   it, or a folder holding bench.json.
+
+Why the published report is kept beside publish.json and not in the image or the registry: the
+benchmark runs on the finished image, so baking it in would make a new image (and `invoke
+publish` pushes only the very image id that passed); labels are fixed at build time and too small
+for a benchmark; pushing it as a registry artifact of its own would need the registry's blob API
+with the engine's credentials, which attnforge does not handle (the engine does). A consumer on
+another machine passes the report folder instead (CI uploads it as the reports-* artifact).
 """
 
 from __future__ import annotations

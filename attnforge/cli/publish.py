@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 
+from ..baseline_store import snapshot_published
 from ..console import out, user_errors
 from ..engine import connect
 from ..errors import UserError
@@ -104,7 +105,12 @@ def publish(c, to=None, arch=None, stack=None, namespace="attnforge", engine="do
     where = ws.reports_for(arch, stack)
     _write_aside(where / "publish.json", json.dumps(manifest, indent=2) + "\n")
     _write_aside(where / "publish.md", pull_lines(manifest))
+    # The report published with this image, kept by its digest: `invoke validate --bench
+    # --baseline IMAGE` reads it (attnforge/baseline_store.py says why it is kept here).
+    final_digest = next((r["digest"] for r in refs if r["ref"].endswith(f"/{stack}:{arch}")), "")
+    kept = snapshot_published(where, manifest, final_digest)
     out.print(pull_lines(manifest), markup=False, highlight=False)
+    out.print(f"the published report and benchmark are kept in {kept}", markup=False)
     out.print(f"[green]published[/] {len(refs)} tags of the validated {final} to {to}; "
               f"digests in {where / 'publish.json'}")  # fmt: skip
 
