@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .baseline import DEFAULT_MIN_RATIO, BaselineError, Gate, compare, median_ms, parse_gate
 from .errors import UserError
 
 GOOD, BAD, SKIP = "good", "bad", "skip"
@@ -163,10 +164,12 @@ class CheckSpec:
     its outcome becomes a verdict."""
 
     selector: str  # as the user wrote it
-    kind: str  # check | validate | stress | cmd
+    kind: str  # check | validate | stress | bench | cmd
     argv: tuple[str, ...]
     globs: tuple[str, ...] = ()  # kind check: the check ids that decide
     output: str = ""  # the document it writes under /out (report.json, stress-<w>.json)
+    gates: tuple[Gate, ...] = ()  # kind bench: what must keep its speed ...
+    baseline: str = ""  # ... against this bench.json (the stack's kept baseline)
 
 
 @dataclass(frozen=True)
@@ -249,6 +252,34 @@ def _stress(text: str, opts: Mapping[str, Any]) -> CheckSpec:
     return CheckSpec(f"stress:{text}", "stress", tuple(argv), output=output)
 
 
+def _bench(text: str, opts: Mapping[str, Any]) -> CheckSpec:
+    """python -m validate bench for the gate's backend and mode, at the size and repeats of the
+    baseline it is judged against (opts: baseline = path, baseline_doc = its bench document)."""
+    try:
+        gate = parse_gate(text)
+    except BaselineError as exc:
+        raise UserError(f"bench: {exc}; e.g. bench:kernels,mode=fwd,min_ratio=0.9") from None
+    doc = opts.get("baseline_doc")
+    if not doc:
+        raise UserError("bench: needs a baseline to hold each pin to, and this arch and stack "
+                        "has none kept",
+                        hint="run `invoke validate --bench` on a good build first: its passing "
+                        "run is kept as reports/<arch>/<stack>/baseline/")  # fmt: skip
+    argv = ["python3", "-m", "validate", "bench", "--json", "/out/bench.json"]
+    if not any(c in gate.backend for c in "*?["):
+        argv += ["--backend", gate.backend]
+    if gate.mode != "all":
+        argv += ["--mode", gate.mode]
+    if doc.get("size") in ("tiny", "quick"):
+        argv.append(f"--{doc['size']}")
+    if doc.get("repeats"):
+        argv += ["--repeats", str(doc["repeats"])]
+    if opts.get("timeout"):
+        argv += ["--timeout", str(opts["timeout"])]
+    return CheckSpec(f"bench:{text}", "bench", tuple(argv), output="bench.json", gates=(gate,),
+                     baseline=str(opts.get("baseline") or ""))  # fmt: skip
+
+
 def _cmd(text: str, opts: Mapping[str, Any]) -> CheckSpec:
     if not text.strip():
         raise UserError("cmd: needs a shell command, e.g. cmd:'python3 -c \"import flash_attn\"'")
@@ -270,9 +301,9 @@ SELECTORS = {
         Selector("stress", "stress:WORKLOAD[,iters=N,backend=NAME,tiny,...]",
                  "python -m validate stress at a workload's shapes; bad if a run fails, crashes "
                  "or hangs", _stress),
-        Selector("bench", "bench:GATE", "a bench gate (a speed threshold)", None,
-                 "bench gates are not available yet: `python -m validate bench` has no gates to "
-                 "hold a pin to; use stress: or check:"),
+        Selector("bench", "bench:BACKEND[,shape=GLOB,mode=MODE,min_ratio=R]",
+                 "python -m validate bench for that backend; bad if a result the gate matches "
+                 "runs below min_ratio (default 0.9) of the kept baseline's speed", _bench),
         Selector("cmd", "cmd:SHELL COMMAND",
                  "a shell command in the image; exit 0 good, 125 skip (as git bisect run), "
                  "anything else bad", _cmd),
@@ -322,6 +353,24 @@ def verdict_of_exit(kind: str, code: int) -> tuple[str, str]:
     return SKIP, f"{kind} could not run (exit {code})"
 
 
+def verdict_of_bench(
+    baseline: Mapping[str, Any], now: Mapping[str, Any], gates: Sequence[Gate]
+) -> tuple[str, str]:
+    """(verdict, reason) from a probe's bench.json against the baseline's: bad when a gated
+    result is below its threshold (or no longer runs); skip when no gated result was timed."""
+    doc = compare(baseline, now, gates, DEFAULT_MIN_RATIO)
+    if doc["failures"]:
+        more = f" (and {len(doc['failures']) - 1} more)" if len(doc["failures"]) > 1 else ""
+        return BAD, doc["failures"][0] + more
+    gated = [r for r in doc["rows"] if r["verdict"] == "pass"]
+    if not gated:
+        return SKIP, (f"no result matching {', '.join(g.describe() for g in gates)} was timed "
+                      "in both the baseline and this probe")  # fmt: skip
+    worst = min(gated, key=lambda r: r["ratio"])
+    return GOOD, (f"{len(gated)} gated result(s) at or above the threshold (slowest "
+                  f"{worst['ratio']:.2f}x: {worst['backend']} {worst['shape']} {worst['mode']})")  # fmt: skip
+
+
 def verdict_of_report(report: Mapping[str, Any], globs: Sequence[str]) -> tuple[str, str]:
     """(verdict, reason) from a validation report: bad when a check matching `globs` failed,
     crashed or timed out; skip when none of them ran."""
@@ -358,6 +407,11 @@ def report_rows(good: Mapping[str, Any] | None, bad: Mapping[str, Any] | None) -
             b, a = before.get(cid, {}), after.get(cid, {})
             if b.get("status") != a.get("status"):
                 rows.append((cid, _said(b), _said(a)))
+    elif "results" in good or "results" in bad:  # bench documents: each result's median time
+        before = {(r["backend"], r["shape"]["name"], r["mode"]): r for r in good.get("results", [])}
+        after = {(r["backend"], r["shape"]["name"], r["mode"]): r for r in bad.get("results", [])}
+        for key in sorted(set(before) | set(after)):
+            rows.append((" ".join(key), _timed(before.get(key)), _timed(after.get(key))))
     elif "runs" in good or "runs" in bad:
         before = {r["backend"]: r for r in good.get("runs", [])}
         after = {r["backend"]: r for r in bad.get("runs", [])}
@@ -373,6 +427,13 @@ def _said(check: Mapping[str, Any]) -> str:
         return "(not run)"
     message = str(check.get("message", "")).strip().splitlines()
     return f"{check.get('status')}" + (f": {message[0][:100]}" if message else "")
+
+
+def _timed(result: Mapping[str, Any] | None) -> str:
+    if not result:
+        return "(not run)"
+    ms = median_ms(result)
+    return f"{ms:.4g} ms" if ms is not None else str(result.get("status"))
 
 
 def _run_said(run_: Mapping[str, Any]) -> str:

@@ -20,6 +20,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
+from .baseline import bench_file, load_bench
 from .bisect import (
     BAD,
     GOOD,
@@ -28,6 +29,7 @@ from .bisect import (
     CheckSpec,
     Probe,
     short_pin,
+    verdict_of_bench,
     verdict_of_exit,
     verdict_of_report,
 )
@@ -351,6 +353,10 @@ class Prober:
         if code == 2:
             raise UserError(f"the check {spec.selector!r} was refused as a usage error in the "
                             f"image; see {log_path}")  # fmt: skip
+        if spec.kind == "bench":  # judged against the baseline, whatever the exit status
+            baseline = load_bench(spec.baseline)
+            shutil.copy2(bench_file(spec.baseline), work / "baseline-bench.json")
+            return verdict_of_bench(baseline, json.loads(doc.read_text()), spec.gates)
         return verdict_of_exit(spec.kind, code)
 
 

@@ -11,6 +11,8 @@ from invoke.exceptions import Exit
 from rich.table import Table
 
 from .. import bisect as bs
+from ..baseline import BaselineError, load_bench
+from ..baseline_store import kept_dir
 from ..bisect_run import GitHistory, Prober, read_doc, wheel_candidates
 from ..build import Invocation
 from ..console import LayerProgress, err, out, user_errors
@@ -37,8 +39,8 @@ VERDICT_STYLE = {bs.GOOD: "green", bs.BAD: "bold red", bs.SKIP: "yellow"}
         "or a version (default: the recipe's pin)",
         "bad": "a later pin that fails the check",
         "check": "what decides good or bad in each probe's image: check:GLOB, validate, "
-        "stress:WORKLOAD[,iters=N,...], cmd:SHELL COMMAND (bench:GATE is not available yet); "
-        "docs/bisect.md",
+        "stress:WORKLOAD[,iters=N,...], bench:BACKEND[,mode=M,min_ratio=R,...] (against the "
+        "kept baseline of invoke validate --bench), cmd:SHELL COMMAND; docs/bisect.md",
         "key": "the pin to vary (default: SOURCE_REF of a source layer, else the layer's only "
         "*_VERSION pin)",
         "repo": "read the commits from this repository (a local mirror folder or a URL) instead "
@@ -82,7 +84,8 @@ def bisect(
         raise UserError("--check is needed: what tells a good pin from a bad one",
                         hint="e.g. --check 'check:sdpa.case.*' or --check 'cmd:python3 -c "
                         "\"import flash_attn\"' (docs/bisect.md)")  # fmt: skip
-    spec = bs.parse_check(check, quick=quick, timeout=seconds)
+    spec = bs.parse_check(check, quick=quick, timeout=seconds,
+                          **_kept_baseline(ws, inv.arch, inv.stack, check))  # fmt: skip
     step = _bisected_step(recipes, inv, layer)
     key = key or _default_key(recipes, step)
     _check_key(step, key, inv.sets)
@@ -128,6 +131,20 @@ def bisect(
     _print_result(state, outcome, spec, path)
     if outcome.status == "ambiguous":
         raise Exit(code=1)
+
+
+def _kept_baseline(ws: Workspace, arch: str, stack: str, check: str) -> dict:
+    """bench: judges each probe against the kept baseline of the arch and stack, if there is one."""
+    if not check.startswith("bench:"):
+        return {}
+    kept = kept_dir(ws.reports_for(arch, stack))
+    if kept is None:
+        return {}
+    try:
+        return {"baseline": str(kept / "bench.json"), "baseline_doc": load_bench(kept)}
+    except BaselineError as exc:
+        raise UserError(f"the kept baseline cannot be read: {exc}",
+                        hint="run `invoke validate --bench` on a good build again") from None  # fmt: skip
 
 
 def _bisected_step(recipes: Recipes, inv: Invocation, layer: str | None) -> Step:

@@ -176,7 +176,8 @@ def test_check_globs_decide_alone():
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("bench:fwd-tflops", "bench gates are not available yet"),
+        ("bench:kernels", "bench: needs a baseline to hold each pin to"),
+        ("bench:kernels,mode=sideways", "bench: gate .kernels,mode=sideways.: mode"),
         ("nope:x", "unknown kind 'nope'; valid: check:GLOB"),
         ("check:", "check: needs a check id or glob"),
         ("check", "expected check:GLOB"),
@@ -489,7 +490,7 @@ def test_an_unreadable_index_is_a_sentence_with_a_hint(tmp_path):
     ("args", "message"),
     [
         ([], "--check is needed"),
-        (["--check", "bench:speed"], "bench gates are not available yet"),
+        (["--check", "bench:kernels"], "bench: needs a baseline to hold each pin to"),
         (["--check", "cmd:true"], "--layer is needed"),
         (["--check", "cmd:true", "--layer", "nope"], "unknown layer of stack cpu 'nope'"),
         (["--check", "cmd:true", "--layer", "validate"], "layer validate has no pins to bisect"),
