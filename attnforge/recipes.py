@@ -9,6 +9,8 @@ from __future__ import annotations
 import fnmatch
 import re
 import string
+import types
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -484,6 +486,8 @@ def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] |
             if info is None:
                 return None
             current = info.annotation
+            if typing.get_origin(current) in (typing.Union, types.UnionType):
+                current = _unwrap(current)  # an optional model (bench_gates) takes no index
         else:
             current = _unwrap(current)
             if current is None:
