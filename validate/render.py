@@ -235,7 +235,8 @@ table.fixed td{overflow-wrap:anywhere}
 SECTIONS = [
     ("summary", "Summary"), ("environment", "Environment"), ("expectations", "Expectations"),
     ("backends", "SDPA backends"), ("kernels", "Kernels seen"), ("bench", "Benchmark"),
-    ("training", "Training step"), ("stress", "Stress"), ("checks", "Checks"),
+    ("baseline", "Baseline"), ("training", "Training step"), ("stress", "Stress"),
+    ("checks", "Checks"),
     ("failures", "Failures"), ("markdown", "Markdown summary"),
 ]  # fmt: skip
 
@@ -473,6 +474,46 @@ def _bench(doc: dict[str, Any] | None) -> list[str]:
     return _section("bench", out)
 
 
+def _baseline(doc: dict[str, Any] | None) -> list[str]:
+    """The benchmark against its baseline (baseline-compare.json, written by `invoke validate
+    --bench`): the verdict, what fell below a gate, and the gated rows; every row collapsed."""
+    if doc is None:
+        return _section("baseline", [
+            "<p>No baseline-compare.json next to this report (<code>invoke validate --bench</code> "
+            "writes one when there is a baseline to compare with).</p>"])  # fmt: skip
+    rows, base, now = doc.get("rows") or [], doc.get("baseline") or {}, doc.get("now") or {}
+    passed = bool(doc.get("passed"))
+    out = [f"<p class='{'pass' if passed else 'fail'}'>Baseline gate: "
+           f"{'PASS' if passed else 'FAIL'}. Baseline {_h(base.get('source'))} "
+           f"({_h(base.get('created'))}); this run {_h(now.get('created'))}. Times are medians "
+           "of each result's repeats; ratio = baseline ms / now ms (above 1: faster now).</p>"]  # fmt: skip
+    if doc.get("failures"):
+        out.append("<ul class='fail'>" + "".join(f"<li>{_h(f)}</li>" for f in doc["failures"])
+                   + "</ul>")  # fmt: skip
+    notes = [*(doc.get("notes") or []),
+             *(f"the gate {g} matched no result of this run" for g in doc.get("unmatched_gates") or [])]  # fmt: skip
+    if notes:
+        out.append("<ul class='small'>" + "".join(f"<li>{_h(n)}</li>" for n in notes) + "</ul>")
+
+    def table(picked: list[dict[str, Any]]) -> str:
+        cells = [[_h(r["backend"]), _h(r["shape"]), _h(r["mode"]), _num(r.get("baseline_ms"), 4),
+                  _num(r.get("now_ms"), 4),
+                  _h(f"{r['ratio']:.2f}×" if r.get("ratio") is not None else "—"),
+                  _h(f"≥ {r['min_ratio']:g}×" if r.get("gated") else ""),
+                  _status("fail" if r["verdict"] == "fail" else "pass")
+                  if r["verdict"] in ("pass", "fail") else _h(r["verdict"]), _h(r.get("message"))]
+                 for r in picked]  # fmt: skip
+        return _table(["backend", "shape", "mode", "baseline ms", "now ms", "ratio", "gate",
+                       "verdict", "message"], cells, raw=True)  # fmt: skip
+
+    gated = [r for r in rows if r.get("gated") or r["verdict"] == "fail"]
+    if gated:
+        out.append(table(gated))
+    if rows:
+        out += [f"<details><summary>All {len(rows)} rows</summary>", table(rows), "</details>"]
+    return _section("baseline", out)
+
+
 def _training(doc: dict[str, Any] | None) -> list[str]:
     if doc is None:
         return _section("training", [
@@ -582,6 +623,7 @@ def to_html(report: dict[str, Any], siblings: dict[str, Any] | None = None) -> s
     parts += _backends(report)
     parts += _kernels(report)
     parts += _bench(siblings.get("bench"))
+    parts += _baseline(siblings.get("baseline_compare"))
     parts += _training(siblings.get("bench_train"))
     parts += _stress(siblings.get("stress") or [])
     parts += _checks(report)

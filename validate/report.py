@@ -159,12 +159,17 @@ SIBLINGS = {
     "bench": ("bench.json", "attnforge.bench"),
     "bench_train": ("bench_train.json", "attnforge.bench_train"),
     "stress": ("stress-*.json", "attnforge.stress"),
+    # written on the host by `invoke validate --bench` (attnforge/baseline.py)
+    "baseline_compare": ("baseline-compare.json", "attnforge.baseline_compare"),
 }
 SIBLING_VERSION = 1
 SIBLING_LISTS = {"attnforge.bench": "results", "attnforge.bench_train": "results",
-                 "attnforge.stress": "runs"}  # fmt: skip
-SIBLING_TOOLS = {"attnforge.bench": "bench", "attnforge.bench_train": "bench-train",
-                 "attnforge.stress": "stress"}  # fmt: skip
+                 "attnforge.stress": "runs", "attnforge.baseline_compare": "rows"}  # fmt: skip
+# what writes each again ({name}: the file's name)
+SIBLING_TOOLS = {"attnforge.bench": "python -m validate bench --json {name}",
+                 "attnforge.bench_train": "python -m validate bench-train --json {name}",
+                 "attnforge.stress": "python -m validate stress --json {name}",
+                 "attnforge.baseline_compare": "invoke validate --bench"}  # fmt: skip
 
 
 def load_sibling(path: str | Path, kind: str) -> dict[str, Any]:
@@ -181,7 +186,7 @@ def load_sibling(path: str | Path, kind: str) -> dict[str, Any]:
         what = f"a document of kind {found!r}" if found else "not an attnforge document (no kind)"
         raise ReportError(
             f"{p}: expected kind {kind!r} but it is {what}; move it away or write it again "
-            f"with `python -m validate {SIBLING_TOOLS[kind]} --json {p.name}`."
+            f"with `{SIBLING_TOOLS[kind].format(name=p.name)}`."
         )
     if data.get("version") != SIBLING_VERSION:
         raise ReportError(

@@ -414,3 +414,28 @@ def test_the_bisect_bench_selector_benches_at_the_baselines_size_and_judges_by_t
     assert bs.verdict_of_bench(base, other, spec.gates)[0] == bs.SKIP
     rows = bs.report_rows(base, slow)
     assert rows == [(f"kernels {SHAPE_A} fwd", "1 ms", "2 ms")]
+
+
+# ---------------------------------------------------------------------------- the HTML report
+
+
+def test_the_html_report_draws_the_comparison_beside_it(tmp_path):
+    from validate import render, report
+
+    folder = tmp_path / "reports" / "cpu" / "cpu"
+    write(folder / "report.json", {"summary": {"status": "pass"}})
+    doc = bl.compare(bench(result("kernels", SHAPE_A, "fwd", [1.0] * 3)),
+                     bench(result("kernels", SHAPE_A, "fwd", [2.0] * 3)), [KERNELS],
+                     baseline_source="the kept baseline")  # fmt: skip
+    write(folder / "baseline-compare.json", doc)
+    siblings = report.load_siblings(folder / "report.json")
+    assert siblings["baseline_compare"] == doc
+    page = render.to_html({"summary": {"status": "pass"}}, siblings)
+    section = page.split("<section id='baseline'>", 1)[1].split("</section>", 1)[0]
+    assert "Baseline gate: FAIL" in section and "Baseline the kept baseline" in section
+    assert f"<li>kernels at {SHAPE_A} fwd: 0.50x the baseline" in section
+    assert "<td>0.50×</td><td>≥ 0.9×</td>" in section
+    assert "No baseline-compare.json" in render.to_html({"summary": {}}, {})
+    write(folder / "baseline-compare.json", bench())
+    with pytest.raises(report.ReportError, match="write it again with `invoke validate --bench`"):
+        report.load_siblings(folder / "report.json")
