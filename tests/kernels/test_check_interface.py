@@ -17,6 +17,20 @@ def test_every_case_name_round_trips():
         assert check.Case.parse(case.name) == case
 
 
+def test_the_suite_gets_the_short_feature_grids_and_kernels_check_the_full_ones(monkeypatch):
+    from kernels import check_kvcache, check_variants, configs
+
+    monkeypatch.setattr(configs, "INTERPRET", False)  # the GPU lists, named without a GPU
+    short = [c.name for c in check_variants.grid(True) + check_kvcache.grid(True)]
+    full = [c.name for c in check_variants.grid(False) + check_kvcache.grid(False)]
+    attention = [c.name for c in check._grid_full()]
+    assert len(full) > len(short) > 0
+    assert check.list_cases(False) == attention + short + [check.SHIM_CASE]
+    assert check.list_cases(False, every_feature_grid=True) == attention + full + [check.SHIM_CASE]
+    quick = [c.name for c in check._grid_quick()] + short + [check.SHIM_CASE]
+    assert check.list_cases(True) == check.list_cases(True, every_feature_grid=True) == quick
+
+
 def test_interpreter_lists_a_few_tiny_cases_covering_every_feature():
     names = check.list_cases(quick=False)
     assert names[-1] == check.SHIM_CASE
