@@ -185,8 +185,8 @@ def compare_rows(
                 verdict, message = PASS, ""
             else:
                 verdict = FAIL
-                message = (f"{ratio:.2f}x the baseline's speed ({b_ms:.4g} ms -> {n_ms:.4g} ms, "
-                           f"medians), below the gate's {min_ratio:g}x")  # fmt: skip
+                message = (f"{ratio_text(ratio)} the baseline's speed ({b_ms:.4g} ms -> "
+                           f"{n_ms:.4g} ms, medians), below the gate's {min_ratio:g}x")  # fmt: skip
         elif b_ms is None and n_ms is not None:
             verdict = NO_BASELINE
             message = f"baseline: {_said(b)}" if b else "not in the baseline"
@@ -267,8 +267,13 @@ def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x:.4g}"
 
 
+def ratio_text(x: float) -> str:
+    """0.91x, 1.20x; two significant digits below 0.1x (0.0074x, not 0.00x)."""
+    return f"{x:.2f}x" if x >= 0.1 else f"{x:.2g}x"
+
+
 def _ratio(x: float | None) -> str:
-    return "-" if x is None else f"{x:.2f}x"
+    return "-" if x is None else ratio_text(x)
 
 
 def _gate(row: Mapping[str, Any]) -> str:

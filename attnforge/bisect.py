@@ -28,7 +28,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .baseline import DEFAULT_MIN_RATIO, BaselineError, Gate, compare, median_ms, parse_gate
+from .baseline import (
+    DEFAULT_MIN_RATIO,
+    BaselineError,
+    Gate,
+    compare,
+    median_ms,
+    parse_gate,
+    ratio_text,
+)
 from .errors import UserError
 
 GOOD, BAD, SKIP = "good", "bad", "skip"
@@ -368,7 +376,7 @@ def verdict_of_bench(
                       "in both the baseline and this probe")  # fmt: skip
     worst = min(gated, key=lambda r: r["ratio"])
     return GOOD, (f"{len(gated)} gated result(s) at or above the threshold (slowest "
-                  f"{worst['ratio']:.2f}x: {worst['backend']} {worst['shape']} {worst['mode']})")  # fmt: skip
+                  f"{ratio_text(worst['ratio'])}: {worst['backend']} {worst['shape']} {worst['mode']})")  # fmt: skip
 
 
 def verdict_of_report(report: Mapping[str, Any], globs: Sequence[str]) -> tuple[str, str]:
