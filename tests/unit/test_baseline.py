@@ -439,3 +439,17 @@ def test_the_html_report_draws_the_comparison_beside_it(tmp_path):
     write(folder / "baseline-compare.json", bench())
     with pytest.raises(report.ReportError, match="write it again with `invoke validate --bench`"):
         report.load_siblings(folder / "report.json")
+
+
+def test_bench_backend_reaches_bench_and_bench_train_not_stress():
+    from attnforge.cli.validate import bench_backends, tool_runs
+
+    picked = bench_backends(["kernels, sdpa.default", "kernels"])
+    assert picked == ("kernels", "sdpa.default")
+    runs = {t.name: t.args for t in tool_runs(True, ["llm"], quick=True, tiny=False, timeout=0,
+                                               stress_iters=2, backends=picked)}  # fmt: skip
+    for name in ("bench", "bench-train"):
+        assert runs[name][-2:] == ["--backend", "kernels,sdpa.default"], name
+    assert "--backend" in runs["stress llm"] and "kernels,sdpa.default" not in runs["stress llm"]
+    with pytest.raises(UserError, match="--bench-backend kernel: no such backend"):
+        bench_backends(["kernel"])
