@@ -395,13 +395,35 @@ def compare_fp8(case: Fp8Case, device, seed: int = 0) -> dict:
     fin = torch.isfinite(lse_ref)
     lse_ok = torch.equal(fin, torch.isfinite(lse))
     lse_err = (lse[fin] - lse_ref[fin]).abs().max().item() if lse_ok and fin.any() else 0.0
+    lse_bound = 1e-2 + _fp8_score_slack(qd, kd, scale)
     metrics = {
         "err_out": worst.get("out", 0.0),
         "bound_out": bounds.get("out", 0.0),
         "err_emulation": (emu.float() - ref).abs().max().item() if ref.numel() else 0.0,
         "err_lse": lse_err if lse_ok else float("inf"),
+        "bound_lse": lse_bound,
     }
-    return {"ok": bool(ok and lse_ok and lse_err <= 1e-2), "metrics": metrics, "fp8": str(fp8)}
+    ok = ok and lse_ok and lse_err <= lse_bound
+    return {"ok": bool(ok), "metrics": metrics, "fp8": str(fp8)}
+
+
+# Hopper's FP8 tensor cores keep about 14 bits of the running sum ("limited accumulation
+# precision", DeepSeek-V3 technical report, arXiv 2412.19437 section 3.3.2), so each 32-deep MMA
+# step may lose about 2^-13 of the magnitude it adds. The H100 measured LSE errors of 1.1e-2 to
+# 1.7e-2 at 4096 keys with per-head scales (2026-11-24), over the fixed 1e-2 this replaced.
+FP8_MMA_K = 32
+FP8_ACC_EPS = 2.0**-13
+
+
+def _fp8_score_slack(qd, kd, scale: float) -> float:
+    """How far a score (hence the LSE) may move under reduced-precision FP8 accumulation:
+    (d / 32) * 2^-13 * scale * max over (query, key) of sum_d |q||k|."""
+    import torch
+
+    hq, hk, d = qd.shape[2], kd.shape[2], qd.shape[3]
+    ka = kd.abs().repeat_interleave(hq // hk, dim=2)
+    mag = torch.einsum("bshd,bthd->bhst", qd.abs(), ka).amax().item() if qd.numel() else 0.0
+    return -(-d // FP8_MMA_K) * FP8_ACC_EPS * scale * mag
 
 
 def run(name: str, device) -> dict:
@@ -426,6 +448,6 @@ def run(name: str, device) -> dict:
     msg = (
         f"{name} ({res['fp8'].removeprefix('torch.')}): max err/bound "
         f"{m['err_out']:.2e}/{m['bound_out']:.2e} (P-in-fp8 emulation {m['err_emulation']:.2e}), "
-        f"lse={m['err_lse']:.1e}"
+        f"lse={m['err_lse']:.1e}/{m['bound_lse']:.1e}"
     )
     return {"status": "pass" if res["ok"] else "fail", "message": msg, "metrics": m}
