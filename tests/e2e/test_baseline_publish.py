@@ -9,22 +9,20 @@ published image by tag and by digest. The tests in this module run in order and 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import uuid
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import COPY_IGNORE, REPO
 from tests.e2e.test_cpu_stack import (
     REGISTRY,
-    WHEELHOUSE,
-    _engine_problem,
     _need_registry,
     build_args,
+    copy_tree,
     invoke,
+    remove_images,
+    require_engine,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -35,24 +33,10 @@ BENCH = ["--quick", "--bench", "--bench-backend", "sdpa.math"]
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory) -> Path:
-    problem = _engine_problem()
-    if problem:
-        if os.environ.get("ATTNFORGE_REQUIRE_E2E") == "1":
-            pytest.fail(f"end-to-end tests are required here but cannot run: {problem}")
-        pytest.skip(f"no container engine for end-to-end tests: {problem}")
+    require_engine()
     _need_registry()
-    dest = tmp_path_factory.mktemp("e2e-baseline") / "tree"
-    shutil.copytree(REPO, dest, ignore=COPY_IGNORE)
-    if Path(WHEELHOUSE).is_dir():
-        (dest / "build").mkdir()
-        (dest / "build" / "wheelhouse").symlink_to(Path(WHEELHOUSE).resolve())
-    yield dest
-    tags = subprocess.run(
-        ["docker", "images", "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True, text=True
-    ).stdout.split()
-    mine = [t for t in tags if NAMESPACE in t]
-    if mine:
-        subprocess.run(["docker", "rmi", "-f", *mine], capture_output=True)
+    yield copy_tree(tmp_path_factory, "e2e-baseline")
+    remove_images(NAMESPACE)
 
 
 def validate(tree: Path, *extra: str) -> subprocess.CompletedProcess[str]:

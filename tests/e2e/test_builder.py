@@ -22,7 +22,15 @@ import pytest
 
 from tests.conftest import COPY_IGNORE, REPO, outputs_env, run_invoke
 from tests.e2e.test_bake import BUILDX_IMAGE, _missing
-from tests.e2e.test_cpu_stack import BASE, CA_CERT, REGISTRY, WHEELHOUSE, _need_registry, outcomes
+from tests.e2e.test_cpu_stack import (
+    BASE,
+    CA_CERT,
+    REGISTRY,
+    WHEELHOUSE,
+    _need_registry,
+    outcomes,
+    remove_images,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -62,12 +70,7 @@ def buildx_env(tmp_path_factory) -> dict[str, str]:
     if runs.returncode != 0:  # e.g. a host whose C library is older than Debian 13's
         pytest.skip(f"Debian 13's docker CLI does not run on this host: {runs.stderr.strip()}")
     yield env
-    tags = subprocess.run(
-        ["docker", "images", "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True, text=True
-    ).stdout.split()
-    mine = [t for t in tags if NAMESPACE in t]
-    if mine:
-        subprocess.run(["docker", "rmi", "-f", *mine], capture_output=True)
+    remove_images(NAMESPACE)
 
 
 @pytest.fixture(scope="module")

@@ -48,8 +48,8 @@ def _engine_problem() -> str | None:
     return None
 
 
-@pytest.fixture(scope="module")
-def engine_ready():
+def require_engine() -> None:
+    """Skip without a Docker engine and base image; fail instead where CI requires them."""
     problem = _engine_problem()
     if problem:
         if os.environ.get("ATTNFORGE_REQUIRE_E2E") == "1":
@@ -58,19 +58,35 @@ def engine_ready():
 
 
 @pytest.fixture(scope="module")
-def tree(tmp_path_factory, engine_ready) -> Path:
-    dest = tmp_path_factory.mktemp("e2e") / "tree"
+def engine_ready():
+    require_engine()
+
+
+def copy_tree(tmp_path_factory, label: str) -> Path:
+    """A copy of the checkout for one module's tests (they may edit files), with the wheelhouse
+    where tools/setup.sh puts it, so that plain builds find it."""
+    dest = tmp_path_factory.mktemp(label) / "tree"
     shutil.copytree(REPO, dest, ignore=COPY_IGNORE)
-    if Path(WHEELHOUSE).is_dir():  # where tools/setup.sh puts it, so plain builds find it
+    if Path(WHEELHOUSE).is_dir():
         (dest / "build").mkdir()
         (dest / "build" / "wheelhouse").symlink_to(Path(WHEELHOUSE).resolve())
-    yield dest
+    return dest
+
+
+def remove_images(namespace: str) -> None:
+    """Every Docker image tagged under ``namespace``: what one module's builds left."""
     tags = subprocess.run(
         ["docker", "images", "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True, text=True
     ).stdout.split()
-    mine = [t for t in tags if NAMESPACE in t]
+    mine = [t for t in tags if namespace in t]
     if mine:
         subprocess.run(["docker", "rmi", "-f", *mine], capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory, engine_ready) -> Path:
+    yield copy_tree(tmp_path_factory, "e2e")
+    remove_images(NAMESPACE)
 
 
 def build_args(*extra: str, namespace: str = NAMESPACE) -> list[str]:

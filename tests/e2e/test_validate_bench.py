@@ -9,16 +9,20 @@ The tests in this module run in order and share one tree and namespace.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import uuid
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import COPY_IGNORE, REPO
-from tests.e2e.test_cpu_stack import WHEELHOUSE, _engine_problem, build_args, image_id, invoke
+from tests.e2e.test_cpu_stack import (
+    build_args,
+    copy_tree,
+    image_id,
+    invoke,
+    remove_images,
+    require_engine,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -28,23 +32,9 @@ BROKEN = f"{NAMESPACE}/broken-bench-train:cpu"
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory) -> Path:
-    problem = _engine_problem()
-    if problem:
-        if os.environ.get("ATTNFORGE_REQUIRE_E2E") == "1":
-            pytest.fail(f"end-to-end tests are required here but cannot run: {problem}")
-        pytest.skip(f"no container engine for end-to-end tests: {problem}")
-    dest = tmp_path_factory.mktemp("e2e-bench") / "tree"
-    shutil.copytree(REPO, dest, ignore=COPY_IGNORE)
-    if Path(WHEELHOUSE).is_dir():
-        (dest / "build").mkdir()
-        (dest / "build" / "wheelhouse").symlink_to(Path(WHEELHOUSE).resolve())
-    yield dest
-    tags = subprocess.run(
-        ["docker", "images", "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True, text=True
-    ).stdout.split()
-    mine = [t for t in tags if NAMESPACE in t]
-    if mine:
-        subprocess.run(["docker", "rmi", "-f", *mine], capture_output=True)
+    require_engine()
+    yield copy_tree(tmp_path_factory, "e2e-bench")
+    remove_images(NAMESPACE)
 
 
 def _doc(path: Path, kind: str) -> dict:
