@@ -273,8 +273,9 @@ def engine_rows(facts: Facts) -> list[Row]:
     if facts.buildkit_host:
         rows.append(Row(
             "BUILDKIT_HOST", "info",
-            f"set to {facts.buildkit_host}: buildx uses it only for a builder with the remote "
-            "driver; attnforge builds with the current buildx builder (docker buildx ls)",
+            f"set to {facts.buildkit_host}: attnforge builds there only when asked "
+            "(invoke build --builder \"$BUILDKIT_HOST\", through buildctl, which must be on "
+            "PATH); without --builder it builds on the engine",
         ))  # fmt: skip
     if eng.name == "docker":
         found = f"installed: {facts.podman}" if facts.podman else "not installed"

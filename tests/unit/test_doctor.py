@@ -281,6 +281,7 @@ def test_buildkit_host_and_podman_are_reported(tmp_path):
     rows = run(facts)[0]
     assert rows["buildkit"].status == "ok" and "buildx plugin present" in rows["buildkit"].found
     assert "tcp://buildkitd:1234" in rows["BUILDKIT_HOST"].found
+    assert '--builder "$BUILDKIT_HOST"' in rows["BUILDKIT_HOST"].found
     assert rows["podman"].found.startswith("installed: podman version 4.3.1")
 
 
