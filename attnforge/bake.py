@@ -11,7 +11,7 @@ Bake's file format: github.com/docker/buildx, docs/bake-reference.md (JSON files
 `context`, `contexts`, `dockerfile`, `args`, `tags`, `labels`, `secret`, `cache-from`,
 `cache-to`) and https://docs.docker.com/build/bake/contexts/ ("Using a target as a build
 context": `target:<name>`), read 2026-11-24; checked against buildx 0.13.1's `bake --print` in
-tests/e2e/test_bake.py.
+tests/e2e/test_bake_buildx.py.
 """
 
 from __future__ import annotations

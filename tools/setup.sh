@@ -72,7 +72,7 @@ base_image() {
   rm -rf "$root"
 }
 
-# `docker buildx` for the bake tests (tests/e2e/test_bake.py). Debian 12 packages no buildx;
+# `docker buildx` for the bake tests (tests/e2e/test_bake_buildx.py). Debian 12 packages no buildx;
 # Debian 13 (trixie) has docker-buildx 0.13.1 and docker-cli 26.1 (`apt-cache policy
 # docker-buildx` with trixie's archive, 2026-11-24). So: an image of trixie made with
 # debootstrap, with both, that the tests run with the engine's socket mounted. Nothing is put on

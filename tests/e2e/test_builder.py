@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import COPY_IGNORE, REPO, outputs_env, run_invoke
-from tests.e2e.test_bake import BUILDX_IMAGE, _missing
+from tests.e2e.test_bake_buildx import BUILDX_IMAGE, _missing
 from tests.e2e.test_cpu_stack import (
     BASE,
     CA_CERT,
