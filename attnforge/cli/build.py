@@ -160,7 +160,8 @@ def _invocation(
     arch, stack = choose_target(recipes, arch, stack)
     if wheelhouse is None and any(ws.wheelhouse.glob("*.whl")):
         wheelhouse = ws.wheelhouse
-        out.print(
+        # Notes on chosen defaults go to stderr, like the base image's: stdout may be a --json plan.
+        err.print(
             f"[dim]wheelhouse: {wheelhouse} (made by tools/setup.sh; --wheelhouse to change)[/]"
         )
     if ca_cert is None and HOST_CA_BUNDLE.is_file():
@@ -195,8 +196,8 @@ def _local_defaults(
         return inv
     if eng.image_id(local) is None:
         return inv
-    # A --json plan owns stdout: the note goes to stderr there, so the output stays JSON.
-    (err if to_stderr else out).print(
+    # A note on a chosen default: stderr, so that a --json plan on stdout stays JSON.
+    err.print(
         f"[dim]base image: {local} ({spec.base_image} is not in the engine; --base-image to change)[/]"
     )
     return Invocation(**{**inv.__dict__, "base_image": local})
@@ -214,9 +215,7 @@ def _connect_for_plan(name: str, quiet: bool) -> Engine | None:
 def _dry_run(inv: Invocation, recipes: Recipes, ws: Workspace, as_json: bool, layer: str | None):
     eng = _connect_for_plan(inv.engine, quiet=as_json)
     if eng is not None:
-        inv = _local_defaults(
-            inv, recipes, ws, eng, given_base=inv.base_image is not None, to_stderr=as_json
-        )
+        inv = _local_defaults(inv, recipes, ws, eng, given_base=inv.base_image is not None)
     notes: list[str] = []
     plan, known = plan_build(inv, recipes, ws, eng, notes)
     for note in notes:
