@@ -411,7 +411,10 @@ def test_doctor_on_this_machine_says_what_it_found(tmp_path):
     fails = [r for r in doc["rows"] if r["status"] == "fail"]
     assert proc.returncode == doc["exit_code"] == (1 if fails else 0)
     if not detect_amd_arches():
-        assert "no AMD GPU: /sys/class/kfd has no GPU nodes" in doc["verdict"]
+        # "no AMD GPU: ..." when it can build; "... no AMD GPU either (...)" after a blocker
+        # such as a full disk, which this machine's own state may be.
+        assert "/sys/class/kfd has no GPU nodes" in doc["verdict"]
+        assert "no AMD GPU" in doc["verdict"]
         assert rows["gpu"]["status"] == "warn"
         if reachable and not fails:
             assert "build (not validate) ROCm stacks" in doc["verdict"]
