@@ -108,9 +108,14 @@ def test_a_killed_stress_run_takes_its_backend_process_with_it(tmp_path):
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        # The backend's process, not the environment probe that runs (and ends) before it.
+        # The backend's process, not the environment probe that runs (and ends) before it, nor a
+        # child caught between fork and exec (its command line is still the parent's).
         def backend() -> set[int]:
-            return {k for k in _children(proc.pid) if "--env" not in _cmdline(k)}
+            return {
+                k
+                for k in _children(proc.pid)
+                if "validate._stress_child" in (cmd := _cmdline(k)) and "--env" not in cmd
+            }
 
         assert _wait_for(lambda: bool(backend()), 120), "no backend process started"
         _kill_parent_and_check(proc, backend())
