@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 from validate import item_runner, workloads
+from validate.argtypes import positive_int, seconds
 
 HELP = "time every attention backend: fwd, bwd, fwd+bwd over flash-attention's sweep and workloads"
 DESCRIPTION = """\
@@ -149,26 +150,6 @@ def _names(values: list[str] | None, known: tuple[str, ...], what: str) -> list[
     return list(dict.fromkeys(picked or known))
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError("must be more than 0 seconds")
-    return value
-
-
 def add_common_arguments(parser: argparse.ArgumentParser, what: str) -> None:
     """--json, --backend, --timeout, shared by bench and bench-train."""
     parser.add_argument("--json", metavar="PATH", help=f"write the {what} document here (JSON)")
@@ -180,7 +161,7 @@ def add_common_arguments(parser: argparse.ArgumentParser, what: str) -> None:
     )
     parser.add_argument(
         "--timeout",
-        type=_seconds,
+        type=seconds,
         default=300.0,
         metavar="SECONDS",
         help="how long one item may run before it counts as a timeout (default 300)",
@@ -223,7 +204,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--repeats",
-        type=_positive_int,
+        type=positive_int,
         metavar="N",
         help="timed repeats per item; the median is reported (default 30, --quick 10, --tiny 3)",
     )

@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 from validate import bench, item_runner
+from validate.argtypes import positive_int
 
 HELP = "time a small transformer's training step (fwd+bwd+AdamW) under every attention backend"
 DESCRIPTION = """\
@@ -159,7 +160,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         full, quick, tiny = (PRESETS[p][key] for p in ("full", "quick", "tiny"))
         parser.add_argument(
             f"--{key}",
-            type=bench._positive_int,
+            type=positive_int,
             metavar=meta,
             help=f"{what} (default {full}; --quick {quick}, --tiny {tiny})",
         )

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from validate import workloads
+from validate.argtypes import positive_int, seconds
 from validate.runner import Outcome, child_env, classify, signal_name, tail
 
 HELP = "run backends for many iterations at real workload shapes; report the first failure"
@@ -58,26 +59,6 @@ FAILING = ("fail", "crash", "timeout")
 POLL_S = 0.2
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError("must be more than 0 seconds")
-    return value
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--workload",
@@ -94,14 +75,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--iters",
-        type=_positive_int,
+        type=positive_int,
         default=100,
         metavar="N",
         help="iterations per backend (default 100)",
     )
     p.add_argument(
         "--check-every",
-        type=_positive_int,
+        type=positive_int,
         default=10,
         metavar="K",
         help="compare with the fp32 math reference every K iterations, and at the first and last "
@@ -138,7 +119,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--timeout",
-        type=_seconds,
+        type=seconds,
         default=300.0,
         metavar="SECONDS",
         help="kill a run that makes no progress for this long and report it as a hang (default 300; "
@@ -154,7 +135,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--pipeline-steps",
-        type=_positive_int,
+        type=positive_int,
         default=20,
         metavar="N",
         help="denoising steps per image with --pipeline (default 20)",
