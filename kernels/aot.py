@@ -170,7 +170,14 @@ def _kernels(head_dim: int, cfg, dtype: str = "bf16"):
             "fwd",
             flash._attn_fwd,
             fwd_ptrs,
-            dict(flags, BLOCK_M=cfg.fwd.block_m, BLOCK_N=cfg.fwd.block_n, REVERSE=True, **_FWD_OFF),
+            dict(
+                flags,
+                BLOCK_M=cfg.fwd.block_m,
+                BLOCK_N=cfg.fwd.block_n,
+                REVERSE=True,
+                USE_TMA=cfg.fwd.tma,
+                **_FWD_OFF,
+            ),
             cfg.fwd,
         ),
         (
@@ -184,6 +191,7 @@ def _kernels(head_dim: int, cfg, dtype: str = "bf16"):
                 ATOMIC_DQ=cfg.atomic_dq,
                 RELOAD=cfg.reload,
                 D_CHUNK=cfg.chunk_kv,
+                USE_TMA=cfg.bwd_kv.tma,
                 **_BWD_OFF,
             ),
             cfg.bwd_kv,
@@ -202,6 +210,7 @@ def _kernels(head_dim: int, cfg, dtype: str = "bf16"):
                     REVERSE=True,
                     RELOAD=cfg.reload,
                     D_CHUNK=cfg.chunk_q,
+                    USE_TMA=cfg.bwd_q.tma,
                     **_BWD_OFF,
                 ),
                 cfg.bwd_q,
@@ -314,7 +323,9 @@ def _count(text: str, pattern: str) -> dict:
 
 def _tile_str(t) -> str:
     s = f"{t.block_m}x{t.block_n} w{t.num_warps} s{t.num_stages}"
-    return s + (f" wpe{t.waves_per_eu}" if t.waves_per_eu else "")
+    s += f" wpe{t.waves_per_eu}" if t.waves_per_eu else ""
+    s += f" r{t.maxnreg}" if t.maxnreg else ""
+    return s + (" tma" if t.tma else "")
 
 
 def check_arch(arch: str, spec: dict, head_dims, over_2gib: bool = False) -> list[KernelReport]:

@@ -133,7 +133,8 @@ def candidates(default: AttnConfig, family: str, kind: str) -> list[AttnConfig]:
     field = "fwd" if kind == "fwd" else "bwd_kv"
     out = [default]
     for t in CANDIDATES[_group(family)][field]:
-        c = replace(default, **{field: Tile(*t)})
+        # A candidate keeps the default tile's TMA choice: only the shape is searched.
+        c = replace(default, **{field: replace(Tile(*t), tma=getattr(default, field).tma)})
         if c not in out:
             out.append(c)
     return out

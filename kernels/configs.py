@@ -47,11 +47,18 @@ class Tile:
     num_warps: int
     num_stages: int
     waves_per_eu: int = 0  # HIP only; 0 leaves the compiler's choice
+    # Hopper: the streamed tiles (K/V in the forward and dQ kernels, Q/dO in the dK/dV kernel)
+    # come through TMA tensor descriptors instead of pointer loads, where the tensors' alignment
+    # allows it (kernels.interface.tma_ok; bf16/fp16 only).
+    tma: bool = False
+    maxnreg: int = 0  # NVIDIA only: cap registers per thread (ptxas); 0 leaves ptxas' choice
 
     def launch_options(self, hip: bool) -> dict:
         opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
         if hip and self.waves_per_eu:
             opts["waves_per_eu"] = self.waves_per_eu
+        if not hip and self.maxnreg:
+            opts["maxnreg"] = self.maxnreg
         return opts
 
 
@@ -68,6 +75,12 @@ class AttnConfig:
     # loading each chunk from memory (0: whole tiles). dK/dV kernel and dQ kernel. RDNA3/3.5 only.
     chunk_kv: int = 0
     chunk_q: int = 0
+
+    def without_tma(self) -> AttnConfig:
+        return replace(self, **{k: replace(getattr(self, k), tma=False) for k in TILE_KEYS})
+
+
+TILE_KEYS = ("fwd", "bwd_kv", "bwd_q")
 
 
 # Triton's HIP JIT compiles tensors of at most 2 GiB with 32-bit buffer-load offsets; larger ones
@@ -128,11 +141,18 @@ def _cdna(d: int, family: str) -> AttnConfig:
 
 def _hopper(d: int) -> AttnConfig:
     # The dK/dV tile 64x64 with 4 warps spills (ptxas) yet measured fastest on an H200:
-    # fwd+bwd 362 vs 277 TFLOP/s for the spill-free 16x128/8 warps (docs/benchmarks.md).
+    # fwd+bwd 362 vs 277 TFLOP/s for the spill-free 16x128/8 warps (docs/benchmarks.md). The
+    # backward streams Q/dO (dK/dV) and K/V (dQ) by TMA, which frees registers (dK/dV spills
+    # 1204 -> 436 bytes at d=128) and allows a third dQ stage: fwd+bwd 370 -> 405 TFLOP/s on an
+    # H100 at (4,16,4096,128). The forward measured slower with TMA and keeps pointer loads.
     if d <= 64:
-        return AttnConfig(Tile(128, 64, 8, 4), Tile(64, 64, 4, 2), Tile(128, 64, 8, 2))
+        return AttnConfig(
+            Tile(128, 64, 8, 4), Tile(64, 64, 4, 2, tma=True), Tile(128, 64, 8, 3, tma=True)
+        )
     if d <= 128:
-        return AttnConfig(Tile(128, 64, 8, 3), Tile(64, 64, 4, 2), Tile(128, 64, 8, 2))
+        return AttnConfig(
+            Tile(128, 64, 8, 3), Tile(64, 64, 4, 2, tma=True), Tile(128, 64, 8, 3, tma=True)
+        )
     return AttnConfig(Tile(64, 64, 8, 2), Tile(16, 32, 8, 1), Tile(32, 32, 4, 1))
 
 
@@ -229,17 +249,25 @@ def config_for(family: str, head_dim: int, dropout: bool = False) -> AttnConfig:
 def override(cfg: AttnConfig, spec: str | None) -> AttnConfig:
     """Apply a JSON override such as ``{"fwd": [128, 64, 8, 3], "atomic_dq": true}``.
 
-    Tiles are ``[block_m, block_n, num_warps, num_stages(, waves_per_eu)]``; keys fwd, bwd_kv,
-    bwd_q, atomic_dq, reload, chunk_kv, chunk_q (head-dim chunk: 0 or a power of two >= 16).
+    Tiles are ``[block_m, block_n, num_warps, num_stages(, waves_per_eu)]`` or objects with
+    Tile's field names; keys fwd, bwd_kv, bwd_q, atomic_dq, reload, chunk_kv, chunk_q (head-dim
+    chunk: 0 or a power of two >= 16), and ``tma``: true/false for every tile or a list of the
+    tiles (``["bwd_kv", "bwd_q"]``) that use TMA, the others not.
     Set through ``ATTNFORGE_KERNELS_CONFIG`` for one-off experiments.
     """
     if not spec:
         return cfg
     data = json.loads(spec)
     changes = {}
-    for key in ("fwd", "bwd_kv", "bwd_q"):
+    for key in TILE_KEYS:
         if key in data:
-            changes[key] = Tile(*data[key])
+            t = data[key]
+            changes[key] = Tile(**t) if isinstance(t, dict) else Tile(*t)
+    if "tma" in data:
+        on = data["tma"]
+        for key in TILE_KEYS:
+            use = key in on if isinstance(on, list) else bool(on)
+            changes[key] = replace(changes.get(key, getattr(cfg, key)), tma=use)
     for key in ("atomic_dq", "reload"):
         if key in data:
             changes[key] = bool(data[key])

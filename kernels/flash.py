@@ -115,6 +115,17 @@ def _tile(base, idx, stride, offs_d):
 
 
 @triton.jit
+def _desc(base, rows, stride, HEAD_DIM: tl.constexpr, BLOCK_ROWS: tl.constexpr,
+          BLOCK_D: tl.constexpr):
+    """A TMA tensor descriptor over ``rows`` x HEAD_DIM elements at ``base`` (row stride
+    ``stride``, unit column stride), read in [BLOCK_ROWS, BLOCK_D] boxes: reads past either bound
+    return zeros, like the masked loads they replace. The launcher checks the 16-byte alignment
+    of the base and the strides that TMA needs."""
+    return tl.make_tensor_descriptor(base, shape=[rows, HEAD_DIM], strides=[stride, 1],
+                                     block_shape=[BLOCK_ROWS, BLOCK_D])
+
+
+@triton.jit
 def _loop_zero(i):
     """0 for offsets below 2**30, yet computed from the loop variable ``i``: a load offset by it
     is not hoisted out of the loop, which is how the backward re-reads tiles it should not hold."""
@@ -316,11 +327,15 @@ def _fwd_loop(acc, l_i, m_i, q, k_base, v_base, sk_s, sv_s, start, end, offs_m, 
               diag, qk_scale, cap_in, cap_out, alibi2, left, right, k0, k1, c3, thresh, bh,
               HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr,
               HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr,
-              HAS_RIGHT: tl.constexpr, MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr):
+              HAS_RIGHT: tl.constexpr, MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+              USE_TMA: tl.constexpr):
     offs_n0 = tl.arange(0, BLOCK_N)
     for n0 in tl.range(start, end, BLOCK_N):
         offs_n = n0 + offs_n0
-        k = _load_tile(k_base, offs_n, sk_s, seqlen_k, offs_d, HEAD_DIM, MASK, EVEN_D)
+        if USE_TMA:
+            k = k_base.load([n0, 0])  # a tensor descriptor: rows past seqlen_k read as zeros
+        else:
+            k = _load_tile(k_base, offs_n, sk_s, seqlen_k, offs_d, HEAD_DIM, MASK, EVEN_D)
         qk = _mm(q, tl.trans(k))
         rel = offs_n[None, :] - offs_m[:, None] - diag
         s = _scores(qk, rel, offs_n[None, :] < seqlen_k, qk_scale, cap_in, cap_out, alibi2, left,
@@ -334,7 +349,10 @@ def _fwd_loop(acc, l_i, m_i, q, k_base, v_base, sk_s, sv_s, start, end, offs_m, 
         p = tl.exp2(s - m_use[:, None])
         alpha = tl.exp2(m_i - m_use)
         acc = acc * alpha[:, None]
-        v = _load_tile(v_base, offs_n, sv_s, seqlen_k, offs_d, HEAD_DIM, MASK, EVEN_D)
+        if USE_TMA:
+            v = v_base.load([n0, 0])
+        else:
+            v = _load_tile(v_base, offs_n, sv_s, seqlen_k, offs_d, HEAD_DIM, MASK, EVEN_D)
         if HAS_DROPOUT:
             # The softmax sum counts every score; only the product with V sees the dropped ones
             # as 0 (the 1/(1-p) scale is applied to the output once).
@@ -382,9 +400,12 @@ def _attn_fwd(
     IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, REVERSE: tl.constexpr,
     HAS_DROPOUT: tl.constexpr, RETURN_SDMASK: tl.constexpr, IS_FP8: tl.constexpr,
+    USE_TMA: tl.constexpr = False,
 ):
     """Rng/drop_scale (dropout), SDMask (S_dmask) and DescQ/K/V (FP8: fp32 (batch, Hk) descale
-    factors, Q's per KV head as flash_attn 3 has them) are None when their variant is off."""
+    factors, Q's per KV head as flash_attn 3 has them) are None when their variant is off.
+    USE_TMA (Hopper): K and V stream through tensor descriptors (TMA) bounded by this sequence's
+    rows and HEAD_DIM, whose zero fill replaces the masked loads."""
     pid_m = tl.program_id(0)
     if REVERSE:
         # Causal: the longest rows first, so the tail of the grid is short blocks.
@@ -422,22 +443,30 @@ def _attn_fwd(
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    if USE_TMA:
+        k_src = _desc(k_base, seqlen_k, sk_s, HEAD_DIM, BLOCK_N, BLOCK_D)
+        v_src = _desc(v_base, seqlen_k, sv_s, HEAD_DIM, BLOCK_N, BLOCK_D)
+    else:
+        k_src = k_base
+        v_src = v_base
     lo, full_lo, full_hi, hi = _key_ranges(m0, seqlen_q, seqlen_k, left, right, BLOCK_M, BLOCK_N,
                                            HAS_LEFT, HAS_RIGHT)
     if HAS_LEFT:
-        acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, k_base, v_base, sk_s, sv_s, lo, full_lo,
+        acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, k_src, v_src, sk_s, sv_s, lo, full_lo,
                                   offs_m, offs_d, seqlen_k, diag, qk_scale, cap_in, cap_out, alibi2,
                                   left, right, k0, k1, c3, thresh, pid_bh, HEAD_DIM, BLOCK_N,
                                   EVEN_D, HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, True,
-                                  HAS_DROPOUT)
-    acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, k_base, v_base, sk_s, sv_s, full_lo, full_hi,
+                                  HAS_DROPOUT, USE_TMA)
+    acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, k_src, v_src, sk_s, sv_s, full_lo, full_hi,
                               offs_m, offs_d, seqlen_k, diag, qk_scale, cap_in, cap_out, alibi2,
                               left, right, k0, k1, c3, thresh, pid_bh, HEAD_DIM, BLOCK_N, EVEN_D,
-                              HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, False, HAS_DROPOUT)
-    acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, k_base, v_base, sk_s, sv_s, full_hi, hi,
+                              HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, False, HAS_DROPOUT,
+                              USE_TMA)
+    acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, k_src, v_src, sk_s, sv_s, full_hi, hi,
                               offs_m, offs_d, seqlen_k, diag, qk_scale, cap_in, cap_out, alibi2,
                               left, right, k0, k1, c3, thresh, pid_bh, HEAD_DIM, BLOCK_N, EVEN_D,
-                              HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, True, HAS_DROPOUT)
+                              HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, True, HAS_DROPOUT,
+                              USE_TMA)
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
     if HAS_DROPOUT:
@@ -501,7 +530,8 @@ def _dkdv_loop(dk, dv, k, v, k_ptrs, v_ptrs, k_rows, v_rows, q_base, do_base, ls
                HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr,
                HAS_RIGHT: tl.constexpr, ATOMIC_DQ: tl.constexpr, RELOAD: tl.constexpr,
                MASK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-               D_CHUNK: tl.constexpr, HAS_DROPOUT: tl.constexpr):
+               D_CHUNK: tl.constexpr, HAS_DROPOUT: tl.constexpr, q_src, do_src,
+               USE_TMA: tl.constexpr):
     offs_m0 = tl.arange(0, BLOCK_M)
     for m0 in tl.range(start, end, BLOCK_M):
         offs_m = m0 + offs_m0
@@ -523,7 +553,10 @@ def _dkdv_loop(dk, dv, k, v, k_ptrs, v_ptrs, k_rows, v_rows, q_base, do_base, ls
                 bump = _loop_zero(m0)
                 k = _load_rows(k_ptrs + bump, offs_n, seqlen_k, offs_d, HEAD_DIM, True, EVEN_D)
                 v = _load_rows(v_ptrs + bump, offs_n, seqlen_k, offs_d, HEAD_DIM, True, EVEN_D)
-            q = _load_tile(q_base, offs_m, sq_s, seqlen_q, offs_d, HEAD_DIM, MASK, EVEN_D)
+            if USE_TMA:
+                q = q_src.load([m0, 0])
+            else:
+                q = _load_tile(q_base, offs_m, sq_s, seqlen_q, offs_d, HEAD_DIM, MASK, EVEN_D)
         lse2, delta = _row_stats(lse_base, delta_base, offs_m, seqlen_q, MASK)
         if D_CHUNK == 0:
             qk_t = _mm(k, tl.trans(q))  # [BLOCK_N, BLOCK_M]
@@ -555,7 +588,10 @@ def _dkdv_loop(dk, dv, k, v, k_ptrs, v_ptrs, k_rows, v_rows, q_base, do_base, ls
             if ATOMIC_DQ:
                 k = _load_rows(k_ptrs + bump, offs_n, seqlen_k, offs_d, HEAD_DIM, True, EVEN_D)
         else:
-            do = _load_tile(do_base, offs_m, sdo_s, seqlen_q, offs_d, HEAD_DIM, MASK, EVEN_D)
+            if USE_TMA:
+                do = do_src.load([m0, 0])
+            else:
+                do = _load_tile(do_base, offs_m, sdo_s, seqlen_q, offs_d, HEAD_DIM, MASK, EVEN_D)
             if HAS_DROPOUT:
                 # With Z = keep / (1 - p): dV = (P o Z)^T dO and dP = (dO V^T) o Z; delta =
                 # rowsum(O o dO) is unchanged because O already carries Z.
@@ -590,8 +626,10 @@ def _attn_bwd_dkdv(
     IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, ATOMIC_DQ: tl.constexpr,
     RELOAD: tl.constexpr, D_CHUNK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    USE_TMA: tl.constexpr = False,
 ):
-    """One program per (key block, batch, kv head); loops over the GQA group's query heads."""
+    """One program per (key block, batch, kv head); loops over the GQA group's query heads.
+    USE_TMA (Hopper): Q and dO stream through tensor descriptors (see ``_attn_fwd``)."""
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // num_heads_k
@@ -631,27 +669,36 @@ def _attn_bwd_dkdv(
         delta_base = _row_base(Delta, b64, h64, q_start, sl_b, sl_h)
         alibi2 = _alibi2(Slopes, b, h, sa_b, sa_h) if HAS_ALIBI else 0.0
         bh = b * (num_heads_k * group) + h
+        if USE_TMA:
+            q_src = _desc(q_base, seqlen_q, sq_s, HEAD_DIM, BLOCK_M, BLOCK_D)
+            do_src = _desc(do_base, seqlen_q, sdo_s, HEAD_DIM, BLOCK_M, BLOCK_D)
+        else:
+            q_src = q_base
+            do_src = do_base
         if HAS_RIGHT:
             dk, dv = _dkdv_loop(dk, dv, k, v, k_ptrs, v_ptrs, k_rows, v_rows, q_base, do_base,
                                 lse_base, delta_base, dq_base, sq_s, sdo_s, sdq_s, lo, full_lo,
                                 offs_n, offs_d, seqlen_q, seqlen_k, diag, qk_scale, cap_in, cap_out,
                                 alibi2, left, right, sm_scale, k0, k1, c3, thresh, bh, drop_scale,
                                 HEAD_DIM, BLOCK_M, EVEN_D, HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
-                                HAS_RIGHT, ATOMIC_DQ, RELOAD, True, BLOCK_N, BLOCK_D, D_CHUNK, HAS_DROPOUT)
+                                HAS_RIGHT, ATOMIC_DQ, RELOAD, True, BLOCK_N, BLOCK_D, D_CHUNK, HAS_DROPOUT,
+                                q_src, do_src, USE_TMA)
         dk, dv = _dkdv_loop(dk, dv, k, v, k_ptrs, v_ptrs, k_rows, v_rows, q_base, do_base,
                             lse_base, delta_base, dq_base, sq_s, sdo_s, sdq_s, full_lo, full_hi,
                             offs_n, offs_d, seqlen_q, seqlen_k, diag, qk_scale, cap_in, cap_out,
                             alibi2, left, right, sm_scale, k0, k1, c3, thresh, bh, drop_scale,
                             HEAD_DIM, BLOCK_M, EVEN_D, HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
                             HAS_RIGHT, ATOMIC_DQ, RELOAD,
-                            False, BLOCK_N, BLOCK_D, D_CHUNK, HAS_DROPOUT)
+                            False, BLOCK_N, BLOCK_D, D_CHUNK, HAS_DROPOUT, q_src, do_src,
+                            USE_TMA)
         dk, dv = _dkdv_loop(dk, dv, k, v, k_ptrs, v_ptrs, k_rows, v_rows, q_base, do_base,
                             lse_base, delta_base, dq_base, sq_s, sdo_s, sdq_s, full_hi, hi,
                             offs_n, offs_d, seqlen_q, seqlen_k, diag, qk_scale, cap_in, cap_out,
                             alibi2, left, right, sm_scale, k0, k1, c3, thresh, bh, drop_scale,
                             HEAD_DIM, BLOCK_M, EVEN_D, HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
                             HAS_RIGHT, ATOMIC_DQ, RELOAD,
-                            True, BLOCK_N, BLOCK_D, D_CHUNK, HAS_DROPOUT)
+                            True, BLOCK_N, BLOCK_D, D_CHUNK, HAS_DROPOUT, q_src, do_src,
+                            USE_TMA)
     dk = dk * sm_scale
     st_mask = _tile_mask(offs_n < seqlen_k, offs_d, HEAD_DIM, EVEN_D)
     dk_base = _base(DK, b64, hk, k_start, sdk_b, sdk_h, sdk_s)
@@ -668,7 +715,7 @@ def _dq_loop(dq, q, do, q_ptrs, do_ptrs, q_rows, do_rows, seqlen_q, lse2, delta,
              HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr,
              HAS_RIGHT: tl.constexpr, RELOAD: tl.constexpr, MASK: tl.constexpr,
              BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, D_CHUNK: tl.constexpr,
-             HAS_DROPOUT: tl.constexpr):
+             HAS_DROPOUT: tl.constexpr, k_src, v_src, USE_TMA: tl.constexpr):
     offs_n0 = tl.arange(0, BLOCK_N)
     for n0 in tl.range(start, end, BLOCK_N):
         offs_n = n0 + offs_n0
@@ -683,8 +730,12 @@ def _dq_loop(dq, q, do, q_ptrs, do_ptrs, q_rows, do_rows, seqlen_q, lse2, delta,
                 bump = _loop_zero(n0)
                 q = _load_rows(q_ptrs + bump, offs_m, seqlen_q, offs_d, HEAD_DIM, True, EVEN_D)
                 do = _load_rows(do_ptrs + bump, offs_m, seqlen_q, offs_d, HEAD_DIM, True, EVEN_D)
-            k = _load_tile(k_base, offs_n, sk_s, seqlen_k, offs_d, HEAD_DIM, MASK, EVEN_D)
-            v = _load_tile(v_base, offs_n, sv_s, seqlen_k, offs_d, HEAD_DIM, MASK, EVEN_D)
+            if USE_TMA:
+                k = k_src.load([n0, 0])
+                v = v_src.load([n0, 0])
+            else:
+                k = _load_tile(k_base, offs_n, sk_s, seqlen_k, offs_d, HEAD_DIM, MASK, EVEN_D)
+                v = _load_tile(v_base, offs_n, sv_s, seqlen_k, offs_d, HEAD_DIM, MASK, EVEN_D)
             qk = _mm(q, tl.trans(k))
         rel = offs_n[None, :] - offs_m[:, None] - diag
         s = _scores(qk, rel, offs_n[None, :] < seqlen_k, qk_scale, cap_in, cap_out, alibi2, left,
@@ -721,8 +772,10 @@ def _attn_bwd_dq(
     IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, REVERSE: tl.constexpr,
     RELOAD: tl.constexpr, D_CHUNK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    USE_TMA: tl.constexpr = False,
 ):
-    """One program per (query block, batch, query head): dQ without atomics."""
+    """One program per (query block, batch, query head): dQ without atomics. USE_TMA (Hopper): K
+    and V stream through tensor descriptors (see ``_attn_fwd``)."""
     pid_m = tl.program_id(0)
     if REVERSE:
         pid_m = tl.num_programs(0) - 1 - pid_m
@@ -760,6 +813,12 @@ def _attn_bwd_dq(
         k0, k1, c3, thresh = _rng_state(Rng)
     else:
         k0, k1, c3, thresh = 0, 0, 0, 0
+    if USE_TMA:
+        k_src = _desc(k_base, seqlen_k, sk_s, HEAD_DIM, BLOCK_N, BLOCK_D)
+        v_src = _desc(v_base, seqlen_k, sv_s, HEAD_DIM, BLOCK_N, BLOCK_D)
+    else:
+        k_src = k_base
+        v_src = v_base
     lo, full_lo, full_hi, hi = _key_ranges(m0, seqlen_q, seqlen_k, left, right, BLOCK_M, BLOCK_N,
                                            HAS_LEFT, HAS_RIGHT)
     if HAS_LEFT:
@@ -767,17 +826,17 @@ def _attn_bwd_dq(
                       v_base, sk_s, sv_s, lo, full_lo, offs_m, offs_d, seqlen_k, diag, qk_scale,
                       cap_in, cap_out, alibi2, left, right, k0, k1, c3, thresh, pid_bh, drop_scale,
                       HEAD_DIM, BLOCK_N, EVEN_D, HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT,
-                      RELOAD, True, BLOCK_M, BLOCK_D, D_CHUNK, HAS_DROPOUT)
+                      RELOAD, True, BLOCK_M, BLOCK_D, D_CHUNK, HAS_DROPOUT, k_src, v_src, USE_TMA)
     dq = _dq_loop(dq, q, do, q_ptrs, do_ptrs, q_rows, do_rows, seqlen_q, lse2, delta, k_base,
                   v_base, sk_s, sv_s, full_lo, full_hi, offs_m, offs_d, seqlen_k, diag, qk_scale,
                   cap_in, cap_out, alibi2, left, right, k0, k1, c3, thresh, pid_bh, drop_scale,
                   HEAD_DIM, BLOCK_N, EVEN_D, HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, RELOAD,
-                  False, BLOCK_M, BLOCK_D, D_CHUNK, HAS_DROPOUT)
+                  False, BLOCK_M, BLOCK_D, D_CHUNK, HAS_DROPOUT, k_src, v_src, USE_TMA)
     dq = _dq_loop(dq, q, do, q_ptrs, do_ptrs, q_rows, do_rows, seqlen_q, lse2, delta, k_base,
                   v_base, sk_s, sv_s, full_hi, hi, offs_m, offs_d, seqlen_k, diag, qk_scale,
                   cap_in, cap_out, alibi2, left, right, k0, k1, c3, thresh, pid_bh, drop_scale,
                   HEAD_DIM, BLOCK_N, EVEN_D, HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, RELOAD,
-                  True, BLOCK_M, BLOCK_D, D_CHUNK, HAS_DROPOUT)
+                  True, BLOCK_M, BLOCK_D, D_CHUNK, HAS_DROPOUT, k_src, v_src, USE_TMA)
     dq = dq * sm_scale
     dq_base = _base(DQ, b64, h64, q_start, sdq_b, sdq_h, sdq_s)
     dq_ptrs = _tile(dq_base, offs_m, sdq_s, offs_d)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 import triton
+from triton.runtime import _allocation
 
 from . import autotune, configs
 from ._compat import patch_interpreter
@@ -110,6 +111,39 @@ def _buffer_loads(*tensors) -> bool:
     )
 
 
+def tma_ok(*tensors) -> bool:
+    """Whether TMA tensor descriptors can address these tensors (the kernels' ``USE_TMA``):
+    bf16/fp16, a 16-byte aligned start and 16-byte multiples for every stride but the unit last
+    one, so that each (batch, head, first row) base of a tile is aligned as TMA requires."""
+    for t in tensors:
+        if t.dtype not in (torch.float16, torch.bfloat16) or t.data_ptr() % 16:
+            return False
+        if t.stride(-1) != 1:
+            return False
+        dims = zip(t.shape[:-1], t.stride()[:-1], strict=True)
+        if any(n > 1 and (s * t.element_size()) % 16 for n, s in dims):
+            return False
+    return True
+
+
+def _tma_config(c: configs.AttnConfig, *tensors) -> configs.AttnConfig:
+    """``c`` with TMA off where the tensors do not allow it, and Triton's scratch allocator set
+    for the in-kernel descriptors (128 bytes each) where a tile uses them."""
+    if not (c.fwd.tma or c.bwd_kv.tma or c.bwd_q.tma):
+        return c
+    if not tma_ok(*tensors):
+        return c.without_tma()
+    if not configs.INTERPRET and isinstance(
+        _allocation._allocator.get(), _allocation.NullAllocator
+    ):
+        triton.set_allocator(_tma_scratch)
+    return c
+
+
+def _tma_scratch(size: int, alignment: int, stream):
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
 def _slopes(alibi_slopes, batch: int, heads: int, device):
     if alibi_slopes is None:
         return None, 0, 0
@@ -178,6 +212,7 @@ def _forward(
     desc_q, desc_k, desc_v = descale if fp8 else (None, None, None)
 
     def launch(c: configs.AttnConfig):
+        c = _tma_config(c, qs.t, ks.t, vs.t)
         t = c.fwd
         grid = (triton.cdiv(max_q, t.block_m), batch * hq)
         _attn_fwd[grid](
@@ -224,6 +259,7 @@ def _forward(
             HAS_DROPOUT=drop is not None,
             RETURN_SDMASK=drop is not None and drop.sdmask is not None,
             IS_FP8=fp8,
+            USE_TMA=t.tma,
             **t.launch_options(hip),
         )
 
@@ -295,6 +331,7 @@ def _backward(
         if c.chunk_kv or c.chunk_q:  # RDNA3/3.5: chunked only where buffer loads apply
             tensors = (qs.t, ks.t, vs.t, dos.t, dk, dv, dq_acc, lse, delta)
             c = configs.for_tensors(c, _buffer_loads(*tensors))
+        c = _tma_config(c, qs.t, ks.t, vs.t, dos.t)
         dqs = _Seq(dq_acc, varlen).strides
         tk = c.bwd_kv
         _attn_bwd_dkdv[(triton.cdiv(max_k, tk.block_n), batch * hk)](
@@ -330,6 +367,7 @@ def _backward(
             ATOMIC_DQ=c.atomic_dq,
             RELOAD=c.reload,
             D_CHUNK=c.chunk_kv,
+            USE_TMA=tk.tma,
             **flags,
             **tk.launch_options(hip),
         )
@@ -366,6 +404,7 @@ def _backward(
                 REVERSE=mask.right is not None,
                 RELOAD=c.reload,
                 D_CHUNK=c.chunk_q,
+                USE_TMA=tq.tma,
                 **flags,
                 **tq.launch_options(hip),
             )
