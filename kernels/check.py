@@ -409,6 +409,16 @@ def run_case(name: str) -> dict:
     }
 
 
+def _shard(text: str) -> tuple[int, int]:
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected I/N such as 0/4, got {text!r}") from None
+    if not 0 <= i < n:
+        raise argparse.ArgumentTypeError(f"need 0 <= I < N, got {text!r}")
+    return i, n
+
+
 def main(argv=None) -> int:
     from . import check_kvcache
 
@@ -420,6 +430,12 @@ def main(argv=None) -> int:
     group.add_argument("--boundary", action="store_true", help="small boundary shapes (memcheck)")
     ap.add_argument("--case", action="append", help="run only these case names")
     ap.add_argument("--json", help="write all results to this file")
+    ap.add_argument(
+        "--shard",
+        type=_shard,
+        metavar="I/N",
+        help="run every Nth case of the list from the Ith (0-based): N processes share a GPU",
+    )
     args = ap.parse_args(argv)
     if args.case:
         names = args.case
@@ -428,6 +444,9 @@ def main(argv=None) -> int:
         names += [c.name for c in check_kvcache.grid_boundary()]
     else:
         names = list_cases(quick=args.quick, every_feature_grid=True)
+    if args.shard:
+        i, n = args.shard
+        names = names[i::n]
     results = {}
     failed = 0
     for name in names:

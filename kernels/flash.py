@@ -120,9 +120,10 @@ def _desc(base, rows, stride, HEAD_DIM: tl.constexpr, BLOCK_ROWS: tl.constexpr,
     """A TMA tensor descriptor over ``rows`` x HEAD_DIM elements at ``base`` (row stride
     ``stride``, unit column stride), read in [BLOCK_ROWS, BLOCK_D] boxes: reads past either bound
     return zeros, like the masked loads they replace. The launcher checks the 16-byte alignment
-    of the base and the strides that TMA needs."""
-    return tl.make_tensor_descriptor(base, shape=[rows, HEAD_DIM], strides=[stride, 1],
-                                     block_shape=[BLOCK_ROWS, BLOCK_D])
+    of the base and the strides that TMA needs. An empty sequence (no tile is read from it)
+    still gets a valid one-row descriptor."""
+    return tl.make_tensor_descriptor(base, shape=[tl.maximum(rows, 1), HEAD_DIM],
+                                     strides=[stride, 1], block_shape=[BLOCK_ROWS, BLOCK_D])
 
 
 @triton.jit

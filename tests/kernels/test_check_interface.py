@@ -94,3 +94,19 @@ def test_skips_without_gpu_or_interpreter():
         [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
     )
     assert '"status": "skip"' in out.stdout, out.stderr
+
+
+def test_shards_split_the_list_between_processes(capsys):
+    names = [
+        "attn-fp16-b1-sq19-sk23-h2x1-d32-causal-bshd",
+        "attn-bf16-b1-sq5-sk7-h2x2-d32-full-bshd",
+        "attn-fp16-b1-sq9-sk9-h2x1-d32-full-bshd",
+    ]
+    args = [a for n in names for a in ("--case", n)]
+    assert check.main([*args, "--shard", "1/2"]) == 0
+    out = capsys.readouterr().out
+    assert "1/1 not failed" in out and "sq5-sk7" in out and "sq19" not in out
+    for bad in ("2/2", "1", "a/b", "-1/2"):
+        with pytest.raises(SystemExit) as e:
+            check.main(["--shard", bad])
+        assert e.value.code == 2

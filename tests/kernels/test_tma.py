@@ -1,0 +1,95 @@
+"""The Hopper TMA path (tensor descriptors instead of pointer loads): config, alignment rule, and
+the same results as the reference under the CPU interpreter, boundaries included."""
+
+import json
+
+import pytest
+import torch
+
+from kernels import configs, interface
+from kernels.check import Case, compare
+from kernels.configs import Tile, config_for, override
+
+
+def test_hopper_streams_the_backward_by_tma_and_keeps_pointer_loads_in_the_forward():
+    for d in (64, 128):
+        cfg = config_for("hopper", d)
+        assert cfg.bwd_kv.tma and cfg.bwd_q.tma and not cfg.fwd.tma
+    # The dropout dK/dV tile stays spill-free without TMA; other families never use it.
+    assert not config_for("hopper", 128, dropout=True).bwd_kv.tma
+    for family in ("rdna3.5", "cdna3", "ampere", "interpreter"):
+        cfg = config_for(family, 128)
+        assert not (cfg.fwd.tma or cfg.bwd_kv.tma or cfg.bwd_q.tma), family
+
+
+def test_override_sets_tma_for_all_tiles_or_the_listed_ones():
+    base = config_for("interpreter", 32)
+    on = override(base, '{"tma": true}')
+    assert on.fwd.tma and on.bwd_kv.tma and on.bwd_q.tma
+    some = override(base, '{"tma": ["bwd_q"], "bwd_kv": [32, 16, 1, 1]}')
+    assert (some.fwd.tma, some.bwd_kv.tma, some.bwd_q.tma) == (False, False, True)
+    assert some.bwd_kv.block_m == 32
+    obj = override(base, json.dumps({"fwd": {"block_m": 64, "block_n": 32, "num_warps": 4,
+                                             "num_stages": 2, "tma": True, "maxnreg": 128}}))  # fmt: skip
+    assert obj.fwd == Tile(64, 32, 4, 2, tma=True, maxnreg=128)
+    assert obj.fwd.launch_options(hip=False) == {"num_warps": 4, "num_stages": 2, "maxnreg": 128}
+    assert "maxnreg" not in obj.fwd.launch_options(hip=True)
+    assert on.without_tma() == base
+
+
+def test_tma_needs_16_byte_aligned_starts_and_strides():
+    bf = torch.zeros(2, 8, 3, 64, dtype=torch.bfloat16)
+    assert interface.tma_ok(bf, bf.transpose(1, 2).contiguous().transpose(1, 2))
+    # d=36: rows 72 bytes apart; a view one element in; fp8 and fp32 are not streamed by TMA.
+    assert not interface.tma_ok(torch.zeros(2, 8, 3, 36, dtype=torch.bfloat16))
+    n = bf.numel()
+    assert not interface.tma_ok(torch.zeros(n + 8, dtype=torch.bfloat16)[1 : n + 1].view(bf.shape))
+    assert not interface.tma_ok(torch.zeros(2, 8, 3, 64, dtype=torch.float32))
+    assert not interface.tma_ok(bf.to(torch.float8_e4m3fn))
+    # A size-1 dimension's stride is never used for an address.
+    one = torch.zeros(1, 8, 3, 64, dtype=torch.bfloat16).as_strided((1, 8, 3, 64), (7, 192, 64, 1))
+    assert interface.tma_ok(one)
+
+
+def _spy(monkeypatch):
+    seen = []
+    real = interface._tma_config
+
+    def spy(c, *tensors):
+        out = real(c, *tensors)
+        seen.append((out.fwd.tma, out.bwd_kv.tma, out.bwd_q.tma))
+        return out
+
+    monkeypatch.setattr(interface, "_tma_config", spy)
+    return seen
+
+
+QUICK = [Case("bf16", 1, 37, 45, 4, 2, 40, "causal")]  # padded head dim, partial tiles, GQA
+SLOW = [
+    Case("fp16", 3, 30, 30, 2, 1, 64, "window", "varlen"),  # each sequence bounds its descriptor
+    Case("bf16", 1, 45, 21, 2, 2, 72, "softcap"),
+    Case("fp16", 1, 21, 37, 2, 2, 128, "alibi", "bhsd"),
+    Case("bf16", 2, 50, 33, 2, 2, 32, "sdpacausal"),
+]
+
+
+@pytest.mark.parametrize(
+    "case", QUICK + [pytest.param(c, marks=pytest.mark.slow) for c in SLOW], ids=lambda c: c.name
+)
+def test_tma_tiles_match_the_reference(monkeypatch, case):
+    # Every kernel through descriptors: their zero fill past a sequence's rows and HEAD_DIM must
+    # do what the masked loads did (rows of the next varlen sequence must not leak in).
+    seen = _spy(monkeypatch)
+    monkeypatch.setenv("ATTNFORGE_KERNELS_CONFIG", '{"tma": true}')
+    res = compare(case, torch.device("cpu"), seed=6)
+    assert res["ok"], (case.name, res["metrics"])
+    assert seen and all(s == (True, True, True) for s in seen), seen
+
+
+def test_unaligned_tensors_fall_back_to_pointer_loads(monkeypatch):
+    seen = _spy(monkeypatch)
+    monkeypatch.setenv("ATTNFORGE_KERNELS_CONFIG", '{"tma": true}')
+    res = compare(Case("fp16", 1, 20, 20, 2, 2, 36, "causal"), torch.device("cpu"), seed=7)
+    assert res["ok"], res["metrics"]
+    assert seen and all(s == (False, False, False) for s in seen), seen
+    assert configs.INTERPRET
