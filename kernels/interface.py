@@ -126,10 +126,11 @@ def tma_ok(*tensors) -> bool:
     return True
 
 
-def _tma_config(c: configs.AttnConfig, *tensors) -> configs.AttnConfig:
+def _tma_config(c: configs.AttnConfig, kernels: tuple, *tensors) -> configs.AttnConfig:
     """``c`` with TMA off where the tensors do not allow it, and Triton's scratch allocator set
-    for the in-kernel descriptors (128 bytes each) where a tile uses them."""
-    if not (c.fwd.tma or c.bwd_kv.tma or c.bwd_q.tma):
+    for the in-kernel descriptors (128 bytes each) where one of the tiles ``kernels`` (names of
+    AttnConfig fields) about to launch uses them; nothing is checked when none does."""
+    if not any(getattr(c, k).tma for k in kernels):
         return c
     if not tma_ok(*tensors):
         return c.without_tma()
@@ -212,7 +213,7 @@ def _forward(
     desc_q, desc_k, desc_v = descale if fp8 else (None, None, None)
 
     def launch(c: configs.AttnConfig):
-        c = _tma_config(c, qs.t, ks.t, vs.t)
+        c = _tma_config(c, ("fwd",), qs.t, ks.t, vs.t)
         t = c.fwd
         grid = (triton.cdiv(max_q, t.block_m), batch * hq)
         _attn_fwd[grid](
@@ -331,7 +332,7 @@ def _backward(
         if c.chunk_kv or c.chunk_q:  # RDNA3/3.5: chunked only where buffer loads apply
             tensors = (qs.t, ks.t, vs.t, dos.t, dk, dv, dq_acc, lse, delta)
             c = configs.for_tensors(c, _buffer_loads(*tensors))
-        c = _tma_config(c, qs.t, ks.t, vs.t, dos.t)
+        c = _tma_config(c, ("bwd_kv", "bwd_q"), qs.t, ks.t, vs.t, dos.t)
         dqs = _Seq(dq_acc, varlen).strides
         tk = c.bwd_kv
         _attn_bwd_dkdv[(triton.cdiv(max_k, tk.block_n), batch * hk)](

@@ -55,9 +55,9 @@ def _spy(monkeypatch):
     seen = []
     real = interface._tma_config
 
-    def spy(c, *tensors):
-        out = real(c, *tensors)
-        seen.append((out.fwd.tma, out.bwd_kv.tma, out.bwd_q.tma))
+    def spy(c, kernels, *tensors):
+        out = real(c, kernels, *tensors)
+        seen.append(tuple(getattr(out, k).tma for k in kernels))
         return out
 
     monkeypatch.setattr(interface, "_tma_config", spy)
@@ -83,7 +83,7 @@ def test_tma_tiles_match_the_reference(monkeypatch, case):
     monkeypatch.setenv("ATTNFORGE_KERNELS_CONFIG", '{"tma": true}')
     res = compare(case, torch.device("cpu"), seed=6)
     assert res["ok"], (case.name, res["metrics"])
-    assert seen and all(s == (True, True, True) for s in seen), seen
+    assert sorted(set(seen)) == [(True,), (True, True)], seen
 
 
 def test_unaligned_tensors_fall_back_to_pointer_loads(monkeypatch):
@@ -91,5 +91,5 @@ def test_unaligned_tensors_fall_back_to_pointer_loads(monkeypatch):
     monkeypatch.setenv("ATTNFORGE_KERNELS_CONFIG", '{"tma": true}')
     res = compare(Case("fp16", 1, 20, 20, 2, 2, 36, "causal"), torch.device("cpu"), seed=7)
     assert res["ok"], res["metrics"]
-    assert seen and all(s == (False, False, False) for s in seen), seen
+    assert sorted(set(seen)) == [(False,), (False, False)], seen
     assert configs.INTERPRET
