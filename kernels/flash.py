@@ -127,6 +127,18 @@ def _desc(base, rows, stride, HEAD_DIM: tl.constexpr, BLOCK_ROWS: tl.constexpr,
 
 
 @triton.jit
+def _streams(a_base, a_stride, b_base, b_stride, rows, USE_TMA: tl.constexpr,
+             HEAD_DIM: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """What a loop streams its two tiles from: descriptors (``_desc``) with USE_TMA, else the
+    base pointers themselves."""
+    if USE_TMA:
+        return (_desc(a_base, rows, a_stride, HEAD_DIM, BLOCK_ROWS, BLOCK_D),
+                _desc(b_base, rows, b_stride, HEAD_DIM, BLOCK_ROWS, BLOCK_D))
+    else:
+        return a_base, b_base
+
+
+@triton.jit
 def _loop_zero(i):
     """0 for offsets below 2**30, yet computed from the loop variable ``i``: a load offset by it
     is not hoisted out of the loop, which is how the backward re-reads tiles it should not hold."""
@@ -444,12 +456,8 @@ def _attn_fwd(
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    if USE_TMA:
-        k_src = _desc(k_base, seqlen_k, sk_s, HEAD_DIM, BLOCK_N, BLOCK_D)
-        v_src = _desc(v_base, seqlen_k, sv_s, HEAD_DIM, BLOCK_N, BLOCK_D)
-    else:
-        k_src = k_base
-        v_src = v_base
+    k_src, v_src = _streams(k_base, sk_s, v_base, sv_s, seqlen_k, USE_TMA, HEAD_DIM, BLOCK_N,
+                            BLOCK_D)
     lo, full_lo, full_hi, hi = _key_ranges(m0, seqlen_q, seqlen_k, left, right, BLOCK_M, BLOCK_N,
                                            HAS_LEFT, HAS_RIGHT)
     if HAS_LEFT:
@@ -670,12 +678,8 @@ def _attn_bwd_dkdv(
         delta_base = _row_base(Delta, b64, h64, q_start, sl_b, sl_h)
         alibi2 = _alibi2(Slopes, b, h, sa_b, sa_h) if HAS_ALIBI else 0.0
         bh = b * (num_heads_k * group) + h
-        if USE_TMA:
-            q_src = _desc(q_base, seqlen_q, sq_s, HEAD_DIM, BLOCK_M, BLOCK_D)
-            do_src = _desc(do_base, seqlen_q, sdo_s, HEAD_DIM, BLOCK_M, BLOCK_D)
-        else:
-            q_src = q_base
-            do_src = do_base
+        q_src, do_src = _streams(q_base, sq_s, do_base, sdo_s, seqlen_q, USE_TMA, HEAD_DIM,
+                                 BLOCK_M, BLOCK_D)
         if HAS_RIGHT:
             dk, dv = _dkdv_loop(dk, dv, k, v, k_ptrs, v_ptrs, k_rows, v_rows, q_base, do_base,
                                 lse_base, delta_base, dq_base, sq_s, sdo_s, sdq_s, lo, full_lo,
@@ -814,12 +818,8 @@ def _attn_bwd_dq(
         k0, k1, c3, thresh = _rng_state(Rng)
     else:
         k0, k1, c3, thresh = 0, 0, 0, 0
-    if USE_TMA:
-        k_src = _desc(k_base, seqlen_k, sk_s, HEAD_DIM, BLOCK_N, BLOCK_D)
-        v_src = _desc(v_base, seqlen_k, sv_s, HEAD_DIM, BLOCK_N, BLOCK_D)
-    else:
-        k_src = k_base
-        v_src = v_base
+    k_src, v_src = _streams(k_base, sk_s, v_base, sv_s, seqlen_k, USE_TMA, HEAD_DIM, BLOCK_N,
+                            BLOCK_D)
     lo, full_lo, full_hi, hi = _key_ranges(m0, seqlen_q, seqlen_k, left, right, BLOCK_M, BLOCK_N,
                                            HAS_LEFT, HAS_RIGHT)
     if HAS_LEFT:
