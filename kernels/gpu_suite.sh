@@ -19,20 +19,24 @@ rc=0
 check() {
     local pids=() i
     for i in 0 1 2 3; do
-        $PY -m kernels.check --shard $i/4 --json "$OUT/check-$i.json" > "$OUT/check-$i.log" 2>&1 &
+        "$PY" -m kernels.check --shard $i/4 --json "$OUT/check-$i.json" > "$OUT/check-$i.log" 2>&1 &
         pids+=($!)
     done
-    for i in "${pids[@]}"; do wait "$i" || return 1; done
+    local rc=0
+    for i in "${pids[@]}"; do wait "$i" || rc=1; done
+    return $rc
 }
 memcheck() {
     local pids=() i
     for i in 0 1; do
         compute-sanitizer --tool memcheck --error-exitcode 3 --print-limit 20 \
-            $PY -m kernels.check --boundary --shard $i/2 --json "$OUT/memcheck-$i.json" \
+            "$PY" -m kernels.check --boundary --shard $i/2 --json "$OUT/memcheck-$i.json" \
             > "$OUT/memcheck-$i.log" 2>&1 &
         pids+=($!)
     done
-    for i in "${pids[@]}"; do wait "$i" || return 1; done
+    local rc=0
+    for i in "${pids[@]}"; do wait "$i" || rc=1; done
+    return $rc
 }
 crc=0; mrc=0
 case $what in
