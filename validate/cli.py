@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from validate import __version__, host, render, report, suite
+from validate import __version__, argtypes, host, render, report, suite
 from validate.expect import KNOWN_KEYS, ExpectError, evaluate, load_expect
 
 DESCRIPTION = """\
@@ -68,23 +68,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError("the timeout must be more than 0 seconds")
-    return value
+    return argtypes.seconds(text, "the timeout must be more than 0 seconds")
 
 
 def _workers(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("at least 1 worker is needed")
-    return value
+    return argtypes.positive_int(text, "at least 1 worker is needed")
 
 
 def build_parser() -> argparse.ArgumentParser:
