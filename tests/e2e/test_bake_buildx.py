@@ -22,7 +22,15 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import COPY_IGNORE, REPO, outputs_env, run_invoke
-from tests.e2e.test_cpu_stack import BASE, CA_CERT, WHEELHOUSE, _engine_problem, outcomes
+from tests.e2e.test_cpu_stack import (
+    BASE,
+    CA_CERT,
+    WHEELHOUSE,
+    _engine_problem,
+    outcomes,
+    remove_images,
+    unavailable,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -49,19 +57,15 @@ def _missing() -> str | None:
 def out(tmp_path_factory) -> Path:
     problem = _missing()
     if problem:
-        if os.environ.get("ATTNFORGE_REQUIRE_E2E") == "1":
-            pytest.fail(f"the bake tests are required here but cannot run: {problem}")
-        pytest.skip(f"no buildx for the bake tests: {problem}")
+        unavailable(
+            f"the bake tests are required here but cannot run: {problem}",
+            f"no buildx for the bake tests: {problem}",
+        )
     base = tmp_path_factory.mktemp("bake")
     # a copy of the tree, so that every step plans from the same files
     shutil.copytree(REPO, base / "tree", ignore=COPY_IGNORE)
     yield base
-    tags = subprocess.run(
-        ["docker", "images", "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True, text=True
-    ).stdout.split()
-    mine = [t for t in tags if NAMESPACE in t]
-    if mine:
-        subprocess.run(["docker", "rmi", "-f", *mine], capture_output=True)
+    remove_images(NAMESPACE)
 
 
 def plan_args() -> list[str]:

@@ -22,6 +22,7 @@ import time
 import urllib.request
 import uuid
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -48,13 +49,22 @@ def _engine_problem() -> str | None:
     return None
 
 
+def unavailable(required: str, skipped: str) -> NoReturn:
+    """What an end-to-end test does when what it needs is missing: skip with ``skipped``, or
+    fail with ``required`` where ATTNFORGE_REQUIRE_E2E=1 (make test, CI) requires it to run."""
+    if os.environ.get("ATTNFORGE_REQUIRE_E2E") == "1":
+        pytest.fail(required)
+    pytest.skip(skipped)
+
+
 def require_engine() -> None:
     """Skip without a Docker engine and base image; fail instead where CI requires them."""
     problem = _engine_problem()
     if problem:
-        if os.environ.get("ATTNFORGE_REQUIRE_E2E") == "1":
-            pytest.fail(f"end-to-end tests are required here but cannot run: {problem}")
-        pytest.skip(f"no container engine for end-to-end tests: {problem}")
+        unavailable(
+            f"end-to-end tests are required here but cannot run: {problem}",
+            f"no container engine for end-to-end tests: {problem}",
+        )
 
 
 @pytest.fixture(scope="module")
@@ -131,9 +141,10 @@ def docker_run(image: str, *cmd: str) -> subprocess.CompletedProcess[str]:
 
 def _need_registry() -> None:
     if not REGISTRY:
-        if os.environ.get("ATTNFORGE_REQUIRE_E2E") == "1":
-            pytest.fail("ATTNFORGE_E2E_REGISTRY is not set")
-        pytest.skip("no local registry (set ATTNFORGE_E2E_REGISTRY=host:port)")
+        unavailable(
+            "ATTNFORGE_E2E_REGISTRY is not set",
+            "no local registry (set ATTNFORGE_E2E_REGISTRY=host:port)",
+        )
 
 
 def test_the_cpu_stack_builds_and_every_layer_passes_its_smoke_checks(tree):

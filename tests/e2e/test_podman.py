@@ -27,10 +27,12 @@ from tests.e2e.test_cpu_stack import (
     BASE,
     CA_CERT,
     REGISTRY,
+    _need_registry,
     _triton_build_in_flight,
     build_args,
     invoke,
     outcomes,
+    unavailable,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -75,9 +77,10 @@ def _podman_problem() -> str | None:
 def tree(tmp_path_factory) -> Path:
     problem = _podman_problem()
     if problem:
-        if os.environ.get("ATTNFORGE_REQUIRE_E2E") == "1":
-            pytest.fail(f"Podman end-to-end tests are required here but cannot run: {problem}")
-        pytest.skip(f"no Podman for end-to-end tests: {problem}")
+        unavailable(
+            f"Podman end-to-end tests are required here but cannot run: {problem}",
+            f"no Podman for end-to-end tests: {problem}",
+        )
     dest = tmp_path_factory.mktemp("podman") / "tree"
     shutil.copytree(REPO, dest, ignore=COPY_IGNORE)
     yield dest
@@ -218,13 +221,6 @@ def test_validate_with_podman_runs_the_suite_in_the_image_and_stamps_its_id(tree
     assert "schema_version" in json.loads(report.read_text())
     stamp = json.loads((tree / "reports/cpu/cpu/validated.json").read_text())
     assert stamp["passed"] is True and stamp["image_id"] == podman_id(f"{NAMESPACE}/cpu:cpu")
-
-
-def _need_registry() -> None:
-    if not REGISTRY:
-        if os.environ.get("ATTNFORGE_REQUIRE_E2E") == "1":
-            pytest.fail("ATTNFORGE_E2E_REGISTRY is not set")
-        pytest.skip("no local registry (set ATTNFORGE_E2E_REGISTRY=host:port)")
 
 
 def _registry_digest(repo: str, tag: str) -> str:
