@@ -219,6 +219,32 @@ def _kernels(head_dim: int, cfg, dtype: str = "bf16"):
     return out
 
 
+def _gluon_kernels(head_dim: int, cfg):
+    """The warp-specialised Gluon forward (kernels/flash_sm90.py) where the config uses it,
+    causal as the other forwards are compiled (``HAS_RIGHT``); its tile is 128 query rows over
+    two consumer warpgroups (4 warps each, plus a producer warp) x 128 keys, 3 stages."""
+    if not cfg.gluon_fwd or head_dim != 128:
+        return []
+    from triton.experimental.gluon import language as gl
+
+    from . import flash_sm90 as f
+    from .configs import Tile
+
+    p = "*bf16"
+    consts = dict(
+        HEAD_DIM=f.HEAD_DIM,
+        BLOCK_M=f.BLOCK_M,
+        BLOCK_N=f.BLOCK_N,
+        STAGES=f.STAGES,
+        CAUSAL=True,
+        q_layout=gl.NVMMASharedLayout.get_default_for([f.BLOCK_M // 2, f.HEAD_DIM], gl.bfloat16),
+        kv_layout=gl.NVMMASharedLayout.get_default_for([f.BLOCK_N, f.HEAD_DIM], gl.bfloat16),
+        CONSUMER_REGS=f.CONSUMER_REGS,
+    )
+    ptrs = dict(Q=p, K=p, V=p, Out=p, LSE="*fp32")
+    return [("fwd_gluon", f._attn_fwd_sm90, ptrs, consts, Tile(f.BLOCK_M, f.BLOCK_N, 4, f.STAGES))]
+
+
 def _meta_int(asm: str, key: str) -> int:
     m = re.search(rf"\.{key}:\s+(\d+)", asm)
     return int(m.group(1)) if m else 0
@@ -279,7 +305,12 @@ def _compile_nvidia(arch: str, spec: dict, name, fn, ptrs, consts, tile) -> Kern
 
     cc = int(arch.removeprefix("sm"))
     sig, attrs = _signature(fn, ptrs, consts)
-    src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
+    if getattr(fn, "is_gluon", lambda: False)():
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+        src = GluonASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
+    else:
+        src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
     k = triton.compile(
         src, target=GPUTarget("cuda", cc, 32), options=tile.launch_options(hip=False)
     )
@@ -347,7 +378,9 @@ def check_arch(arch: str, spec: dict, head_dims, over_2gib: bool = False) -> lis
         dcfg = for_tensors(config_for(spec["family"], d, dropout=True), not over_2gib)
         variants = _variants(_kernels(d, dcfg), base, FP8_DOT.get(spec["family"]))
         # The KV-cache kernels (kernels/kvcache.py: split-KV decode, paged prefill, combine).
-        for name, fn, ptrs, consts, tile in base + variants + aot_kernels(d, spec["family"]):
+        gluon = _gluon_kernels(d, cfg) if spec["vendor"] == "nvidia" else []
+        kernels = base + variants + aot_kernels(d, spec["family"]) + gluon
+        for name, fn, ptrs, consts, tile in kernels:
             try:
                 if spec["vendor"] == "amd":
                     r = _compile_amd(arch, spec, name, fn, ptrs, consts, tile, over_2gib)

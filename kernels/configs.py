@@ -75,6 +75,9 @@ class AttnConfig:
     # loading each chunk from memory (0: whole tiles). dK/dV kernel and dQ kernel. RDNA3/3.5 only.
     chunk_kv: int = 0
     chunk_q: int = 0
+    # Hopper, head dim 128: the forward runs the warp-specialised Gluon kernel
+    # (kernels/flash_sm90.py) where the call is in its scope (kernels.interface.gluon_forward_ok).
+    gluon_fwd: bool = False
 
     def without_tma(self) -> AttnConfig:
         return replace(self, **{k: replace(getattr(self, k), tma=False) for k in TILE_KEYS})
@@ -144,14 +147,20 @@ def _hopper(d: int) -> AttnConfig:
     # fwd+bwd 362 vs 277 TFLOP/s for the spill-free 16x128/8 warps (docs/benchmarks.md). The
     # backward streams Q/dO (dK/dV) and K/V (dQ) by TMA, which frees registers (dK/dV spills
     # 1204 -> 468 bytes at d=128) and allows a third dQ stage: fwd+bwd 370 -> 416 TFLOP/s on an
-    # H100 at (4,16,4096,128). The forward measured slower with TMA and keeps pointer loads.
+    # H100 at (4,16,4096,128). The Triton forward measured slower with TMA and keeps pointer
+    # loads; at d=128 the warp-specialised Gluon forward replaces it where it applies (577 vs 470
+    # TFLOP/s at (4,16,4096,128); at d=64 it measured slower than the Triton kernel).
     if d <= 64:
         return AttnConfig(
             Tile(128, 64, 8, 4), Tile(64, 64, 4, 2, tma=True), Tile(128, 64, 8, 3, tma=True)
         )
     if d <= 128:
+        # The Triton forward tile stays the fallback (odd head dims, varlen, windows, ...).
         return AttnConfig(
-            Tile(128, 64, 8, 3), Tile(64, 64, 4, 2, tma=True), Tile(128, 64, 8, 3, tma=True)
+            Tile(128, 64, 8, 3),
+            Tile(64, 64, 4, 2, tma=True),
+            Tile(128, 64, 8, 3, tma=True),
+            gluon_fwd=True,
         )
     return AttnConfig(Tile(64, 64, 8, 2), Tile(16, 32, 8, 1), Tile(32, 32, 4, 1))
 
@@ -251,8 +260,8 @@ def override(cfg: AttnConfig, spec: str | None) -> AttnConfig:
     """Apply a JSON override such as ``{"fwd": [128, 64, 8, 3], "atomic_dq": true}``.
 
     Tiles are ``[block_m, block_n, num_warps, num_stages(, waves_per_eu)]`` or objects with
-    Tile's field names; keys fwd, bwd_kv, bwd_q, atomic_dq, reload, chunk_kv, chunk_q (head-dim
-    chunk: 0 or a power of two >= 16), and ``tma``: true/false for every tile or a list of the
+    Tile's field names; keys fwd, bwd_kv, bwd_q, atomic_dq, reload, gluon_fwd, chunk_kv, chunk_q
+    (head-dim chunk: 0 or a power of two >= 16), and ``tma``: true/false for every tile or a list of the
     tiles (``["bwd_kv", "bwd_q"]``) that use TMA, the others not.
     Set through ``ATTNFORGE_KERNELS_CONFIG`` for one-off experiments.
     """
@@ -269,7 +278,7 @@ def override(cfg: AttnConfig, spec: str | None) -> AttnConfig:
         for key in TILE_KEYS:
             use = key in on if isinstance(on, list) else bool(on)
             changes[key] = replace(changes.get(key, getattr(cfg, key)), tma=use)
-    for key in ("atomic_dq", "reload"):
+    for key in ("atomic_dq", "reload", "gluon_fwd"):
         if key in data:
             changes[key] = bool(data[key])
     for key in ("chunk_kv", "chunk_q"):

@@ -134,11 +134,42 @@ def _tma_config(c: configs.AttnConfig, kernels: tuple, *tensors) -> configs.Attn
         return c
     if not tma_ok(*tensors):
         return c.without_tma()
+    _tma_allocator()
+    return c
+
+
+def _tma_allocator() -> None:
+    """Set Triton's scratch allocator for in-kernel descriptors unless one is set already (in
+    this thread: autograd runs the backward in its own)."""
     if not configs.INTERPRET and isinstance(
         _allocation._allocator.get(), _allocation.NullAllocator
     ):
         triton.set_allocator(_tma_scratch)
-    return c
+
+
+def gluon_forward_ok(
+    cfg: configs.AttnConfig, q, k, v, out, mask: Mask, softcap: float, slopes, varlen: bool,
+    drop, fp8: bool,
+) -> bool:  # fmt: skip
+    """Whether a forward call is in the warp-specialised Gluon kernel's scope
+    (kernels/flash_sm90.py): the config asks for it (Hopper, d=128), head dim exactly 128,
+    bf16/fp16 with the output in the same dtype, fixed-length batches, no mask or causal aligned
+    bottom-right (``right == 0``, no ``left``), no softcap, ALiBi, dropout or FP8, and tensors that
+    TMA can address."""
+    return (
+        cfg.gluon_fwd
+        and not configs.INTERPRET
+        and q.shape[-1] == 128
+        and not varlen
+        and mask.left is None
+        and mask.right in (None, 0)
+        and softcap == 0
+        and slopes is None
+        and drop is None
+        and not fp8
+        and out.dtype == q.dtype
+        and tma_ok(q, k, v, out)
+    )
 
 
 def _tma_scratch(size: int, alignment: int, stream):
@@ -211,6 +242,12 @@ def _forward(
         bd = max(bd, 32)  # fp8 dots take K >= 32 on some targets (wgmma k32)
     dummy = cu_q if cu_q is not None else out
     desc_q, desc_k, desc_v = descale if fp8 else (None, None, None)
+    if gluon_forward_ok(cfg, qs.t, ks.t, vs.t, out, mask, softcap, slopes, varlen, drop, fp8):
+        from . import flash_sm90  # Hopper only: Gluon's NVIDIA modules are not needed elsewhere
+
+        _tma_allocator()
+        flash_sm90.launch(qs.t, ks.t, vs.t, out, lse, scale * LOG2E, causal=mask.right == 0)
+        return out, lse
 
     def launch(c: configs.AttnConfig):
         c = _tma_config(c, ("fwd",), qs.t, ks.t, vs.t)

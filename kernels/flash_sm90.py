@@ -1,0 +1,228 @@
+"""Hopper forward in Gluon: FlashAttention-3's warp-specialised schedule for the common cases.
+
+Triton 3.6 waits on every Q.K^T wgmma as soon as it is issued, so ``kernels.flash._attn_fwd``
+runs the softmax and the tensor cores one after the other and stays near 0.8x cuDNN on Hopper
+(docs/benchmarks.md). Gluon (``triton.experimental.gluon``) exposes asynchronous wgmma, mbarriers
+and warp specialisation. This kernel uses them the way FlashAttention-3 does (Shah et al. 2024,
+sections 3.1-3.2):
+
+* a producer warp streams K and V by TMA into a ring of ``STAGES`` shared-memory stages, each
+  with a "ready" barrier (TMA bytes) and an "empty" barrier (one arrival per consumer);
+* two consumer warpgroups own 64 query rows each. They are separate partitions, so neither waits
+  for the other: one can run its softmax while the other's products use the tensor cores;
+* in each consumer, Q.K_j^T and P_{j-1}.V_{j-1} are issued together, and the softmax of block j
+  runs while P.V is still on the tensor cores (``warpgroup_mma_wait(1)``).
+
+Scope: bf16/fp16, head dim 128, fixed-length batches, no mask or bottom-right causal, no ALiBi,
+softcap, dropout or FP8, tensors TMA can address (``kernels.interface.tma_ok``).
+``kernels.interface.gluon_forward_ok`` decides, and everything else runs the Triton kernel.
+Conventions are ``kernels.flash``'s: base-2 scores, causal aligned bottom-right, LSE = +inf and
+O = 0 for rows with no visible key. In a causal tile, both consumers walk the key blocks of the
+lower half, and the upper half's extra block is fully masked.
+
+Gluon has no CPU interpreter. This kernel is compiled for sm90 on the CPU by the tests
+(tests/kernels/test_sm90.py) and checked on an NVIDIA GPU by ``python -m kernels.check``,
+whose d=128 cases it serves on Hopper.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+_LN2 = gl.constexpr(0.6931471805599453)
+
+# Measured on an H100 (docs/benchmarks.md, "Warp-specialised Gluon forward"): 128-row tiles
+# split over two consumer warpgroups, 128-key blocks, three K/V stages (224 KiB of shared memory
+# with Q), consumers raised to 240 registers and the producer warp lowered to 24 (setmaxnreg).
+HEAD_DIM = 128
+BLOCK_M = 128
+BLOCK_N = 128
+STAGES = 3
+CONSUMER_REGS = 240
+
+# The kernels' long argument lists are kept a few to a line by hand, as in kernels/flash.py.
+# fmt: off
+
+
+@gluon.jit
+def _softmax_step(s, m_i, l_i, n0, offs_m, qk_scale, mask_from, seqlen_k, diag,
+                  CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
+    """One block's scores -> (P, new m, new l, alpha), masking only blocks at or past mask_from."""
+    s = s * qk_scale
+    if n0 + BLOCK_N > mask_from:
+        offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        ok = offs_n[None, :] < seqlen_k
+        if CAUSAL:
+            ok = ok & (offs_n[None, :] <= offs_m[:, None] + diag)
+        s = gl.where(ok, s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, 1))
+    # A row with nothing visible yet keeps m = -inf; shift by 0 to avoid inf - inf.
+    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+    p = gl.exp2(s - m_use[:, None])
+    alpha = gl.exp2(m_i - m_use)
+    l_i = l_i * alpha + gl.sum(p, 1)
+    return p, m_new, l_i, alpha
+
+
+@gluon.jit
+def _ws_loader(k_desc, v_desc, k_smem, v_smem, ready, empty, n_blocks,
+               BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    for j in range(n_blocks):
+        st = j % STAGES
+        if j >= STAGES:
+            mbarrier.wait(empty.index(st), ((j // STAGES) - 1) & 1)
+        mbarrier.expect(ready.index(st), k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [j * BLOCK_N, 0], ready.index(st), k_smem.index(st))
+        tma.async_copy_global_to_shared(v_desc, [j * BLOCK_N, 0], ready.index(st), v_smem.index(st))
+
+
+@gluon.jit
+def _ws_consumer(q_smem, k_smem, v_smem, ready, empty, o_desc, lse_ptr, n_blocks, r0, seqlen_q,
+                 seqlen_k, diag, qk_scale, HEAD_DIM: gl.constexpr, HALF_M: gl.constexpr,
+                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    dtype: gl.constexpr = q_smem.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    mask_from = (seqlen_k // BLOCK_N) * BLOCK_N
+    if CAUSAL:
+        mask_from = gl.minimum(mask_from, gl.maximum(r0 + diag + 1, 0) // BLOCK_N * BLOCK_N)
+    offs_m = r0 + gl.arange(0, HALF_M, layout=row_s)
+    m_i = gl.full([HALF_M], float("-inf"), gl.float32, layout=row_s)
+    l_i = gl.full([HALF_M], 0.0, gl.float32, layout=row_s)
+    acc = gl.zeros([HALF_M, HEAD_DIM], gl.float32, layout=o_layout)
+    s_zero = gl.zeros([HALF_M, BLOCK_N], gl.float32, layout=s_layout)
+    if n_blocks > 0:
+        mbarrier.wait(ready.index(0), 0)
+        s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False)
+        p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, 0, offs_m, qk_scale, mask_from, seqlen_k,
+                                           diag, CAUSAL, BLOCK_N, s_layout)
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+        for j in range(1, n_blocks):
+            st = j % STAGES
+            prev = (j - 1) % STAGES
+            mbarrier.wait(ready.index(st), (j // STAGES) & 1)
+            s_tok = warpgroup_mma(q_smem, k_smem.index(st).permute((1, 0)), s_zero,
+                                  use_acc=False, is_async=True)
+            o_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+            s = warpgroup_mma_wait(1, deps=(s_tok,))
+            p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, j * BLOCK_N, offs_m, qk_scale,
+                                               mask_from, seqlen_k, diag, CAUSAL, BLOCK_N,
+                                               s_layout)
+            acc, p_old = warpgroup_mma_wait(0, deps=(o_tok, p_op))
+            acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+            mbarrier.arrive(empty.index(prev))
+        last = (n_blocks - 1) % STAGES
+        acc = warpgroup_mma(p_op, v_smem.index(last), acc)
+    empty_row = l_i == 0.0
+    l_safe = gl.where(empty_row, 1.0, l_i)
+    out = acc / gl.convert_layout(l_safe, row_o)[:, None]
+    lse = gl.where(empty_row, float("inf"), (m_i + gl.log2(l_safe)) * _LN2)
+    gl.store(lse_ptr + offs_m, lse, mask=offs_m < seqlen_q)
+    q_smem.store(out.to(dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(o_desc, [r0, 0], q_smem)
+    tma.store_wait(0)
+
+
+@gluon.jit(do_not_specialize=["seqlen_q", "seqlen_k"])
+def _attn_fwd_sm90(
+    Q, K, V, Out, LSE,
+    sq_b, sq_s, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, so_b, so_s, so_h, sl_b, sl_h,
+    seqlen_q, seqlen_k, num_heads_q, group, qk_scale,
+    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+    CAUSAL: gl.constexpr, q_layout: gl.constexpr, kv_layout: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
+):
+    HALF_M: gl.constexpr = BLOCK_M // 2
+    pid_m = gl.program_id(0)
+    if CAUSAL:
+        pid_m = gl.num_programs(0) - 1 - pid_m
+    pid_bh = gl.program_id(1)
+    b = pid_bh // num_heads_q
+    h = pid_bh % num_heads_q
+    hk = h // group
+    m0 = pid_m * BLOCK_M
+    dtype: gl.constexpr = Q.dtype.element_ty
+    b64 = b.to(gl.int64)
+    q_base = Q + b64 * sq_b + h.to(gl.int64) * sq_h
+    k_base = K + b64 * sk_b + hk.to(gl.int64) * sk_h
+    v_base = V + b64 * sv_b + hk.to(gl.int64) * sv_h
+    diag = seqlen_k - seqlen_q
+    hi = seqlen_k
+    if CAUSAL:
+        hi = gl.minimum(hi, m0 + BLOCK_M + diag)
+    hi = gl.maximum(hi, 0)
+    n_blocks = gl.cdiv(hi, BLOCK_N)
+    q_desc = tma.make_tensor_descriptor(q_base, [seqlen_q, HEAD_DIM], [sq_s, 1],
+                                        [HALF_M, HEAD_DIM], q_layout)
+    k_desc = tma.make_tensor_descriptor(k_base, [seqlen_k, HEAD_DIM], [sk_s, 1],
+                                        [BLOCK_N, HEAD_DIM], kv_layout)
+    v_desc = tma.make_tensor_descriptor(v_base, [seqlen_k, HEAD_DIM], [sv_s, 1],
+                                        [BLOCK_N, HEAD_DIM], kv_layout)
+    o_desc = tma.make_tensor_descriptor(Out + b64 * so_b + h.to(gl.int64) * so_h,
+                                        [seqlen_q, HEAD_DIM], [so_s, 1], [HALF_M, HEAD_DIM],
+                                        q_layout)
+    q0 = gl.allocate_shared_memory(dtype, [HALF_M, HEAD_DIM], q_layout)
+    q1 = gl.allocate_shared_memory(dtype, [HALF_M, HEAD_DIM], q_layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)
+    fence_async_shared()
+    mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [m0, 0], q_bar, q0)
+    tma.async_copy_global_to_shared(q_desc, [m0 + HALF_M, 0], q_bar, q1)
+    mbarrier.wait(q_bar, 0)
+    lse_ptr = LSE + b64 * sl_b + h.to(gl.int64) * sl_h
+    gl.warp_specialize([
+        (_ws_consumer, (q0, k_smem, v_smem, ready, empty, o_desc, lse_ptr, n_blocks, m0, seqlen_q,
+                        seqlen_k, diag, qk_scale, HEAD_DIM, HALF_M, BLOCK_N, STAGES, CAUSAL)),
+        (_ws_consumer, (q1, k_smem, v_smem, ready, empty, o_desc, lse_ptr, n_blocks, m0 + HALF_M,
+                        seqlen_q, seqlen_k, diag, qk_scale, HEAD_DIM, HALF_M, BLOCK_N, STAGES,
+                        CAUSAL)),
+        (_ws_loader, (k_desc, v_desc, k_smem, v_smem, ready, empty, n_blocks, BLOCK_N, STAGES)),
+    ], [4, 1], [CONSUMER_REGS, 24])
+
+
+# fmt: on
+
+
+def launch(q, k, v, out, lse, scale_log2: float, causal: bool) -> None:
+    """Run the kernel on BSHD tensors ``q`` (b, sq, hq, 128), ``k``/``v`` (b, sk, hk, 128), writing
+    ``out`` (like q) and ``lse`` (b, hq, sq) fp32. The caller has checked the scope (module
+    docstring) and set Triton's allocator for the in-kernel descriptors."""
+    b, sq, hq, d = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    dt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+    q_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_M // 2, d], dt)
+    kv_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_N, d], dt)
+    grid = (triton.cdiv(sq, BLOCK_M), b * hq)
+    _attn_fwd_sm90[grid](
+        q, k, v, out, lse,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
+        lse.stride(0), lse.stride(1), sq, sk, hq, hq // hk, scale_log2,
+        HEAD_DIM=d, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES, CAUSAL=causal,
+        q_layout=q_layout, kv_layout=kv_layout, CONSUMER_REGS=CONSUMER_REGS, num_warps=4,
+    )  # fmt: skip

@@ -1,0 +1,123 @@
+"""The warp-specialised Gluon forward (kernels/flash_sm90.py): compiled for sm90 on the CPU, and
+the rule that routes calls to it. Gluon has no CPU interpreter; the kernel's numerics are checked
+on an NVIDIA GPU by ``python -m kernels.check`` (docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernels import configs
+from kernels.interface import Mask, gluon_forward_ok
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+# Compiled in a child process: this test process runs Triton's interpreter (conftest.py), under
+# which gluon.jit helpers cannot be compiled.
+_COMPILE = """
+import json, re, subprocess, sys, tempfile
+from dataclasses import replace
+from pathlib import Path
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from kernels import aot, configs
+(name, fn, ptrs, consts, tile), = aot._gluon_kernels(128, configs.config_for("hopper", 128))
+consts = dict(consts, CAUSAL=sys.argv[1] == "1", num_warps=4)
+sig, attrs = aot._signature(fn, ptrs, consts)
+k = triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
+                   target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
+with tempfile.TemporaryDirectory() as tmp:
+    Path(tmp, "k.ptx").write_text(k.asm["ptx"])
+    res = subprocess.run([aot._ptxas(), "-arch=sm_90a", "-v", tmp + "/k.ptx", "-o", tmp + "/k.o"],
+                         capture_output=True, text=True, check=True)
+print(json.dumps({"ptx": k.asm["ptx"], "ptxas": res.stderr, "shared": k.metadata.shared}))
+"""
+
+
+def _compile(causal: bool) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run(
+        [sys.executable, "-c", _COMPILE, "1" if causal else "0"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_compiles_for_sm90_warp_specialised_without_spills(causal):
+    k = _compile(causal)
+    ptx = k["ptx"]
+    spills = re.search(r"(\d+) bytes spill stores", k["ptxas"])
+    assert spills and int(spills.group(1)) == 0, k["ptxas"]
+    assert k["shared"] <= 232448, k["shared"]  # sm90's 227 KiB per block
+    # Warp specialisation really happened: registers move between partitions, the consumers
+    # issue asynchronous wgmma and wait with one group still in flight (the P.V overlap).
+    assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;", ptx)
+    assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24;", ptx)
+    assert "wgmma.mma_async" in ptx
+    assert re.search(r"wgmma\.wait_group\.sync\.aligned\s+1;", ptx)
+    assert "cp.async.bulk.tensor" in ptx  # TMA
+
+
+def _t(shape, dtype=torch.bfloat16):
+    return torch.zeros(shape, dtype=dtype)
+
+
+CFG = replace(configs.config_for("hopper", 128), gluon_fwd=True)
+
+
+def _ok(cfg=CFG, d=128, mask=None, softcap=0.0, slopes=None, varlen=False, drop=None,
+        fp8=False, dtype=torch.bfloat16, out_dtype=None, q=None):  # fmt: skip
+    mask = mask or Mask()
+    q = _t((2, 300, 8, d), dtype) if q is None else q
+    k = v = _t((2, 300, 2, d), dtype)
+    out = torch.empty(q.shape, dtype=out_dtype or dtype)
+    return gluon_forward_ok(cfg, q, k, v, out, mask, softcap, slopes, varlen, drop, fp8)
+
+
+def test_routing_rule(monkeypatch):
+    monkeypatch.setattr(configs, "INTERPRET", False)  # the rule as a GPU process sees it
+    assert _ok()
+    assert _ok(mask=Mask(right=0))
+    assert _ok(dtype=torch.float16)
+    assert _ok(q=_t((2, 4, 300, 128)).transpose(1, 2))  # BHSD storage viewed as BSHD
+    assert not _ok(cfg=replace(CFG, gluon_fwd=False))
+    assert not _ok(d=64)
+    assert not _ok(d=96)  # padded to 128 by the Triton kernel, not by this one
+    assert not _ok(mask=Mask(right=5))  # e.g. SDPA's top-left causal with sq != sk
+    assert not _ok(mask=Mask(left=64, right=0))
+    assert not _ok(softcap=30.0)
+    assert not _ok(slopes=torch.ones(8))
+    assert not _ok(varlen=True)
+    assert not _ok(drop=object())
+    assert not _ok(fp8=True)
+    assert not _ok(out_dtype=torch.float32)
+    assert not _ok(q=_t((2, 300, 8, 129))[..., :128])  # row stride 258 bytes: TMA cannot
+    monkeypatch.setattr(configs, "INTERPRET", True)
+    assert not _ok()  # the CPU interpreter never takes the Gluon path
+
+
+def test_config_enables_it_on_hopper_d128_only():
+    assert configs.config_for("hopper", 128).gluon_fwd
+    assert configs.config_for("hopper", 80).gluon_fwd  # the padded dim; the rule checks d == 128
+    assert not configs.config_for("hopper", 64).gluon_fwd
+    assert not configs.config_for("hopper", 256).gluon_fwd
+    for fam in ("ampere", "cdna3", "rdna3.5", "interpreter"):
+        assert not configs.config_for(fam, 128).gluon_fwd
+    off = configs.override(configs.config_for("hopper", 128), '{"gluon_fwd": false}')
+    assert not off.gluon_fwd
