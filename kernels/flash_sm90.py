@@ -17,8 +17,9 @@ Scope: bf16/fp16, head dim 128, fixed-length batches, no mask or bottom-right ca
 softcap, dropout or FP8, tensors TMA can address (``kernels.interface.tma_ok``).
 ``kernels.interface.gluon_forward_ok`` decides, and everything else runs the Triton kernel.
 Conventions are ``kernels.flash``'s: base-2 scores, causal aligned bottom-right, LSE = +inf and
-O = 0 for rows with no visible key. In a causal tile, both consumers walk the key blocks of the
-lower half, and the upper half's extra block is fully masked.
+O = 0 for rows with no visible key. In a causal tile both consumers walk the key blocks that the
+tile's last row sees; the first 64 rows walk at most one block more than they need, which
+their causal mask zeroes.
 
 Gluon has no CPU interpreter. This kernel is compiled for sm90 on the CPU by the tests
 (tests/kernels/test_sm90.py) and checked on an NVIDIA GPU by ``python -m kernels.check``,
