@@ -231,14 +231,15 @@ def _gluon_kernels(head_dim: int, cfg):
     from .configs import Tile
 
     p = "*bf16"
+    q_layout, kv_layout = f.smem_layouts(gl.bfloat16)
     consts = dict(
         HEAD_DIM=f.HEAD_DIM,
         BLOCK_M=f.BLOCK_M,
         BLOCK_N=f.BLOCK_N,
         STAGES=f.STAGES,
         CAUSAL=True,
-        q_layout=gl.NVMMASharedLayout.get_default_for([f.BLOCK_M // 2, f.HEAD_DIM], gl.bfloat16),
-        kv_layout=gl.NVMMASharedLayout.get_default_for([f.BLOCK_N, f.HEAD_DIM], gl.bfloat16),
+        q_layout=q_layout,
+        kv_layout=kv_layout,
         CONSUMER_REGS=f.CONSUMER_REGS,
     )
     ptrs = dict(Q=p, K=p, V=p, Out=p, LSE="*fp32")

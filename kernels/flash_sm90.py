@@ -209,21 +209,28 @@ def _attn_fwd_sm90(
 # fmt: on
 
 
+def smem_layouts(dtype) -> tuple:
+    """The kernel's ``q_layout`` (a consumer's half of Q, and its O) and ``kv_layout`` (one K or
+    V stage) for a Gluon dtype: what ``launch`` passes and ``kernels.aot`` compiles with."""
+    return (
+        gl.NVMMASharedLayout.get_default_for([BLOCK_M // 2, HEAD_DIM], dtype),
+        gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype),
+    )
+
+
 def launch(q, k, v, out, lse, scale_log2: float, causal: bool) -> None:
     """Run the kernel on BSHD tensors ``q`` (b, sq, hq, 128), ``k``/``v`` (b, sk, hk, 128), writing
     ``out`` (like q) and ``lse`` (b, hq, sq) fp32. The caller has checked the scope (module
     docstring) and set Triton's allocator for the in-kernel descriptors."""
-    b, sq, hq, d = q.shape
+    b, sq, hq, _ = q.shape
     sk, hk = k.shape[1], k.shape[2]
-    dt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
-    q_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_M // 2, d], dt)
-    kv_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_N, d], dt)
+    q_layout, kv_layout = smem_layouts(gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16)
     grid = (triton.cdiv(sq, BLOCK_M), b * hq)
     _attn_fwd_sm90[grid](
         q, k, v, out, lse,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
         lse.stride(0), lse.stride(1), sq, sk, hq, hq // hk, scale_log2,
-        HEAD_DIM=d, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES, CAUSAL=causal,
+        HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES, CAUSAL=causal,
         q_layout=q_layout, kv_layout=kv_layout, CONSUMER_REGS=CONSUMER_REGS, num_warps=4,
     )  # fmt: skip
