@@ -220,30 +220,44 @@ def _kernels(head_dim: int, cfg, dtype: str = "bf16"):
 
 
 def _gluon_kernels(head_dim: int, cfg):
-    """The warp-specialised Gluon forward (kernels/flash_sm90.py) where the config uses it,
-    causal as the other forwards are compiled (``HAS_RIGHT``); its tile is 128 query rows over
-    two consumer warpgroups (4 warps each, plus a producer warp) x 128 keys, 3 stages."""
-    if not cfg.gluon_fwd or head_dim != 128:
+    """The warp-specialised Gluon kernels (kernels/flash_sm90.py) where the config uses them,
+    causal as the other kernels are compiled (``HAS_RIGHT``). The forward's tile is 128 query
+    rows over two consumer warpgroups (4 warps each, plus a producer warp) x 128 keys, 3 stages;
+    the dK/dV kernel's is 128 keys over the two consumers x 64 streamed query rows, 3 stages."""
+    if head_dim != 128:
         return []
     from triton.experimental.gluon import language as gl
 
     from . import flash_sm90 as f
     from .configs import Tile
 
+    def consts(block_m: int, block_n: int, stages: int, layouts) -> dict:
+        q_layout, kv_layout = layouts(gl.bfloat16)
+        return dict(
+            HEAD_DIM=f.HEAD_DIM,
+            BLOCK_M=block_m,
+            BLOCK_N=block_n,
+            STAGES=stages,
+            CAUSAL=True,
+            q_layout=q_layout,
+            kv_layout=kv_layout,
+            CONSUMER_REGS=f.CONSUMER_REGS,
+        )
+
     p = "*bf16"
-    q_layout, kv_layout = f.smem_layouts(gl.bfloat16)
-    consts = dict(
-        HEAD_DIM=f.HEAD_DIM,
-        BLOCK_M=f.BLOCK_M,
-        BLOCK_N=f.BLOCK_N,
-        STAGES=f.STAGES,
-        CAUSAL=True,
-        q_layout=q_layout,
-        kv_layout=kv_layout,
-        CONSUMER_REGS=f.CONSUMER_REGS,
-    )
-    ptrs = dict(Q=p, K=p, V=p, Out=p, LSE="*fp32")
-    return [("fwd_gluon", f._attn_fwd_sm90, ptrs, consts, Tile(f.BLOCK_M, f.BLOCK_N, 4, f.STAGES))]
+    out = []
+    if cfg.gluon_fwd:
+        c = consts(f.BLOCK_M, f.BLOCK_N, f.STAGES, f.smem_layouts)
+        ptrs = dict(Q=p, K=p, V=p, Out=p, LSE="*fp32")
+        out.append(
+            ("fwd_gluon", f._attn_fwd_sm90, ptrs, c, Tile(f.BLOCK_M, f.BLOCK_N, 4, f.STAGES))
+        )
+    if cfg.gluon_bwd and not cfg.atomic_dq:
+        c = consts(f.BWD_BLOCK_M, f.BWD_BLOCK_N, f.BWD_STAGES, f.bwd_layouts)
+        ptrs = dict(Q=p, K=p, V=p, DO=p, DK=p, DV=p, LSE="*fp32", Delta="*fp32")
+        tile = Tile(f.BWD_BLOCK_M, f.BWD_BLOCK_N, 4, f.BWD_STAGES)
+        out.append(("bwd_dkdv_gluon", f._attn_bwd_dkdv_sm90, ptrs, c, tile))
+    return out
 
 
 def _meta_int(asm: str, key: str) -> int:

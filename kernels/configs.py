@@ -75,9 +75,11 @@ class AttnConfig:
     # loading each chunk from memory (0: whole tiles). dK/dV kernel and dQ kernel. RDNA3/3.5 only.
     chunk_kv: int = 0
     chunk_q: int = 0
-    # Hopper, head dim 128: the forward runs the warp-specialised Gluon kernel
-    # (kernels/flash_sm90.py) where the call is in its scope (kernels.interface.gluon_forward_ok).
+    # Hopper, head dim 128: the forward and the dK/dV kernel run the warp-specialised Gluon
+    # kernels (kernels/flash_sm90.py) where the call is in their scope
+    # (kernels.interface.gluon_forward_ok, gluon_backward_ok); bwd_kv is then unused.
     gluon_fwd: bool = False
+    gluon_bwd: bool = False
 
     def without_tma(self) -> AttnConfig:
         return replace(self, **{k: replace(getattr(self, k), tma=False) for k in TILE_KEYS})
@@ -149,7 +151,9 @@ def _hopper(d: int) -> AttnConfig:
     # 1204 -> 468 bytes at d=128) and allows a third dQ stage: fwd+bwd 370 -> 416 TFLOP/s on an
     # H100 at (4,16,4096,128). The Triton forward measured slower with TMA and keeps pointer
     # loads; at d=128 the warp-specialised Gluon forward replaces it where it applies (577 vs 470
-    # TFLOP/s at (4,16,4096,128); at d=64 it measured slower than the Triton kernel).
+    # TFLOP/s at (4,16,4096,128); at d=64 it measured slower than the Triton kernel), and the
+    # Gluon dK/dV kernel replaces the spilling dK/dV tile there (1.55 vs 1.80 ms; fwd+bwd 460 vs
+    # 419 TFLOP/s). The Triton tiles stay the fallback for calls outside their scope.
     if d <= 64:
         return AttnConfig(
             Tile(128, 64, 8, 4), Tile(64, 64, 4, 2, tma=True), Tile(128, 64, 8, 3, tma=True)
@@ -161,6 +165,7 @@ def _hopper(d: int) -> AttnConfig:
             Tile(64, 64, 4, 2, tma=True),
             Tile(128, 64, 8, 3, tma=True),
             gluon_fwd=True,
+            gluon_bwd=True,
         )
     return AttnConfig(Tile(64, 64, 8, 2), Tile(16, 32, 8, 1), Tile(32, 32, 4, 1))
 
@@ -203,7 +208,9 @@ ACCEPTED_SPILLS = (
         tile="64x64 w4 s2 tma",
         spills=468,
         scratch_bytes=464,
-        reason=_HOPPER_DKDV.format(1204, 416, "(4,16,4096,128)", 277),
+        reason=_HOPPER_DKDV.format(1204, 416, "(4,16,4096,128)", 277)
+        + "; it now serves only the calls outside the spill-free Gluon dK/dV kernel's scope "
+        "(kernels/flash_sm90.py: varlen, windows, ALiBi, softcap, strides TMA cannot address)",
     ),
 )
 
@@ -260,8 +267,8 @@ def override(cfg: AttnConfig, spec: str | None) -> AttnConfig:
     """Apply a JSON override such as ``{"fwd": [128, 64, 8, 3], "atomic_dq": true}``.
 
     Tiles are ``[block_m, block_n, num_warps, num_stages(, waves_per_eu)]`` or objects with
-    Tile's field names; keys fwd, bwd_kv, bwd_q, atomic_dq, reload, gluon_fwd, chunk_kv, chunk_q
-    (head-dim chunk: 0 or a power of two >= 16), and ``tma``: true/false for every tile or a list of the
+    Tile's field names; keys fwd, bwd_kv, bwd_q, atomic_dq, reload, gluon_fwd, gluon_bwd,
+    chunk_kv, chunk_q (head-dim chunk: 0 or a power of two >= 16), and ``tma``: true/false for every tile or a list of the
     tiles (``["bwd_kv", "bwd_q"]``) that use TMA, the others not.
     Set through ``ATTNFORGE_KERNELS_CONFIG`` for one-off experiments.
     """
@@ -278,7 +285,7 @@ def override(cfg: AttnConfig, spec: str | None) -> AttnConfig:
         for key in TILE_KEYS:
             use = key in on if isinstance(on, list) else bool(on)
             changes[key] = replace(changes.get(key, getattr(cfg, key)), tma=use)
-    for key in ("atomic_dq", "reload", "gluon_fwd"):
+    for key in ("atomic_dq", "reload", "gluon_fwd", "gluon_bwd"):
         if key in data:
             changes[key] = bool(data[key])
     for key in ("chunk_kv", "chunk_q"):

@@ -1,29 +1,37 @@
-"""Hopper forward in Gluon: FlashAttention-3's warp-specialised schedule for the common cases.
+"""Hopper kernels in Gluon: FlashAttention-3's warp-specialised schedule for the common cases,
+the forward and the dK/dV kernel of the backward.
 
-Triton 3.6 waits on every Q.K^T wgmma as soon as it is issued, so ``kernels.flash._attn_fwd``
-runs the softmax and the tensor cores one after the other and stays near 0.8x cuDNN on Hopper
+Triton 3.6 waits on every wgmma as soon as it is issued, so ``kernels.flash``'s kernels run the
+elementwise work and the tensor cores one after the other and stay near 0.8x cuDNN on Hopper
 (docs/benchmarks.md). Gluon (``triton.experimental.gluon``) exposes asynchronous wgmma, mbarriers
-and warp specialisation. This kernel uses them the way FlashAttention-3 does (Shah et al. 2024,
-sections 3.1-3.2):
+and warp specialisation. Both kernels use them the way FlashAttention-3 does (Shah et al. 2024,
+sections 3.1-3.2): a producer warp streams the tiles that change by TMA into a ring of ``STAGES``
+shared-memory stages, each with a "ready" barrier and an "empty" barrier (one arrival per
+consumer), and two consumer warpgroups, separate partitions, share them without waiting for each
+other, so one's elementwise work overlaps the other's products. ``setmaxnreg`` gives the
+consumers 240 registers and the producer 24.
 
-* a producer warp streams K and V by TMA into a ring of ``STAGES`` shared-memory stages, each
-  with a "ready" barrier (TMA bytes) and an "empty" barrier (one arrival per consumer);
-* two consumer warpgroups own 64 query rows each. They are separate partitions, so neither waits
-  for the other: one can run its softmax while the other's products use the tensor cores;
-* in each consumer, Q.K_j^T and P_{j-1}.V_{j-1} are issued together, and the softmax of block j
-  runs while P.V is still on the tensor cores (``warpgroup_mma_wait(1)``).
+* Forward (``_attn_fwd_sm90``): 128 query rows, 64 per consumer, K and V streamed. In each
+  consumer Q.K_j^T and P_{j-1}.V_{j-1} are issued together, and the softmax of block j runs while
+  P.V is still on the tensor cores (``warpgroup_mma_wait(1)``). In a causal tile both consumers
+  walk the key blocks that the tile's last row sees; the first 64 rows walk at most one block more
+  than they need, which their causal mask zeroes.
+* dK/dV (``_attn_bwd_dkdv_sm90``): 128 keys, 64 per consumer, with K and V resident; Q, dO and
+  their LSE and delta rows streamed in 64-row blocks over the GQA group's query heads. Each
+  consumer computes S^T and dP^T (its keys as rows), so P^T and dS^T come out of the wgmma in
+  registers as the A operands of dV += P^T dO and dK += dS^T Q; the row statistics start those
+  accumulators, and dV's product runs while dS^T is computed. dQ stays with
+  ``kernels.flash._attn_bwd_dq``.
 
 Scope: bf16/fp16, head dim 128, fixed-length batches, no mask or bottom-right causal, no ALiBi,
 softcap, dropout or FP8, tensors TMA can address (``kernels.interface.tma_ok``).
-``kernels.interface.gluon_forward_ok`` decides, and everything else runs the Triton kernel.
-Conventions are ``kernels.flash``'s: base-2 scores, causal aligned bottom-right, LSE = +inf and
-O = 0 for rows with no visible key. In a causal tile both consumers walk the key blocks that the
-tile's last row sees; the first 64 rows walk at most one block more than they need, which
-their causal mask zeroes.
+``kernels.interface.gluon_forward_ok`` and ``gluon_backward_ok`` decide, and everything else runs
+the Triton kernels. Conventions are ``kernels.flash``'s: base-2 scores, causal aligned
+bottom-right, LSE = +inf and O = 0 for rows with no visible key (their P is 0 in the backward).
 
-Gluon has no CPU interpreter. This kernel is compiled for sm90 on the CPU by the tests
+Gluon has no CPU interpreter. These kernels are compiled for sm90 on the CPU by the tests
 (tests/kernels/test_sm90.py) and checked on an NVIDIA GPU by ``python -m kernels.check``,
-whose d=128 cases it serves on Hopper.
+whose d=128 cases they serve on Hopper.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 _LN2 = gl.constexpr(0.6931471805599453)
+_LOG2E_C = gl.constexpr(1.4426950408889634)
 
 # Measured on an H100 (docs/benchmarks.md, "Warp-specialised Gluon forward"): 128-row tiles
 # split over two consumer warpgroups, 128-key blocks, three K/V stages (224 KiB of shared memory
@@ -50,9 +59,30 @@ BLOCK_M = 128
 BLOCK_N = 128
 STAGES = 3
 CONSUMER_REGS = 240
+# The dK/dV kernel (H100, docs/benchmarks.md "Warp-specialised Gluon dK/dV"): 128 keys per
+# program split over the two consumers, 64-row Q and dO blocks through three stages (165 KiB of
+# shared memory with K and V; two stages measured the same at 4096 and 2% slower at 6889).
+BWD_BLOCK_N = 128
+BWD_BLOCK_M = 64
+BWD_STAGES = 3
 
 # The kernels' long argument lists are kept a few to a line by hand, as in kernels/flash.py.
 # fmt: off
+
+
+@gluon.jit
+def _barriers(STAGES: gl.constexpr, READY_ARRIVALS: gl.constexpr):
+    """The mbarriers of a kernel: one for its resident tiles, and each stage's "ready" (TMA bytes
+    plus READY_ARRIVALS arrivals) and "empty" (one arrival per consumer) barriers, initialised."""
+    once = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(once, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=READY_ARRIVALS)
+        mbarrier.init(empty.index(i), count=2)
+    fence_async_shared()
+    return once, ready, empty
 
 
 @gluon.jit
@@ -183,14 +213,7 @@ def _attn_fwd_sm90(
     q1 = gl.allocate_shared_memory(dtype, [HALF_M, HEAD_DIM], q_layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2)
-    fence_async_shared()
+    q_bar, ready, empty = _barriers(STAGES, 1)
     mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [m0, 0], q_bar, q0)
     tma.async_copy_global_to_shared(q_desc, [m0 + HALF_M, 0], q_bar, q1)
@@ -203,6 +226,167 @@ def _attn_fwd_sm90(
                         seqlen_q, seqlen_k, diag, qk_scale, HEAD_DIM, HALF_M, BLOCK_N, STAGES,
                         CAUSAL)),
         (_ws_loader, (k_desc, v_desc, k_smem, v_smem, ready, empty, n_blocks, BLOCK_N, STAGES)),
+    ], [4, 1], [CONSUMER_REGS, 24])
+
+
+
+
+# --------------------------------------------------------------------------------------------
+# backward: dK and dV
+# --------------------------------------------------------------------------------------------
+
+
+@gluon.jit
+def _bwd_loader(Q, DO, LSE, Delta, q_smem, do_smem, stats, ready, empty, b64, hk, group, sq_b,
+                sq_s, sq_h, sdo_b, sdo_s, sdo_h, sl_b, sl_h, seqlen_q, lo, n_m,
+                HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+                q_layout: gl.constexpr):
+    """Streams the group's (Q, dO) blocks by TMA and their LSE and delta rows into ``stats``;
+    a stage is ready after the TMA bytes and this warp's arrival (after its stats stores)."""
+    stat_layout: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
+    for g in range(group):
+        h = (hk * group + g).to(gl.int64)
+        q_desc = tma.make_tensor_descriptor(Q + b64 * sq_b + h * sq_h, [seqlen_q, HEAD_DIM],
+                                            [sq_s, 1], [BLOCK_M, HEAD_DIM], q_layout)
+        do_desc = tma.make_tensor_descriptor(DO + b64 * sdo_b + h * sdo_h, [seqlen_q, HEAD_DIM],
+                                             [sdo_s, 1], [BLOCK_M, HEAD_DIM], q_layout)
+        for i in range(n_m):
+            t = g * n_m + i
+            st = t % STAGES
+            if t >= STAGES:
+                mbarrier.wait(empty.index(st), ((t // STAGES) - 1) & 1)
+            mbarrier.expect(ready.index(st), 2 * q_desc.block_type.nbytes)
+            m0 = lo + i * BLOCK_M
+            tma.async_copy_global_to_shared(q_desc, [m0, 0], ready.index(st), q_smem.index(st))
+            tma.async_copy_global_to_shared(do_desc, [m0, 0], ready.index(st), do_smem.index(st))
+            # Rows past the end, which TMA zero-fills, read LSE = +inf (P = 0) and delta = 0.
+            offs = m0 + gl.arange(0, BLOCK_M, layout=stat_layout)
+            ok = offs < seqlen_q
+            row0 = b64 * sl_b + h * sl_h
+            stats.index(2 * st).store(gl.load(LSE + row0 + offs, mask=ok, other=float("inf")))
+            stats.index(2 * st + 1).store(gl.load(Delta + row0 + offs, mask=ok, other=0.0))
+            mbarrier.arrive(ready.index(st))
+
+
+@gluon.jit
+def _bwd_consumer(k_smem, v_smem, q_smem, do_smem, stats, ready, empty, dk_desc, dv_desc, n_steps,
+                  n_m, lo, n0, diag, qk_scale, sm_scale, HEAD_DIM: gl.constexpr,
+                  HALF_N: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+                  CAUSAL: gl.constexpr):
+    """dK and dV of this consumer's HALF_N keys (from row n0), over the loader's n_steps
+    (query head, query block) stages."""
+    dtype: gl.constexpr = q_smem.dtype
+    # Transposed scores: this consumer's HALF_N keys are the rows, so P^T and dS^T come out of
+    # the wgmma in registers, ready to be the A operands of dV += P^T dO and dK += dS^T Q.
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_M, 16])
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HEAD_DIM, 16])
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    col: gl.constexpr = gl.SliceLayout(0, s_layout)
+    row: gl.constexpr = gl.SliceLayout(1, s_layout)
+    dk = gl.zeros([HALF_N, HEAD_DIM], gl.float32, layout=acc_layout)
+    dv = gl.zeros([HALF_N, HEAD_DIM], gl.float32, layout=acc_layout)
+    s_zero = gl.zeros([HALF_N, BLOCK_M], gl.float32, layout=s_layout)
+    offs_n = n0 + gl.arange(0, HALF_N, layout=row)
+    inv_scale = 1.0 / sm_scale
+    # Query blocks starting before this row hold rows that do not see all of these keys.
+    mask_below = n0 + HALF_N - diag
+    # One flat loop over (query head of the group, query block), as the loader streams them.
+    for t in range(n_steps):
+        st = t % STAGES
+        m0 = lo + (t % n_m) * BLOCK_M
+        mbarrier.wait(ready.index(st), (t // STAGES) & 1)
+        # The row statistics start the accumulators, so they hold no registers of their own
+        # while the products run: S^T - LSE / scale, and dP^T - delta.
+        s_acc = s_zero - (stats.index(2 * st).load(col) * inv_scale)[None, :]
+        dp_acc = s_zero - stats.index(2 * st + 1).load(col)[None, :]
+        s_tok = warpgroup_mma(k_smem, q_smem.index(st).permute((1, 0)), s_acc, is_async=True)
+        dp_tok = warpgroup_mma(v_smem, do_smem.index(st).permute((1, 0)), dp_acc, is_async=True)
+        s = warpgroup_mma_wait(1, deps=(s_tok,))
+        p = gl.exp2(s * qk_scale)
+        if CAUSAL:
+            if m0 < mask_below:
+                offs_m = m0 + gl.arange(0, BLOCK_M, layout=col)
+                p = gl.where(offs_n[:, None] <= offs_m[None, :] + diag, p, 0.0)
+        p_op = gl.convert_layout(p.to(dtype), op_layout)
+        # dV += P^T dO runs on the tensor cores while dS^T is computed.
+        dv_tok = warpgroup_mma(p_op, do_smem.index(st), dv, is_async=True)
+        dp = warpgroup_mma_wait(1, deps=(dp_tok,))
+        ds_op = gl.convert_layout((p * dp).to(dtype), op_layout)
+        dk_tok = warpgroup_mma(ds_op, q_smem.index(st), dk, is_async=True)
+        dv, dk, _p, _ds = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, p_op, ds_op))
+        mbarrier.arrive(empty.index(st))
+    dk = dk * sm_scale
+    # This consumer's K and V halves are read by nothing else now: they stage dK and dV out.
+    k_smem.store(dk.to(dtype))
+    v_smem.store(dv.to(dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(dk_desc, [n0, 0], k_smem)
+    tma.async_copy_shared_to_global(dv_desc, [n0, 0], v_smem)
+    tma.store_wait(0)
+
+
+@gluon.jit(do_not_specialize=["seqlen_q", "seqlen_k"])
+def _attn_bwd_dkdv_sm90(
+    Q, K, V, DO, DK, DV, LSE, Delta,
+    sq_b, sq_s, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, sdo_b, sdo_s, sdo_h,
+    sdk_b, sdk_s, sdk_h, sdv_b, sdv_s, sdv_h, sl_b, sl_h,
+    seqlen_q, seqlen_k, num_heads_k, group, sm_scale, qk_scale,
+    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+    CAUSAL: gl.constexpr, q_layout: gl.constexpr, kv_layout: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
+):
+    """One program per (BLOCK_N keys, batch, kv head), walking the GQA group's query heads."""
+    HALF_N: gl.constexpr = BLOCK_N // 2
+    pid_n = gl.program_id(0)
+    pid_bh = gl.program_id(1)
+    b = pid_bh // num_heads_k
+    hk = pid_bh % num_heads_k
+    n0 = pid_n * BLOCK_N
+    dtype: gl.constexpr = Q.dtype.element_ty
+    b64 = b.to(gl.int64)
+    hk64 = hk.to(gl.int64)
+    diag = seqlen_k - seqlen_q
+    lo = 0
+    if CAUSAL:
+        # Query row m sees key n when n <= m + diag: rows before n0 - diag see none of these.
+        lo = gl.maximum(n0 - diag, 0) // BLOCK_M * BLOCK_M
+    n_m = gl.cdiv(gl.maximum(seqlen_q - lo, 0), BLOCK_M)
+    k_desc = tma.make_tensor_descriptor(K + b64 * sk_b + hk64 * sk_h, [seqlen_k, HEAD_DIM],
+                                        [sk_s, 1], [HALF_N, HEAD_DIM], kv_layout)
+    v_desc = tma.make_tensor_descriptor(V + b64 * sv_b + hk64 * sv_h, [seqlen_k, HEAD_DIM],
+                                        [sv_s, 1], [HALF_N, HEAD_DIM], kv_layout)
+    dk_desc = tma.make_tensor_descriptor(DK + b64 * sdk_b + hk64 * sdk_h, [seqlen_k, HEAD_DIM],
+                                         [sdk_s, 1], [HALF_N, HEAD_DIM], kv_layout)
+    dv_desc = tma.make_tensor_descriptor(DV + b64 * sdv_b + hk64 * sdv_h, [seqlen_k, HEAD_DIM],
+                                         [sdv_s, 1], [HALF_N, HEAD_DIM], kv_layout)
+    k0 = gl.allocate_shared_memory(dtype, [HALF_N, HEAD_DIM], kv_layout)
+    k1 = gl.allocate_shared_memory(dtype, [HALF_N, HEAD_DIM], kv_layout)
+    v0 = gl.allocate_shared_memory(dtype, [HALF_N, HEAD_DIM], kv_layout)
+    v1 = gl.allocate_shared_memory(dtype, [HALF_N, HEAD_DIM], kv_layout)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_layout)
+    stats = gl.allocate_shared_memory(gl.float32, [2 * STAGES, BLOCK_M],
+                                      gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    # A stage is ready after its TMA bytes and the loader's arrival (after its stats stores).
+    kv_bar, ready, empty = _barriers(STAGES, 2)
+    mbarrier.expect(kv_bar, 4 * k_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [n0, 0], kv_bar, k0)
+    tma.async_copy_global_to_shared(k_desc, [n0 + HALF_N, 0], kv_bar, k1)
+    tma.async_copy_global_to_shared(v_desc, [n0, 0], kv_bar, v0)
+    tma.async_copy_global_to_shared(v_desc, [n0 + HALF_N, 0], kv_bar, v1)
+    mbarrier.wait(kv_bar, 0)
+    gl.warp_specialize([
+        (_bwd_consumer, (k0, v0, q_smem, do_smem, stats, ready, empty, dk_desc, dv_desc,
+                         group * n_m, n_m, lo, n0, diag, qk_scale, sm_scale, HEAD_DIM, HALF_N,
+                         BLOCK_M, STAGES, CAUSAL)),
+        (_bwd_consumer, (k1, v1, q_smem, do_smem, stats, ready, empty, dk_desc, dv_desc,
+                         group * n_m, n_m, lo, n0 + HALF_N, diag, qk_scale, sm_scale, HEAD_DIM,
+                         HALF_N, BLOCK_M, STAGES, CAUSAL)),
+        (_bwd_loader, (Q, DO, LSE, Delta, q_smem, do_smem, stats, ready, empty, b64, hk, group,
+                       sq_b, sq_s, sq_h, sdo_b, sdo_s, sdo_h, sl_b, sl_h, seqlen_q, lo, n_m,
+                       HEAD_DIM, BLOCK_M, STAGES, q_layout)),
     ], [4, 1], [CONSUMER_REGS, 24])
 
 
@@ -233,4 +417,33 @@ def launch(q, k, v, out, lse, scale_log2: float, causal: bool) -> None:
         lse.stride(0), lse.stride(1), sq, sk, hq, hq // hk, scale_log2,
         HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES, CAUSAL=causal,
         q_layout=q_layout, kv_layout=kv_layout, CONSUMER_REGS=CONSUMER_REGS, num_warps=4,
+    )  # fmt: skip
+
+
+def bwd_layouts(dtype) -> tuple:
+    """The dK/dV kernel's ``q_layout`` (one Q or dO stage) and ``kv_layout`` (a consumer's half
+    of K, V, dK or dV) for a Gluon dtype."""
+    return (
+        gl.NVMMASharedLayout.get_default_for([BWD_BLOCK_M, HEAD_DIM], dtype),
+        gl.NVMMASharedLayout.get_default_for([BWD_BLOCK_N // 2, HEAD_DIM], dtype),
+    )
+
+
+def launch_bwd_dkdv(q, k, v, do, dk, dv, lse, delta, scale: float, causal: bool) -> None:
+    """Write ``dk`` and ``dv`` (like k, v) from BSHD ``q``/``do`` (b, sq, hq, 128), ``k``/``v``
+    (b, sk, hk, 128) and the forward's ``lse`` with ``delta`` = rowsum(O * dO) (b, hq, sq) fp32.
+    Same preconditions as ``launch``."""
+    b, sq, hq, _ = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    q_layout, kv_layout = bwd_layouts(gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16)
+    grid = (triton.cdiv(sk, BWD_BLOCK_N), b * hk)
+    _attn_bwd_dkdv_sm90[grid](
+        q, k, v, do, dk, dv, lse, delta,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
+        dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
+        lse.stride(0), lse.stride(1), sq, sk, hk, hq // hk, scale, scale * 1.4426950408889634,
+        HEAD_DIM=HEAD_DIM, BLOCK_M=BWD_BLOCK_M, BLOCK_N=BWD_BLOCK_N, STAGES=BWD_STAGES,
+        CAUSAL=causal, q_layout=q_layout, kv_layout=kv_layout, CONSUMER_REGS=CONSUMER_REGS,
+        num_warps=4,
     )  # fmt: skip

@@ -147,18 +147,13 @@ def _tma_allocator() -> None:
         triton.set_allocator(_tma_scratch)
 
 
-def gluon_forward_ok(
-    cfg: configs.AttnConfig, q, k, v, out, mask: Mask, softcap: float, slopes, varlen: bool,
-    drop, fp8: bool,
-) -> bool:  # fmt: skip
-    """Whether a forward call is in the warp-specialised Gluon kernel's scope
-    (kernels/flash_sm90.py): the config asks for it (Hopper, d=128), head dim exactly 128,
-    bf16/fp16 with the output in the same dtype, fixed-length batches, no mask or causal aligned
-    bottom-right (``right == 0``, no ``left``), no softcap, ALiBi, dropout or FP8, and tensors that
-    TMA can address."""
+def _gluon_scope(q, mask: Mask, softcap: float, slopes, varlen: bool, drop, *tensors) -> bool:
+    """What both warp-specialised Gluon kernels (kernels/flash_sm90.py) need of a call: head dim
+    exactly 128, fixed-length batches, no mask or causal aligned bottom-right (``right == 0``, no
+    ``left``), no softcap, ALiBi or dropout, tensors of q's dtype that TMA can address, and not
+    the CPU interpreter (Gluon has none)."""
     return (
-        cfg.gluon_fwd
-        and not configs.INTERPRET
+        not configs.INTERPRET
         and q.shape[-1] == 128
         and not varlen
         and mask.left is None
@@ -166,9 +161,35 @@ def gluon_forward_ok(
         and softcap == 0
         and slopes is None
         and drop is None
+        and all(t.dtype == q.dtype for t in tensors)
+        and tma_ok(q, *tensors)
+    )
+
+
+def gluon_forward_ok(
+    cfg: configs.AttnConfig, q, k, v, out, mask: Mask, softcap: float, slopes, varlen: bool,
+    drop, fp8: bool,
+) -> bool:  # fmt: skip
+    """Whether a forward call runs the Gluon forward: the config asks for it (Hopper, d=128), it
+    is not FP8, its output has q's dtype, and it is in ``_gluon_scope``."""
+    return (
+        cfg.gluon_fwd
         and not fp8
-        and out.dtype == q.dtype
-        and tma_ok(q, k, v, out)
+        and _gluon_scope(q, mask, softcap, slopes, varlen, drop, k, v, out)
+    )
+
+
+def gluon_backward_ok(
+    cfg: configs.AttnConfig, q, k, v, do, dk, dv, mask: Mask, softcap: float, slopes,
+    varlen: bool, drop,
+) -> bool:  # fmt: skip
+    """Whether a backward call's dK and dV come from the Gluon dK/dV kernel: the config asks for
+    it (Hopper, d=128) and reduces dQ in its own kernel (no ``atomic_dq``), and the call is in
+    ``_gluon_scope``, the gradients included."""
+    return (
+        cfg.gluon_bwd
+        and not cfg.atomic_dq
+        and _gluon_scope(q, mask, softcap, slopes, varlen, drop, k, v, do, dk, dv)
     )
 
 
@@ -372,43 +393,53 @@ def _backward(
         c = _tma_config(c, ("bwd_kv", "bwd_q"), qs.t, ks.t, vs.t, dos.t)
         dqs = _Seq(dq_acc, varlen).strides
         tk = c.bwd_kv
-        _attn_bwd_dkdv[(triton.cdiv(max_k, tk.block_n), batch * hk)](
-            qs.t,
-            ks.t,
-            vs.t,
-            dos.t,
-            dk,
-            dv,
-            dq_acc,
-            lse,
-            delta,
-            cuq,
-            cuk,
-            sl,
-            *qs.strides,
-            *ks.strides,
-            *vs.strides,
-            *dos.strides,
-            *dks,
-            *dvs,
-            *dqs,
-            *lse_strides,
-            sa_b,
-            sa_h,
-            *common,
-            hk,
-            hq // hk,
-            *scal,
-            *drop_args,
-            BLOCK_M=tk.block_m,
-            BLOCK_N=tk.block_n,
-            ATOMIC_DQ=c.atomic_dq,
-            RELOAD=c.reload,
-            D_CHUNK=c.chunk_kv,
-            USE_TMA=tk.tma,
-            **flags,
-            **tk.launch_options(hip),
-        )
+        if gluon_backward_ok(
+            c, qs.t, ks.t, vs.t, dos.t, dk, dv, mask, softcap, slopes, varlen, drop
+        ):
+            from . import flash_sm90  # Hopper only, as in _forward
+
+            _tma_allocator()
+            flash_sm90.launch_bwd_dkdv(
+                qs.t, ks.t, vs.t, dos.t, dk, dv, lse, delta, scale, causal=mask.right == 0
+            )
+        else:
+            _attn_bwd_dkdv[(triton.cdiv(max_k, tk.block_n), batch * hk)](
+                qs.t,
+                ks.t,
+                vs.t,
+                dos.t,
+                dk,
+                dv,
+                dq_acc,
+                lse,
+                delta,
+                cuq,
+                cuk,
+                sl,
+                *qs.strides,
+                *ks.strides,
+                *vs.strides,
+                *dos.strides,
+                *dks,
+                *dvs,
+                *dqs,
+                *lse_strides,
+                sa_b,
+                sa_h,
+                *common,
+                hk,
+                hq // hk,
+                *scal,
+                *drop_args,
+                BLOCK_M=tk.block_m,
+                BLOCK_N=tk.block_n,
+                ATOMIC_DQ=c.atomic_dq,
+                RELOAD=c.reload,
+                D_CHUNK=c.chunk_kv,
+                USE_TMA=tk.tma,
+                **flags,
+                **tk.launch_options(hip),
+            )
         if c.atomic_dq:
             dq = dq_acc.to(q.dtype) if grads is None else grads[0].copy_(dq_acc)
         else:

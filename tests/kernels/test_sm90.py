@@ -1,6 +1,7 @@
-"""The warp-specialised Gluon forward (kernels/flash_sm90.py): compiled for sm90 on the CPU, and
-the rule that routes calls to it. Gluon has no CPU interpreter; the kernel's numerics are checked
-on an NVIDIA GPU by ``python -m kernels.check`` (docs/benchmarks.md)."""
+"""The warp-specialised Gluon kernels (kernels/flash_sm90.py), the forward and the dK/dV kernel:
+compiled for sm90 on the CPU, and the rules that route calls to them. Gluon has no CPU
+interpreter; the kernels' numerics are checked on an NVIDIA GPU by ``python -m kernels.check``
+(docs/benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 import torch
 
 from kernels import configs
-from kernels.interface import Mask, gluon_forward_ok
+from kernels.interface import Mask, gluon_backward_ok, gluon_forward_ok
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -31,8 +32,9 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from kernels import aot, configs
-(name, fn, ptrs, consts, tile), = aot._gluon_kernels(128, configs.config_for("hopper", 128))
-consts = dict(consts, CAUSAL=sys.argv[1] == "1", num_warps=4)
+kernels = {k[0]: k[1:] for k in aot._gluon_kernels(128, configs.config_for("hopper", 128))}
+fn, ptrs, consts, tile = kernels[sys.argv[1]]
+consts = dict(consts, CAUSAL=sys.argv[2] == "1", num_warps=4)
 sig, attrs = aot._signature(fn, ptrs, consts)
 k = triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
                    target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
@@ -44,10 +46,10 @@ print(json.dumps({"ptx": k.asm["ptx"], "ptxas": res.stderr, "shared": k.metadata
 """
 
 
-def _compile(causal: bool) -> dict:
+def _compile(kernel: str, causal: bool) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run(
-        [sys.executable, "-c", _COMPILE, "1" if causal else "0"],
+        [sys.executable, "-c", _COMPILE, kernel, "1" if causal else "0"],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -58,20 +60,28 @@ def _compile(causal: bool) -> dict:
     return json.loads(proc.stdout)
 
 
+@pytest.mark.parametrize("kernel", ["fwd_gluon", "bwd_dkdv_gluon"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_compiles_for_sm90_warp_specialised_without_spills(causal):
-    k = _compile(causal)
+def test_compiles_for_sm90_warp_specialised_without_spills(kernel, causal):
+    k = _compile(kernel, causal)
     ptx = k["ptx"]
     spills = re.search(r"(\d+) bytes spill stores", k["ptxas"])
     assert spills and int(spills.group(1)) == 0, k["ptxas"]
     assert k["shared"] <= 232448, k["shared"]  # sm90's 227 KiB per block
     # Warp specialisation really happened: registers move between partitions, the consumers
-    # issue asynchronous wgmma and wait with one group still in flight (the P.V overlap).
+    # issue asynchronous wgmma and wait with one group still in flight (the forward's P.V,
+    # the backward's dV product, overlapping the next elementwise step).
     assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+240;", ptx)
     assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24;", ptx)
     assert "wgmma.mma_async" in ptx
     assert re.search(r"wgmma\.wait_group\.sync\.aligned\s+1;", ptx)
     assert "cp.async.bulk.tensor" in ptx  # TMA
+    if kernel == "bwd_dkdv_gluon":
+        # P^T and dS^T feed dV and dK from registers (wgmma's A operand in registers).
+        a_in_regs = (
+            r"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.bf16\.bf16\s+\{[^}]*\},\s*\{"
+        )
+        assert re.search(a_in_regs, ptx)
 
 
 def _t(shape, dtype=torch.bfloat16):
@@ -121,3 +131,48 @@ def test_config_enables_it_on_hopper_d128_only():
         assert not configs.config_for(fam, 128).gluon_fwd
     off = configs.override(configs.config_for("hopper", 128), '{"gluon_fwd": false}')
     assert not off.gluon_fwd
+
+
+BWD_CFG = replace(configs.config_for("hopper", 128), gluon_bwd=True, atomic_dq=False)
+
+
+def _bwd_ok(cfg=BWD_CFG, d=128, mask=None, softcap=0.0, slopes=None, varlen=False, drop=None,
+            dtype=torch.bfloat16, grad_dtype=None, dk=None):  # fmt: skip
+    mask = mask or Mask()
+    q = do = _t((2, 300, 8, d), dtype)
+    k = v = _t((2, 300, 2, d), dtype)
+    dk = torch.empty(k.shape, dtype=grad_dtype or dtype) if dk is None else dk
+    dv = torch.empty(v.shape, dtype=grad_dtype or dtype)
+    return gluon_backward_ok(cfg, q, k, v, do, dk, dv, mask, softcap, slopes, varlen, drop)
+
+
+def test_backward_routing_rule(monkeypatch):
+    monkeypatch.setattr(configs, "INTERPRET", False)
+    assert _bwd_ok()
+    assert _bwd_ok(mask=Mask(right=0))
+    assert _bwd_ok(dtype=torch.float16)
+    # kv-packed gradients: dK is a strided view of one (b, s, 2, h, d) pack
+    assert _bwd_ok(dk=torch.empty((2, 300, 2, 2, 128), dtype=torch.bfloat16)[:, :, 0])
+    assert not _bwd_ok(cfg=replace(BWD_CFG, gluon_bwd=False))
+    assert not _bwd_ok(cfg=replace(BWD_CFG, atomic_dq=True))  # dQ would need this kernel
+    assert not _bwd_ok(d=64)
+    assert not _bwd_ok(mask=Mask(right=5))
+    assert not _bwd_ok(mask=Mask(left=64, right=0))
+    assert not _bwd_ok(softcap=30.0)
+    assert not _bwd_ok(slopes=torch.ones(8))
+    assert not _bwd_ok(varlen=True)
+    assert not _bwd_ok(drop=object())
+    assert not _bwd_ok(grad_dtype=torch.float32)
+    assert not _bwd_ok(dk=torch.empty((2, 300, 2, 129), dtype=torch.bfloat16)[..., :128])
+    monkeypatch.setattr(configs, "INTERPRET", True)
+    assert not _bwd_ok()
+
+
+def test_backward_config_on_hopper_d128_only():
+    assert configs.config_for("hopper", 128).gluon_bwd
+    assert not configs.config_for("hopper", 64).gluon_bwd
+    assert not configs.config_for("hopper", 256).gluon_bwd
+    for fam in ("ampere", "cdna3", "rdna3.5", "interpreter"):
+        assert not configs.config_for(fam, 128).gluon_bwd
+    off = configs.override(configs.config_for("hopper", 128), '{"gluon_bwd": false}')
+    assert not off.gluon_bwd and off.gluon_fwd
