@@ -221,20 +221,19 @@ def _kernels(head_dim: int, cfg, dtype: str = "bf16"):
 
 def _gluon_kernels(head_dim: int, cfg):
     """The warp-specialised Gluon kernels (kernels/flash_sm90.py) where the config uses them,
-    causal as the other kernels are compiled (``HAS_RIGHT``). The forward's tile is 128 query
-    rows over two consumer warpgroups (4 warps each, plus a producer warp) x 128 keys, 3 stages;
-    the dK/dV kernel's is 128 keys over the two consumers x 64 streamed query rows, 3 stages."""
-    if head_dim != 128:
-        return []
+    causal as the other kernels are compiled (``HAS_RIGHT``). The forward (d=128): 128 query
+    rows over two consumer warpgroups (4 warps each, plus a producer warp) x 128 keys, 3 stages.
+    The dK/dV kernel (``flash_sm90.BWD_TILES``' head dims): block_n keys over the two consumers x
+    block_m streamed query rows."""
     from triton.experimental.gluon import language as gl
 
     from . import flash_sm90 as f
     from .configs import Tile
 
     def consts(block_m: int, block_n: int, stages: int, layouts) -> dict:
-        q_layout, kv_layout = layouts(gl.bfloat16)
+        q_layout, kv_layout = layouts
         return dict(
-            HEAD_DIM=f.HEAD_DIM,
+            HEAD_DIM=head_dim,
             BLOCK_M=block_m,
             BLOCK_N=block_n,
             STAGES=stages,
@@ -246,16 +245,17 @@ def _gluon_kernels(head_dim: int, cfg):
 
     p = "*bf16"
     out = []
-    if cfg.gluon_fwd:
-        c = consts(f.BLOCK_M, f.BLOCK_N, f.STAGES, f.smem_layouts)
+    if cfg.gluon_fwd and head_dim == f.HEAD_DIM:
+        c = consts(f.BLOCK_M, f.BLOCK_N, f.STAGES, f.smem_layouts(gl.bfloat16))
         ptrs = dict(Q=p, K=p, V=p, Out=p, LSE="*fp32")
         out.append(
             ("fwd_gluon", f._attn_fwd_sm90, ptrs, c, Tile(f.BLOCK_M, f.BLOCK_N, 4, f.STAGES))
         )
-    if cfg.gluon_bwd and not cfg.atomic_dq:
-        c = consts(f.BWD_BLOCK_M, f.BWD_BLOCK_N, f.BWD_STAGES, f.bwd_layouts)
+    if cfg.gluon_bwd and not cfg.atomic_dq and head_dim in f.BWD_TILES:
+        block_m, block_n, stages = f.BWD_TILES[head_dim]
+        c = consts(block_m, block_n, stages, f.bwd_layouts(gl.bfloat16, head_dim))
         ptrs = dict(Q=p, K=p, V=p, DO=p, DK=p, DV=p, LSE="*fp32", Delta="*fp32")
-        tile = Tile(f.BWD_BLOCK_M, f.BWD_BLOCK_N, 4, f.BWD_STAGES)
+        tile = Tile(block_m, block_n, 4, stages)
         out.append(("bwd_dkdv_gluon", f._attn_bwd_dkdv_sm90, ptrs, c, tile))
     return out
 

@@ -152,11 +152,15 @@ def _hopper(d: int) -> AttnConfig:
     # H100 at (4,16,4096,128). The Triton forward measured slower with TMA and keeps pointer
     # loads; at d=128 the warp-specialised Gluon forward replaces it where it applies (577 vs 470
     # TFLOP/s at (4,16,4096,128); at d=64 it measured slower than the Triton kernel), and the
-    # Gluon dK/dV kernel replaces the spilling dK/dV tile there (1.55 vs 1.80 ms; fwd+bwd 460 vs
-    # 419 TFLOP/s). The Triton tiles stay the fallback for calls outside their scope.
+    # Gluon dK/dV kernel replaces the spilling dK/dV tile at d=64 and d=128 (1.55 vs 1.80 ms at
+    # (4,16,4096,128), fwd+bwd 460 vs 419 TFLOP/s; 1.96 vs 2.45 ms at (4,32,4096,64)). The Triton
+    # tiles stay the fallback for calls outside their scope.
     if d <= 64:
         return AttnConfig(
-            Tile(128, 64, 8, 4), Tile(64, 64, 4, 2, tma=True), Tile(128, 64, 8, 3, tma=True)
+            Tile(128, 64, 8, 4),
+            Tile(64, 64, 4, 2, tma=True),
+            Tile(128, 64, 8, 3, tma=True),
+            gluon_bwd=True,
         )
     if d <= 128:
         # The Triton forward tile stays the fallback (odd head dims, varlen, windows, ...).
@@ -199,7 +203,9 @@ ACCEPTED_SPILLS = (
         tile="64x64 w4 s2 tma",
         spills=212,
         scratch_bytes=208,
-        reason=_HOPPER_DKDV.format(588, 351, "(4,32,4096,64)", 267),
+        reason=_HOPPER_DKDV.format(588, 351, "(4,32,4096,64)", 267)
+        + "; it now serves only the calls outside the spill-free Gluon dK/dV kernel's scope "
+        "(kernels/flash_sm90.py: varlen, windows, ALiBi, softcap, strides TMA cannot address)",
     ),
     AcceptedSpill(
         arch="sm90",

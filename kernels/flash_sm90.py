@@ -59,12 +59,13 @@ BLOCK_M = 128
 BLOCK_N = 128
 STAGES = 3
 CONSUMER_REGS = 240
-# The dK/dV kernel (H100, docs/benchmarks.md "Warp-specialised Gluon dK/dV"): 128 keys per
-# program split over the two consumers, 64-row Q and dO blocks through three stages (165 KiB of
-# shared memory with K and V; two stages measured the same at 4096 and 2% slower at 6889).
-BWD_BLOCK_N = 128
-BWD_BLOCK_M = 64
-BWD_STAGES = 3
+# The dK/dV kernel, by head dim: (query rows per streamed block, keys per program, stages), as
+# measured on an H100 (docs/benchmarks.md, "Warp-specialised Gluon dK/dV"). Both split 128 keys
+# over the two consumers. d=128: 64-row Q and dO blocks through three stages (165 KiB of shared
+# memory with K and V; two stages measured the same at 4096 and 2% slower at 6889). d=64:
+# 128-row blocks through two stages (98 KiB), whose S^T and dP^T fit beside the smaller dK and
+# dV (dK/dV 1.96 ms at (4,32,4096,64) against 2.02 for 64-row blocks, causal 1.16 against 1.31).
+BWD_TILES = {64: (128, 128, 2), 128: (64, 128, 3)}
 
 # The kernels' long argument lists are kept a few to a line by hand, as in kernels/flash.py.
 # fmt: off
@@ -420,30 +421,32 @@ def launch(q, k, v, out, lse, scale_log2: float, causal: bool) -> None:
     )  # fmt: skip
 
 
-def bwd_layouts(dtype) -> tuple:
+def bwd_layouts(dtype, head_dim: int) -> tuple:
     """The dK/dV kernel's ``q_layout`` (one Q or dO stage) and ``kv_layout`` (a consumer's half
-    of K, V, dK or dV) for a Gluon dtype."""
+    of K, V, dK or dV) for a Gluon dtype and a head dim of ``BWD_TILES``."""
+    block_m, block_n, _ = BWD_TILES[head_dim]
     return (
-        gl.NVMMASharedLayout.get_default_for([BWD_BLOCK_M, HEAD_DIM], dtype),
-        gl.NVMMASharedLayout.get_default_for([BWD_BLOCK_N // 2, HEAD_DIM], dtype),
+        gl.NVMMASharedLayout.get_default_for([block_m, head_dim], dtype),
+        gl.NVMMASharedLayout.get_default_for([block_n // 2, head_dim], dtype),
     )
 
 
 def launch_bwd_dkdv(q, k, v, do, dk, dv, lse, delta, scale: float, causal: bool) -> None:
-    """Write ``dk`` and ``dv`` (like k, v) from BSHD ``q``/``do`` (b, sq, hq, 128), ``k``/``v``
-    (b, sk, hk, 128) and the forward's ``lse`` with ``delta`` = rowsum(O * dO) (b, hq, sq) fp32.
-    Same preconditions as ``launch``."""
-    b, sq, hq, _ = q.shape
+    """Write ``dk`` and ``dv`` (like k, v) from BSHD ``q``/``do`` (b, sq, hq, d), ``k``/``v``
+    (b, sk, hk, d), d in ``BWD_TILES``, and the forward's ``lse`` with ``delta`` = rowsum(O * dO)
+    (b, hq, sq) fp32. Same preconditions as ``launch``."""
+    b, sq, hq, d = q.shape
     sk, hk = k.shape[1], k.shape[2]
-    q_layout, kv_layout = bwd_layouts(gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16)
-    grid = (triton.cdiv(sk, BWD_BLOCK_N), b * hk)
+    block_m, block_n, stages = BWD_TILES[d]
+    dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+    q_layout, kv_layout = bwd_layouts(dtype, d)
+    grid = (triton.cdiv(sk, block_n), b * hk)
     _attn_bwd_dkdv_sm90[grid](
         q, k, v, do, dk, dv, lse, delta,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
         lse.stride(0), lse.stride(1), sq, sk, hk, hq // hk, scale, scale * 1.4426950408889634,
-        HEAD_DIM=HEAD_DIM, BLOCK_M=BWD_BLOCK_M, BLOCK_N=BWD_BLOCK_N, STAGES=BWD_STAGES,
-        CAUSAL=causal, q_layout=q_layout, kv_layout=kv_layout, CONSUMER_REGS=CONSUMER_REGS,
-        num_warps=4,
+        HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, CAUSAL=causal,
+        q_layout=q_layout, kv_layout=kv_layout, CONSUMER_REGS=CONSUMER_REGS, num_warps=4,
     )  # fmt: skip

@@ -148,13 +148,12 @@ def _tma_allocator() -> None:
 
 
 def _gluon_scope(q, mask: Mask, softcap: float, slopes, varlen: bool, drop, *tensors) -> bool:
-    """What both warp-specialised Gluon kernels (kernels/flash_sm90.py) need of a call: head dim
-    exactly 128, fixed-length batches, no mask or causal aligned bottom-right (``right == 0``, no
+    """What both warp-specialised Gluon kernels (kernels/flash_sm90.py) need of a call, head dims
+    aside: fixed-length batches, no mask or causal aligned bottom-right (``right == 0``, no
     ``left``), no softcap, ALiBi or dropout, tensors of q's dtype that TMA can address, and not
     the CPU interpreter (Gluon has none)."""
     return (
         not configs.INTERPRET
-        and q.shape[-1] == 128
         and not varlen
         and mask.left is None
         and mask.right in (None, 0)
@@ -170,10 +169,12 @@ def gluon_forward_ok(
     cfg: configs.AttnConfig, q, k, v, out, mask: Mask, softcap: float, slopes, varlen: bool,
     drop, fp8: bool,
 ) -> bool:  # fmt: skip
-    """Whether a forward call runs the Gluon forward: the config asks for it (Hopper, d=128), it
-    is not FP8, its output has q's dtype, and it is in ``_gluon_scope``."""
+    """Whether a forward call runs the Gluon forward: the config asks for it (Hopper, d=128), the
+    head dim is exactly 128, it is not FP8, its output has q's dtype, and it is in
+    ``_gluon_scope``."""
     return (
         cfg.gluon_fwd
+        and q.shape[-1] == 128
         and not fp8
         and _gluon_scope(q, mask, softcap, slopes, varlen, drop, k, v, out)
     )
@@ -184,11 +185,12 @@ def gluon_backward_ok(
     varlen: bool, drop,
 ) -> bool:  # fmt: skip
     """Whether a backward call's dK and dV come from the Gluon dK/dV kernel: the config asks for
-    it (Hopper, d=128) and reduces dQ in its own kernel (no ``atomic_dq``), and the call is in
-    ``_gluon_scope``, the gradients included."""
+    it (Hopper, d <= 128) and reduces dQ in its own kernel (no ``atomic_dq``), the head dim is
+    exactly 64 or 128, and the call is in ``_gluon_scope``, the gradients included."""
     return (
         cfg.gluon_bwd
         and not cfg.atomic_dq
+        and q.shape[-1] in (64, 128)
         and _gluon_scope(q, mask, softcap, slopes, varlen, drop, k, v, do, dk, dv)
     )
 

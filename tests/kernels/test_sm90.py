@@ -32,7 +32,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from kernels import aot, configs
-kernels = {k[0]: k[1:] for k in aot._gluon_kernels(128, configs.config_for("hopper", 128))}
+d = int(sys.argv[3])
+kernels = {k[0]: k[1:] for k in aot._gluon_kernels(d, configs.config_for("hopper", d))}
 fn, ptrs, consts, tile = kernels[sys.argv[1]]
 consts = dict(consts, CAUSAL=sys.argv[2] == "1", num_warps=4)
 sig, attrs = aot._signature(fn, ptrs, consts)
@@ -46,10 +47,10 @@ print(json.dumps({"ptx": k.asm["ptx"], "ptxas": res.stderr, "shared": k.metadata
 """
 
 
-def _compile(kernel: str, causal: bool) -> dict:
+def _compile(kernel: str, causal: bool, head_dim: int) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run(
-        [sys.executable, "-c", _COMPILE, kernel, "1" if causal else "0"],
+        [sys.executable, "-c", _COMPILE, kernel, "1" if causal else "0", str(head_dim)],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -60,10 +61,12 @@ def _compile(kernel: str, causal: bool) -> dict:
     return json.loads(proc.stdout)
 
 
-@pytest.mark.parametrize("kernel", ["fwd_gluon", "bwd_dkdv_gluon"])
+@pytest.mark.parametrize(
+    "kernel, head_dim", [("fwd_gluon", 128), ("bwd_dkdv_gluon", 128), ("bwd_dkdv_gluon", 64)]
+)
 @pytest.mark.parametrize("causal", [False, True])
-def test_compiles_for_sm90_warp_specialised_without_spills(kernel, causal):
-    k = _compile(kernel, causal)
+def test_compiles_for_sm90_warp_specialised_without_spills(kernel, head_dim, causal):
+    k = _compile(kernel, causal, head_dim)
     ptx = k["ptx"]
     spills = re.search(r"(\d+) bytes spill stores", k["ptxas"])
     assert spills and int(spills.group(1)) == 0, k["ptxas"]
@@ -78,9 +81,8 @@ def test_compiles_for_sm90_warp_specialised_without_spills(kernel, causal):
     assert "cp.async.bulk.tensor" in ptx  # TMA
     if kernel == "bwd_dkdv_gluon":
         # P^T and dS^T feed dV and dK from registers (wgmma's A operand in registers).
-        a_in_regs = (
-            r"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.bf16\.bf16\s+\{[^}]*\},\s*\{"
-        )
+        mma = rf"wgmma\.mma_async\.sync\.aligned\.m64n{head_dim}k16\.f32\.bf16\.bf16"
+        a_in_regs = mma + r"\s+\{[^}]*\},\s*\{"
         assert re.search(a_in_regs, ptx)
 
 
@@ -155,7 +157,9 @@ def test_backward_routing_rule(monkeypatch):
     assert _bwd_ok(dk=torch.empty((2, 300, 2, 2, 128), dtype=torch.bfloat16)[:, :, 0])
     assert not _bwd_ok(cfg=replace(BWD_CFG, gluon_bwd=False))
     assert not _bwd_ok(cfg=replace(BWD_CFG, atomic_dq=True))  # dQ would need this kernel
-    assert not _bwd_ok(d=64)
+    assert _bwd_ok(d=64)
+    assert not _bwd_ok(d=96)
+    assert not _bwd_ok(d=32)
     assert not _bwd_ok(mask=Mask(right=5))
     assert not _bwd_ok(mask=Mask(left=64, right=0))
     assert not _bwd_ok(softcap=30.0)
@@ -168,9 +172,9 @@ def test_backward_routing_rule(monkeypatch):
     assert not _bwd_ok()
 
 
-def test_backward_config_on_hopper_d128_only():
+def test_backward_config_on_hopper_up_to_d128():
     assert configs.config_for("hopper", 128).gluon_bwd
-    assert not configs.config_for("hopper", 64).gluon_bwd
+    assert configs.config_for("hopper", 64).gluon_bwd
     assert not configs.config_for("hopper", 256).gluon_bwd
     for fam in ("ampere", "cdna3", "rdna3.5", "interpreter"):
         assert not configs.config_for(fam, 128).gluon_bwd
