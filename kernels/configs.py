@@ -75,9 +75,9 @@ class AttnConfig:
     # loading each chunk from memory (0: whole tiles). dK/dV kernel and dQ kernel. RDNA3/3.5 only.
     chunk_kv: int = 0
     chunk_q: int = 0
-    # Hopper, head dim 128: the forward and the dK/dV kernel run the warp-specialised Gluon
-    # kernels (kernels/flash_sm90.py) where the call is in their scope
-    # (kernels.interface.gluon_forward_ok, gluon_backward_ok); bwd_kv is then unused.
+    # Hopper: the forward (head dim 128) and the dK/dV kernel (64 and 128) run the
+    # warp-specialised Gluon kernels (kernels/flash_sm90.py) where the call is in their scope
+    # (kernels.interface.gluon_forward_ok, gluon_backward_ok); fwd / bwd_kv are then unused.
     gluon_fwd: bool = False
     gluon_bwd: bool = False
 
@@ -274,8 +274,8 @@ def override(cfg: AttnConfig, spec: str | None) -> AttnConfig:
 
     Tiles are ``[block_m, block_n, num_warps, num_stages(, waves_per_eu)]`` or objects with
     Tile's field names; keys fwd, bwd_kv, bwd_q, atomic_dq, reload, gluon_fwd, gluon_bwd,
-    chunk_kv, chunk_q (head-dim chunk: 0 or a power of two >= 16), and ``tma``: true/false for every tile or a list of the
-    tiles (``["bwd_kv", "bwd_q"]``) that use TMA, the others not.
+    chunk_kv, chunk_q (head-dim chunk: 0 or a power of two >= 16), and ``tma``: true/false for
+    every tile or a list of the tiles (``["bwd_kv", "bwd_q"]``) that use TMA, the others not.
     Set through ``ATTNFORGE_KERNELS_CONFIG`` for one-off experiments.
     """
     if not spec:
