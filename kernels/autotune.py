@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 import threading
-from dataclasses import asdict, replace
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 
 from . import configs
@@ -117,15 +117,11 @@ def _store(k: str, cfg: AttnConfig) -> None:
 
 
 def _from_dict(d: dict) -> AttnConfig:
-    return AttnConfig(
-        fwd=Tile(**d["fwd"]),
-        bwd_kv=Tile(**d["bwd_kv"]),
-        bwd_q=Tile(**d["bwd_q"]),
-        atomic_dq=d.get("atomic_dq", False),
-        reload=d.get("reload", False),
-        chunk_kv=d.get("chunk_kv", 0),
-        chunk_q=d.get("chunk_q", 0),
-    )
+    """An AttnConfig from its cached ``asdict`` form: every field round-trips (the Gluon switches
+    included); fields an older cache lacks take their defaults, unknown ones are ignored."""
+    names = {f.name for f in fields(AttnConfig)}
+    rest = {k: v for k, v in d.items() if k in names and k not in configs.TILE_KEYS}
+    return AttnConfig(**{k: Tile(**d[k]) for k in configs.TILE_KEYS}, **rest)
 
 
 def candidates(default: AttnConfig, family: str, kind: str) -> list[AttnConfig]:

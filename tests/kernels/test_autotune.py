@@ -52,3 +52,15 @@ def test_candidates_start_with_the_default_and_have_no_duplicates():
     default = config_for("hopper", 128)
     cands = autotune.candidates(default, "hopper", "bwd")
     assert cands[0] == default and len(cands) == len(set(cands))
+
+
+def test_the_cache_keeps_every_field_of_a_config():
+    # The Gluon switches among them: a cached choice that dropped them would silently move
+    # Hopper calls off the Gluon kernels.
+    for family, d in (("hopper", 64), ("hopper", 128), ("rdna3.5", 128), ("cdna3", 64)):
+        cfg = config_for(family, d)
+        assert autotune._from_dict(json.loads(json.dumps(autotune.asdict(cfg)))) == cfg
+    old = autotune.asdict(config_for("hopper", 128))
+    del old["gluon_fwd"], old["gluon_bwd"]
+    old["from_a_newer_version"] = 1
+    assert not autotune._from_dict(old).gluon_fwd  # defaults for what an older cache lacks
