@@ -111,6 +111,11 @@ registry() {
   curl -fsS "http://$REGISTRY_ADDR/v2/" >/dev/null 2>&1 && return 0
   apt_install docker-registry
   say "starting a local registry on $REGISTRY_ADDR"
+  # Its storage is throwaway (.ci/registry.yml): each test run pushes to repositories named for
+  # that run, so a registry that kept them would grow by gigabytes with every local `make test`.
+  local store
+  store=$(awk '$1 == "rootdirectory:" {print $2}' .ci/registry.yml)
+  [[ $store == /tmp/* ]] && rm -rf -- "$store"
   setsid docker-registry serve .ci/registry.yml >/tmp/attnforge-registry.log 2>&1 < /dev/null &
   for _ in $(seq 30); do curl -fsS "http://$REGISTRY_ADDR/v2/" >/dev/null 2>&1 && return 0; sleep 1; done
   die "the registry did not come up; see /tmp/attnforge-registry.log"
