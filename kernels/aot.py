@@ -223,12 +223,12 @@ def _gluon_kernels(head_dim: int, cfg):
     """The warp-specialised Gluon kernels (kernels/flash_sm90.py) where the config uses them,
     causal as the other kernels are compiled (``HAS_RIGHT``). The forward (d=128): 128 query
     rows over two consumer warpgroups (4 warps each, plus a producer warp) x 128 keys, 3 stages.
-    The dK/dV kernel (``flash_sm90.BWD_TILES``' head dims): block_n keys over the two consumers x
-    block_m streamed query rows."""
+    The dK/dV kernel (the head dims of ``configs.GLUON_BWD_TILES``): block_n keys over the two
+    consumers x block_m streamed query rows."""
     from triton.experimental.gluon import language as gl
 
     from . import flash_sm90 as f
-    from .configs import Tile
+    from .configs import GLUON_BWD_TILES, Tile
 
     def consts(block_m: int, block_n: int, stages: int, layouts) -> dict:
         q_layout, kv_layout = layouts
@@ -245,14 +245,14 @@ def _gluon_kernels(head_dim: int, cfg):
 
     p = "*bf16"
     out = []
-    if cfg.gluon_fwd and head_dim == f.HEAD_DIM:
+    if cfg.gluon_fwd_at(head_dim):
         c = consts(f.BLOCK_M, f.BLOCK_N, f.STAGES, f.smem_layouts(gl.bfloat16))
         ptrs = dict(Q=p, K=p, V=p, Out=p, LSE="*fp32")
         out.append(
             ("fwd_gluon", f._attn_fwd_sm90, ptrs, c, Tile(f.BLOCK_M, f.BLOCK_N, 4, f.STAGES))
         )
-    if cfg.gluon_bwd and not cfg.atomic_dq and head_dim in f.BWD_TILES:
-        block_m, block_n, stages = f.BWD_TILES[head_dim]
+    if cfg.gluon_bwd_at(head_dim):
+        block_m, block_n, stages = GLUON_BWD_TILES[head_dim]
         c = consts(block_m, block_n, stages, f.bwd_layouts(gl.bfloat16, head_dim))
         ptrs = dict(Q=p, K=p, V=p, DO=p, DK=p, DV=p, LSE="*fp32", Delta="*fp32")
         tile = Tile(block_m, block_n, 4, stages)

@@ -81,11 +81,32 @@ class AttnConfig:
     gluon_fwd: bool = False
     gluon_bwd: bool = False
 
+    def gluon_fwd_at(self, head_dim: int) -> bool:
+        """Whether the config runs the Gluon forward at this (unpadded) head dim."""
+        return self.gluon_fwd and head_dim == GLUON_FWD_HEAD_DIM
+
+    def gluon_bwd_at(self, head_dim: int) -> bool:
+        """Whether the config runs the Gluon dK/dV kernel at this (unpadded) head dim: it has a
+        tile for it, and dQ is reduced in its own kernel (no ``atomic_dq``)."""
+        return self.gluon_bwd and not self.atomic_dq and head_dim in GLUON_BWD_TILES
+
     def without_tma(self) -> AttnConfig:
         return replace(self, **{k: replace(getattr(self, k), tma=False) for k in TILE_KEYS})
 
 
 TILE_KEYS = ("fwd", "bwd_kv", "bwd_q")
+
+# The head dims the warp-specialised Gluon kernels (kernels/flash_sm90.py) are built for. They
+# live here, not there, because the routing rule and the AOT report read them in processes that
+# must not import Gluon (the CPU interpreter, AMD). The forward: d=128 only. The dK/dV kernel, by
+# head dim: (query rows per streamed block, keys per program, stages), as measured on an H100
+# (docs/benchmarks.md, "Warp-specialised Gluon dK/dV"). Both split 128 keys over the two
+# consumers. d=128: 64-row Q and dO blocks through three stages (165 KiB of shared memory with K
+# and V; two stages measured the same at 4096 and 2% slower at 6889). d=64: 128-row blocks
+# through two stages (98 KiB), whose S^T and dP^T fit beside the smaller dK and dV (dK/dV 1.96 ms
+# at (4,32,4096,64) against 2.02 for 64-row blocks, causal 1.16 against 1.31).
+GLUON_FWD_HEAD_DIM = 128
+GLUON_BWD_TILES = {64: (128, 128, 2), 128: (64, 128, 3)}
 
 
 # Triton's HIP JIT compiles tensors of at most 2 GiB with 32-bit buffer-load offsets; larger ones

@@ -48,24 +48,20 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from .configs import GLUON_BWD_TILES, GLUON_FWD_HEAD_DIM
+
 _LN2 = gl.constexpr(0.6931471805599453)
 _LOG2E_C = gl.constexpr(1.4426950408889634)
 
 # Measured on an H100 (docs/benchmarks.md, "Warp-specialised Gluon forward"): 128-row tiles
 # split over two consumer warpgroups, 128-key blocks, three K/V stages (224 KiB of shared memory
 # with Q), consumers raised to 240 registers and the producer warp lowered to 24 (setmaxnreg).
-HEAD_DIM = 128
+# Its head dim (128) is configs.GLUON_FWD_HEAD_DIM.
 BLOCK_M = 128
 BLOCK_N = 128
 STAGES = 3
 CONSUMER_REGS = 240
-# The dK/dV kernel, by head dim: (query rows per streamed block, keys per program, stages), as
-# measured on an H100 (docs/benchmarks.md, "Warp-specialised Gluon dK/dV"). Both split 128 keys
-# over the two consumers. d=128: 64-row Q and dO blocks through three stages (165 KiB of shared
-# memory with K and V; two stages measured the same at 4096 and 2% slower at 6889). d=64:
-# 128-row blocks through two stages (98 KiB), whose S^T and dP^T fit beside the smaller dK and
-# dV (dK/dV 1.96 ms at (4,32,4096,64) against 2.02 for 64-row blocks, causal 1.16 against 1.31).
-BWD_TILES = {64: (128, 128, 2), 128: (64, 128, 3)}
+# The dK/dV kernel's tiles by head dim, and why they were chosen: configs.GLUON_BWD_TILES.
 
 # The kernels' long argument lists are kept a few to a line by hand, as in kernels/flash.py.
 # fmt: off
@@ -398,8 +394,8 @@ def smem_layouts(dtype) -> tuple:
     """The kernel's ``q_layout`` (a consumer's half of Q, and its O) and ``kv_layout`` (one K or
     V stage) for a Gluon dtype: what ``launch`` passes and ``kernels.aot`` compiles with."""
     return (
-        gl.NVMMASharedLayout.get_default_for([BLOCK_M // 2, HEAD_DIM], dtype),
-        gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], dtype),
+        gl.NVMMASharedLayout.get_default_for([BLOCK_M // 2, GLUON_FWD_HEAD_DIM], dtype),
+        gl.NVMMASharedLayout.get_default_for([BLOCK_N, GLUON_FWD_HEAD_DIM], dtype),
     )
 
 
@@ -416,15 +412,16 @@ def launch(q, k, v, out, lse, scale_log2: float, causal: bool) -> None:
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
         lse.stride(0), lse.stride(1), sq, sk, hq, hq // hk, scale_log2,
-        HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES, CAUSAL=causal,
-        q_layout=q_layout, kv_layout=kv_layout, CONSUMER_REGS=CONSUMER_REGS, num_warps=4,
+        HEAD_DIM=GLUON_FWD_HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES,
+        CAUSAL=causal, q_layout=q_layout, kv_layout=kv_layout, CONSUMER_REGS=CONSUMER_REGS,
+        num_warps=4,
     )  # fmt: skip
 
 
 def bwd_layouts(dtype, head_dim: int) -> tuple:
     """The dK/dV kernel's ``q_layout`` (one Q or dO stage) and ``kv_layout`` (a consumer's half
-    of K, V, dK or dV) for a Gluon dtype and a head dim of ``BWD_TILES``."""
-    block_m, block_n, _ = BWD_TILES[head_dim]
+    of K, V, dK or dV) for a Gluon dtype and a head dim of ``GLUON_BWD_TILES``."""
+    block_m, block_n, _ = GLUON_BWD_TILES[head_dim]
     return (
         gl.NVMMASharedLayout.get_default_for([block_m, head_dim], dtype),
         gl.NVMMASharedLayout.get_default_for([block_n // 2, head_dim], dtype),
@@ -433,11 +430,11 @@ def bwd_layouts(dtype, head_dim: int) -> tuple:
 
 def launch_bwd_dkdv(q, k, v, do, dk, dv, lse, delta, scale: float, causal: bool) -> None:
     """Write ``dk`` and ``dv`` (like k, v) from BSHD ``q``/``do`` (b, sq, hq, d), ``k``/``v``
-    (b, sk, hk, d), d in ``BWD_TILES``, and the forward's ``lse`` with ``delta`` = rowsum(O * dO)
-    (b, hq, sq) fp32. Same preconditions as ``launch``."""
+    (b, sk, hk, d), d in ``GLUON_BWD_TILES``, and the forward's ``lse`` with
+    ``delta`` = rowsum(O * dO) (b, hq, sq) fp32. Same preconditions as ``launch``."""
     b, sq, hq, d = q.shape
     sk, hk = k.shape[1], k.shape[2]
-    block_m, block_n, stages = BWD_TILES[d]
+    block_m, block_n, stages = GLUON_BWD_TILES[d]
     dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
     q_layout, kv_layout = bwd_layouts(dtype, d)
     grid = (triton.cdiv(sk, block_n), b * hk)

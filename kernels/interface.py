@@ -169,12 +169,11 @@ def gluon_forward_ok(
     cfg: configs.AttnConfig, q, k, v, out, mask: Mask, softcap: float, slopes, varlen: bool,
     drop, fp8: bool,
 ) -> bool:  # fmt: skip
-    """Whether a forward call runs the Gluon forward: the config asks for it (Hopper, d=128), the
-    head dim is exactly 128, it is not FP8, its output has q's dtype, and it is in
-    ``_gluon_scope``."""
+    """Whether a forward call runs the Gluon forward: the config asks for it at this head dim
+    (Hopper; exactly 128, ``AttnConfig.gluon_fwd_at``), it is not FP8, its output has q's dtype,
+    and it is in ``_gluon_scope``."""
     return (
-        cfg.gluon_fwd
-        and q.shape[-1] == 128
+        cfg.gluon_fwd_at(q.shape[-1])
         and not fp8
         and _gluon_scope(q, mask, softcap, slopes, varlen, drop, k, v, out)
     )
@@ -185,13 +184,10 @@ def gluon_backward_ok(
     varlen: bool, drop,
 ) -> bool:  # fmt: skip
     """Whether a backward call's dK and dV come from the Gluon dK/dV kernel: the config asks for
-    it (Hopper, d <= 128) and reduces dQ in its own kernel (no ``atomic_dq``), the head dim is
-    exactly 64 or 128, and the call is in ``_gluon_scope``, the gradients included."""
-    return (
-        cfg.gluon_bwd
-        and not cfg.atomic_dq
-        and q.shape[-1] in (64, 128)
-        and _gluon_scope(q, mask, softcap, slopes, varlen, drop, k, v, do, dk, dv)
+    it at this head dim (Hopper; exactly 64 or 128, with dQ reduced in its own kernel,
+    ``AttnConfig.gluon_bwd_at``), and the call is in ``_gluon_scope``, the gradients included."""
+    return cfg.gluon_bwd_at(q.shape[-1]) and _gluon_scope(
+        q, mask, softcap, slopes, varlen, drop, k, v, do, dk, dv
     )
 
 
