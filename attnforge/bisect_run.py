@@ -44,6 +44,7 @@ from .build import (
 )
 from .engine import Engine, RunRequest
 from .errors import UserError
+from .files import swap_folder
 from .pins import IndexSource, Unavailable, _run_git, url_path
 from .pins_update import _by_version, _fitting
 from .plan import Plan
@@ -285,11 +286,7 @@ class Prober:
                  "command": list(self.check.argv), "image": image, **result.__dict__},
                 indent=2) + "\n")  # fmt: skip
             # the evidence of an earlier probe of this pin is replaced only by a complete one
-            old = final.with_name(f".{final.name}.{os.getpid()}.old")
-            if final.exists():
-                os.replace(final, old)
-            os.replace(work, final)
-            shutil.rmtree(old, ignore_errors=True)
+            swap_folder(work, final)
         finally:
             shutil.rmtree(work, ignore_errors=True)
         return result

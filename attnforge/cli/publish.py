@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
 
 from ..baseline_store import snapshot_published
 from ..console import out, user_errors
 from ..engine import connect
 from ..errors import UserError
+from ..files import write_aside
 from ..plan import Options, resolve
 from ..recipes import load_recipes
 from ..workspace import Workspace
-from . import choose_target, command
+from . import ARCH, ENGINE, STACK, choose_target, command, text
 
 
 def publish_refs(
@@ -29,6 +29,14 @@ def publish_refs(
 
 
 @command(
+    options={
+        "to": text("REGISTRY/NAMESPACE"),
+        "arch": ARCH,
+        "stack": STACK,
+        "namespace": text("NAMESPACE"),
+        "engine": ENGINE,
+    },  # fmt: skip
+    writes=("build", "reports"),
     help={
         "to": "registry namespace to push to, e.g. ghcr.io/org/attnforge (required)",
         "arch": "arch of the stack to publish (default: the host's AMD GPU, else cpu)",
@@ -36,7 +44,7 @@ def publish_refs(
         "namespace": "local image name prefix the stack was built under (default: attnforge)",
         "engine": "container engine: docker (default) or podman",
         "debug": "show tracebacks",
-    }
+    },
 )
 @user_errors
 def publish(c, to=None, arch=None, stack=None, namespace="attnforge", engine="docker", debug=False):
@@ -103,8 +111,8 @@ def publish(c, to=None, arch=None, stack=None, namespace="attnforge", engine="do
         "validation": record, "refs": refs,
     }  # fmt: skip
     where = ws.reports_for(arch, stack)
-    _write_aside(where / "publish.json", json.dumps(manifest, indent=2) + "\n")
-    _write_aside(where / "publish.md", pull_lines(manifest))
+    write_aside(where / "publish.json", json.dumps(manifest, indent=2) + "\n")
+    write_aside(where / "publish.md", pull_lines(manifest))
     # The report published with this image, kept by its digest: `invoke validate --bench
     # --baseline IMAGE` reads it (attnforge/baseline_store.py says why it is kept here).
     final_digest = next((r["digest"] for r in refs if r["ref"].endswith(f"/{stack}:{arch}")), "")
@@ -127,11 +135,3 @@ def pull_lines(manifest: dict) -> str:
     lines += ["```", "", "| layer | ref | digest |", "|---|---|---|"]
     lines += [f"| {r['layer']} | `{r['ref']}` | `{r['digest']}` |" for r in manifest["refs"]]
     return "\n".join(lines) + "\n"
-
-
-def _write_aside(path, text: str) -> None:
-    """Write next to the old file, then rename: an interrupted publish never leaves half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
