@@ -124,7 +124,10 @@ def choice(metavar: str, choices: Iterable[str]) -> Opt:
 
     def check(flag: str, value: Any) -> str:
         if value not in allowed:
-            raise UserError(f"{flag} {value!r}: expected one of {', '.join(allowed)}")
+            listed = (
+                ", ".join(allowed[:-1]) + f" or {allowed[-1]}" if len(allowed) > 1 else allowed[0]
+            )
+            raise UserError(f"{flag} {value!r}: choose {listed}")
         return value
 
     return Opt(metavar, check)

@@ -66,7 +66,7 @@ _OPTIONS = {
     "component": text("COMPONENT", positional=True, required=True),
     "src": Opt("SRC", IN_DIR.check, positional=True, required=True),
     "series": text("SERIES[,SERIES...]"),
-    "root": IN_DIR,
+    "root": text("DIR"),
 }
 _HELP = {
     "component": "component whose series to use (a folder under patches/)",
@@ -100,7 +100,7 @@ def status(c, component, src, series=None, root=None):
         "series": text("SERIES", positional=True, required=True),
         "src": Opt("SRC", IN_DIR.check, positional=True, required=True),
         "name": text("NAME", positional=True, required=True),
-        "root": IN_DIR,
+        "root": text("DIR"),
     },
     help={
         "component": _HELP["component"],

@@ -18,7 +18,7 @@ from ..console import out, user_errors
 from ..errors import UserError
 from ..recipes import load_recipes
 from ..workspace import Workspace
-from . import ARCH, IN_DIR, STACK, choice, command, text
+from . import ARCH, IN_DIR, STACK, command, text
 
 STYLE = {
     pinlib.OK: "green",
@@ -92,10 +92,10 @@ def check(c, arch=None, stack=None, offline=None, python=None, json=False, debug
 
 @command(
     options={
-        "channel": choice("CHANNEL", pin_update.CHANNELS),
+        "channel": text("|".join(pin_update.CHANNELS).upper()),
         "offline": IN_DIR,
         "python": text("X.Y"),
-        "arch": ARCH,
+        "arch": text("ARCH"),
     },
     help={
         "channel": "the release channel to read: stable (a diff of the recipes) or nightly "
