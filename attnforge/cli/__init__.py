@@ -55,6 +55,7 @@ class Opt:
     repeatable: bool = False  # given several times (or as a comma list, where the task says so)
     positional: bool = False  # also taken without its flag: `invoke report FILE`
     required: bool = False  # checked by the task wrapper, after --help had its chance
+    kind: str = "text"  # what sort of value: text, number, choice, arch, stack, out_file ...
 
 
 def whole_number(flag: str, value: Any, minimum: int = 1) -> int:
@@ -130,11 +131,11 @@ def choice(metavar: str, choices: Iterable[str]) -> Opt:
             raise UserError(f"{flag} {value!r}: choose {listed}")
         return value
 
-    return Opt(metavar, check)
+    return Opt(metavar, check, kind="choice")
 
 
 def number(metavar: str = "N", minimum: int = 1) -> Opt:
-    return Opt(metavar, lambda flag, value: whole_number(flag, value, minimum))
+    return Opt(metavar, lambda flag, value: whole_number(flag, value, minimum), kind="number")
 
 
 def text(metavar: str, *, repeatable: bool = False, positional: bool = False,
@@ -195,19 +196,18 @@ def _existing(kind: str) -> Callable[[str, Any], str]:
     return check
 
 
-ARCH = Opt("ARCH", _arch)
-ARCHES = Opt("ARCH[,ARCH...]", _arch_list)
-STACK = Opt("STACK", _stack)
-ENGINE = Opt("ENGINE", lambda flag, value: _engine(flag, value))
-OUT_FILE = Opt("FILE", _out_file)
-OUT_DIR = Opt("DIR", _out_dir)
-IN_FILE = Opt("FILE", _existing("file"))
-IN_DIR = Opt("DIR", _existing("folder"))
-IN_PATH = Opt("PATH", _existing("path"))
+ARCH = Opt("ARCH", _arch, kind="arch")
+ARCHES = Opt("ARCH[,ARCH...]", _arch_list, kind="arch")
+STACK = Opt("STACK", _stack, kind="stack")
+ENGINE = Opt("ENGINE", lambda flag, value: _engine(flag, value), kind="engine")
+OUT_FILE = Opt("FILE", _out_file, kind="out_file")
+OUT_DIR = Opt("DIR", _out_dir, kind="out_dir")
+IN_FILE = Opt("FILE", _existing("file"), kind="in_file")
+IN_DIR = Opt("DIR", _existing("folder"), kind="in_dir")
 
 
 def out_file(metavar: str = "FILE") -> Opt:
-    return Opt(metavar, _out_file)
+    return Opt(metavar, _out_file, kind="out_file")
 
 
 class _Value(Argument):

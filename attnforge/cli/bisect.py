@@ -87,8 +87,10 @@ def bisect(
     timeout=None, set_=None, base_image=None, wheelhouse=None, ca_cert=None, engine="docker",
     jobs=None, namespace="attnforge", debug=False,
 ):  # fmt: skip
-    """Find the first pin of a layer that breaks a check: build and check the stack at pins
-    between a good and a bad one, narrowing by halves; re-running continues an interrupted one."""
+    """Find the first pin of a layer that breaks a check, narrowing by halves from a good pin.
+
+    Builds and checks the stack at pins between a good and a bad one; re-running the same
+    command continues an interrupted bisect."""
     ws = Workspace.discover()
     recipes = load_recipes(ws.root)
     inv = _invocation(recipes, ws, arch, stack, None, set_, base_image, wheelhouse, ca_cert,

@@ -202,8 +202,10 @@ def write(output: Path, page: str, markdown: str, staged_reports: Path | None) -
 @user_errors
 def matrix_task(c, reports=None, output=None, shape=None, mode="fwd", html_reports=True,
                 debug=False):  # fmt: skip
-    """Write a compatibility matrix (arch x stack rows; SDPA backends, flash_attn and the bundled
-    kernels as columns) from validation reports: matrix.html (self-contained) and matrix.md."""
+    """Write a compatibility matrix of validation reports: matrix.html and matrix.md.
+
+    Rows are arch x stack; columns are the SDPA backends, flash_attn and the bundled kernels;
+    matrix.html is self-contained."""
     ws = Workspace.discover()
     ref = reference(shape, mode)
     dest = Path(output) if output else ws.reports_dir / "matrix"

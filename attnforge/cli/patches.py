@@ -64,7 +64,7 @@ def _run(command: str, component: str, src: str, series: str | None, root: str |
 # COMPONENT and SRC are positional (invoke patches.apply COMPONENT SRC) or flags.
 _OPTIONS = {
     "component": text("COMPONENT", positional=True, required=True),
-    "src": Opt("SRC", IN_DIR.check, positional=True, required=True),
+    "src": Opt("SRC", IN_DIR.check, positional=True, required=True, kind="in_dir"),
     "series": text("SERIES[,SERIES...]"),
     "root": text("DIR"),
 }
@@ -98,7 +98,7 @@ def status(c, component, src, series=None, root=None):
     options={
         "component": text("COMPONENT", positional=True, required=True),
         "series": text("SERIES", positional=True, required=True),
-        "src": Opt("SRC", IN_DIR.check, positional=True, required=True),
+        "src": Opt("SRC", IN_DIR.check, positional=True, required=True, kind="in_dir"),
         "name": text("NAME", positional=True, required=True),
         "root": text("DIR"),
     },
