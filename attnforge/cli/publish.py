@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 from ..baseline_store import snapshot_published
 from ..console import out, user_errors
@@ -12,7 +13,7 @@ from ..files import write_aside
 from ..plan import Options, resolve
 from ..recipes import load_recipes
 from ..workspace import Workspace
-from . import ARCH, ENGINE, STACK, choose_target, command, text
+from . import ARCH, ENGINE, STACK, Opt, choose_target, command, text
 
 
 def publish_refs(
@@ -30,7 +31,7 @@ def publish_refs(
 
 @command(
     options={
-        "to": text("REGISTRY/NAMESPACE"),
+        "to": Opt("REGISTRY/NAMESPACE", lambda flag, v: registry_namespace(flag, v)),
         "arch": ARCH,
         "stack": STACK,
         "namespace": text("NAMESPACE"),
@@ -84,27 +85,23 @@ def publish(c, to=None, arch=None, stack=None, namespace="attnforge", engine="do
 
     log_path = ws.logs_for(arch) / "publish.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    refs = []
-    with log_path.open("w") as log:
-        for local, tags in publish_refs(lineage, arch, stack, namespace):
-            image = eng.image_id(local)
-            if image is None:
-                raise UserError(
-                    f"{local} (a layer of {final}) is missing locally; nothing more was pushed"
-                )
-            labels = eng.labels(local)
-            for tag in tags:
-                target = f"{to.rstrip('/')}/{tag}"
-                eng.tag(image, target)
-                out.print(f"pushing {target}")
-                eng.push(target, log)
-                refs.append({
-                    "ref": target,
-                    "digest": eng.registry_digest(target),  # what the registry now serves
-                    "layer": labels.get("org.attnforge.layer"),
-                    "content_hash": labels.get("org.attnforge.hash"),
-                    "image_id": image,
-                })  # fmt: skip
+    refs: list[dict] = []
+    made: list[str] = []  # tags this publish added to the engine: removed again if it fails
+    try:
+        with log_path.open("w") as log:
+            _push_all(eng, lineage, arch, stack, namespace, to, final, log, refs, made)
+    except BaseException as exc:  # the engine's own errors (a refused name, a registry down)
+        for ref in made:
+            eng.untag(ref)
+        if not isinstance(exc, Exception):
+            raise  # Ctrl-C: the tags are gone again; user_errors says "interrupted"
+        said = exc.message if isinstance(exc, UserError) else _first_line(exc)
+        pushed = f"{len(refs)} tag(s) reached the registry before it; " if refs else ""
+        raise UserError(
+            f"publishing to {to} failed: {said}; {pushed}the tags this publish made here were "
+            f"removed and no publish.json was written (log: {log_path})",
+            hint="fix the cause and run the same command again",
+        ) from exc
     manifest = {
         "arch": arch, "stack": stack, "to": to, "image": final, "image_id": final_id,
         "versions": json.loads(eng.labels(final).get("org.attnforge.versions", "{}")),
@@ -121,6 +118,57 @@ def publish(c, to=None, arch=None, stack=None, namespace="attnforge", engine="do
     out.print(f"the published report and benchmark are kept in {kept}", markup=False)
     out.print(f"[green]published[/] {len(refs)} tags of the validated {final} to {to}; "
               f"digests in {where / 'publish.json'}")  # fmt: skip
+
+
+def _push_all(eng, lineage, arch, stack, namespace, to, final, log, refs, made) -> None:
+    """Tag and push every layer of `final`, root first, recording each pushed ref in `refs` and
+    each tag that was new to the engine in `made`."""
+    for local, tags in publish_refs(lineage, arch, stack, namespace):
+        image = eng.image_id(local)
+        if image is None:
+            raise UserError(f"{local} (a layer of {final}) is missing locally")
+        labels = eng.labels(local)
+        for tag in tags:
+            target = f"{to.rstrip('/')}/{tag}"
+            if eng.image_id(target) is None:
+                made.append(target)
+            eng.tag(image, target)
+            out.print(f"pushing {target}")
+            eng.push(target, log)
+            refs.append({
+                "ref": target,
+                "digest": eng.registry_digest(target),  # what the registry now serves
+                "layer": labels.get("org.attnforge.layer"),
+                "content_hash": labels.get("org.attnforge.hash"),
+                "image_id": image,
+            })  # fmt: skip
+
+
+def _first_line(exc: Exception) -> str:
+    text = getattr(exc, "explanation", None) or getattr(exc, "stderr", None) or str(exc)
+    if isinstance(text, bytes):
+        text = text.decode(errors="replace")
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+REFERENCE_PART = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*")
+REGISTRY_HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?(:[0-9]+)?")
+
+
+def registry_namespace(flag: str, value: str) -> str:
+    """--to as the engines read an image name (the distribution reference grammar): an optional
+    host[:port], then lowercase path components; checked before anything is tagged or pushed."""
+    parts = value.strip().rstrip("/").split("/")
+    host = parts[0] if len(parts) > 1 and ("." in parts[0] or ":" in parts[0]
+                                           or parts[0] == "localhost") else None  # fmt: skip
+    bad = [p for p in (parts[1:] if host else parts) if not REFERENCE_PART.fullmatch(p)]
+    if (host and not REGISTRY_HOST.fullmatch(host)) or bad or not value.strip():
+        raise UserError(
+            f"{flag} {value!r}: not a registry namespace; expected [HOST[:PORT]/]PATH with "
+            "lowercase letters, digits and . _ - in each part, e.g. ghcr.io/org/attnforge"
+        )
+    return value.strip()
 
 
 def pull_lines(manifest: dict) -> str:

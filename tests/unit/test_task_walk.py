@@ -101,7 +101,7 @@ def _bad_values(kind: str, tmp: Path) -> list[tuple[str, str]]:
 
 def _cases():
     for name, t in sorted(TASKS.items()):
-        for option, opt in t.options.items():
+        for option in t.options:
             yield pytest.param(name, option, id=f"{name}--{option}")
 
 
