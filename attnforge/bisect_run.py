@@ -75,8 +75,11 @@ def _git(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _last(proc: subprocess.CompletedProcess[str]) -> str:
-    lines = [x for x in (proc.stderr or proc.stdout).splitlines() if x.strip()]
-    return lines[-1].strip() if lines else f"exit {proc.returncode}"
+    """What git said went wrong: its fatal:/error: line (its last line is often advice, such as
+    "and the repository exists.", which read alone says the opposite of what happened)."""
+    lines = [x.strip() for x in (proc.stderr or proc.stdout).splitlines() if x.strip()]
+    said = [x for x in lines if x.startswith(("fatal:", "error:"))]
+    return (said or lines or [f"exit {proc.returncode}"])[-1 if not said else 0]
 
 
 def _has_commit(repo: Path, sha: str) -> bool:

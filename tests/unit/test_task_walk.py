@@ -186,3 +186,12 @@ def _root() -> bool:
     import os
 
     return os.geteuid() == 0
+
+
+def test_a_git_failure_says_what_git_said_not_its_advice(capsys, outputs):
+    code, _, err = _run(capsys, "bisect", "--arch", "gfx942", "--stack", "source", "--layer",
+                        "pytorch-source", "--check", "validate", "--bad", "abc",
+                        "--repo", str(outputs / "missing"))  # fmt: skip
+    said = " ".join(err.split())
+    assert code == 2 and "does not appear to be a git repository" in said, said
+    assert "the repository exists" not in said
