@@ -61,6 +61,13 @@ def user_errors(
         except UserError as exc:
             say_error(exc, debug)
             raise Exit(code=getattr(exc, "exit_code", 2)) from None
+        except OSError as exc:
+            if exc.filename is None:
+                raise
+            # The system refused a file the checks before the work could not foresee (a full
+            # disk, /proc): one sentence; the write-aside helper left no partial file behind.
+            say_error(UserError(f"{exc.filename}: {exc.strerror or exc}"), debug)
+            raise Exit(code=1) from None
         except KeyboardInterrupt:
             err.print("[bold red]interrupted[/]" + (f"; {resume}" if resume else ""))
             raise Exit(code=130) from None

@@ -195,3 +195,12 @@ def test_a_git_failure_says_what_git_said_not_its_advice(capsys, outputs):
     said = " ".join(err.split())
     assert code == 2 and "does not appear to be a git repository" in said, said
     assert "the repository exists" not in said
+
+
+def test_a_file_the_system_refuses_after_the_checks_is_one_sentence(capsys, outputs):
+    # /proc takes no new file: refused by the checks (not writable), or for root, who passes
+    # them, by the system when the file is written
+    code, _, err = _run(capsys, "schema", "--output", "/proc/attnforge-schema.json")
+    said = " ".join(err.split())
+    assert code in (1, 2) and "Traceback" not in said and "/proc/" in said, said
+    assert not list(Path("/proc").glob(".attnforge-schema.json*"))
