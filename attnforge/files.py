@@ -6,7 +6,8 @@ renamed over it (a rename within a folder is atomic), so an interrupt or a failu
 old output or the new one, never half of either, and no stray temporary file.
 
 validate/ and kernels/ run inside images without attnforge (DESIGN.md), so they keep their own
-few lines of the same rule: validate/cli.py `_write`, kernels/aot.py `CompileCache.put`.
+few lines of the same rule: validate/cli.py `_write` (and its workers' result files),
+kernels/aot.py `CompileCache.put`.
 """
 
 from __future__ import annotations
