@@ -1,6 +1,7 @@
 """attnforge's command line: `invoke --list` shows the tasks; each lives in attnforge/cli/."""
 
-from attnforge.cli import Commands
+from invoke import Collection
+
 from attnforge.cli import bake as bake_tasks
 from attnforge.cli import bisect as bisect_tasks
 from attnforge.cli import build as build_tasks
@@ -12,7 +13,7 @@ from attnforge.cli import pins as pin_tasks
 from attnforge.cli import publish as publish_tasks
 from attnforge.cli import validate as validate_tasks
 
-ns = Commands()
+ns = Collection()
 ns.add_task(build_tasks.build)
 ns.add_task(bake_tasks.bake)
 ns.add_task(build_tasks.schema)
@@ -23,6 +24,6 @@ ns.add_task(matrix_tasks.matrix_task)
 ns.add_task(publish_tasks.publish)
 ns.add_task(bisect_tasks.bisect)
 ns.add_task(doctor_tasks.doctor)
-ns.add_collection(Commands.from_module(patch_tasks), "patches")
-ns.add_collection(Commands.from_module(kernel_tasks), "kernels")
-ns.add_collection(Commands.from_module(pin_tasks), "pins")
+ns.add_collection(Collection.from_module(patch_tasks), "patches")
+ns.add_collection(Collection.from_module(kernel_tasks), "kernels")
+ns.add_collection(Collection.from_module(pin_tasks), "pins")

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from invoke import Collection, Task, task
+from invoke import Task, task
 from invoke import collection as invoke_collection
 from invoke.exceptions import Exit
 from invoke.parser import Argument, ParserContext
@@ -290,13 +290,10 @@ class _Context(ParserContext):
         return found
 
 
-class Commands(Collection):
-    """The root collection (tasks.py)."""
-
-
 # invoke's loader copies tasks.py's collection into a plain Collection, whose to_contexts makes
-# invoke's ParserContext by this module-level name: the one place left to hand it attnforge's.
-# _Context changes nothing for arguments that are not attnforge's.
+# invoke's ParserContext by this module-level name: the one place to hand it attnforge's (a
+# Collection subclass in tasks.py would be copied away). Placeholders and --help concern only
+# attnforge's arguments; the positional rule above holds for every task, all of them attnforge's.
 invoke_collection.ParserContext = _Context
 
 
@@ -431,4 +428,4 @@ def choose_target(recipes: Recipes, arch: str | None, stack: str | None) -> tupl
     return arch, stack or default_stack(recipes, arch)
 
 
-__all__ = ["Commands", "Exit", "Opt", "choice", "command", "number", "text", "whole_number"]
+__all__ = ["Exit", "Opt", "choice", "command", "number", "text", "whole_number"]
