@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+import re
 import shutil
 import sys
 import textwrap
@@ -196,6 +197,25 @@ def _existing(kind: str) -> Callable[[str, Any], str]:
     return check
 
 
+REFERENCE_PART = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*")
+REGISTRY_HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?(:[0-9]+)?")
+
+
+def _registry_namespace(flag: str, value: str) -> str:
+    """--to as the engines read an image name (the distribution reference grammar): an optional
+    host[:port], then lowercase path components; checked before anything is tagged or pushed."""
+    parts = value.strip().rstrip("/").split("/")
+    host = parts[0] if len(parts) > 1 and ("." in parts[0] or ":" in parts[0]
+                                           or parts[0] == "localhost") else None  # fmt: skip
+    bad = [p for p in (parts[1:] if host else parts) if not REFERENCE_PART.fullmatch(p)]
+    if (host and not REGISTRY_HOST.fullmatch(host)) or bad or not value.strip():
+        raise UserError(
+            f"{flag} {value!r}: not a registry namespace; expected [HOST[:PORT]/]PATH with "
+            "lowercase letters, digits and . _ - in each part, e.g. ghcr.io/org/attnforge"
+        )
+    return value.strip()
+
+
 ARCH = Opt("ARCH", _arch, kind="arch")
 ARCHES = Opt("ARCH[,ARCH...]", _arch_list, kind="arch")
 STACK = Opt("STACK", _stack, kind="stack")
@@ -204,6 +224,7 @@ OUT_FILE = Opt("FILE", _out_file, kind="out_file")
 OUT_DIR = Opt("DIR", _out_dir, kind="out_dir")
 IN_FILE = Opt("FILE", _existing("file"), kind="in_file")
 IN_DIR = Opt("DIR", _existing("folder"), kind="in_dir")
+NAMESPACE = Opt("NAMESPACE", _registry_namespace, kind="namespace")
 
 
 def out_file(metavar: str = "FILE") -> Opt:

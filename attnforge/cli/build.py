@@ -19,6 +19,7 @@ from . import (
     ARCH,
     ENGINE,
     IN_DIR,
+    NAMESPACE,
     OUT_FILE,
     STACK,
     choose_target,
@@ -36,7 +37,7 @@ HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 BUILD_OPTIONS = {
     "arch": ARCH, "stack": STACK, "only": text("LAYER"), "set_": text("LAYER.KEY=VALUE", repeatable=True),
     "base_image": text("IMAGE"), "wheelhouse": IN_DIR, "ca_cert": text("FILE"), "engine": ENGINE,
-    "jobs": number("N"), "namespace": text("NAMESPACE"), "cache_from": text("NAMESPACE"),
+    "jobs": number("N"), "namespace": NAMESPACE, "cache_from": NAMESPACE,
 }  # fmt: skip
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 
 from ..baseline_store import snapshot_published
 from ..console import out, user_errors
@@ -13,7 +12,7 @@ from ..files import write_aside
 from ..plan import Options, resolve
 from ..recipes import load_recipes
 from ..workspace import Workspace
-from . import ARCH, ENGINE, STACK, Opt, choose_target, command, text
+from . import ARCH, ENGINE, NAMESPACE, STACK, Opt, choose_target, command
 
 
 def publish_refs(
@@ -31,10 +30,10 @@ def publish_refs(
 
 @command(
     options={
-        "to": Opt("REGISTRY/NAMESPACE", lambda flag, v: registry_namespace(flag, v)),
+        "to": Opt("REGISTRY/NAMESPACE", NAMESPACE.check, kind="namespace"),
         "arch": ARCH,
         "stack": STACK,
-        "namespace": text("NAMESPACE"),
+        "namespace": NAMESPACE,
         "engine": ENGINE,
     },  # fmt: skip
     writes=("build", "reports"),
@@ -150,25 +149,6 @@ def _first_line(exc: Exception) -> str:
         text = text.decode(errors="replace")
     lines = [line.strip() for line in str(text).splitlines() if line.strip()]
     return lines[0] if lines else type(exc).__name__
-
-
-REFERENCE_PART = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*")
-REGISTRY_HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?(:[0-9]+)?")
-
-
-def registry_namespace(flag: str, value: str) -> str:
-    """--to as the engines read an image name (the distribution reference grammar): an optional
-    host[:port], then lowercase path components; checked before anything is tagged or pushed."""
-    parts = value.strip().rstrip("/").split("/")
-    host = parts[0] if len(parts) > 1 and ("." in parts[0] or ":" in parts[0]
-                                           or parts[0] == "localhost") else None  # fmt: skip
-    bad = [p for p in (parts[1:] if host else parts) if not REFERENCE_PART.fullmatch(p)]
-    if (host and not REGISTRY_HOST.fullmatch(host)) or bad or not value.strip():
-        raise UserError(
-            f"{flag} {value!r}: not a registry namespace; expected [HOST[:PORT]/]PATH with "
-            "lowercase letters, digits and . _ - in each part, e.g. ghcr.io/org/attnforge"
-        )
-    return value.strip()
 
 
 def pull_lines(manifest: dict) -> str:

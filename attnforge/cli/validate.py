@@ -24,6 +24,7 @@ from ..workspace import REPORTS_DIR_ENV, VALIDATED, Workspace
 from . import (
     ARCH,
     ENGINE,
+    NAMESPACE,
     STACK,
     choose_target,
     command,
@@ -193,7 +194,7 @@ def print_summary(report_path: Path) -> None:
         "image": text("IMAGE"),
         "timeout": number("SECONDS"),
         "engine": ENGINE,
-        "namespace": text("NAMESPACE"),
+        "namespace": NAMESPACE,
         "stress": text("WORKLOAD[,WORKLOAD...]", repeatable=True),
         "stress_iters": number("N"),
         "baseline": text("PATH|IMAGE"),

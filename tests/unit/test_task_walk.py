@@ -86,6 +86,7 @@ def _bad_values(kind: str, tmp: Path) -> list[tuple[str, str]]:
         "arch": [("gfx9999", "gfx9999"), ("", "")],
         "stack": [("no-such-stack", "no-such-stack"), ("", "")],
         "engine": [("nerdctl", "nerdctl"), ("", "")],
+        "namespace": [("Team/X", "not a registry namespace"), ("a//b", "a//b"), ("", "")],
         "out_file": [
             (str(tmp / "a-file" / "out.json"), "is a file"),  # its folder is a file
             (str(tmp), "is a folder"),
