@@ -69,15 +69,19 @@ def bake(
     folder = ws.build_dir / "bake" / plan.arch / plan.stack
     target = Path(output).resolve() if output else folder / BAKE_FILE
     dest = folder / "contexts"
-    fresh, contexts = _stage(plan, ws, dest, Path(inv.wheelhouse) if inv.wheelhouse else None)
-    doc = bake_document(
-        plan, contexts, extra_labels=provenance(ws), ca_cert=inv.ca_cert, cache_from=cache_from,
-        push_cache=push_cache,
-    )  # fmt: skip
-    # Everything is complete aside before the earlier file and contexts are replaced.
-    text = json.dumps(doc, indent=2) + "\n"
-    swap_folder(fresh, dest)
-    write_aside(target, text)
+    fresh = aside(dest)
+    try:
+        contexts = _stage(plan, ws, fresh, dest, Path(inv.wheelhouse) if inv.wheelhouse else None)
+        doc = bake_document(
+            plan, contexts, extra_labels=provenance(ws), ca_cert=inv.ca_cert,
+            cache_from=cache_from, push_cache=push_cache,
+        )  # fmt: skip
+        # Everything is complete aside before the earlier file and contexts are replaced.
+        text = json.dumps(doc, indent=2) + "\n"
+        swap_folder(fresh, dest)
+        write_aside(target, text)
+    finally:
+        shutil.rmtree(fresh, ignore_errors=True)  # a failed bake leaves no half-staged folder
     out.print(f"wrote {target}: {len(doc['target'])} targets ({', '.join(doc['target'])})")
     out.print(
         f"build them: docker buildx bake -f {target} --load   (or --push; its BuildKit must "
@@ -87,11 +91,10 @@ def bake(
 
 
 def _stage(
-    plan: Plan, ws: Workspace, dest: Path, wheelhouse: Path | None
-) -> tuple[Path, dict[str, str]]:
-    """Stage every layer's context into a fresh folder beside dest (swapped in by `_swap` once
-    complete); the paths the bake file names are under dest."""
-    fresh = aside(dest)
+    plan: Plan, ws: Workspace, fresh: Path, dest: Path, wheelhouse: Path | None
+) -> dict[str, str]:
+    """Stage every layer's context into `fresh`, beside dest (swapped in once complete); the
+    paths the bake file names are under dest."""
     shutil.rmtree(fresh, ignore_errors=True)
     found = {}
     for step in plan.chain:
@@ -99,4 +102,4 @@ def _stage(
         stage_context(step, ws.root, ctx.parent, wheelhouse)
         (ctx.parent / ".owner").unlink(missing_ok=True)  # no build owns these: nothing sweeps them
         found[step.layer] = str(context_folder(dest, step))
-    return fresh, found
+    return found
