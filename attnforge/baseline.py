@@ -18,13 +18,14 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import json
-import os
 import statistics
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from . import files
 
 KIND = "attnforge.baseline_compare"
 VERSION = 1
@@ -378,13 +379,7 @@ def load_bench(path: str | Path) -> dict[str, Any]:
 
 def write_aside(path: Path, text: str) -> None:
     """Write beside the target, then rename: an interrupted write never leaves half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    files.write_aside(path, text)
 
 
 def write(doc: Mapping[str, Any], json_path: Path | None, md_path: Path | None) -> None:

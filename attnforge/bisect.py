@@ -20,7 +20,6 @@ from __future__ import annotations
 import fnmatch
 import json
 import math
-import os
 import re
 import shlex
 from collections.abc import Callable, Mapping, Sequence
@@ -38,6 +37,7 @@ from .baseline import (
     ratio_text,
 )
 from .errors import UserError
+from .files import write_aside
 
 GOOD, BAD, SKIP = "good", "bad", "skip"
 VERDICTS = (GOOD, BAD, SKIP)
@@ -521,13 +521,7 @@ class BisectState:
 
     def save(self, path: Path) -> None:
         """Write aside, then rename: an interrupt leaves the old state or the new, never half."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
-            tmp.write_text(json.dumps(self.to_json(), indent=2) + "\n")
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        write_aside(path, json.dumps(self.to_json(), indent=2) + "\n")
 
     @classmethod
     def load(cls, path: Path) -> BisectState | None:

@@ -44,6 +44,7 @@ from .build import (
 )
 from .engine import Engine, RunRequest
 from .errors import UserError
+from .files import swap_folder
 from .pins import IndexSource, Unavailable, _run_git, url_path
 from .pins_update import _by_version, _fitting
 from .plan import Plan
@@ -74,8 +75,11 @@ def _git(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _last(proc: subprocess.CompletedProcess[str]) -> str:
-    lines = [x for x in (proc.stderr or proc.stdout).splitlines() if x.strip()]
-    return lines[-1].strip() if lines else f"exit {proc.returncode}"
+    """What git said went wrong: its fatal:/error: line (its last line is often advice, such as
+    "and the repository exists.", which read alone says the opposite of what happened)."""
+    lines = [x.strip() for x in (proc.stderr or proc.stdout).splitlines() if x.strip()]
+    said = [x for x in lines if x.startswith(("fatal:", "error:"))]
+    return (said or lines or [f"exit {proc.returncode}"])[-1 if not said else 0]
 
 
 def _has_commit(repo: Path, sha: str) -> bool:
@@ -285,11 +289,7 @@ class Prober:
                  "command": list(self.check.argv), "image": image, **result.__dict__},
                 indent=2) + "\n")  # fmt: skip
             # the evidence of an earlier probe of this pin is replaced only by a complete one
-            old = final.with_name(f".{final.name}.{os.getpid()}.old")
-            if final.exists():
-                os.replace(final, old)
-            os.replace(work, final)
-            shutil.rmtree(old, ignore_errors=True)
+            swap_folder(work, final)
         finally:
             shutil.rmtree(work, ignore_errors=True)
         return result

@@ -22,6 +22,7 @@ from typing import Any
 from . import smoke_runner
 from .engine import BuildFailed, BuildRequest, Engine, RegistryUnavailable, RunRequest
 from .errors import UserError
+from .files import write_aside
 from .plan import (
     Options,
     Plan,
@@ -85,10 +86,7 @@ class Invocation:
 
 def _write_json(path: Path, data: Any) -> None:
     """Write aside, then rename: a reader never sees a half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    write_aside(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 @dataclass

@@ -36,8 +36,22 @@ STATUS_STYLE = {
 }
 
 
-def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn UserError into a red sentence and exit status 2 (1 for failed work); --debug adds the traceback."""
+def say_error(exc: UserError, debug: bool = False) -> None:
+    """A user's mistake as one red sentence (and its hint) on stderr; --debug adds the traceback."""
+    if debug:
+        traceback.print_exc()
+    err.print(f"[bold red]error:[/] {escape(exc.message)}", markup=True, soft_wrap=True)
+    if exc.hint:
+        err.print(f"[yellow]hint:[/] {escape(exc.hint)}", soft_wrap=True)
+
+
+def user_errors(
+    fn: Callable[..., Any] | None = None, *, resume: str | None = None
+) -> Callable[..., Any]:
+    """Turn UserError into a red sentence and exit status 2 (1 for failed work); --debug adds the
+    traceback. `resume` says how to go on after Ctrl-C, for the tasks that can (build)."""
+    if fn is None:
+        return functools.partial(user_errors, resume=resume)
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -45,16 +59,17 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(*args, **kwargs)
         except UserError as exc:
-            if debug:
-                traceback.print_exc()
-            err.print(f"[bold red]error:[/] {escape(exc.message)}", markup=True, soft_wrap=True)
-            if exc.hint:
-                err.print(f"[yellow]hint:[/] {escape(exc.hint)}", soft_wrap=True)
+            say_error(exc, debug)
             raise Exit(code=getattr(exc, "exit_code", 2)) from None
+        except OSError as exc:
+            if exc.filename is None:
+                raise
+            # The system refused a file the checks before the work could not foresee (a full
+            # disk, /proc): one sentence; the write-aside helper left no partial file behind.
+            say_error(UserError(f"{exc.filename}: {exc.strerror or exc}"), debug)
+            raise Exit(code=1) from None
         except KeyboardInterrupt:
-            err.print(
-                "[bold red]interrupted[/]; `invoke build --continue` resumes where this stopped"
-            )
+            err.print("[bold red]interrupted[/]" + (f"; {resume}" if resume else ""))
             raise Exit(code=130) from None
 
     return wrapper
@@ -163,3 +178,45 @@ class LayerProgress:
 def write(text: str) -> None:
     sys.stdout.write(text)
     sys.stdout.flush()
+
+
+class KernelProgress:
+    """`invoke kernels.aot`'s progress: a live line on a terminal (arch, head dim, kernel, count),
+    a line per arch when it is done; on a log, a line per kernel. On stderr: stdout is the table
+    or the JSON."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.done, self.arch = total, 0, ""
+        self.compiled = self.cached = 0
+        self.started = self.arch_started = time.monotonic()
+        self.status = None
+        if err.is_terminal:
+            self.status = err.status(f"compiling {total} kernels")
+            self.status.start()
+
+    def __call__(self, arch: str, head_dim: int, kernel: str, seconds: float | None) -> None:
+        if arch != self.arch:
+            self._arch_done()
+            self.arch, self.arch_started = arch, time.monotonic()
+        self.done += 1
+        if seconds is None:
+            self.cached += 1
+        else:
+            self.compiled += 1
+        took = "cached" if seconds is None else f"{seconds:.1f}s"
+        line = f"[{self.done}/{self.total}] {arch} d={head_dim} {kernel} {took}"
+        if self.status is not None:
+            self.status.update(line)
+        else:
+            err.print(line, markup=False, highlight=False)
+
+    def _arch_done(self) -> None:
+        if self.arch and self.status is not None:
+            spent = time.monotonic() - self.arch_started
+            err.print(f"{self.arch}: done in {spent:.0f}s ({self.done}/{self.total})")
+
+    def close(self) -> None:
+        self._arch_done()
+        if self.status is not None:
+            self.status.stop()
+            self.status = None

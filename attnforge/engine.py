@@ -201,6 +201,7 @@ class Engine(Protocol):
         self, req: RunRequest, log: IO[str], on_line: Callable[[str], None] | None = None
     ) -> int: ...
     def push(self, ref: str, log: IO[str]) -> None: ...
+    def untag(self, ref: str) -> None: ...
     def labels(self, ref: str) -> dict[str, str]: ...
     def remote_has(self, ref: str) -> bool: ...
     def pull(self, ref: str, log: IO[str]) -> str: ...
@@ -351,6 +352,12 @@ class _CliEngine:
         if image is None:
             raise RegistryUnavailable(f"pulling {ref} failed (exit {code}); see the layer's log")
         return image
+
+    def untag(self, ref: str) -> None:
+        """Remove the tag `ref` only: the image stays while another tag names it."""
+        argv = [self.cli, "untag", ref, ref] if self.name == "podman" else [
+            self.cli, "image", "rm", "--no-prune", ref]  # fmt: skip
+        subprocess.run(argv, capture_output=True, env=self.env)
 
     def push(self, ref: str, log: IO[str]) -> None:
         code = _stream([self.cli, "push", ref], log, None, self.env)

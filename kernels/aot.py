@@ -1,7 +1,7 @@
 """Ahead-of-time compile check: build the kernels for every arch in recipes/arches.yaml on the CPU.
 
     python -m kernels.aot --arch gfx1151 | --all [--head-dims 64,128 | --all-head-dims] [--json]
-                          [--over-2gib]
+                          [--over-2gib] [--cache-dir DIR | --no-cache]
 
 For each arch, head dim and kernel (forward; backward delta, dK/dV and dQ; the KV-cache decode,
 paged prefill and split-KV combine) it compiles the family's default config with Triton's HIP
@@ -11,6 +11,12 @@ matrix instructions in the ISA. Exit status 1 when a default config spills regis
 spilled into VGPR lanes cost no memory traffic and are reported, not failed. Spills listed in
 ``configs.ACCEPTED_SPILLS`` (kept because they measured faster) are reported as accepted and do
 not fail either, unless they grew past the recorded size.
+
+Each compile's measurements are cached by (digest of the kernels package's sources, Triton
+version, arch, kernel, head dim, config): an unchanged re-run reads them back in seconds instead
+of compiling for minutes. The cache lives in ``--cache-dir``, else ``$ATTNFORGE_BUILD_DIR/aot-cache``,
+else ``$XDG_CACHE_HOME/attnforge/aot`` (``~/.cache/attnforge/aot``); ``--no-cache`` compiles all.
+Progress (one line per kernel, with its time or "cached") goes to stderr.
 
 AMD kernels are specialized like the HIP JIT specializes them for tensors of at most 2 GiB
 (``tt.pointer_range = 32`` on the pointers: buffer loads with 32-bit offsets); ``--over-2gib``
@@ -34,12 +40,15 @@ limit and an LDS limit:
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -374,19 +383,17 @@ def _tile_str(t) -> str:
     return s + (" tma" if t.tma else "")
 
 
-def check_arch(arch: str, spec: dict, head_dims, over_2gib: bool = False) -> list[KernelReport]:
-    """Compile every kernel of the family's default config for one arch.
+# One compile of the check: (name, jit fn, pointer types, constexprs, tile).
+Job = tuple
 
-    AMD kernels are compiled as the HIP JIT specializes them for tensors of at most 2 GiB
-    (buffer loads with 32-bit offsets); ``over_2gib`` compiles the 64-bit-address variant that
-    the JIT builds for larger tensors instead.
-    """
+
+def jobs_for(arch: str, spec: dict, head_dims, over_2gib: bool = False) -> list[tuple[int, Job]]:
+    """(head dim, kernel) for every kernel of the family's default config on one arch."""
     from .configs import config_for, for_tensors
     from .flash import FP8_DOT
     from .kvcache import aot_kernels
 
-    os.environ.pop("TRITON_INTERPRET", None)
-    reports = []
+    found = []
     for d in head_dims:
         cfg = for_tensors(config_for(spec["family"], d), not over_2gib)
         base = _kernels(d, cfg)
@@ -394,22 +401,117 @@ def check_arch(arch: str, spec: dict, head_dims, over_2gib: bool = False) -> lis
         variants = _variants(_kernels(d, dcfg), base, FP8_DOT.get(spec["family"]))
         # The KV-cache kernels (kernels/kvcache.py: split-KV decode, paged prefill, combine).
         gluon = _gluon_kernels(d, cfg) if spec["vendor"] == "nvidia" else []
-        kernels = base + variants + aot_kernels(d, spec["family"]) + gluon
-        for name, fn, ptrs, consts, tile in kernels:
+        found += [(d, job) for job in base + variants + aot_kernels(d, spec["family"]) + gluon]
+    return found
+
+
+class CompileCache:
+    """Measurements of earlier compiles, one JSON file per key.
+
+    The key is everything a compile's result depends on: the sources of the kernels package
+    (kernels, configs, this file's compile options), the Triton version, the arch and its
+    arches.yaml entry, the kernel, its constexprs, pointer types and tile, and the 2 GiB variant.
+    Only successful compiles are kept, so a failure is always tried again."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._sources = None
+
+    def sources_digest(self) -> str:
+        if self._sources is None:
+            h = hashlib.sha256()
+            for f in sorted(Path(__file__).resolve().parent.glob("*.py")):
+                h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+            self._sources = h.hexdigest()
+        return self._sources
+
+    def key(self, arch: str, spec: dict, d: int, job: Job, over_2gib: bool) -> str:
+        import triton
+
+        name, fn, ptrs, consts, tile = job
+        doc = {
+            "sources": self.sources_digest(), "triton": triton.__version__, "arch": arch,
+            "spec": spec, "head_dim": d, "kernel": name, "fn": getattr(fn, "__name__", str(fn)),
+            "ptrs": ptrs, "consts": {k: _stable(v) for k, v in sorted(consts.items())},
+            "tile": _tile_str(tile), "over_2gib": over_2gib,
+        }  # fmt: skip
+        text = json.dumps(doc, sort_keys=True, default=_stable)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def get(self, key: str) -> KernelReport | None:
+        try:
+            return KernelReport(**json.loads((self.folder / f"{key}.json").read_text()))
+        except (OSError, ValueError, TypeError):
+            return None  # absent, or written by another version of this file: compile again
+
+    def put(self, key: str, report: KernelReport) -> None:
+        # Written aside, then renamed: a reader never sees half a file (validate/ and kernels/
+        # run in images without attnforge, so they keep their own copy of this rule).
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            tmp = self.folder / f".{key}.{os.getpid()}.tmp"
+            tmp.write_text(json.dumps(asdict(report)))
+            os.replace(tmp, self.folder / f"{key}.json")
+        except OSError:
+            pass  # a cache that cannot be written costs time, not the result
+
+
+def _stable(value) -> str:
+    """A constexpr as text that is the same in every process (no object addresses)."""
+    text = repr(value)
+    return re.sub(r" at 0x[0-9a-f]+", "", text)
+
+
+def default_cache_dir(env=os.environ) -> Path:
+    if env.get("ATTNFORGE_BUILD_DIR"):
+        return Path(env["ATTNFORGE_BUILD_DIR"]) / "aot-cache"
+    base = Path(env["XDG_CACHE_HOME"]) if env.get("XDG_CACHE_HOME") else Path.home() / ".cache"
+    return base / "attnforge" / "aot"
+
+
+# progress(arch, head_dim, kernel, seconds or None when it came from the cache), after each one
+Progress = Callable[[str, int, str, "float | None"], None]
+
+
+def check_arch(
+    arch: str, spec: dict, head_dims, over_2gib: bool = False,
+    cache: CompileCache | None = None, progress: Progress | None = None,
+) -> list[KernelReport]:  # fmt: skip
+    """Compile every kernel of the family's default config for one arch.
+
+    AMD kernels are compiled as the HIP JIT specializes them for tensors of at most 2 GiB
+    (buffer loads with 32-bit offsets); ``over_2gib`` compiles the 64-bit-address variant that
+    the JIT builds for larger tensors instead.
+    """
+    os.environ.pop("TRITON_INTERPRET", None)
+    reports = []
+    for d, job in jobs_for(arch, spec, head_dims, over_2gib):
+        name, fn, ptrs, consts, tile = job
+        key = cache.key(arch, spec, d, job, over_2gib) if cache else None
+        r = cache.get(key) if cache else None
+        started = time.monotonic()
+        if r is None:
             try:
                 if spec["vendor"] == "amd":
                     r = _compile_amd(arch, spec, name, fn, ptrs, consts, tile, over_2gib)
                 else:
                     r = _compile_nvidia(arch, spec, name, fn, ptrs, consts, tile)
+                if cache:
+                    cache.put(key, r)
             except Exception as e:  # a compile failure is a result, not a crash of the check
                 r = KernelReport(arch, spec["family"], d, name, _tile_str(tile))
                 r.problems.append(
                     f"compile failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
                 )
-            if consts.get("D_CHUNK"):
-                r.tile += f" c{consts['D_CHUNK']}"  # head-dim chunk of the contractions
-            judge(r, spec["lds_bytes"])
-            reports.append(r)
+            seconds = time.monotonic() - started
+        else:
+            seconds = None
+        if consts.get("D_CHUNK"):
+            r.tile += f" c{consts['D_CHUNK']}"  # head-dim chunk of the contractions
+        judge(r, spec["lds_bytes"])
+        reports.append(r)
+        if progress is not None:
+            progress(arch, d, name, seconds)
     return reports
 
 
@@ -469,7 +571,21 @@ def format_table(reports) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
+def line_progress(total: int, stream=sys.stderr) -> Progress:
+    """A line per kernel on ``stream``: ``[12/96] gfx942 d=128 bwd_dkdv 5.1s`` (or ``cached``)."""
+    done = [0]
+
+    def report(arch: str, d: int, kernel: str, seconds: float | None) -> None:
+        done[0] += 1
+        took = "cached" if seconds is None else f"{seconds:.1f}s"
+        print(f"[{done[0]}/{total}] {arch} d={d} {kernel} {took}", file=stream, flush=True)
+
+    return report
+
+
+def main(argv=None, progress: Callable[[int], Progress] = line_progress) -> int:
+    """The command line; ``progress(total)`` makes the per-kernel callback (default: lines on
+    stderr; `invoke kernels.aot` passes a live one), closed by its ``close()`` if it has one."""
     ap = argparse.ArgumentParser(prog="python -m kernels.aot", description=__doc__.splitlines()[0])
     sel = ap.add_mutually_exclusive_group(required=True)
     sel.add_argument(
@@ -490,6 +606,12 @@ def main(argv=None) -> int:
         help="AMD: compile for tensors over 2 GiB (64-bit addresses, no buffer loads)",
     )
     ap.add_argument("--arches-file", default=str(ARCHES_YAML))
+    ap.add_argument(
+        "--cache-dir",
+        help="keep compile results here (default: $ATTNFORGE_BUILD_DIR/aot-cache, else "
+        "$XDG_CACHE_HOME/attnforge/aot)",
+    )
+    ap.add_argument("--no-cache", action="store_true", help="compile every kernel again")
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = ap.parse_args(argv)
     arches = load_arches(Path(args.arches_file))
@@ -509,10 +631,40 @@ def main(argv=None) -> int:
         if cpu:
             print(f"{', '.join(cpu)}: not a GPU arch, nothing to compile", file=sys.stderr)
             return 2
-    dims = ALL_HEAD_DIMS if args.all_head_dims else tuple(int(x) for x in args.head_dims.split(","))
+    try:
+        dims = (
+            ALL_HEAD_DIMS
+            if args.all_head_dims
+            else tuple(int(x) for x in args.head_dims.split(",") if x.strip())
+        )
+    except ValueError:
+        print(f"--head-dims {args.head_dims!r}: expected whole numbers, e.g. 64,128",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    if not dims or min(dims) < 1:
+        print(f"--head-dims {args.head_dims!r}: expected head dims of 1 or more", file=sys.stderr)
+        return 2
+    cache = None if args.no_cache else CompileCache(
+        Path(args.cache_dir) if args.cache_dir else default_cache_dir()
+    )  # fmt: skip
+    os.environ.pop("TRITON_INTERPRET", None)
+    total = sum(len(jobs_for(n, arches[n], dims, args.over_2gib)) for n in names)
+    shown, from_cache = progress(total), []
+
+    def tick(arch: str, d: int, kernel: str, seconds: float | None) -> None:
+        from_cache.extend([1] if seconds is None else [])
+        shown(arch, d, kernel, seconds)
+
+    started = time.monotonic()
     reports = []
-    for name in names:
-        reports += check_arch(name, arches[name], dims, args.over_2gib)
+    try:
+        for name in names:
+            reports += check_arch(name, arches[name], dims, args.over_2gib, cache, tick)
+    finally:
+        getattr(shown, "close", lambda: None)()  # a live progress line ends before the table
+    where = f" (cache: {cache.folder})" if cache else " (no cache)"
+    print(f"{len(reports)} kernel(s), {len(from_cache)} from the cache, in "
+          f"{time.monotonic() - started:.1f}s{where}", file=sys.stderr)  # fmt: skip
     if args.json:
         print(json.dumps([asdict(r) for r in reports], indent=1))
     else:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -11,15 +10,17 @@ from ..bake import BAKE_FILE, bake_document, context_folder
 from ..build import plan_build, provenance, stage_context
 from ..console import out, user_errors
 from ..errors import UserError
+from ..files import aside, swap_folder, write_aside
 from ..plan import Plan
 from ..recipes import load_recipes
 from ..workspace import Workspace
-from . import command
-from .build import HOST_CA_BUNDLE, _connect_for_plan, _invocation, _local_defaults
+from . import OUT_FILE, command
+from .build import BUILD_OPTIONS, HOST_CA_BUNDLE, _connect_for_plan, _invocation, _local_defaults
 
 
 @command(
-    iterable=["set_"],
+    options={**{k: v for k, v in BUILD_OPTIONS.items() if k != "engine"}, "output": OUT_FILE},
+    writes=("build",),
     help={
         "arch": "GPU arch to plan for (default: the host's AMD GPU, else cpu); see `invoke arches`",
         "stack": "stack from recipes/stacks.yaml (default: 'default', or the arch's only stack)",
@@ -68,17 +69,19 @@ def bake(
     folder = ws.build_dir / "bake" / plan.arch / plan.stack
     target = Path(output).resolve() if output else folder / BAKE_FILE
     dest = folder / "contexts"
-    fresh, contexts = _stage(plan, ws, dest, Path(inv.wheelhouse) if inv.wheelhouse else None)
-    doc = bake_document(
-        plan, contexts, extra_labels=provenance(ws), ca_cert=inv.ca_cert, cache_from=cache_from,
-        push_cache=push_cache,
-    )  # fmt: skip
-    # Everything is complete aside before the earlier file and contexts are replaced.
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
-    _swap(fresh, dest)
-    os.replace(tmp, target)
+    fresh = aside(dest)
+    try:
+        contexts = _stage(plan, ws, fresh, dest, Path(inv.wheelhouse) if inv.wheelhouse else None)
+        doc = bake_document(
+            plan, contexts, extra_labels=provenance(ws), ca_cert=inv.ca_cert,
+            cache_from=cache_from, push_cache=push_cache,
+        )  # fmt: skip
+        # Everything is complete aside before the earlier file and contexts are replaced.
+        text = json.dumps(doc, indent=2) + "\n"
+        swap_folder(fresh, dest)
+        write_aside(target, text)
+    finally:
+        shutil.rmtree(fresh, ignore_errors=True)  # a failed bake leaves no half-staged folder
     out.print(f"wrote {target}: {len(doc['target'])} targets ({', '.join(doc['target'])})")
     out.print(
         f"build them: docker buildx bake -f {target} --load   (or --push; its BuildKit must "
@@ -88,11 +91,10 @@ def bake(
 
 
 def _stage(
-    plan: Plan, ws: Workspace, dest: Path, wheelhouse: Path | None
-) -> tuple[Path, dict[str, str]]:
-    """Stage every layer's context into a fresh folder beside dest (swapped in by `_swap` once
-    complete); the paths the bake file names are under dest."""
-    fresh = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    plan: Plan, ws: Workspace, fresh: Path, dest: Path, wheelhouse: Path | None
+) -> dict[str, str]:
+    """Stage every layer's context into `fresh`, beside dest (swapped in once complete); the
+    paths the bake file names are under dest."""
     shutil.rmtree(fresh, ignore_errors=True)
     found = {}
     for step in plan.chain:
@@ -100,12 +102,4 @@ def _stage(
         stage_context(step, ws.root, ctx.parent, wheelhouse)
         (ctx.parent / ".owner").unlink(missing_ok=True)  # no build owns these: nothing sweeps them
         found[step.layer] = str(context_folder(dest, step))
-    return fresh, found
-
-
-def _swap(fresh: Path, dest: Path) -> None:
-    old = dest.with_name(f".{dest.name}.{os.getpid()}.old")
-    if dest.exists():
-        os.replace(dest, old)
-    os.replace(fresh, dest)
-    shutil.rmtree(old, ignore_errors=True)
+    return found

@@ -22,15 +22,30 @@ from ..pins import IndexSource, Sources, Unavailable, _distro_python, _indexes, 
 from ..plan import Options, Step, parse_overrides, resolve
 from ..recipes import Recipes, load_recipes, pin_kind
 from ..workspace import Workspace
-from . import command, whole_number
-from .build import _invocation, _local_defaults
+from . import ARCH, IN_DIR, STACK, command, number, text
+from .build import BUILD_OPTIONS, _invocation, _local_defaults
 from .validate import device_flags, expect_document
 
 VERDICT_STYLE = {bs.GOOD: "green", bs.BAD: "bold red", bs.SKIP: "yellow"}
 
 
 @command(
-    iterable=["set_"],
+    options={
+        **{k: v for k, v in BUILD_OPTIONS.items() if k not in ("only", "cache_from")},
+        "arch": ARCH,
+        "stack": STACK,
+        "layer": text("LAYER"),
+        "good": text("PIN"),
+        "bad": text("PIN"),
+        "check": text("KIND:WHAT"),
+        "key": text("KEY"),
+        "repo": text("URL|DIR"),
+        "index": text("URL"),
+        "offline": IN_DIR,
+        "max_probes": number("N"),
+        "timeout": number("SECONDS"),
+    },  # fmt: skip
+    writes=("build", "reports"),
     help={
         "arch": "arch of the stack (default: the host's AMD GPU, else cpu)",
         "stack": "stack to build at each pin (default: the arch's default stack)",
@@ -72,14 +87,15 @@ def bisect(
     timeout=None, set_=None, base_image=None, wheelhouse=None, ca_cert=None, engine="docker",
     jobs=None, namespace="attnforge", debug=False,
 ):  # fmt: skip
-    """Find the first pin of a layer that breaks a check: build and check the stack at pins
-    between a good and a bad one, narrowing by halves; re-running continues an interrupted one."""
+    """Find the first pin of a layer that breaks a check, narrowing by halves from a good pin.
+
+    Builds and checks the stack at pins between a good and a bad one; re-running the same
+    command continues an interrupted bisect."""
     ws = Workspace.discover()
     recipes = load_recipes(ws.root)
     inv = _invocation(recipes, ws, arch, stack, None, set_, base_image, wheelhouse, ca_cert,
                       engine, jobs, namespace)  # fmt: skip
-    limit = whole_number("--max-probes", max_probes) if max_probes is not None else None
-    seconds = whole_number("--timeout", timeout) if timeout is not None else None
+    limit, seconds = max_probes, timeout
     if not check:
         raise UserError("--check is needed: what tells a good pin from a bad one",
                         hint="e.g. --check 'check:sdpa.case.*' or --check 'cmd:python3 -c "

@@ -11,18 +11,39 @@ from ..build import BuildState, Invocation, build_requests, execute, plan_build
 from ..console import LayerProgress, err, out, plan_table, stacks_table, summary_table, user_errors
 from ..engine import Engine, check_engine_name, connect
 from ..errors import UserError
+from ..files import write_aside
 from ..plan import Plan, stack_options, stacks_for
 from ..recipes import Recipes, json_schema, load_recipes
 from ..workspace import Workspace
-from . import choose_target, command, whole_number
+from . import (
+    ARCH,
+    ENGINE,
+    IN_DIR,
+    NAMESPACE,
+    OUT_FILE,
+    STACK,
+    choose_target,
+    command,
+    number,
+    text,
+    whole_number,
+)
 
 # The host's CA bundle (Debian/Ubuntu): handed to builds as a BuildKit secret by default, so pip
 # inside a build trusts what this host trusts (a proxy's CA included); never stored in an image.
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 
 
+BUILD_OPTIONS = {
+    "arch": ARCH, "stack": STACK, "only": text("LAYER"), "set_": text("LAYER.KEY=VALUE", repeatable=True),
+    "base_image": text("IMAGE"), "wheelhouse": IN_DIR, "ca_cert": text("FILE"), "engine": ENGINE,
+    "jobs": number("N"), "namespace": NAMESPACE, "cache_from": NAMESPACE,
+}  # fmt: skip
+
+
 @command(
-    iterable=["set_"],
+    options={**BUILD_OPTIONS, "explain": text("LAYER"), "builder": text("BUILDER")},
+    writes=("build",),
     help={
         "arch": "GPU arch to build for (default: the host's AMD GPU, else cpu); see `invoke arches`",
         "stack": "stack from recipes/stacks.yaml (default: 'default', or the arch's only stack)",
@@ -52,7 +73,7 @@ HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
         "debug": "show tracebacks",
     },
 )
-@user_errors
+@user_errors(resume="`invoke build --continue` resumes where this stopped")
 def build(
     c, arch=None, stack=None, only=None, dry_run=False, json=False, explain=None,
     continue_=False, set_=None, base_image=None, wheelhouse=None, ca_cert=None, engine="docker",
@@ -277,17 +298,18 @@ def _json_dump(data) -> str:
 
 
 @command(
+    options={"output": OUT_FILE},
     help={
         "output": "where to write the JSON Schema (default: print it)",
         "debug": "show tracebacks",
-    }
+    },
 )
 @user_errors
 def schema(c, output=None, debug=False):
     """Export the JSON Schema of the recipe formats, for editors (YAML language servers)."""
     text = _json_dump(json_schema()) + "\n"
     if output:
-        Path(output).write_text(text)
+        write_aside(Path(output), text)
         out.print(f"wrote {output}")
     else:
         print(text, end="")

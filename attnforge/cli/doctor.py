@@ -14,7 +14,7 @@ from ..console import out, user_errors
 from ..engine import check_engine_name
 from ..recipes import load_recipes
 from ..workspace import Workspace
-from . import command
+from . import ENGINE, command, text
 
 STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "info": "dim"}
 
@@ -31,13 +31,16 @@ def rows_table(rows: list[core.Row]) -> Table:
 
 
 @command(
+    # --arch stays free text: an arch the recipes do not know is one of doctor's own findings
+    options={"arch": text("ARCH"), "engine": ENGINE, "registry": text("HOST")},
+    writes=("build",),
     help={
         "arch": "also check this arch: do the recipes build it, does it match the host's GPU",
         "engine": "container engine to check: docker (default) or podman",
         "registry": "check that the engine's client has a login for this registry host",
         "json": "print the rows, the verdict and the facts as JSON",
         "debug": "show tracebacks",
-    }
+    },
 )
 @user_errors
 def doctor(c, arch=None, engine="docker", registry=None, json=False, debug=False):

@@ -1,7 +1,8 @@
 """invoke tasks for the bundled kernels: the AOT compile check and the GPU benchmark.
 
-Thin wrappers over ``python -m kernels.aot`` / ``python -m kernels.bench``; the lead wires them
-into tasks.py as the ``kernels`` collection.
+kernels.aot runs `python -m kernels.aot`'s main in this process, with a progress line per arch
+and kernel and the compile cache under the build folder (ATTNFORGE_BUILD_DIR); kernels.bench is
+a thin wrapper over `python -m kernels.bench`.
 """
 
 from __future__ import annotations
@@ -9,49 +10,68 @@ from __future__ import annotations
 import shlex
 import sys
 
-from . import command
+from invoke.exceptions import Exit
+
+from ..console import KernelProgress
+from ..workspace import Workspace
+from . import ARCHES, command, out_file, text
 
 
 @command(
+    options={"arch": ARCHES, "head_dims": text("D[,D...]")},
+    writes=("build",),
     help={
-        "arch": "arch name(s) from recipes/arches.yaml, comma-separated (e.g. gfx1151)",
+        "arch": "arch name(s) from recipes/arches.yaml, comma-separated (e.g. gfx1151; default: "
+        "every GPU arch)",
         "all": "every GPU arch in recipes/arches.yaml",
         "head_dims": "comma-separated head dims (default 64,128)",
         "all_head_dims": "check 40,64,72,80,96,128,160,256",
         "json": "print JSON instead of a table",
         "over_2gib": "AMD: compile for tensors over 2 GiB (64-bit addresses, no buffer loads)",
-    }
+        "no_cache": "compile every kernel again instead of reading unchanged results from the "
+        "cache (<build folder>/aot-cache)",
+        "debug": "show tracebacks",
+    },
 )
-def aot(c, arch="", all=False, head_dims="", all_head_dims=False, json=False, over_2gib=False):
+def aot(c, arch=None, all=False, head_dims=None, all_head_dims=False, json=False, over_2gib=False,
+        no_cache=False, debug=False):  # fmt: skip
     """Compile the kernels for AMD/NVIDIA targets on the CPU; report registers, spills, LDS, occupancy.
 
     Fails on a register spill or LDS overflow, except the spills kernels/configs.py accepts
     (ACCEPTED_SPILLS: measured faster), which are reported as accepted while they do not grow.
+    A kernel whose sources, Triton, arch and config are unchanged is read from the cache.
     """
-    args = [sys.executable, "-m", "kernels.aot"]
-    if all:
-        args.append("--all")
-    for a in filter(None, arch.split(",")):
+    from kernels import aot as check
+
+    args = []
+    names = [a.strip() for a in (arch or "").split(",") if a.strip()]
+    for a in names:
         args += ["--arch", a]
-    if not all and not arch:
-        args.append("--all")
+    if all or not names:
+        args = ["--all"]
     if head_dims:
         args += ["--head-dims", head_dims]
-    if all_head_dims:
-        args.append("--all-head-dims")
-    if json:
-        args.append("--json")
-    if over_2gib:
-        args.append("--over-2gib")
-    c.run(shlex.join(args), pty=False)
+    args += ["--all-head-dims"] if all_head_dims else []
+    args += ["--json"] if json else []
+    args += ["--over-2gib"] if over_2gib else []
+    cache = Workspace.discover().build_dir / "aot-cache"
+    args += ["--no-cache"] if no_cache else ["--cache-dir", str(cache)]
+    code = check.main(args, progress=KernelProgress)
+    if code:
+        raise Exit(code=code)
 
 
-@command(help={"quick": "four shapes only", "json": "write the results to this file"})
-def bench(c, quick=False, json=""):
+@command(
+    options={"json": out_file()},
+    help={"quick": "four shapes only", "json": "write the results to this file"},
+)
+def bench(c, quick=False, json=None):
     """Benchmark the kernels against PyTorch SDPA's flash and cuDNN backends on this GPU."""
     args = [sys.executable, "-m", "kernels.bench"]
     if quick:
         args.append("--quick")
     if json:
         args += ["--json", json]
-    c.run(shlex.join(args), pty=False)
+    result = c.run(shlex.join(args), pty=False, warn=True)
+    if result.exited:
+        raise Exit(code=result.exited)

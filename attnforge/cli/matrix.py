@@ -16,8 +16,9 @@ from typing import Any
 from .. import matrix
 from ..console import out, user_errors
 from ..errors import UserError
+from ..files import swap_folder, write_aside
 from ..workspace import REPORTS_DIR_ENV, Workspace
-from . import command
+from . import OUT_DIR, choice, command, text, writable_folder
 
 PAGE, MARKDOWN, FOLDER = "matrix.html", "matrix.md", "reports"
 # Copied beside each report (what `python -m validate render --html` draws, and the verdicts).
@@ -171,22 +172,22 @@ def write(output: Path, page: str, markdown: str, staged_reports: Path | None) -
     """Put the new page in place only once everything is written: the report copies first (the
     old folder is swapped out, then removed), then matrix.md, then matrix.html."""
     if staged_reports is not None:
-        old = output / f".{FOLDER}-old-{os.getpid()}"
-        if (output / FOLDER).exists():
-            os.replace(output / FOLDER, old)
-        os.replace(staged_reports, output / FOLDER)
-        shutil.rmtree(old, ignore_errors=True)
-    for name, text in ((MARKDOWN, markdown), (PAGE, page)):
-        tmp = output / f".{name}.tmp-{os.getpid()}"
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, output / name)
+        swap_folder(staged_reports, output / FOLDER)
+    for name, content in ((MARKDOWN, markdown), (PAGE, page)):
+        write_aside(output / name, content)
 
 
 @command(
+    options={
+        "reports": text("FILE", positional=True, repeatable=True),
+        "output": OUT_DIR,
+        "shape": text("SHAPE"),
+        "mode": choice("MODE", ("fwd", "bwd", "fwd_bwd")),
+    },  # fmt: skip
     help={
         "reports": "report.json files, folders holding them (searched recursively) or publish.json "
-        "files; repeatable or a comma list (default: the reports folder, ATTNFORGE_REPORTS_DIR "
-        "or reports/)",
+        "files, given without the flag (invoke matrix FILE...), repeated, or as a comma list "
+        "(default: the reports folder, ATTNFORGE_REPORTS_DIR or reports/)",
         "output": "folder for matrix.html, matrix.md and a copy of each report (default: "
         "<reports folder>/matrix)",
         "shape": "bench shape name whose TFLOP/s the cells show (default: the sweep's seqlen "
@@ -196,14 +197,15 @@ def write(output: Path, page: str, markdown: str, staged_reports: Path | None) -
         "on; --no-html-reports draws and links its Markdown only)",
         "debug": "show tracebacks",
     },
-    iterable=["reports"],
     name="matrix",
 )
 @user_errors
 def matrix_task(c, reports=None, output=None, shape=None, mode="fwd", html_reports=True,
                 debug=False):  # fmt: skip
-    """Write a compatibility matrix (arch x stack rows; SDPA backends, flash_attn and the bundled
-    kernels as columns) from validation reports: matrix.html (self-contained) and matrix.md."""
+    """Write a compatibility matrix of validation reports: matrix.html and matrix.md.
+
+    Rows are arch x stack; columns are the SDPA backends, flash_attn and the bundled kernels;
+    matrix.html is self-contained."""
     ws = Workspace.discover()
     ref = reference(shape, mode)
     dest = Path(output) if output else ws.reports_dir / "matrix"
@@ -216,8 +218,7 @@ def matrix_task(c, reports=None, output=None, shape=None, mode="fwd", html_repor
                 f"${REPORTS_DIR_ENV}, default reports/)",
             )
         given = [ws.reports_dir]
-    if dest.exists() and not dest.is_dir():
-        raise UserError(f"--output {dest}: is a file; give a folder")
+    writable_folder(dest, "--output" if output else "the matrix folder")
     entries = load_entries(find(given, skip=dest.resolve()))
     kept, _ = matrix.newest(entries)
     dest.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@ from pathlib import Path
 from invoke.exceptions import Exit
 
 from attnforge import patches
-from attnforge.cli import command
+from attnforge.cli import IN_DIR, Opt, command, text
 from attnforge.workspace import Workspace
 
 
@@ -61,6 +61,13 @@ def _run(command: str, component: str, src: str, series: str | None, root: str |
         raise Exit("error: " + "\n".join(r.detail for r in conflicts), code=1)
 
 
+# COMPONENT and SRC are positional (invoke patches.apply COMPONENT SRC) or flags.
+_OPTIONS = {
+    "component": text("COMPONENT", positional=True, required=True),
+    "src": Opt("SRC", IN_DIR.check, positional=True, required=True, kind="in_dir"),
+    "series": text("SERIES[,SERIES...]"),
+    "root": text("DIR"),
+}
 _HELP = {
     "component": "component whose series to use (a folder under patches/)",
     "src": "source tree to patch",
@@ -69,32 +76,39 @@ _HELP = {
 }
 
 
-@command(help=_HELP)
+@command(options=_OPTIONS, help=_HELP)
 def check(c, component, src, series=None, root=None):
     """Show what apply would do, per patch; fail on a conflict."""
     _run("check", component, src, series, root)
 
 
-@command(help=_HELP)
+@command(options=_OPTIONS, help=_HELP)
 def apply(c, component, src, series=None, root=None):
     """Apply the component's patch series to a source tree, all or nothing."""
     _run("apply", component, src, series, root)
 
 
-@command(help=_HELP)
+@command(options=_OPTIONS, help=_HELP)
 def status(c, component, src, series=None, root=None):
     """Show whether each patch is applied, not applied or conflicting."""
     _run("status", component, src, series, root)
 
 
 @command(
+    options={
+        "component": text("COMPONENT", positional=True, required=True),
+        "series": text("SERIES", positional=True, required=True),
+        "src": Opt("SRC", IN_DIR.check, positional=True, required=True, kind="in_dir"),
+        "name": text("NAME", positional=True, required=True),
+        "root": text("DIR"),
+    },
     help={
         "component": _HELP["component"],
         "series": "series to add the patch to (created if missing)",
         "src": "git checkout holding the uncommitted change",
         "name": "what the patch does, in a few words (becomes NNNN-<name>.patch)",
         "root": _HELP["root"],
-    }
+    },
 )
 def new(c, component, series, src, name, root=None):
     """Turn a checkout's uncommitted change into the series' next numbered patch."""

@@ -18,7 +18,7 @@ from ..console import out, user_errors
 from ..errors import UserError
 from ..recipes import load_recipes
 from ..workspace import Workspace
-from . import command
+from . import ARCH, IN_DIR, STACK, command, text
 
 STYLE = {
     pinlib.OK: "green",
@@ -47,6 +47,8 @@ def findings_table(findings: list[pinlib.Finding], title: str) -> Table:
 
 
 @command(
+    options={"arch": ARCH, "stack": STACK, "offline": IN_DIR, "python": text("X.Y")},
+    writes=("build",),
     help={
         "arch": "check only the plans for this arch (default: every arch of each stack)",
         "stack": "check only this stack's plans (default: every stack)",
@@ -54,7 +56,7 @@ def findings_table(findings: list[pinlib.Finding], title: str) -> Table:
         "python": "the image's Python, for wheel tags (default: from the stack's base image)",
         "json": "print the findings as JSON",
         "debug": "show tracebacks",
-    }
+    },
 )
 @user_errors
 def check(c, arch=None, stack=None, offline=None, python=None, json=False, debug=False):
@@ -89,6 +91,12 @@ def check(c, arch=None, stack=None, offline=None, python=None, json=False, debug
 
 
 @command(
+    options={
+        "channel": text("|".join(pin_update.CHANNELS).upper()),
+        "offline": IN_DIR,
+        "python": text("X.Y"),
+        "arch": text("ARCH"),
+    },
     help={
         "channel": "the release channel to read: stable (a diff of the recipes) or nightly "
         "(--set flags for invoke build)",
@@ -98,7 +106,7 @@ def check(c, arch=None, stack=None, offline=None, python=None, json=False, debug
         f"{pin_update.DEFAULT_ARCH})",
         "json": "print the proposal as JSON",
         "debug": "show tracebacks",
-    }
+    },
 )
 @user_errors
 def update(c, channel=None, offline=None, python=None, arch=None, json=False, debug=False):

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
 
 from ..baseline_store import snapshot_published
 from ..console import out, user_errors
 from ..engine import connect
 from ..errors import UserError
+from ..files import write_aside
 from ..plan import Options, resolve
 from ..recipes import load_recipes
 from ..workspace import Workspace
-from . import choose_target, command
+from . import ARCH, ENGINE, NAMESPACE, STACK, Opt, choose_target, command
 
 
 def publish_refs(
@@ -29,6 +29,14 @@ def publish_refs(
 
 
 @command(
+    options={
+        "to": Opt("REGISTRY/NAMESPACE", NAMESPACE.check, kind="namespace"),
+        "arch": ARCH,
+        "stack": STACK,
+        "namespace": NAMESPACE,
+        "engine": ENGINE,
+    },  # fmt: skip
+    writes=("build", "reports"),
     help={
         "to": "registry namespace to push to, e.g. ghcr.io/org/attnforge (required)",
         "arch": "arch of the stack to publish (default: the host's AMD GPU, else cpu)",
@@ -36,7 +44,7 @@ def publish_refs(
         "namespace": "local image name prefix the stack was built under (default: attnforge)",
         "engine": "container engine: docker (default) or podman",
         "debug": "show tracebacks",
-    }
+    },
 )
 @user_errors
 def publish(c, to=None, arch=None, stack=None, namespace="attnforge", engine="docker", debug=False):
@@ -76,35 +84,31 @@ def publish(c, to=None, arch=None, stack=None, namespace="attnforge", engine="do
 
     log_path = ws.logs_for(arch) / "publish.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    refs = []
-    with log_path.open("w") as log:
-        for local, tags in publish_refs(lineage, arch, stack, namespace):
-            image = eng.image_id(local)
-            if image is None:
-                raise UserError(
-                    f"{local} (a layer of {final}) is missing locally; nothing more was pushed"
-                )
-            labels = eng.labels(local)
-            for tag in tags:
-                target = f"{to.rstrip('/')}/{tag}"
-                eng.tag(image, target)
-                out.print(f"pushing {target}")
-                eng.push(target, log)
-                refs.append({
-                    "ref": target,
-                    "digest": eng.registry_digest(target),  # what the registry now serves
-                    "layer": labels.get("org.attnforge.layer"),
-                    "content_hash": labels.get("org.attnforge.hash"),
-                    "image_id": image,
-                })  # fmt: skip
+    refs: list[dict] = []
+    made: list[str] = []  # tags this publish added to the engine: removed again if it fails
+    try:
+        with log_path.open("w") as log:
+            _push_all(eng, lineage, arch, stack, namespace, to, final, log, refs, made)
+    except BaseException as exc:  # the engine's own errors (a refused name, a registry down)
+        for ref in made:
+            eng.untag(ref)
+        if not isinstance(exc, Exception):
+            raise  # Ctrl-C: the tags are gone again; user_errors says "interrupted"
+        said = exc.message if isinstance(exc, UserError) else _first_line(exc)
+        pushed = f"{len(refs)} tag(s) reached the registry before it; " if refs else ""
+        raise UserError(
+            f"publishing to {to} failed: {said}; {pushed}the tags this publish made here were "
+            f"removed and no publish.json was written (log: {log_path})",
+            hint="fix the cause and run the same command again",
+        ) from exc
     manifest = {
         "arch": arch, "stack": stack, "to": to, "image": final, "image_id": final_id,
         "versions": json.loads(eng.labels(final).get("org.attnforge.versions", "{}")),
         "validation": record, "refs": refs,
     }  # fmt: skip
     where = ws.reports_for(arch, stack)
-    _write_aside(where / "publish.json", json.dumps(manifest, indent=2) + "\n")
-    _write_aside(where / "publish.md", pull_lines(manifest))
+    write_aside(where / "publish.json", json.dumps(manifest, indent=2) + "\n")
+    write_aside(where / "publish.md", pull_lines(manifest))
     # The report published with this image, kept by its digest: `invoke validate --bench
     # --baseline IMAGE` reads it (attnforge/baseline_store.py says why it is kept here).
     final_digest = next((r["digest"] for r in refs if r["ref"].endswith(f"/{stack}:{arch}")), "")
@@ -113,6 +117,38 @@ def publish(c, to=None, arch=None, stack=None, namespace="attnforge", engine="do
     out.print(f"the published report and benchmark are kept in {kept}", markup=False)
     out.print(f"[green]published[/] {len(refs)} tags of the validated {final} to {to}; "
               f"digests in {where / 'publish.json'}")  # fmt: skip
+
+
+def _push_all(eng, lineage, arch, stack, namespace, to, final, log, refs, made) -> None:
+    """Tag and push every layer of `final`, root first, recording each pushed ref in `refs` and
+    each tag that was new to the engine in `made`."""
+    for local, tags in publish_refs(lineage, arch, stack, namespace):
+        image = eng.image_id(local)
+        if image is None:
+            raise UserError(f"{local} (a layer of {final}) is missing locally")
+        labels = eng.labels(local)
+        for tag in tags:
+            target = f"{to.rstrip('/')}/{tag}"
+            if eng.image_id(target) is None:
+                made.append(target)
+            eng.tag(image, target)
+            out.print(f"pushing {target}")
+            eng.push(target, log)
+            refs.append({
+                "ref": target,
+                "digest": eng.registry_digest(target),  # what the registry now serves
+                "layer": labels.get("org.attnforge.layer"),
+                "content_hash": labels.get("org.attnforge.hash"),
+                "image_id": image,
+            })  # fmt: skip
+
+
+def _first_line(exc: Exception) -> str:
+    text = getattr(exc, "explanation", None) or getattr(exc, "stderr", None) or str(exc)
+    if isinstance(text, bytes):
+        text = text.decode(errors="replace")
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
 
 
 def pull_lines(manifest: dict) -> str:
@@ -127,11 +163,3 @@ def pull_lines(manifest: dict) -> str:
     lines += ["```", "", "| layer | ref | digest |", "|---|---|---|"]
     lines += [f"| {r['layer']} | `{r['ref']}` | `{r['digest']}` |" for r in manifest["refs"]]
     return "\n".join(lines) + "\n"
-
-
-def _write_aside(path, text: str) -> None:
-    """Write next to the old file, then rename: an interrupted publish never leaves half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)

@@ -21,7 +21,17 @@ from ..errors import UserError
 from ..plan import Options, Plan, aotriton_facts, resolve
 from ..recipes import Recipes, load_recipes
 from ..workspace import REPORTS_DIR_ENV, VALIDATED, Workspace
-from . import choose_target, command, whole_number
+from . import (
+    ARCH,
+    ENGINE,
+    NAMESPACE,
+    STACK,
+    choose_target,
+    command,
+    number,
+    text,
+    writable_folder,
+)
 
 # TheRock dockerfiles/README.md: docker run --device=/dev/kfd --device=/dev/dri --ipc=host
 # --group-add=video --group-add=render; ROCm's "Running ROCm Docker containers" page also
@@ -178,6 +188,19 @@ def print_summary(report_path: Path) -> None:
 
 
 @command(
+    options={
+        "arch": ARCH,
+        "stack": STACK,
+        "image": text("IMAGE"),
+        "timeout": number("SECONDS"),
+        "engine": ENGINE,
+        "namespace": NAMESPACE,
+        "stress": text("WORKLOAD[,WORKLOAD...]", repeatable=True),
+        "stress_iters": number("N"),
+        "baseline": text("PATH|IMAGE"),
+        "bench_backend": text("BACKEND[,BACKEND...]", repeatable=True),
+    },  # fmt: skip
+    writes=("reports",),
     help={
         "arch": "arch of the image to validate (default: the host's AMD GPU, else cpu)",
         "stack": "stack whose final image to validate (default: as for build)",
@@ -199,7 +222,6 @@ def print_summary(report_path: Path) -> None:
         "default all), e.g. kernels",
         "debug": "show tracebacks",
     },
-    iterable=["stress", "bench_backend"],
 )
 @user_errors
 def validate(
@@ -216,8 +238,8 @@ def validate(
     ws = Workspace.discover()
     recipes = load_recipes(ws.root)
     arch, stack = choose_target(recipes, arch, stack)
-    timeout = whole_number("--timeout", timeout) if timeout is not None else 0
-    iters = whole_number("--stress-iters", stress_iters) if stress_iters is not None else None
+    timeout = timeout or 0
+    iters = stress_iters
     workloads = stress_workloads(list(stress or []), workload_names(ws.root) if stress else [])
     if (baseline or bench_backend) and not bench:
         flag = "--baseline" if baseline else "--bench-backend"
@@ -473,8 +495,10 @@ def _move_into_place(
 
 
 @command(
+    options={"path": text("FILE", positional=True), "arch": ARCH, "stack": STACK},
     help={
-        "path": "the report.json to render (default: the one of --arch and --stack)",
+        "path": "the report.json to render, also given without the flag: invoke report FILE "
+        "(default: the one of --arch and --stack)",
         "arch": "find the report under reports/<arch>/<stack>/ (default: as for validate)",
         "stack": "with --arch (default: the arch's default stack)",
         "html": "also write report.html next to it",
@@ -497,6 +521,7 @@ def report(c, path=None, arch=None, stack=None, html=False, debug=False):
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: no such report")
+    writable_folder(path.parent, "the report's folder")
     argv = [
         sys.executable,
         "-m",

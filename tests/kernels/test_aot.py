@@ -22,11 +22,13 @@ KNOWN_SPILLS = {(a.arch, a.head_dim, a.kernel) for a in ACCEPTED_SPILLS}
 
 
 @pytest.fixture(scope="module")
-def aot_run():
-    """One ``python -m kernels.aot --all --json`` run (default head dims), as CI runs it."""
+def aot_run(tmp_path_factory):
+    """One ``python -m kernels.aot --all --json`` run (default head dims), as CI runs it, with an
+    empty compile cache: every kernel is compiled."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    cache = tmp_path_factory.mktemp("aot-cache")
     proc = subprocess.run(
-        [sys.executable, "-m", "kernels.aot", "--all", "--json"],
+        [sys.executable, "-m", "kernels.aot", "--all", "--json", "--cache-dir", str(cache)],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -206,3 +208,63 @@ def test_dropout_and_fp8_variants_compile_without_spills(aot_run):
                 assert not r["spills"] and not r["scratch_bytes"] and not r["problems"], r
             if fp8 is not None:
                 assert any(t in k for k in fp8["matrix_instrs"] for t in ("fp8", "f8", "e4m3")), fp8
+
+
+def _aot(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    return subprocess.run([sys.executable, "-m", "kernels.aot", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_an_unchanged_rerun_reads_every_result_from_the_cache(tmp_path):
+    args = ["--arch", "gfx1151", "--head-dims", "64", "--json", "--cache-dir", str(tmp_path)]
+    first, again, fresh = _aot(*args), _aot(*args), _aot(*args, "--no-cache")
+    assert first.returncode == again.returncode == fresh.returncode == 0, first.stderr
+    n = len(json.loads(first.stdout))
+    assert f"{n} kernel(s), 0 from the cache" in first.stderr
+    assert f"{n} kernel(s), {n} from the cache" in again.stderr
+    assert f"[{n}/{n}] gfx1151 d=64" in again.stderr and " cached" in again.stderr
+    assert (
+        first.stdout == again.stdout == fresh.stdout
+    )  # the cache changes the time, not the result
+
+
+def test_the_cache_key_changes_with_every_input(tmp_path, monkeypatch):
+    from kernels.configs import Tile
+
+    spec = ARCHES["gfx942"]
+    cache = aot.CompileCache(tmp_path)
+    d, job = aot.jobs_for("gfx942", spec, (64,))[0]
+    base = cache.key("gfx942", spec, d, job, False)
+    name, fn, ptrs, consts, tile = job
+    assert cache.key("gfx942", spec, d, job, False) == base  # stable
+    changed = [
+        cache.key("gfx950", ARCHES["gfx950"], d, job, False),
+        cache.key("gfx942", spec, d, job, True),
+        cache.key("gfx942", spec, d, (name, fn, ptrs, dict(consts, BLOCK_M=999), tile), False),
+        cache.key("gfx942", spec, d, (name, fn, ptrs, consts, Tile(16, 16, 1, 1)), False),
+        cache.key("gfx942", spec, d, (name + "_x", fn, ptrs, consts, tile), False),
+    ]
+    cache._sources = "another source tree"
+    changed.append(cache.key("gfx942", spec, d, job, False))
+    cache._sources = None
+    import triton
+
+    monkeypatch.setattr(triton, "__version__", "0.0.0")
+    changed.append(cache.key("gfx942", spec, d, job, False))
+    assert base not in changed and len(set(changed)) == len(changed)
+
+
+def test_a_cached_result_is_read_back_whole_and_a_torn_one_is_compiled_again(tmp_path):
+    cache = aot.CompileCache(tmp_path)
+    r = _sm90_dkdv(matrix_instrs={"wgmma.mma_async.x": 4})
+    cache.put("k", r)
+    assert cache.get("k") == r and not list(tmp_path.glob(".*"))  # no temporary file left
+    (tmp_path / "k.json").write_text('{"arch": "sm90"')
+    assert cache.get("k") is None and cache.get("absent") is None
+
+
+def test_the_default_cache_is_under_the_build_folder_else_xdg(tmp_path):
+    assert aot.default_cache_dir({"ATTNFORGE_BUILD_DIR": "/b"}) == Path("/b/aot-cache")
+    assert aot.default_cache_dir({"XDG_CACHE_HOME": "/x"}) == Path("/x/attnforge/aot")

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from attnforge import bisect as bs
+from attnforge import files
 from attnforge.bisect_run import GitHistory, wheel_candidates
 from attnforge.errors import UserError
 from attnforge.pins import IndexSource
@@ -316,7 +317,7 @@ def test_an_interrupted_save_leaves_the_last_whole_state(tmp_path, monkeypatch):
     def die(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(bs.os, "replace", die)
+    monkeypatch.setattr(files.os, "replace", die)  # the one write-aside helper (attnforge/files.py)
     with pytest.raises(KeyboardInterrupt):
         state.save(path)
     assert path.read_text() == before and list(tmp_path.iterdir()) == [path]

@@ -35,7 +35,7 @@ def invoke(*args, cwd=REPO, env=None):
         ),
         (
             ["build", "--arch", "cpu", "--wheelhouse", "/nonexistent", "--dry-run"],
-            "--wheelhouse /nonexistent: no such file",
+            "--wheelhouse /nonexistent: no such folder",
         ),
         (["validate", "--arch", "gfx1151"], "not found: this host has no ROCm GPU driver"),
         (["build", "--jobs", "abc", "--dry-run"], "--jobs 'abc': expected a whole number"),
