@@ -38,7 +38,8 @@ def _installed():
 #
 # AMD's torch, torchvision, torchaudio, their amd-*-device-* wheels and the rocm-sdk-* wheels are
 # built together: torch-side wheels carry the ROCm build as a local label (+rocm10.1.0), the
-# rocm-sdk-* wheels as their release (10.1.0). Any wheel of another build breaks at run time, and
+# rocm-sdk-* wheels as their release (10.1.0; stable torch accepts a later patch of it, rocm
+# ~=10.1.0: TheRock#7347, pytorch#194102). Any wheel of another build breaks at run time, and
 # late: a missing family device wheel as a deferred hipErrorInvalidValue in fused SDPA
 # (pytorch#194498), a missing [device-<arch>] as hipErrorInvalidImage (TheRock#7839), a mixed
 # torch/torchvision as "operator torchvision::nms does not exist" (TheRock#5374), and
@@ -58,6 +59,25 @@ def _sdk_side(name):
 
 def _label(version):
     return version.partition("+")[2]
+
+
+_RELEASE = re.compile(r"(\d+)\.(\d+)\.(\d+)$")
+
+
+def _sdk_fits(version, release):
+    """Whether an SDK-side version may sit under a torch built against `release`.
+
+    Stable torch requires `rocm ~=X.Y.Z` since TheRock#7347 (merged 2026-08-13; PyTorch's CI
+    followed in pytorch#194102), and TheRock's _rocm_init.py checks X.Y.*: a later patch of the
+    same minor release (10.1.1 under +rocm10.1.0) is valid, another minor (10.2.0) or an
+    earlier patch is not. Pre-releases and nightlies (10.2.0a20261006) stay coupled exactly."""
+    if version == release:
+        return True
+    have, want = _RELEASE.match(version), _RELEASE.match(release)
+    if not have or not want:
+        return False
+    h, w = [int(x) for x in have.groups()], [int(x) for x in want.groups()]
+    return h[:2] == w[:2] and h[2] >= w[2]
 
 
 def _extra_requires(dist_name, extra):
@@ -145,10 +165,14 @@ def check_wheel_set(spec, installed):
             members[n] = version
             # The build first: a wheel of another build is named as such even where it is
             # pinned, since that is what breaks at run time.
-            if _sdk_side(n) and version != release:
-                problems.append(
-                    f"{n} is {version}, from another ROCm build than {ref} (expected {release})"
+            if _sdk_side(n) and not _sdk_fits(version, release):
+                rule = (
+                    f"torch requires rocm ~={release}, so {release[: release.rfind('.')]}.x "
+                    f"from {release} on (TheRock#7347)"
+                    if _RELEASE.match(release)
+                    else f"expected {release}"
                 )
+                problems.append(f"{n} is {version}, from another ROCm build than {ref} ({rule})")
             elif not _sdk_side(n) and _label(version) != label:
                 problems.append(
                     f"{n} is {version}, from another ROCm build than {ref} (expected +{label})"
@@ -175,9 +199,21 @@ def check_wheel_set(spec, installed):
                         f"{owner} is {version}, from another ROCm build than {ref} "
                         f"(expected +{label}); it carries the AOTriton images for {arch}"
                     )
+    # rocm pins its rocm-sdk-* parts exactly, so the SDK side is one release among itself even
+    # where it may be a later patch than torch's label.
+    fits = {n: v for n, v in members.items() if _sdk_side(n) and _sdk_fits(v, release)}
+    sdk = sorted(set(fits.values()))
+    if len(sdk) > 1:
+        parts = ", ".join(f"{n} {v}" for n, v in sorted(fits.items()))
+        problems.append(f"the ROCm SDK wheels are not one release ({parts})")
     if problems:
         return False, "; ".join(problems)
-    return True, f"{len(members)} wheels of ROCm build +{label} ({', '.join(sorted(members))})"
+    note = ""
+    if sdk and sdk[0] != release:
+        note = f"; ROCm SDK {sdk[0]}, a later patch that torch's rocm ~={release} allows (TheRock#7347)"
+    return True, (
+        f"{len(members)} wheels of ROCm build +{label} ({', '.join(sorted(members))}){note}"
+    )
 
 
 _IMAGES_IN_TORCH = "torch/lib/aotriton.images"
