@@ -32,6 +32,8 @@ TEMPLATE_VARS = {
     "jobs": "build parallelism (hint args only)",
     "aotriton_experimental": "1 if the layer's AOTriton marks the arch experimental, else 0",
     "aotriton_status": "supported, experimental or none for the layer's AOTriton",
+    "harmful_code_variants": "target ids arches.yaml marks harmful for the arch, space-separated "
+    "(empty when none)",
 }
 
 
@@ -47,6 +49,16 @@ class AotritonSupport(Strict):
     )
 
 
+class HarmfulVariants(Strict):
+    """Code-object variants for an arch that break loading where they are present."""
+
+    variants: list[str] = Field(
+        description="target ids (gfx90a:xnack+) whose code objects or kernel packs fail the "
+        "device_code check where found"
+    )
+    why: str = Field(description="what they break, with the upstream source")
+
+
 class Arch(Strict):
     name: str = ""
     description: str
@@ -57,6 +69,7 @@ class Arch(Strict):
     lds_bytes: int | None = None
     therock_extra: str | None = None
     aotriton: AotritonSupport | None = None
+    harmful_code_variants: HarmfulVariants | None = None
 
     def aotriton_status(self, version: str | None) -> str:
         """supported / experimental / none for an AOTriton version ('none' without one)."""
@@ -113,6 +126,11 @@ class SmokeCheck(Strict):
         "*_<arch>.kpack, other files and folders a code object or offload bundle for the arch",
     )
     arch: str | None = Field(None, description="with device_code: the GPU arch ({arch})")
+    harmful: str | None = Field(
+        None,
+        description="with device_code: target ids, space-separated, whose code objects or "
+        "kernel packs fail the check where found ({harmful_code_variants})",
+    )
 
     @model_validator(mode="after")
     def _one_kind(self) -> SmokeCheck:
@@ -120,7 +138,8 @@ class SmokeCheck(Strict):
         if len(kinds) != 1:
             raise ValueError(f"a smoke check needs exactly one of {', '.join(_SMOKE_KINDS)}")
         for field, kind in (("version", "dist"), ("extras", "wheel_set"),
-                            ("aotriton_arch", "wheel_set"), ("arch", "device_code")):  # fmt: skip
+                            ("aotriton_arch", "wheel_set"), ("arch", "device_code"),
+                            ("harmful", "device_code")):  # fmt: skip
             if getattr(self, field) and kinds[0] != kind:
                 raise ValueError(f"{field} goes with {kind}")
         if self.device_code and not self.arch:
