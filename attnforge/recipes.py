@@ -59,6 +59,17 @@ class HarmfulVariants(Strict):
     why: str = Field(description="what they break, with the upstream source")
 
 
+class SdpaLimits(Strict):
+    """What PyTorch's SDPA refuses by design on an arch: validation records such a refusal,
+    with PyTorch's reason, as the expected outcome (and judges a backend that accepts)."""
+
+    head_dim_max: int = Field(gt=0, description="the largest head dim the fused backends take")
+    backends: list[Literal["flash", "efficient", "cudnn"]] = Field(
+        default_factory=lambda: ["flash", "efficient"], description="the backends that refuse"
+    )
+    source: str = Field(description="the upstream change or report, with its date")
+
+
 class Arch(Strict):
     name: str = ""
     description: str
@@ -70,6 +81,7 @@ class Arch(Strict):
     therock_extra: str | None = None
     aotriton: AotritonSupport | None = None
     harmful_code_variants: HarmfulVariants | None = None
+    sdpa_limits: SdpaLimits | None = None
 
     def aotriton_status(self, version: str | None) -> str:
         """supported / experimental / none for an AOTriton version ('none' without one)."""

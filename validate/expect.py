@@ -49,6 +49,7 @@ KNOWN_KEYS: dict[str, str] = {
     "kernels.works": "every bundled kernel case that ran passed, and at least one ran (true/false)",
 }
 
+TOP_LEVEL = ("stack", "arch", "expect", "host_rules", "aotriton", "sdpa_limits")
 PREFIX_KEYS = frozenset({"torch.version", "triton.version", "flash_attn.version"})
 
 
@@ -68,6 +69,9 @@ class ExpectSpec:
     # {version, experimental (for this arch), image_sets_knob}. Both optional.
     host_rules: tuple[dict[str, Any], ...] = ()
     aotriton: dict[str, Any] | None = None
+    # What this arch's torch refuses by design (recipes/arches.yaml sdpa_limits): {head_dim_max,
+    # backends, source}. A refusal there is the expected outcome, not a gap.
+    sdpa_limits: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -94,11 +98,21 @@ def parse_expect(data: Any, path: str = "<expect>") -> ExpectSpec:
     """Validate the structure of an expect document; raise ExpectError with a sentence."""
     if not isinstance(data, dict):
         raise ExpectError(f"{path}: the top level must be a JSON object with 'expect'.")
-    unknown_top = sorted(set(data) - {"stack", "arch", "expect", "host_rules", "aotriton"})
+    unknown_top = sorted(set(data) - set(TOP_LEVEL))
     if unknown_top:
         raise ExpectError(
             f"{path}: unknown top-level field(s) {', '.join(unknown_top)}; "
-            "valid fields: stack, arch, expect, host_rules, aotriton."
+            f"valid fields: {', '.join(TOP_LEVEL)}."
+        )
+    limits = data.get("sdpa_limits")
+    if limits is not None and not (
+        isinstance(limits, dict)
+        and isinstance(limits.get("head_dim_max"), int)
+        and isinstance(limits.get("backends", []), list)
+    ):
+        raise ExpectError(
+            f"{path}: 'sdpa_limits' must be an object with an integer head_dim_max "
+            "(and optionally a backends list and a source)."
         )
     rules = data.get("host_rules", [])
     if not isinstance(rules, list) or not all(
@@ -131,7 +145,7 @@ def parse_expect(data: Any, path: str = "<expect>") -> ExpectSpec:
             )
     return ExpectSpec(
         path=path, stack=data.get("stack"), arch=data.get("arch"), expect=expect,
-        host_rules=tuple(rules), aotriton=aotriton,
+        host_rules=tuple(rules), aotriton=aotriton, sdpa_limits=limits,
     )  # fmt: skip
 
 

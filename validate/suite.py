@@ -100,8 +100,9 @@ def placement(spec: dict[str, Any], observations: dict[str, Any]) -> dict[str, A
     return spec
 
 
-def plan(command: str, quick: bool) -> list[dict[str, Any]]:
-    """The static checks of a command (kernels cases are added once they are listed)."""
+def plan(command: str, quick: bool, limits: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The static checks of a command (kernels cases are added once they are listed).
+    ``limits``: what the arch's torch refuses by design (the expect file's sdpa_limits)."""
     groups = GROUPS[command]
     checks = [_spec("env", "validate.checks.env:run", "Environment and device", worker=MAIN)]
     if "backends" in groups:
@@ -134,6 +135,7 @@ def plan(command: str, quick: bool) -> list[dict[str, Any]]:
                     params={
                         "case": {k: v for k, v in case.to_json().items() if k != "gqa"},
                         "reference": case.name == grid.REFERENCE_CASE,
+                        "limits": limits or {},
                     },
                 )
             )
