@@ -510,6 +510,9 @@ def resolve(
 
     arch_vars = {"arch": arch.name, "family": arch.family, "vendor": arch.vendor}
     expect = _render(stack.expect, arch_vars, "recipes/stacks.yaml: expect", strict=False)
+    for workload, selectors in stack.fused.items():
+        if any(selector_matches(s, arch) for s in selectors):
+            expect[f"sdpa.workload.{workload}.fused"] = True
     base_ref = options.base_image or stack.base_image
     steps: list[Step] = []
     parent: Step | None = None

@@ -277,6 +277,12 @@ class Stack(Strict):
     )
     layers: list[str | StackEntry]
     expect: dict[str, Any] = Field(default_factory=dict)
+    fused: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="workloads (validate/workloads.py) whose every shape must run a fused SDPA "
+        "backend, not math, each with the arch selectors it is promised for; becomes the "
+        "expectation sdpa.workload.<name>.fused: true on those arches",
+    )
     bench_gates: BenchGates | None = None
 
     def entries(self) -> list[StackEntry]:
@@ -800,6 +806,14 @@ def _check_stack(
     _check_format(stack.base_image, _IMAGE_REF, "an image reference (name[:tag][@sha256:digest])",
                   file, src, (*base, "base_image"))  # fmt: skip
     _check_expect(stack.expect, file, src, (*base, "expect"))
+    keys = known_expect_keys()
+    for workload, selectors in stack.fused.items():
+        loc = (*base, "fused", workload)
+        names = sorted(k.split(".")[2] for k in keys or {} if k.endswith(".fused"))
+        if keys is not None and f"sdpa.workload.{workload}.fused" not in keys:
+            raise RecipeError(file, f"unknown workload {workload!r}", line=src.line_of(loc),
+                              field=".".join(loc), choices=names)  # fmt: skip
+        _check_selectors(selectors, arches, file, src, loc)
     _check_bench_gates(stack.bench_gates, file, src, (*base, "bench_gates"))
     for i, entry in enumerate(stack.entries()):
         loc = (*base, "layers", i)
