@@ -387,6 +387,9 @@ def template_vars(arch: Arch, variant: str | None, layer: Layer, jobs: int) -> d
         "jobs": jobs,
         "aotriton_status": status,
         "aotriton_experimental": "1" if status == "experimental" else "0",
+        "harmful_code_variants": " ".join(
+            arch.harmful_code_variants.variants if arch.harmful_code_variants else ()
+        ),
     }
 
 
@@ -507,6 +510,9 @@ def resolve(
 
     arch_vars = {"arch": arch.name, "family": arch.family, "vendor": arch.vendor}
     expect = _render(stack.expect, arch_vars, "recipes/stacks.yaml: expect", strict=False)
+    for workload, selectors in stack.fused.items():
+        if any(selector_matches(s, arch) for s in selectors):
+            expect[f"sdpa.workload.{workload}.fused"] = True
     base_ref = options.base_image or stack.base_image
     steps: list[Step] = []
     parent: Step | None = None

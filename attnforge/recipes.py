@@ -32,6 +32,8 @@ TEMPLATE_VARS = {
     "jobs": "build parallelism (hint args only)",
     "aotriton_experimental": "1 if the layer's AOTriton marks the arch experimental, else 0",
     "aotriton_status": "supported, experimental or none for the layer's AOTriton",
+    "harmful_code_variants": "target ids arches.yaml marks harmful for the arch, space-separated "
+    "(empty when none)",
 }
 
 
@@ -47,6 +49,27 @@ class AotritonSupport(Strict):
     )
 
 
+class HarmfulVariants(Strict):
+    """Code-object variants for an arch that break loading where they are present."""
+
+    variants: list[str] = Field(
+        description="target ids (gfx90a:xnack+) whose code objects or kernel packs fail the "
+        "device_code check where found"
+    )
+    why: str = Field(description="what they break, with the upstream source")
+
+
+class SdpaLimits(Strict):
+    """What PyTorch's SDPA refuses by design on an arch: validation records such a refusal,
+    with PyTorch's reason, as the expected outcome (and judges a backend that accepts)."""
+
+    head_dim_max: int = Field(gt=0, description="the largest head dim the fused backends take")
+    backends: list[Literal["flash", "efficient", "cudnn"]] = Field(
+        default_factory=lambda: ["flash", "efficient"], description="the backends that refuse"
+    )
+    source: str = Field(description="the upstream change or report, with its date")
+
+
 class Arch(Strict):
     name: str = ""
     description: str
@@ -57,6 +80,8 @@ class Arch(Strict):
     lds_bytes: int | None = None
     therock_extra: str | None = None
     aotriton: AotritonSupport | None = None
+    harmful_code_variants: HarmfulVariants | None = None
+    sdpa_limits: SdpaLimits | None = None
 
     def aotriton_status(self, version: str | None) -> str:
         """supported / experimental / none for an AOTriton version ('none' without one)."""
@@ -113,6 +138,11 @@ class SmokeCheck(Strict):
         "*_<arch>.kpack, other files and folders a code object or offload bundle for the arch",
     )
     arch: str | None = Field(None, description="with device_code: the GPU arch ({arch})")
+    harmful: str | None = Field(
+        None,
+        description="with device_code: target ids, space-separated, whose code objects or "
+        "kernel packs fail the check where found ({harmful_code_variants})",
+    )
 
     @model_validator(mode="after")
     def _one_kind(self) -> SmokeCheck:
@@ -120,7 +150,8 @@ class SmokeCheck(Strict):
         if len(kinds) != 1:
             raise ValueError(f"a smoke check needs exactly one of {', '.join(_SMOKE_KINDS)}")
         for field, kind in (("version", "dist"), ("extras", "wheel_set"),
-                            ("aotriton_arch", "wheel_set"), ("arch", "device_code")):  # fmt: skip
+                            ("aotriton_arch", "wheel_set"), ("arch", "device_code"),
+                            ("harmful", "device_code")):  # fmt: skip
             if getattr(self, field) and kinds[0] != kind:
                 raise ValueError(f"{field} goes with {kind}")
         if self.device_code and not self.arch:
@@ -246,6 +277,12 @@ class Stack(Strict):
     )
     layers: list[str | StackEntry]
     expect: dict[str, Any] = Field(default_factory=dict)
+    fused: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="workloads (validate/workloads.py) whose every shape must run a fused SDPA "
+        "backend, not math, each with the arch selectors it is promised for; becomes the "
+        "expectation sdpa.workload.<name>.fused: true on those arches",
+    )
     bench_gates: BenchGates | None = None
 
     def entries(self) -> list[StackEntry]:
@@ -769,6 +806,14 @@ def _check_stack(
     _check_format(stack.base_image, _IMAGE_REF, "an image reference (name[:tag][@sha256:digest])",
                   file, src, (*base, "base_image"))  # fmt: skip
     _check_expect(stack.expect, file, src, (*base, "expect"))
+    keys = known_expect_keys()
+    for workload, selectors in stack.fused.items():
+        loc = (*base, "fused", workload)
+        names = sorted(k.split(".")[2] for k in keys or {} if k.endswith(".fused"))
+        if keys is not None and f"sdpa.workload.{workload}.fused" not in keys:
+            raise RecipeError(file, f"unknown workload {workload!r}", line=src.line_of(loc),
+                              field=".".join(loc), choices=names)  # fmt: skip
+        _check_selectors(selectors, arches, file, src, loc)
     _check_bench_gates(stack.bench_gates, file, src, (*base, "bench_gates"))
     for i, entry in enumerate(stack.entries()):
         loc = (*base, "layers", i)

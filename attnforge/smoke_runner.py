@@ -5,7 +5,8 @@ self-contained and Python 3.8 safe. Prints one JSON line per check and exits 1 i
 
 Check kinds (attnforge/recipes.py SmokeCheck; docs/build-checks.md says what each one catches):
 dist, absent, torch_build, python, wheel_set (the coupled ROCm wheels are one build) and
-device_code (the arch's GPU code objects are present, read without a GPU or ROCm tools).
+device_code (the arch's GPU code objects are present, read without a GPU or ROCm tools; their
+target-id variants are reported, and ones the arch table marks harmful fail).
 """
 
 import fnmatch
@@ -38,7 +39,8 @@ def _installed():
 #
 # AMD's torch, torchvision, torchaudio, their amd-*-device-* wheels and the rocm-sdk-* wheels are
 # built together: torch-side wheels carry the ROCm build as a local label (+rocm10.1.0), the
-# rocm-sdk-* wheels as their release (10.1.0). Any wheel of another build breaks at run time, and
+# rocm-sdk-* wheels as their release (10.1.0; stable torch accepts a later patch of it, rocm
+# ~=10.1.0: TheRock#7347, pytorch#194102). Any wheel of another build breaks at run time, and
 # late: a missing family device wheel as a deferred hipErrorInvalidValue in fused SDPA
 # (pytorch#194498), a missing [device-<arch>] as hipErrorInvalidImage (TheRock#7839), a mixed
 # torch/torchvision as "operator torchvision::nms does not exist" (TheRock#5374), and
@@ -58,6 +60,25 @@ def _sdk_side(name):
 
 def _label(version):
     return version.partition("+")[2]
+
+
+_RELEASE = re.compile(r"(\d+)\.(\d+)\.(\d+)$")
+
+
+def _sdk_fits(version, release):
+    """Whether an SDK-side version may sit under a torch built against `release`.
+
+    Stable torch requires `rocm ~=X.Y.Z` since TheRock#7347 (merged 2026-08-13; PyTorch's CI
+    followed in pytorch#194102), and TheRock's _rocm_init.py checks X.Y.*: a later patch of the
+    same minor release (10.1.1 under +rocm10.1.0) is valid, another minor (10.2.0) or an
+    earlier patch is not. Pre-releases and nightlies (10.2.0a20261006) stay coupled exactly."""
+    if version == release:
+        return True
+    have, want = _RELEASE.match(version), _RELEASE.match(release)
+    if not have or not want:
+        return False
+    h, w = [int(x) for x in have.groups()], [int(x) for x in want.groups()]
+    return h[:2] == w[:2] and h[2] >= w[2]
 
 
 def _extra_requires(dist_name, extra):
@@ -145,10 +166,14 @@ def check_wheel_set(spec, installed):
             members[n] = version
             # The build first: a wheel of another build is named as such even where it is
             # pinned, since that is what breaks at run time.
-            if _sdk_side(n) and version != release:
-                problems.append(
-                    f"{n} is {version}, from another ROCm build than {ref} (expected {release})"
+            if _sdk_side(n) and not _sdk_fits(version, release):
+                rule = (
+                    f"torch requires rocm ~={release}, so {release[: release.rfind('.')]}.x "
+                    f"from {release} on (TheRock#7347)"
+                    if _RELEASE.match(release)
+                    else f"expected {release}"
                 )
+                problems.append(f"{n} is {version}, from another ROCm build than {ref} ({rule})")
             elif not _sdk_side(n) and _label(version) != label:
                 problems.append(
                     f"{n} is {version}, from another ROCm build than {ref} (expected +{label})"
@@ -175,9 +200,21 @@ def check_wheel_set(spec, installed):
                         f"{owner} is {version}, from another ROCm build than {ref} "
                         f"(expected +{label}); it carries the AOTriton images for {arch}"
                     )
+    # rocm pins its rocm-sdk-* parts exactly, so the SDK side is one release among itself even
+    # where it may be a later patch than torch's label.
+    fits = {n: v for n, v in members.items() if _sdk_side(n) and _sdk_fits(v, release)}
+    sdk = sorted(set(fits.values()))
+    if len(sdk) > 1:
+        parts = ", ".join(f"{n} {v}" for n, v in sorted(fits.items()))
+        problems.append(f"the ROCm SDK wheels are not one release ({parts})")
     if problems:
         return False, "; ".join(problems)
-    return True, f"{len(members)} wheels of ROCm build +{label} ({', '.join(sorted(members))})"
+    note = ""
+    if sdk and sdk[0] != release:
+        note = f"; ROCm SDK {sdk[0]}, a later patch that torch's rocm ~={release} allows (TheRock#7347)"
+    return True, (
+        f"{len(members)} wheels of ROCm build +{label} ({', '.join(sorted(members))}){note}"
+    )
 
 
 _IMAGES_IN_TORCH = "torch/lib/aotriton.images"
@@ -283,7 +320,42 @@ def _elf_amdgpu_target(data):
     flags_at = 48 if data[4] == 2 else 36  # ELF64 / ELF32
     e_flags = struct.unpack_from("<I" if little else ">I", data, flags_at)[0]
     mach = e_flags & 0xFF
-    return _MACH.get(mach, f"unknown EF_AMDGPU_MACH 0x{mach:03x}")
+    name = _MACH.get(mach, f"unknown EF_AMDGPU_MACH 0x{mach:03x}")
+    return name + _elf_features(data[8], e_flags)
+
+
+def _elf_features(abi_version, e_flags):
+    """The target-id features (':sramecc+:xnack-') an AMDGPU code object was built for, from
+    e_flags (LLVM AMDGPUUsage.rst, "AMDGPU ELF Header"): code object V4 and later
+    (EI_ABIVERSION >= 2) say on/off/any per feature, 'any' being no suffix; V3 (1) sets a bit
+    for 'on' only."""
+    out = []
+    if abi_version >= 2:
+        for name, shift in (("sramecc", 10), ("xnack", 8)):
+            setting = (e_flags >> shift) & 0x3
+            if setting in (2, 3):
+                out.append(f":{name}{'+' if setting == 3 else '-'}")
+    elif abi_version == 1:
+        for name, bit in (("sramecc", 0x200), ("xnack", 0x100)):
+            if e_flags & bit:
+                out.append(f":{name}+")
+    return "".join(out)
+
+
+_FEATURES = re.compile(r"((?::(?:xnack|sramecc)[+-])+)$")
+
+
+def _split_features(target):
+    """'gfx90a:sramecc+:xnack-' -> ('gfx90a', frozenset of its features)."""
+    m = _FEATURES.search(target)
+    if not m:
+        return target, frozenset()
+    return target[: m.start()], frozenset(f for f in m.group(1).split(":") if f)
+
+
+def _same_target(a, b):
+    """Target ids are equal whatever the order of their features."""
+    return _split_features(a) == _split_features(b)
 
 
 def _ccob_payload(f, at):
@@ -452,28 +524,61 @@ def _check_images(path, arch):
     return True, ", ".join(f"{d}: {n} images" for d, n in counts.items() if n)
 
 
-def _check_kpack(path, arch):
+def _kpack_variant(name, keys):
+    """The target a kernel pack is for ('torch_gfx90a:xnack+.kpack' -> 'gfx90a:xnack+'), or
+    None when it is for none of `keys` (the arch and its kpack family keys)."""
+    stem = name[: -len(".kpack")]
+    m = _FEATURES.search(stem)
+    base, features = (stem[: m.start()], m.group(1)) if m else (stem, "")
+    for k in sorted(keys, key=len, reverse=True):
+        if base.endswith(("_" + k, "-" + k)):
+            return k + features
+    return None
+
+
+def _check_kpack(path, arch, harmful=()):
     keys = _kpack_keys(arch)
     packs = [f for f in sorted(os.listdir(path)) if f.endswith(".kpack")]
-    mine = [
-        f
-        for f in packs
-        if any(f[: -len(".kpack")].endswith(("_" + k, "-" + k)) for k in keys)
-        and os.path.getsize(os.path.join(path, f)) > 0
-    ]
+    mine = {}
+    for f in packs:
+        variant = _kpack_variant(f, keys)
+        if variant and os.path.getsize(os.path.join(path, f)) > 0:
+            mine[f] = variant
     if not mine:
         others = ", ".join(packs[:6]) or "no .kpack files"
         return False, f"{path} holds no kernel pack for {arch} (*_{arch}.kpack); it has {others}"
-    return True, f"{len(mine)} kernel packs for {arch}"
+    bad = _harmful_in(mine, harmful)
+    if bad:
+        return False, f"{path}: {bad}"
+    return True, f"{len(mine)} kernel packs for {arch} ({_variants_text(mine.values())})"
 
 
-def _check_path(path, arch):
+def _variants_text(targets):
+    return "variants " + ", ".join(sorted(set(targets)))
+
+
+def _harmful_in(found, harmful):
+    """A sentence naming each file whose target the arch table marks harmful, or ''."""
+    hits = [
+        f"{name} is a {target} variant"
+        for name, target in sorted(found.items())
+        if any(_same_target(target, h) for h in harmful)
+    ]
+    if not hits:
+        return ""
+    return (
+        "; ".join(hits) + ", which recipes/arches.yaml marks harmful for this arch "
+        "(harmful_code_variants): remove it from the image"
+    )
+
+
+def _check_path(path, arch, harmful=()):
     if os.path.isdir(path):
         if os.path.basename(path.rstrip("/")) == "aotriton.images":
             return _check_images(path, arch)
         if os.path.basename(path.rstrip("/")) == ".kpack":
-            return _check_kpack(path, arch)
-        found, notes = [], []
+            return _check_kpack(path, arch, harmful)
+        found, notes, mine = [], [], {}
         for root, _dirs, names in os.walk(path):
             for name in names:
                 full = os.path.join(root, name)
@@ -481,13 +586,28 @@ def _check_path(path, arch):
                     t, n = _file_targets(full)
                     found += t
                     notes += n
-                    if any(_runs_on(x, arch) for x in t):
-                        return True, f"{os.path.relpath(full, path)} holds {arch} code"
+                    for x in t:
+                        if _runs_on(x, arch):
+                            mine.setdefault(f"{os.path.relpath(full, path)} [{x}]", x)
+                    # Without harmful variants to look for, the first file with the arch's
+                    # code proves the claim.
+                    if mine and not harmful:
+                        first = next(iter(mine)).split(" [")[0]
+                        return True, f"{first} holds {arch} code ({_variants_text(mine.values())})"
+        if mine:
+            bad = _harmful_in(mine, harmful)
+            if bad:
+                return False, f"{path}: {bad}"
+            return True, f"{path} holds {arch} code ({_variants_text(mine.values())})"
         return False, _missing_isa(path, arch, found, notes)
     if os.path.getsize(path) == 0:
         return False, f"{path} is empty"
     found, notes = _file_targets(path)
-    if any(_runs_on(x, arch) for x in found):
+    mine = {f"{os.path.basename(path)} [{x}]": x for x in found if _runs_on(x, arch)}
+    if mine:
+        bad = _harmful_in(mine, harmful)
+        if bad:
+            return False, f"{path}: {bad}"
         return True, f"{os.path.basename(path)}: {', '.join(sorted(set(found)))}"
     return False, _missing_isa(path, arch, found, notes)
 
@@ -502,6 +622,7 @@ def _missing_isa(path, arch, found, notes):
 
 def check_device_code(spec):
     arch = spec["arch"]
+    harmful = tuple((spec.get("harmful") or "").split())
     ok_parts, problems = [], []
     for target in spec["device_code"].split():
         shown, pattern = _resolve(target)
@@ -518,7 +639,7 @@ def check_device_code(spec):
             problems.append(f"{pattern} is missing{why}")
             continue
         for path in matches:
-            ok, detail = _check_path(path, arch)
+            ok, detail = _check_path(path, arch, harmful)
             (ok_parts if ok else problems).append(detail)
     if problems:
         return False, "; ".join(problems)

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from validate import workloads
+
 KNOWN_KEYS: dict[str, str] = {
     "torch.version": "torch version string (prefix match: '2.9' matches '2.9.1+rocm7.1')",
     "torch.hip": "torch is a ROCm/HIP build (true/false)",
@@ -47,8 +49,14 @@ KNOWN_KEYS: dict[str, str] = {
     "rdna3_minimal.works": "its forward+backward matched SDPA's math reference (true/false)",
     "kernels.present": "the bundled kernels package imports (true/false)",
     "kernels.works": "every bundled kernel case that ran passed, and at least one ran (true/false)",
+    **{
+        f"sdpa.workload.{name}.fused": f"SDPA's default call ran a fused backend (not math) at "
+        f"every {name} shape (true/false)"
+        for name in workloads.WORKLOADS
+    },
 }
 
+TOP_LEVEL = ("stack", "arch", "expect", "host_rules", "aotriton", "sdpa_limits")
 PREFIX_KEYS = frozenset({"torch.version", "triton.version", "flash_attn.version"})
 
 
@@ -68,6 +76,9 @@ class ExpectSpec:
     # {version, experimental (for this arch), image_sets_knob}. Both optional.
     host_rules: tuple[dict[str, Any], ...] = ()
     aotriton: dict[str, Any] | None = None
+    # What this arch's torch refuses by design (recipes/arches.yaml sdpa_limits): {head_dim_max,
+    # backends, source}. A refusal there is the expected outcome, not a gap.
+    sdpa_limits: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -94,11 +105,21 @@ def parse_expect(data: Any, path: str = "<expect>") -> ExpectSpec:
     """Validate the structure of an expect document; raise ExpectError with a sentence."""
     if not isinstance(data, dict):
         raise ExpectError(f"{path}: the top level must be a JSON object with 'expect'.")
-    unknown_top = sorted(set(data) - {"stack", "arch", "expect", "host_rules", "aotriton"})
+    unknown_top = sorted(set(data) - set(TOP_LEVEL))
     if unknown_top:
         raise ExpectError(
             f"{path}: unknown top-level field(s) {', '.join(unknown_top)}; "
-            "valid fields: stack, arch, expect, host_rules, aotriton."
+            f"valid fields: {', '.join(TOP_LEVEL)}."
+        )
+    limits = data.get("sdpa_limits")
+    if limits is not None and not (
+        isinstance(limits, dict)
+        and isinstance(limits.get("head_dim_max"), int)
+        and isinstance(limits.get("backends", []), list)
+    ):
+        raise ExpectError(
+            f"{path}: 'sdpa_limits' must be an object with an integer head_dim_max "
+            "(and optionally a backends list and a source)."
         )
     rules = data.get("host_rules", [])
     if not isinstance(rules, list) or not all(
@@ -131,7 +152,7 @@ def parse_expect(data: Any, path: str = "<expect>") -> ExpectSpec:
             )
     return ExpectSpec(
         path=path, stack=data.get("stack"), arch=data.get("arch"), expect=expect,
-        host_rules=tuple(rules), aotriton=aotriton,
+        host_rules=tuple(rules), aotriton=aotriton, sdpa_limits=limits,
     )  # fmt: skip
 
 
@@ -237,6 +258,8 @@ def likely_fix(key: str, expected: Any, observed: Any, context: dict[str, Any]) 
                 "PYTORCH_ROCM_ARCH at build time included this GPU's arch."
             )
         return " ".join(p for p in parts if p)
+    if key.startswith("sdpa.workload.") and key.endswith(".fused") and exp is True:
+        return _workload_fix(key, context, hip)
     if key.startswith("sdpa.") and key.endswith((".works", ".can_use")):
         backend = key.split(".")[1]
         flag = {
@@ -293,6 +316,44 @@ def likely_fix(key: str, expected: Any, observed: Any, context: dict[str, Any]) 
     if key == "flash_attn.works":
         return "See the flash_attn.run check for the error."
     return ""
+
+
+def _workload_fix(key: str, context: dict[str, Any], hip: bool) -> str:
+    """Which shapes of the workload ran math, PyTorch's reasons, and the likely remedy."""
+    name = key[len("sdpa.workload.") : -len(".fused")]
+    parts = []
+    for fb in (context.get(f"sdpa.workload.{name}.fallbacks") or [])[:3]:
+        p = fb.get("params") or {}
+        dims = (
+            f"b{p.get('b')} h{p.get('h')}/{p.get('hkv')} sq{p.get('sq')} sk{p.get('sk')} "
+            f"d{p.get('d')} {p.get('dtype')}{' causal' if p.get('causal') else ''}"
+        )
+        said = "; ".join(
+            f"{b}: {str(r[0]).strip().rstrip('.')}"
+            for b, r in (fb.get("reasons") or {}).items()
+            if r
+        )
+        parts.append(
+            f"{fb.get('shape')} ({dims}) ran {fb.get('default_backend') or 'math'}"
+            + (f"; PyTorch says {said}" if said else "")
+        )
+    text = ("Shapes that fell back: " + ". ".join(parts) + ".") if parts else ""
+    fix = []
+    if context.get("sdpa.flash.enabled") is False:
+        fix.append("Flash SDPA is disabled in this process (torch.backends.cuda.enable_flash_sdp).")
+    if hip:
+        fix.append(
+            "On an AOTriton-experimental arch set TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL=1; a head "
+            "dim AOTriton does not serve on this arch (ViT's 72 on gfx1151: ROCm/ATOM#1357) needs "
+            "a kernel that does (aiter#4065) or the bundled kernels through the SDPA shim "
+            "(ATTNFORGE_SDPA_SHIM=1)."
+        )
+    elif not fix:
+        fix.append(
+            "Check that this torch was built with USE_FLASH_ATTENTION=1 and that the shape's head "
+            "dim and dtype are ones its fused backends take."
+        )
+    return " ".join(p for p in (text, *fix) if p)
 
 
 def evaluate(

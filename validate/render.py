@@ -193,6 +193,9 @@ def to_markdown(report: dict[str, Any]) -> str:
                 )
             out += ["", "</details>", ""]
 
+    out += layouts_markdown(report)
+    out += workloads_markdown(report)
+
     bad = [r for r in report.get("checks", []) if r["status"] in FAILING]
     if bad:
         out += ["### Failures", ""]
@@ -621,6 +624,8 @@ def to_html(report: dict[str, Any], siblings: dict[str, Any] | None = None) -> s
     parts += _environment(report)
     parts += _expectations(report)
     parts += _backends(report)
+    parts += layouts_html(report)
+    parts += workloads_html(report)
     parts += _kernels(report)
     parts += _bench(siblings.get("bench"))
     parts += _baseline(siblings.get("baseline_compare"))
@@ -639,3 +644,142 @@ def to_html(report: dict[str, Any], siblings: dict[str, Any] | None = None) -> s
     )
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
+
+
+# ------------------------------------------------------------ layouts and workloads (issue 25)
+# Self-contained sections: each reads the report dict and returns its lines.
+
+
+def _grid_extras(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Backend-matrix rows of the cases beyond contiguous inputs: layouts, masks, head dims over
+    256 and large magnitudes."""
+    rows = []
+    for row in report.get("backend_matrix") or []:
+        p = row.get("params") or {}
+        if (p.get("layout", "bhsd") != "bhsd" or p.get("mask") or p.get("values", "normal")
+                != "normal" or (p.get("head_dim") or 0) > 256):  # fmt: skip
+            rows.append(row)
+    return rows
+
+
+def _inputs_text(p: dict[str, Any]) -> str:
+    bits = [p.get("layout", "bhsd")]
+    if p.get("mask"):
+        bits.append(f"mask {p['mask']}")
+    if p.get("values", "normal") != "normal":
+        bits.append(p["values"])
+    bits.append(f"d{p.get('head_dim')} {p.get('dtype')}")
+    return ", ".join(bits)
+
+
+def _notes(rows: list[dict[str, Any]]) -> list[str]:
+    return [
+        f"{row['case']} / {b}: {e['note']}"
+        for row in rows
+        for b, e in row["backends"].items()
+        if e.get("note")
+    ]
+
+
+def layouts_markdown(report: dict[str, Any]) -> list[str]:
+    """'Layouts, masks and values': the grid cases apps' inputs add, per backend."""
+    rows = _grid_extras(report)
+    if not rows:
+        return []
+    out = [
+        "### Layouts, masks and values apps pass",
+        "",
+        "| case | inputs | why | " + " | ".join(BACKENDS) + " |",
+        "|---|---|---|" + "---|" * len(BACKENDS),
+    ]
+    for row in rows:
+        p = row.get("params") or {}
+        cells = [backend_cell(row["backends"].get(b)) for b in BACKENDS]
+        out.append(
+            f"| {row['case']} | {_md(_inputs_text(p))} | {_md(p.get('why'), 200)} | "
+            + " | ".join(cells) + " |"
+        )  # fmt: skip
+    notes = _notes(rows)
+    if notes:
+        out += [""] + [f"- {_md(n, 600)}" for n in notes]
+    return out + [""]
+
+
+def layouts_html(report: dict[str, Any]) -> list[str]:
+    rows = _grid_extras(report)
+    if not rows:
+        return []
+    body = [
+        [_h(row["case"]), _h(_inputs_text(row.get("params") or {})),
+         _h((row.get("params") or {}).get("why"))]
+        + [_backend_td(row["backends"].get(b)) for b in BACKENDS]
+        for row in rows
+    ]  # fmt: skip
+    notes = "".join(f"<li>{_h(n)}</li>" for n in _notes(rows))
+    return [
+        "<section id='layouts'><h2>Layouts, masks and values apps pass</h2>",
+        "<p>Strided views, masks, head dim 512 and large bf16 magnitudes, each backend forced and "
+        "judged like the grid above; NaN/Inf fails naming the backend.</p>",
+        _table(["case", "inputs", "why", *BACKENDS], body, raw=True),
+        f"<ul>{notes}</ul>" if notes else "",
+        "</section>",
+    ]
+
+
+def _workload_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+    rec = next((r for r in report.get("checks", []) if r["id"] == "sdpa.workloads"), None)
+    return list(((rec or {}).get("details") or {}).get("shapes") or [])
+
+
+def _dims(p: dict[str, Any]) -> str:
+    return (
+        f"b{p.get('b')} h{p.get('h')}/{p.get('hkv')} sq{p.get('sq')} sk{p.get('sk')} "
+        f"d{p.get('d')} {p.get('dtype')}{' causal' if p.get('causal') else ''}"
+    )
+
+
+def workloads_markdown(report: dict[str, Any]) -> list[str]:
+    """'Fused or math at workload shapes': SDPA's default pick and kernel per workload shape."""
+    rows = _workload_rows(report)
+    if not rows:
+        return []
+    out = [
+        "### Fused or math at workload shapes",
+        "",
+        "| workload | shape | dims | default pick | profiler | fused | kernel | run |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        kern = (r.get("kernels") or [""])[0]
+        out.append(
+            f"| {r.get('workload')} | {r.get('shape')} | {_dims(r.get('params') or {})} | "
+            f"{r.get('default_backend') or '?'} | {r.get('profiler_backend') or ''} | "
+            f"{'✅' if r.get('fused') else '❌ math'} | {_md(kern, 80)} | {_md(r.get('run'), 120)} |"
+        )
+    return out + [""]
+
+
+def workloads_html(report: dict[str, Any]) -> list[str]:
+    rows = _workload_rows(report)
+    if not rows:
+        return []
+    body = [
+        [_h(r.get("workload")), _h(r.get("shape")), _h(_dims(r.get("params") or {})),
+         _h(r.get("default_backend") or "?"), _h(r.get("profiler_backend")),
+         f"<td class='{'cell-pass' if r.get('fused') else 'cell-bad'}'>"
+         f"{'fused' if r.get('fused') else 'math'}</td>",
+         _h((r.get("kernels") or [""])[0]), _h(r.get("run"))]
+        for r in rows
+    ]  # fmt: skip
+    return [
+        "<section id='workloads'><h2>Fused or math at workload shapes</h2>",
+        "<p>SDPA's default call at each workload's shapes (shrunk on CPU): the backend PyTorch "
+        "picks, the one the profiler saw, and its first kernel. A stack that promised "
+        "<code>sdpa.workload.&lt;name&gt;.fused</code> fails where one ran math.</p>",
+        _table(
+            ["workload", "shape", "dims", "default pick", "profiler", "fused", "kernel", "run"],
+            body,
+            raw=True,
+        ),  # fmt: skip
+        "</section>",
+    ]

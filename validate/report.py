@@ -48,6 +48,7 @@ def backend_matrix(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "error": e.get("error"),
                 "max_abs_err": j.get("max_abs_err"),
                 "tolerance": j.get("tolerance"),
+                **({"note": e["note"]} if e.get("note") else {}),
             }
         rows.append(row)
     return rows

@@ -37,6 +37,7 @@ PROVIDERS = {
     "aotriton.": "env",
     "sdpa.flash.available": "sdpa.config",
     "sdpa.flash.enabled": "sdpa.config",
+    "sdpa.workload.": "sdpa.workloads",
     "sdpa.": f"sdpa.case.{grid.REFERENCE_CASE}",
     "rocm.": "sdpa.rocm",
     "flash_attn.works": "flash_attn.run",
@@ -95,13 +96,14 @@ def placement(spec: dict[str, Any], observations: dict[str, Any]) -> dict[str, A
     ("Flash attention support on Navi31 GPU is still experimental") with TORCH_WARN_ONCE,
     which only the first case in a process would show.
     """
-    if spec["id"].startswith("sdpa.case.") and observations.get("torch.hip") is True:
+    if spec["id"].startswith(("sdpa.case.", "sdpa.workloads")) and observations.get("torch.hip"):
         return {**spec, "isolate": True}
     return spec
 
 
-def plan(command: str, quick: bool) -> list[dict[str, Any]]:
-    """The static checks of a command (kernels cases are added once they are listed)."""
+def plan(command: str, quick: bool, limits: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The static checks of a command (kernels cases are added once they are listed).
+    ``limits``: what the arch's torch refuses by design (the expect file's sdpa_limits)."""
     groups = GROUPS[command]
     checks = [_spec("env", "validate.checks.env:run", "Environment and device", worker=MAIN)]
     if "backends" in groups:
@@ -134,9 +136,21 @@ def plan(command: str, quick: bool) -> list[dict[str, Any]]:
                     params={
                         "case": {k: v for k, v in case.to_json().items() if k != "gqa"},
                         "reference": case.name == grid.REFERENCE_CASE,
+                        "limits": limits or {},
                     },
                 )
             )
+        # After the grid: the default pick at real workloads' shapes (fused or math).
+        checks.append(
+            _spec(
+                "sdpa.workloads",
+                "validate.checks.workloads:run",
+                "SDPA at workload shapes: fused or math",
+                group="sdpa",
+                worker=MAIN,
+                params={"quick": quick},
+            )
+        )
     if "flash-attn" in groups:
         checks.append(
             _spec("flash_attn.info", "validate.checks.flash_attn:info", "flash_attn package")

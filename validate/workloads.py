@@ -119,6 +119,28 @@ def _llm(width: int | None, height: int | None) -> list[dict]:
     ]
 
 
+# ViT encoders: patch 14, non-causal self-attention over the patch grid (plus a class token where
+# the model has one), batch 1. Head dims 72 and 80 are the sizes reported to fall back to math
+# on gfx1151 (ROCm/ATOM#1357, aiter#4065's head-dim-tiled kernel).
+VIT_PATCH = 14
+VIT_MODELS = (
+    # (head dim, heads, class token, model)
+    (72, 16, False, "siglip-so400m"),
+    (80, 16, True, "vit-h14"),
+)
+
+
+def _vit(width: int | None, height: int | None) -> list[dict]:
+    sizes = [(width, height)] if width else list(WORKLOADS["vit"].resolutions)
+    out = []
+    for w, h in sizes:
+        patches = (w // VIT_PATCH) * (h // VIT_PATCH)
+        for d, heads, cls, model in VIT_MODELS:
+            s = patches + (1 if cls else 0)
+            out.append(shape(f"vit-{w}x{h}-{model}-d{d}", 1, heads, heads, s, s, d, False, "fp16"))
+    return out
+
+
 WORKLOADS: dict[str, Workload] = {
     "qwen-image": Workload(
         "qwen-image",
@@ -181,6 +203,21 @@ WORKLOADS: dict[str, Workload] = {
         _llm,
     ),
 }
+WORKLOADS["vit"] = Workload(
+    "vit",
+    "ViT image encoders, patch 14, batch 1, fp16: SigLIP so400m (16 heads x 72, no class token) "
+    "and ViT-H/14 (16 heads x 80, class token) at 224 and 336 px",
+    (
+        "google/siglip-so400m-patch14-384 config.json (vision hidden_size 1152, "
+        "num_attention_heads 16, patch_size 14); https://huggingface.co/google/siglip-so400m-patch14-384",
+        "laion/CLIP-ViT-H-14-laion2B-s32B-b79K config.json (vision hidden_size 1280, "
+        "num_attention_heads 16, patch_size 14); https://huggingface.co/laion/CLIP-ViT-H-14-laion2B-s32B-b79K",
+        "ROCm/ATOM#1357 and ROCm/aiter#4065: ViT head dim 72 falls back to math on gfx1151; "
+        "https://github.com/ROCm/aiter/issues/4065",
+    ),
+    ((224, 224), (336, 336)),
+    _vit,
+)
 CUSTOM = "custom"
 
 
@@ -237,7 +274,7 @@ def shapes(
     if name == CUSTOM:
         if resolution is not None:
             raise WorkloadError(
-                "--resolution applies to qwen-image, sd15 and sdxl; custom takes --shape."
+                "--resolution applies to qwen-image, sd15, sdxl and vit; custom takes --shape."
             )
         if not custom:
             raise WorkloadError("the custom workload needs --shape b,h,hkv,sq,sk,d[,causal].")
@@ -251,7 +288,7 @@ def shapes(
     if resolution is not None:
         if not wl.resolutions:
             raise WorkloadError(
-                f"--resolution applies to qwen-image, sd15 and sdxl, not {name} (its shapes are fixed)."
+                f"--resolution applies to qwen-image, sd15, sdxl and vit, not {name} (its shapes are fixed)."
             )
         width, height = parse_resolution(resolution) if isinstance(resolution, str) else resolution
         step = 16 if name == "qwen-image" else 8

@@ -167,13 +167,17 @@ def tool_failures(runs: list[ToolRun], codes: dict[str, int], run_dir: Path) -> 
 
 def expect_document(recipes: Recipes, plan: Plan) -> dict:
     """What the suite holds the image to: the stack's expectations, the known-bad host rules
-    (recipes/hosts.yaml) and what the recipes say of the torch's AOTriton."""
+    (recipes/hosts.yaml), what the recipes say of the torch's AOTriton, and what the arch's torch
+    refuses by design (recipes/arches.yaml sdpa_limits)."""
+    arch = recipes.arches.get(plan.arch)
+    limits = arch.sdpa_limits if arch else None
     return {
         "stack": plan.stack,
         "arch": plan.arch,
         "expect": plan.expect,
         "host_rules": [r.model_dump(exclude_none=True) for r in recipes.host_rules],
         "aotriton": aotriton_facts(recipes, plan),
+        **({"sdpa_limits": limits.model_dump()} if limits else {}),
     }
 
 

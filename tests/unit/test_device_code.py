@@ -271,3 +271,90 @@ def test_a_missing_package_is_named(tmp_path):
     result = one(tmp_path, "no_such_pkg_xyz:lib", "gfx1151")
     assert not result["ok"]
     assert result["detail"] == "no_such_pkg_xyz:lib: package no_such_pkg_xyz is not installed"
+
+
+# --- variants: what is reported, and what the arch table marks harmful (TheRock#7081) -------
+
+
+def with_features(elf: bytes, xnack: int, sramecc: int = 0) -> bytes:
+    """The code object with its e_flags feature settings changed (code object V4+: 0 unsupported,
+    1 any, 2 off, 3 on; LLVM AMDGPUUsage.rst, EF_AMDGPU_FEATURE_XNACK_V4 / SRAMECC_V4)."""
+    assert elf[8] >= 2, "Triton writes code object V4 or later"
+    flags = struct.unpack_from("<I", elf, 48)[0] & ~0xF00
+    flags |= (xnack << 8) | (sramecc << 10)
+    return elf[:48] + struct.pack("<I", flags) + elf[52:]
+
+
+def test_elf_feature_settings_are_read_as_target_id_features(hsaco):
+    elf = hsaco["gfx942"]
+    assert smoke_runner._elf_amdgpu_target(with_features(elf, 3)) == "gfx942:xnack+"
+    assert smoke_runner._elf_amdgpu_target(with_features(elf, 2, 3)) == "gfx942:sramecc+:xnack-"
+    assert smoke_runner._elf_amdgpu_target(with_features(elf, 1, 1)) == "gfx942"  # 'any'
+
+
+def test_the_variants_of_an_extension_are_reported(tmp_path, hsaco):
+    path = tmp_path / "libmha.so"
+    path.write_bytes(
+        host_library(
+            bundle([(hip_id("gfx942"), hsaco["gfx942"])]),
+            bundle([(hip_id("gfx942:xnack+"), with_features(hsaco["gfx942"], 3))]),
+        )
+    )
+    result = one(tmp_path, str(path), "gfx942")
+    assert result["ok"], result["detail"]
+    assert result["detail"] == "libmha.so: gfx942, gfx942:xnack+"
+    [bad] = run(tmp_path, [{"name": "c", "device_code": str(path), "arch": "gfx942",
+                            "harmful": "gfx942:xnack+"}])  # fmt: skip
+    assert not bad["ok"]
+    assert (
+        "libmha.so [gfx942:xnack+] is a gfx942:xnack+ variant, which recipes/arches.yaml "
+        in (bad["detail"])
+    )
+
+
+@pytest.fixture
+def gfx90a_site(tmp_path: Path) -> Path:
+    """torch's device files for gfx90a as torch 2.12.0+rocm7.14.0 laid them out: the plain kernel
+    pack, and the xnack+/- packs of TheRock#7081."""
+    root = tmp_path / "site"
+    (root / "torch/.kpack").mkdir(parents=True)
+    (root / "torch/__init__.py").write_text("")
+    images = root / "torch/lib/aotriton.images/amd-gfx90a/flash"
+    images.mkdir(parents=True)
+    (images / "attn_fwd.aks2").write_bytes(b"AKS2")
+    for name in ("torch_gfx90a.kpack", "torch_gfx90a:xnack+.kpack", "torch_gfx90a:xnack-.kpack"):
+        (root / "torch/.kpack" / name).write_bytes(b"KPACK")
+    return root
+
+
+def _recipe_check(arch: str, layer: str = "pytorch-wheels") -> dict:
+    plan = resolve(load_recipes(REPO), arch, "default")
+    step = next(s for s in plan.steps if s.layer == layer)
+    return next(c for c in step.smoke if "device_code" in c)
+
+
+def test_the_recipe_check_fails_on_the_extra_gfx90a_xnack_kernel_packs(gfx90a_site):
+    check = _recipe_check("gfx90a")
+    assert check["harmful"] == "gfx90a:xnack+ gfx90a:xnack-"  # from recipes/arches.yaml
+    [result] = run(gfx90a_site, [check])
+    assert not result["ok"]
+    assert "torch_gfx90a:xnack+.kpack is a gfx90a:xnack+ variant" in result["detail"]
+    assert "torch_gfx90a:xnack-.kpack is a gfx90a:xnack- variant" in result["detail"]
+    assert "marks harmful for this arch (harmful_code_variants): remove it" in result["detail"]
+
+
+def test_the_recipe_check_passes_once_the_xnack_packs_are_gone(gfx90a_site):
+    for sign in "+-":
+        (gfx90a_site / f"torch/.kpack/torch_gfx90a:xnack{sign}.kpack").unlink()
+    [result] = run(gfx90a_site, [_recipe_check("gfx90a")])
+    assert result["ok"], result["detail"]
+    assert "1 kernel packs for gfx90a (variants gfx90a)" in result["detail"]
+
+
+def test_an_arch_without_harmful_variants_only_reports_them(site):
+    (site / "torch/.kpack/torch_gfx1151:xnack-.kpack").write_bytes(b"KPACK")
+    check = _recipe_check("gfx1151")
+    assert check["harmful"] == ""
+    [result] = run(site, [check])
+    assert result["ok"], result["detail"]
+    assert "2 kernel packs for gfx1151 (variants gfx1151, gfx1151:xnack-)" in result["detail"]

@@ -109,6 +109,8 @@ def wheelhouse(tmp_path_factory) -> Path:
     specs = _torch_side(LABEL, TORCH, VISION, AUDIO) + _sdk_side("10.1.0")
     # Another channel's builds: ROCm 7.14.0 and a 10.0.0 torchvision (TheRock#7183, #5374).
     specs += _sdk_side("7.14.0")
+    # A later patch of the same release, and the next minor release (TheRock#7347).
+    specs += _sdk_side("10.1.1") + _sdk_side("10.2.0")
     specs += [("torchvision", "0.28.0+rocm10.0.0", [], {
         "device-gfx1151": ["amd-torchvision-device-gfx1151==0.28.0+rocm10.0.0"],
     }, {"torchvision/__init__.py": b""})]  # fmt: skip
@@ -243,7 +245,8 @@ def test_rocm_7_sdk_beside_a_rocm_10_torch_fails(tmp_path, wheelhouse, check):
     assert not result["ok"]
     assert (
         "rocm-sdk-core is 7.14.0, from another ROCm build than torch 2.14.0+rocm10.1.0 "
-        "(expected 10.1.0)" in result["detail"]
+        "(torch requires rocm ~=10.1.0, so 10.1.x from 10.1.0 on (TheRock#7347))"
+        in result["detail"]
     )
     assert "rocm-sdk-libraries" not in result["detail"]  # only the wheel that is off is named
 
@@ -291,3 +294,51 @@ def test_a_stray_device_wheel_of_another_build_is_caught_by_the_glob(tmp_path, w
     assert (
         "amd-torch-device-gfx11 is 2.12.0+rocm7.14.0, from another ROCm build" in result["detail"]
     )
+
+
+SDK = ("rocm", "rocm_sdk_core", "rocm_sdk_libraries", "rocm_sdk_devel", "rocm_sdk_device_gfx1151")
+
+
+def test_a_later_patch_sdk_under_the_torch_label_is_valid(tmp_path, wheelhouse, check):
+    # Stable torch requires rocm ~=X.Y.Z (TheRock#7347, pytorch#194102): 10.1.1 under
+    # +rocm10.1.0 is what `pip install --upgrade rocm` gives, and it loads.
+    py = _install(tmp_path, wheelhouse, *_but(**dict.fromkeys(SDK, "10.1.1")))
+    [result] = run_checks(py, [check])
+    assert result["ok"], result["detail"]
+    assert "ROCm SDK 10.1.1, a later patch that torch's rocm ~=10.1.0 allows" in result["detail"]
+
+
+def test_the_next_minor_sdk_under_the_torch_label_is_invalid(tmp_path, wheelhouse, check):
+    py = _install(tmp_path, wheelhouse, *_but(**dict.fromkeys(SDK, "10.2.0")))
+    [result] = run_checks(py, [check])
+    assert not result["ok"]
+    assert (
+        "rocm-sdk-core is 10.2.0, from another ROCm build than torch 2.14.0+rocm10.1.0 "
+        "(torch requires rocm ~=10.1.0" in result["detail"]
+    )
+
+
+def test_sdk_wheels_of_two_patches_are_not_one_release(tmp_path, wheelhouse, check):
+    # Each fits torch's ~=10.1.0, but rocm pins its rocm-sdk-* parts exactly.
+    py = _install(tmp_path, wheelhouse, *_but(rocm_sdk_core="10.1.1"))
+    [result] = run_checks(py, [check])
+    assert not result["ok"]
+    assert "the ROCm SDK wheels are not one release (" in result["detail"]
+    assert "rocm-sdk-core 10.1.1" in result["detail"]
+
+
+@pytest.mark.parametrize(
+    "version, release, fits",
+    [
+        ("10.1.0", "10.1.0", True),
+        ("10.1.1", "10.1.0", True),
+        ("10.1.12", "10.1.3", True),
+        ("10.1.0", "10.1.1", False),  # an earlier patch than torch was built with
+        ("10.2.0", "10.1.0", False),
+        ("11.1.0", "10.1.0", False),
+        ("10.2.0a20261007", "10.2.0a20261006", False),  # nightlies stay coupled exactly
+        ("10.2.0a20261006", "10.2.0a20261006", True),
+    ],
+)
+def test_the_sdk_rule_is_pep440_compatible_release(version, release, fits):
+    assert smoke_runner._sdk_fits(version, release) is fits

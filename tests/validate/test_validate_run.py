@@ -71,7 +71,9 @@ def test_env_observes_cpu_torch(quick_run):
 def test_cpu_sdpa_is_reported_honestly(quick_run):
     report = quick_run[1]
     rows = {r["case"]: r for r in report["backend_matrix"]}
-    assert set(rows) == {"fp16-d64-s512", "bf16-d128-s512-gqa4-causal", "fp16-d33-s77"}
+    from validate import grid
+
+    assert set(rows) == set(grid.QUICK)
     for row in rows.values():
         assert row["device"] == "cpu"
         # torch picks its CPU flash kernel, and the profiler sees the same aten op

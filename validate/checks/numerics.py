@@ -11,32 +11,64 @@ import torch
 from validate import tolerance
 from validate.grid import Case
 
-__all__ = ["Case", "attention_math", "fwd_bwd_case", "judge", "make_inputs"]
+__all__ = ["Case", "attention_math", "fwd_bwd_case", "judge", "make_inputs", "make_mask"]
 
 
 def torch_dtype(name: str) -> torch.dtype:
     return {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[name]
 
 
+# Scales of the large-magnitude cases (validate.grid.VALUES): q and k by 50 makes the scaled
+# logits about 2500 x N(0, 1), reaching about 1e4 over a 512 x 512 case; V by 1e4.
+BIG_QK = 50.0
+BIG_V = 1e4
+
+
 def make_inputs(case: Case, device: str, seed: int = 0):
-    """Deterministic q, k, v in (batch, heads, seqlen, head_dim) layout."""
+    """Deterministic q, k, v of shape (batch, heads, seqlen, head_dim), laid out as the case's
+    ``layout`` says (strided views, an expanded K/V) and scaled as its ``values`` say."""
     gen = torch.Generator(device="cpu").manual_seed(seed)
     dt = torch_dtype(case.dtype)
+    scale_qk = BIG_QK if case.values == "big-logits" else 1.0
+    scale_v = BIG_V if case.values == "big-v" else 1.0
 
-    def rnd(h: int, s: int) -> torch.Tensor:
-        return torch.randn(case.batch, h, s, case.head_dim, generator=gen).to(
-            device=device, dtype=dt
-        )
+    def rnd(h: int, s: int, scale: float, strided: bool) -> torch.Tensor:
+        if strided:  # made (B, S, H, D), seen as a (B, H, S, D) view
+            t = torch.randn(case.batch, s, h, case.head_dim, generator=gen) * scale
+            return t.to(device=device, dtype=dt).transpose(1, 2)
+        t = torch.randn(case.batch, h, s, case.head_dim, generator=gen) * scale
+        return t.to(device=device, dtype=dt)
 
-    return (
-        rnd(case.heads_q, case.seqlen_q),
-        rnd(case.heads_kv, case.seqlen_k),
-        rnd(case.heads_kv, case.seqlen_k),
-    )
+    bshd = case.layout == "bshd"
+    q = rnd(case.heads_q, case.seqlen_q, scale_qk, bshd)
+    k = rnd(case.heads_kv, case.seqlen_k, scale_qk, bshd)
+    v = rnd(case.heads_kv, case.seqlen_k, scale_v, bshd or case.layout == "v-strided")
+    if case.layout == "kv-expanded":
+        shape = (case.batch, case.heads_q, case.seqlen_k, case.head_dim)
+        k, v = k.expand(shape), v.expand(shape)  # stride 0 over the heads
+    return q, k, v
 
 
-def attention_math(q, k, v, causal: bool, upcast: bool) -> torch.Tensor:
-    """Plain attention (no SDPA), in fp32 when ``upcast`` else in the input dtype.
+def make_mask(case: Case, device: str, seed: int = 1) -> torch.Tensor | None:
+    """The case's attention mask (validate.grid.MASKS), or None. Batch 1 pads its last quarter
+    of keys, so no row is fully masked."""
+    if case.mask is None:
+        return None
+    pad = torch.zeros(case.batch, case.seqlen_k, dtype=torch.bool)
+    if case.batch > 1:
+        pad[1, case.seqlen_k - case.seqlen_k // 4 :] = True
+    if case.mask == "bool-padding":
+        return (~pad).view(case.batch, 1, 1, case.seqlen_k).to(device)
+    dt = torch_dtype(case.dtype)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    bias = torch.randn(case.batch, 1, case.seqlen_q, case.seqlen_k, generator=gen)
+    bias = bias.masked_fill(pad.view(case.batch, 1, 1, case.seqlen_k), torch.finfo(dt).min)
+    return bias.to(device=device, dtype=dt)
+
+
+def attention_math(q, k, v, causal: bool, upcast: bool, attn_mask=None) -> torch.Tensor:
+    """Plain attention (no SDPA), in fp32 when ``upcast`` else in the input dtype; ``mask`` is
+    SDPA's attn_mask (boolean: True attends; float: added to the scaled logits).
 
     Either way the output comes back in the input dtype, as flash-attention's
     ``attention_ref`` returns it (pass fp32 inputs for an fp32 result).
@@ -61,6 +93,11 @@ def attention_math(q, k, v, causal: bool, upcast: bool) -> torch.Tensor:
         # Top-left aligned mask, as torch SDPA's is_causal uses.
         mask = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(diagonal=0)
         scores = scores.masked_fill(~mask, float("-inf"))
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attn_mask, float("-inf"))
+        else:
+            scores = scores + attn_mask.to(scores.dtype)
     probs = torch.softmax(scores.float(), dim=-1).to(scores.dtype)
     out = probs @ v
     return out.to(dtype)
