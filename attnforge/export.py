@@ -40,8 +40,8 @@ KERNELS_DIST = "attnforge-kernels"
 # Where a source-built layer keeps the wheel it built, so an export can carry it.
 IMAGE_WHEELS = "/opt/attnforge/wheels"
 
-# verify-env's exit statuses.
-SAME, DIFFERS, FAILS = 0, 1, 2
+# verify-env's exit statuses; 2 stays what it is for every task: a usage error (as diff(1) does).
+SAME, DIFFERS, FAILS = 0, 1, 3
 
 
 def local_label(version: str) -> str | None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from invoke import Task, task
 
-from .. import hostinfo
+from .. import hostinfo, multiarch
 from ..console import out
 from ..errors import UserError
 from ..plan import default_stack
@@ -53,4 +53,6 @@ def choose_target(recipes: Recipes, arch: str | None, stack: str | None) -> tupl
     if arch is None:
         arch, why = hostinfo.default_arch()
         out.print(f"[dim]--arch not given: {why}[/]")
+    elif multiarch.is_set(arch):  # one image for several arches: an arch from here on
+        arch = multiarch.register(recipes, arch)
     return arch, stack or default_stack(recipes, arch)

@@ -322,7 +322,7 @@ def _image_manifest(engine: str, image: str, record: dict | None) -> dict:
 @user_errors
 def verify_env(c, against=None, python=None, validate=False, json=False, engine="docker",
                debug=False):  # fmt: skip
-    """Compare a Python environment with a validated stack; exit 0 same, 1 differs, 2 also fails validation."""
+    """Compare a Python environment with a validated stack; exit 0 same, 1 differs, 3 differs and fails validation."""
     if not against:
         raise UserError("--against is required: an export folder, a report.json or an image")
     ws = Workspace.discover()

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import os
 
+from .. import multiarch
 from ..baseline_store import snapshot_published
 from ..console import out, user_errors
 from ..engine import connect
 from ..errors import UserError
 from ..plan import Options, resolve
 from ..recipes import load_recipes
-from ..workspace import Workspace
+from ..workspace import VALIDATED, Workspace
 from . import choose_target, command
 
 
@@ -53,23 +54,10 @@ def publish(c, to=None, arch=None, stack=None, namespace="attnforge", engine="do
     final_id = eng.image_id(final) if final else None
     if final_id is None:
         raise UserError(f"no image {final}", hint=f"invoke build --arch {arch} --stack {stack}")
-    stamp = ws.validated_stamp(arch, stack)
-    if not stamp.exists():
-        raise UserError(
-            f"{final} was never validated here; it is not published",
-            hint=f"invoke validate --arch {arch} --stack {stack}",
-        )
-    record = json.loads(stamp.read_text())
-    if record.get("image_id") != final_id:
-        raise UserError(
-            f"{final} changed since it was validated (validated {str(record.get('image_id'))[:19]}, now {final_id[:19]}); it is not published",
-            hint=f"invoke validate --arch {arch} --stack {stack}",
-        )
-    if not record.get("passed"):
-        raise UserError(
-            f"{final} failed validation (exit {record.get('exit')}); it is not published",
-            hint=f"see {ws.reports_for(arch, stack) / 'report.md'}",
-        )
+    if isinstance(recipes.arches[arch], multiarch.ArchSet):
+        record = set_validation(ws, recipes.arches[arch], stack, final, final_id)
+    else:
+        record = single_validation(ws, arch, stack, final, final_id)
     lineage = json.loads(eng.labels(final).get("org.attnforge.lineage", "[]"))
     if not lineage:
         raise UserError(f"{final} has no org.attnforge.lineage label: was it built by attnforge?")
@@ -113,6 +101,47 @@ def publish(c, to=None, arch=None, stack=None, namespace="attnforge", engine="do
     out.print(f"the published report and benchmark are kept in {kept}", markup=False)
     out.print(f"[green]published[/] {len(refs)} tags of the validated {final} to {to}; "
               f"digests in {where / 'publish.json'}")  # fmt: skip
+
+
+def single_validation(ws: Workspace, arch: str, stack: str, final: str, final_id: str) -> dict:
+    """The stamp `invoke validate` left for this very image, or a UserError saying why not."""
+    stamp = ws.validated_stamp(arch, stack)
+    if not stamp.exists():
+        raise UserError(
+            f"{final} was never validated here; it is not published",
+            hint=f"invoke validate --arch {arch} --stack {stack}",
+        )
+    record = json.loads(stamp.read_text())
+    if record.get("image_id") != final_id:
+        raise UserError(
+            f"{final} changed since it was validated (validated {str(record.get('image_id'))[:19]}, now {final_id[:19]}); it is not published",
+            hint=f"invoke validate --arch {arch} --stack {stack}",
+        )
+    if not record.get("passed"):
+        raise UserError(
+            f"{final} failed validation (exit {record.get('exit')}); it is not published",
+            hint=f"see {ws.reports_for(arch, stack) / 'report.md'}",
+        )
+    return record
+
+
+def set_validation(
+    ws: Workspace, arch: multiarch.ArchSet, stack: str, final: str, final_id: str
+) -> dict:
+    """One image for several arches is published only when every member passed on it."""
+    reports = ws.reports_for(arch.name, stack)
+    stamps = {}
+    for m in arch.members:
+        path = multiarch.member_reports(reports, m.name) / VALIDATED
+        stamps[m.name] = json.loads(path.read_text()) if path.is_file() else None
+    why = multiarch.publish_refusals(final_id, stamps)
+    if why:
+        raise UserError(
+            f"{final} is not published: {'; '.join(why)}",
+            hint=f"run `invoke validate --arch {arch.name} --stack {stack}` on a GPU of each "
+            "arch it lists",
+        )
+    return {"image": final, "image_id": final_id, "passed": True, "members": stamps}
 
 
 def pull_lines(manifest: dict) -> str:

@@ -57,7 +57,7 @@ def test_export_refuses_an_image_that_was_not_validated(tree):
     built = invoke(tree, *build_args(namespace=NAMESPACE))
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
     refused = invoke(tree, "export", "--arch", "cpu", "--namespace", NAMESPACE)
-    assert refused.returncode == 1
+    assert refused.returncode == 2  # a user's error, as for every task
     assert f"{NAMESPACE}/cpu:cpu was never validated here; it is not exported" in said(refused)
     assert not (tree / "build/export/cpu/cpu").exists()
 
@@ -144,9 +144,9 @@ def test_a_removed_wheel_a_changed_version_and_a_corrupted_record_are_each_named
     }
 
 
-def test_a_differing_venv_that_also_fails_the_suite_exits_2(tree, tmp_path_factory):
+def test_a_differing_venv_that_also_fails_the_suite_exits_3(tree, tmp_path_factory):
     venv = next(tmp_path_factory.getbasetemp().glob("user*/venv"))
     # numpy is gone, so Triton's interpreter cannot run the kernels' cases.
     failing = verify(tree, venv, tree / "build/export/cpu/cpu", "--validate")
-    assert failing.returncode == 2, said(failing)[-3000:]
+    assert failing.returncode == 3, said(failing)[-3000:]
     assert "differs from the validated stack and fails validation" in said(failing)
