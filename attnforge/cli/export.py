@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 
 from invoke.exceptions import Exit
+from packaging.utils import parse_wheel_filename
 
 from .. import envprobe
 from .. import export as core
@@ -178,6 +179,18 @@ def export(c, arch=None, stack=None, output=None, namespace="attnforge", wheelho
                 if d.key in chosen:
                     break
         unmatched = [f"{d.key}=={d.version}" for d in dists if d.key not in chosen]
+        from_source = [
+            f"{d.key}=={d.version}" for d in dists
+            if d.key not in chosen and "dir_info" in (d.direct_url or {})
+        ]  # fmt: skip
+        if from_source:
+            raise UserError(
+                f"{', '.join(from_source)} {'was' if len(from_source) == 1 else 'were'} built from a "
+                f"source tree in {final} and no wheel of it was kept in {core.IMAGE_WHEELS}; "
+                "nothing was exported",
+                hint="rebuild that layer with a Dockerfile that keeps its wheel there "
+                "(dockerfiles/pytorch-source.Dockerfile does)",
+            )
         if unmatched:
             raise UserError(
                 f"no wheel whose files match what {final} installed was found for "
@@ -257,9 +270,26 @@ python{py["version"].rsplit(".", 1)[0]} -m venv ~/attn-venv
 . {where}/{core.ENV_FILE}     # the environment the image sets: {env}
 invoke verify-env --python ~/attn-venv/bin/python --against {where}
 
-pip 26.3 also installs from the PEP 751 lock ({core.PYLOCK}; experimental in pip): run
+{_built_here(m)}pip 26.3 also installs from the PEP 751 lock ({core.PYLOCK}; experimental in pip): run
 `~/attn-venv/bin/python -m pip install --no-index -r {core.PYLOCK}` inside {where}.
 """
+
+
+def _built_here(m: dict) -> str:
+    """The wheels a source-built layer compiled in the image: each for one Python and platform."""
+    built = [w for w in m["wheels"] if w["source"].startswith("built in the image")]
+    if not built:
+        return ""
+    lines = ["Built from source in the image (each wheel runs only on the Python and platform its",
+             "name carries; the requirements install them too):", ""]  # fmt: skip
+    for w in built:
+        _, _, _, tags = parse_wheel_filename(w["filename"])
+        tag = sorted(tags, key=str)[0]
+        py = m["python"]["version"].rsplit(".", 1)[0]
+        lines.append(f"  # {w['name']} {w['version']}: {tag.interpreter}, {tag.platform}")
+        lines.append(f"  echo '{w['sha256']}  wheels/{w['filename']}' | sha256sum -c")
+        lines.append(f"  python{py} -m pip install --no-deps wheels/{w['filename']}")
+    return "\n".join(lines) + "\n\n"
 
 
 VERDICTS = {

@@ -41,7 +41,8 @@ def manifest(*wheels: tuple[str, str], env: dict | None = None) -> dict:
         "validation": {"passed": True}, "env": env or {},
         "python": {"version": "3.11.2", "tag": "cp311", "platform": "linux-x86_64"},
         "wheels": [{"name": n, "version": v, "local": core.local_label(v),
-                    "filename": f"{n}-{v}-py3-none-any.whl", "sha256": "b" * 64} for n, v in wheels],
+                    "filename": f"{n}-{v}-py3-none-any.whl", "sha256": "b" * 64,
+                    "source": "https://example.invalid/simple"} for n, v in wheels],
     }  # fmt: skip
 
 
@@ -217,3 +218,23 @@ def test_a_real_venv_installs_from_the_pylock_and_its_damage_is_seen(tmp_path):
 def test_the_readme_shows_the_install_command_the_export_prints():
     shown = core.install_command(manifest(), "~/attn-venv/bin/python", "build/export/cpu/cpu/")
     assert shown in (REPO / "README.md").read_text()
+
+
+def test_a_wheel_built_in_the_image_comes_with_its_python_and_pip_command():
+    from attnforge.cli.export import _built_here
+
+    m = manifest(("torch", "2.14.0a0+rocm"))
+    m["python"]["version"] = "3.12.3"
+    m["wheels"][0].update(filename="torch-2.14.0a0+rocm-cp312-cp312-linux_x86_64.whl",
+                          source="built in the image (/opt/attnforge/wheels)")  # fmt: skip
+    text = _built_here(m)
+    assert "# torch 2.14.0a0+rocm: cp312, linux_x86_64" in text
+    assert (
+        f"echo '{'b' * 64}  wheels/torch-2.14.0a0+rocm-cp312-cp312-linux_x86_64.whl' | sha256sum -c"
+        in text
+    )
+    assert (
+        "python3.12 -m pip install --no-deps wheels/torch-2.14.0a0+rocm-cp312-cp312-linux_x86_64.whl"
+        in text
+    )
+    assert _built_here(manifest(("numpy", "2.4.6"))) == ""  # from an index: nothing to add
