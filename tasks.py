@@ -13,6 +13,7 @@ from attnforge.cli import patches as patch_tasks
 from attnforge.cli import pins as pin_tasks
 from attnforge.cli import publish as publish_tasks
 from attnforge.cli import validate as validate_tasks
+from attnforge.cli import verify as verify_tasks
 
 ns = Collection()
 ns.add_task(build_tasks.build)
@@ -27,6 +28,7 @@ ns.add_task(bisect_tasks.bisect)
 ns.add_task(doctor_tasks.doctor)
 ns.add_task(export_tasks.export)
 ns.add_task(export_tasks.verify_env)
+ns.add_task(verify_tasks.verify)
 ns.add_collection(Collection.from_module(patch_tasks), "patches")
 ns.add_collection(Collection.from_module(kernel_tasks), "kernels")
 ns.add_collection(Collection.from_module(pin_tasks), "pins")

@@ -334,8 +334,8 @@ def compare(manifest: dict, probe: dict, export_dir: Path | None = None) -> list
                 f"{pip} install --no-deps --force-reinstall{where} '{spec}'",
             ))  # fmt: skip
     for name, d in sorted(have.items()):
-        if name in want or name in TOOLING:
-            continue
+        if name in want or name in TOOLING or name == KERNELS_DIST:
+            continue  # an image holds the kernels as sources (PYTHONPATH), not as this wheel
         found.append(Difference(
             "extra",
             f"{name} {d.version} is installed but not in the validated stack; fix: {pip} uninstall -y {name}",

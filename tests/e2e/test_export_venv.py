@@ -98,6 +98,14 @@ def test_the_export_installs_offline_into_a_fresh_venv_that_verifies_as_validate
     assert same.returncode == 0, same.stdout[-3000:] + same.stderr[-3000:]
     assert "same as validated" in said(same)
     assert "python -m validate all: passed" in said(same)
+    # the report (the image its validated.json names) and the image itself are manifests too
+    report = tree / "reports/cpu/cpu/report.json"
+    for against in (report, f"{NAMESPACE}/cpu:cpu"):
+        proc = invoke(
+            tree, "verify-env", "--python", str(venv / "bin/python"), "--against", str(against)
+        )
+        assert proc.returncode == 0, said(proc)[-3000:]
+        assert "same as validated" in said(proc)
 
 
 def test_a_removed_wheel_a_changed_version_and_a_corrupted_record_are_each_named(
