@@ -11,6 +11,7 @@ run in order and share one tree.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -22,7 +23,17 @@ from pathlib import Path
 import pytest
 
 from attnforge import export as core
-from tests.e2e.test_cpu_stack import build_args, copy_tree, invoke, remove_images, require_engine
+from attnforge import ociregistry
+from attnforge.ociregistry import Ref
+from tests.e2e.test_cpu_stack import (
+    REGISTRY,
+    _need_registry,
+    build_args,
+    copy_tree,
+    invoke,
+    remove_images,
+    require_engine,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -158,3 +169,47 @@ def test_a_differing_venv_that_also_fails_the_suite_exits_3(tree, tmp_path_facto
     failing = verify(tree, venv, tree / "build/export/cpu/cpu", "--validate")
     assert failing.returncode == 3, said(failing)[-3000:]
     assert "differs from the validated stack and fails validation" in said(failing)
+
+
+def test_publish_attaches_an_sbom_and_provenance_that_verify_checks(tree):
+    """The validated image, published to the local registry: its SBOM and provenance are fetched
+    back by digest, name that digest, and a tampered attachment fails `invoke verify`."""
+    _need_registry()
+    target = f"{REGISTRY}/{NAMESPACE}"
+    published = invoke(tree, "publish", "--arch", "cpu", "--namespace", NAMESPACE, "--to", target)
+    assert published.returncode == 0, said(published)[-3000:]
+    manifest = json.loads((tree / "reports/cpu/cpu/publish.json").read_text())
+    final = f"{target}/cpu:cpu"
+    digest = next(r["digest"] for r in manifest["refs"] if r["ref"] == final)
+    subject = Ref.parse(final)
+    sbom = ociregistry.fetch_attachment(subject, digest, "sbom")
+    prov = ociregistry.fetch_attachment(subject, digest, "att")
+    assert sbom["digest"] == manifest["attestations"]["sbom"]["digest"]
+    assert prov["digest"] == manifest["attestations"]["provenance"]["digest"]
+    assert sbom["manifest"]["subject"]["digest"] == digest
+    doc = json.loads(sbom["payload"])
+    assert doc["metadata"]["component"]["version"] == digest
+    purls = {c.get("purl", "") for c in doc["components"]}
+    assert any(p.startswith("pkg:pypi/torch@2.13.0") for p in purls)
+    assert any(p.startswith("pkg:deb/debian/python3@") for p in purls)
+    statement = json.loads(base64.b64decode(json.loads(prov["payload"])["payload"]))
+    assert statement["subject"][0]["digest"] == {"sha256": digest.removeprefix("sha256:")}
+    layers = [
+        i["layer"]
+        for i in statement["predicate"]["buildDefinition"]["internalParameters"]["layers"]
+    ]
+    assert layers == ["base", "torch-cpu", "triton", "validate"]
+
+    for ref in (final, f"{target}/cpu@{digest}"):
+        ok = invoke(tree, "verify", ref)
+        assert ok.returncode == 0, said(ok)[-2000:]
+        assert "verified" in said(ok)
+
+    # Tampered: an SBOM that claims another image, pushed over the attachment's tag.
+    forged = json.dumps({**doc, "metadata": {**doc["metadata"], "component": {
+        **doc["metadata"]["component"], "version": "sha256:" + "0" * 64}}}).encode()  # fmt: skip
+    ociregistry.attach(subject, digest, "sbom", "application/vnd.cyclonedx+json",
+                       "application/vnd.cyclonedx+json", forged)  # fmt: skip
+    bad = invoke(tree, "verify", final)
+    assert bad.returncode == 1, said(bad)[-2000:]
+    assert f"the SBOM describes sha256:{'0' * 64}, not {digest}" in said(bad)
