@@ -149,6 +149,7 @@ def export(c, arch=None, stack=None, output=None, namespace="attnforge", wheelho
     dists = sorted((d for d in dists if d.key not in core.TOOLING), key=lambda d: d.key)
 
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it private; an export is for users to read
     try:
         wheels_dir = tmp / core.WHEELS
         wheels_dir.mkdir()
@@ -318,8 +319,9 @@ def load_against(ws: Workspace, against: str, engine: str) -> tuple[dict, Path |
                 "validated is unknown"
             )
         record = jsonlib.loads(stamp.read_text())
-        image = record.get("image_id") or record.get("image")
-        return _image_manifest(engine, image, record), None
+        manifest = _image_manifest(engine, record.get("image_id") or record.get("image"), record)
+        manifest["image"] = f"{record.get('image')} as validated ({against})"
+        return manifest, None
     if path.exists():
         raise UserError(
             f"--against {against}: expected an export folder, its {core.MANIFEST}, a report.json "

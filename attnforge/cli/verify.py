@@ -23,7 +23,9 @@ def verify(c, image=None, debug=False):
 
     Signatures are checked by cosign in CI (docs/ci.md), not here."""
     if not image:
-        raise UserError("give the published image: invoke verify registry/repository:tag")
+        raise UserError(
+            "--image is required: the published image, e.g. invoke verify --image registry/repository:tag"
+        )
     ref = Ref.parse(image)
     found = ociregistry.get_manifest(ref)
     if found is None:

@@ -4,9 +4,10 @@ containers, and a venv held against it.
 Builds the cpu stack in a copy of the tree under its own namespace; `invoke export` refuses it
 until it passed `invoke validate`; the export is installed offline into a fresh venv (pip with no
 index and no configuration, only the export's wheels and hashes); `invoke verify-env` calls that
-venv the same as validated, with the suite passing in it; then a removed wheel, a changed version,
-another local label and a corrupted RECORD are planted and each is named. The tests in this module
-run in order and share one tree.
+venv the same as validated, with the suite passing in it; then a removed wheel, a changed version
+and a corrupted RECORD are planted and each is named. Last, the validated image is published to
+the local registry, its SBOM and provenance are fetched back by digest, and a forged SBOM fails
+`invoke verify`. The tests in this module run in order and share one tree.
 """
 
 from __future__ import annotations
@@ -201,7 +202,7 @@ def test_publish_attaches_an_sbom_and_provenance_that_verify_checks(tree):
     assert layers == ["base", "torch-cpu", "triton", "validate"]
 
     for ref in (final, f"{target}/cpu@{digest}"):
-        ok = invoke(tree, "verify", ref)
+        ok = invoke(tree, "verify", "--image", ref)
         assert ok.returncode == 0, said(ok)[-2000:]
         assert "verified" in said(ok)
 
@@ -210,6 +211,6 @@ def test_publish_attaches_an_sbom_and_provenance_that_verify_checks(tree):
         **doc["metadata"]["component"], "version": "sha256:" + "0" * 64}}}).encode()  # fmt: skip
     ociregistry.attach(subject, digest, "sbom", "application/vnd.cyclonedx+json",
                        "application/vnd.cyclonedx+json", forged)  # fmt: skip
-    bad = invoke(tree, "verify", final)
+    bad = invoke(tree, "verify", "--image", final)
     assert bad.returncode == 1, said(bad)[-2000:]
     assert f"the SBOM describes sha256:{'0' * 64}, not {digest}" in said(bad)

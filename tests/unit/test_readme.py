@@ -25,7 +25,7 @@ NOT_RUN_HERE = {
     "validates and exports one",
     "invoke verify-env --python ~/attn-venv/bin/python --against build/export/cpu/cpu": "needs an "
     "export and a venv; tests/e2e/test_export_venv.py installs one and verifies it",
-    "invoke verify ghcr.io/you/attnforge/default:gfx1151": "needs a published image; "
+    "invoke verify --image ghcr.io/you/attnforge/default:gfx1151": "needs a published image; "
     "tests/e2e/test_export_venv.py publishes the cpu stack to a local registry and verifies it",
     "invoke pins.check --arch gfx1151": "needs GitHub and AMD's index; tests/unit/test_pins.py "
     "runs pins.check --offline against saved pages and real git repositories",
