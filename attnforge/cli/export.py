@@ -19,6 +19,7 @@ from .. import export as core
 from ..console import out, user_errors
 from ..engine import RunRequest, connect
 from ..errors import UserError
+from ..multiarch import ArchSet
 from ..plan import Options, resolve
 from ..recipes import load_recipes
 from ..workspace import VALIDATED, Workspace
@@ -28,15 +29,18 @@ PROBE_SOURCE = Path(envprobe.__file__).read_text()
 
 
 def validated_image(
-    ws: Workspace, eng, arch: str, stack: str, namespace: str
+    ws: Workspace, recipes, eng, arch: str, stack: str, namespace: str
 ) -> tuple[str, str, dict]:
     """(final tag, image id, validation stamp) of a stack whose final image passed `invoke
     validate`; the same refusals as `invoke publish`."""
-    recipes = load_recipes(ws.root)
     final = resolve(recipes, arch, stack, Options(namespace=namespace)).final_tag
     final_id = eng.image_id(final) if final else None
     if final_id is None:
         raise UserError(f"no image {final}", hint=f"invoke build --arch {arch} --stack {stack}")
+    if isinstance(recipes.arches[arch], ArchSet):  # every arch of the set passed on this image
+        from .publish import set_validation
+
+        return final, final_id, set_validation(ws, recipes.arches[arch], stack, final, final_id)
     stamp = ws.validated_stamp(arch, stack)
     if not stamp.exists():
         raise UserError(
@@ -131,9 +135,10 @@ def export(c, arch=None, stack=None, output=None, namespace="attnforge", wheelho
            ca_cert=None, engine="docker", debug=False):  # fmt: skip
     """Write a validated stack's exact wheels, hashes, environment and verdict for a venv."""
     ws = Workspace.discover()
-    arch, stack = choose_target(load_recipes(ws.root), arch, stack)
+    recipes = load_recipes(ws.root)
+    arch, stack = choose_target(recipes, arch, stack)
     eng = connect(engine)
-    final, final_id, record = validated_image(ws, eng, arch, stack, namespace)
+    final, final_id, record = validated_image(ws, recipes, eng, arch, stack, namespace)
     house = Path(wheelhouse) if wheelhouse else ws.wheelhouse
     if wheelhouse and not house.is_dir():
         raise UserError(f"--wheelhouse {wheelhouse}: no such folder")

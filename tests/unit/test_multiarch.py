@@ -166,3 +166,22 @@ def test_build_plans_a_set_from_the_command_line(tmp_path):
     bad = run_invoke(REPO, "build", "--arch", "gfx1151,gfx9", "--dry-run")
     assert bad.returncode == 2 and "unknown arch 'gfx9'" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_publish_reads_every_arch_stamp_of_the_set(recipes, tmp_path):
+    from attnforge.cli.publish import set_validation
+    from attnforge.workspace import Workspace
+
+    ws = Workspace(REPO, tmp_path / "build", tmp_path / "reports")
+    arch = recipes.arches[multiarch.register(recipes, "gfx1151,gfx1100")]
+    final = "attnforge/default:gfx1100_gfx1151"
+    where = ws.reports_for(arch.name, "default")
+    (where / "gfx1151").mkdir(parents=True)
+    (where / "gfx1151" / "validated.json").write_text(json.dumps(PASSED))
+    with pytest.raises(UserError) as err:
+        set_validation(ws, arch, "default", final, IMAGE)
+    assert f"{final} is not published: gfx1100 was never validated on it" in str(err.value)
+    (where / "gfx1100").mkdir()
+    (where / "gfx1100" / "validated.json").write_text(json.dumps(PASSED))
+    record = set_validation(ws, arch, "default", final, IMAGE)
+    assert record["passed"] and set(record["members"]) == {"gfx1100", "gfx1151"}
