@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json as jsonlib
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -75,7 +76,13 @@ def probe_image(eng, image: str, *flags: str) -> dict:
 
 
 def fetch_in_image(
-    eng, image: str, dest: Path, specs: list[str], wheelhouse: Path | None, ca_cert: Path | None
+    eng,
+    image: str,
+    dest: Path,
+    specs: list[str],
+    wheelhouse: Path | None,
+    ca_cert: Path | None,
+    indexes: list[str] = (),
 ) -> subprocess.CompletedProcess[str]:
     """In the image (its pip, Python and platform): copy out its kernels sources and the wheels
     a source build kept, and download the pinned wheels no local folder had, with the index
@@ -88,10 +95,14 @@ def fetch_in_image(
     if specs:
         (dest / "specs.txt").write_text("\n".join(specs) + "\n")
         links = "--find-links /wheelhouse" if wheelhouse else ""
+        # the indexes the stack's layers install from (AMD's, PyTorch's), beside PyPI; one retry,
+        # so that an index this network cannot reach costs seconds, not minutes (a wheel that is
+        # then missing is named below; a wrong one never matches the installed RECORD)
+        links += "".join(f" --extra-index-url {shlex.quote(url)}" for url in indexes)
         script += [
             "if [ -s /run/ca.crt ]; then export PIP_CERT=/run/ca.crt; fi",
-            f"pip install -q --dry-run --ignore-installed --no-deps --only-binary=:all: {links} --report /out/report.json -r /out/specs.txt",
-            f"pip download -q --no-deps --only-binary=:all: {links} -d /out/downloaded -r /out/specs.txt",
+            f"pip install -q --retries 1 --dry-run --ignore-installed --no-deps --only-binary=:all: {links} --report /out/report.json -r /out/specs.txt",
+            f"pip download -q --retries 1 --no-deps --only-binary=:all: {links} -d /out/downloaded -r /out/specs.txt",
         ]
     mounts = [(dest, "/out", False)]
     if wheelhouse:
@@ -167,7 +178,8 @@ def export(c, arch=None, stack=None, output=None, namespace="attnforge", wheelho
         fetch = tmp / ".fetch"
         fetch.mkdir()
         specs = [f"{d.key}=={d.version}" for d in dists if d.key not in chosen]
-        proc = fetch_in_image(eng, final, fetch, specs, house if house.is_dir() else None, ca)
+        proc = fetch_in_image(eng, final, fetch, specs, house if house.is_dir() else None, ca,
+                              stack_indexes(recipes, arch, stack))  # fmt: skip
         if proc.returncode != 0:
             raise UserError(
                 f"fetching wheels in {final} failed: {(proc.stderr or proc.stdout).strip()[-800:]}"
@@ -237,6 +249,15 @@ def export(c, arch=None, stack=None, output=None, namespace="attnforge", wheelho
         highlight=False,
     )
     out.print(f"[green]exported[/] {len(entries)} wheels of the validated {final} to {target}")
+
+
+def stack_indexes(recipes, arch: str, stack: str) -> list[str]:
+    """The package indexes the stack's layers name (*_INDEX_URL args and hints)."""
+    plan = resolve(recipes, arch, stack)
+    return sorted({
+        str(v) for s in plan.steps for k, v in {**s.args, **s.hint_args}.items()
+        if k.endswith("INDEX_URL") and v
+    })  # fmt: skip
 
 
 def _ca_cert(value: str | None) -> Path | None:
