@@ -106,6 +106,12 @@ class RegistryAuth:
     detail: str = ""  # helper name, config file, or why it could not be read: never a secret
 
 
+@dataclass(frozen=True)
+class VenvTorch:
+    python: str  # the venv's interpreter
+    version: str  # torch's version, as its dist-info names it
+
+
 @dataclass
 class Facts:
     fingerprint: dict[str, Any]
@@ -117,6 +123,7 @@ class Facts:
     engine_disk: Disk | None = None
     build_disk: Disk | None = None
     registry: RegistryAuth | None = None
+    venv_torch: VenvTorch | None = None  # a torch in the active venv (VIRTUAL_ENV)
 
 
 # ---------------------------------------------------------------------------- arches & overrides
@@ -585,7 +592,29 @@ def diagnose(facts: Facts, recipes: RecipeFacts, arch: str | None = None) -> lis
     rows += disk_rows(facts, recipes, arch)
     if facts.registry is not None:
         rows.append(registry_row(facts.registry))
+    if facts.venv_torch is not None:
+        rows.append(venv_torch_row(facts.venv_torch))
     return rows
+
+
+def venv_torch_row(found: VenvTorch) -> Row:
+    """A torch outside the images: the environment verify-env compares with a validated stack."""
+    return Row(
+        "venv torch", "info", f"torch {found.version} in the venv of {found.python}",
+        f"invoke verify-env --python {found.python} --against EXPORT|REPORT|IMAGE (an `invoke "
+        "export` folder, a report.json or an image) names each way it differs from a validated stack",
+    )  # fmt: skip
+
+
+def venv_torch(env: Mapping[str, str]) -> VenvTorch | None:
+    """torch's version in the venv VIRTUAL_ENV names, from its dist-info (nothing is imported)."""
+    venv = env.get("VIRTUAL_ENV")
+    if not venv:
+        return None
+    for info in sorted(Path(venv).glob("lib/python3*/site-packages/torch-*.dist-info")):
+        version = info.name.removesuffix(".dist-info").split("-", 1)[1]
+        return VenvTorch(str(Path(venv) / "bin" / "python"), version)
+    return None
 
 
 def verdict(facts: Facts, rows: Sequence[Row], recipes: RecipeFacts) -> tuple[str, int]:
@@ -803,4 +832,5 @@ def gather(
         engine_disk=free_disk(Path(data_root)) if data_root and not eng.remote else None,
         build_disk=free_disk(build_dir),
         registry=registry_auth(registry, auth_files(engine_name, env)) if registry else None,
+        venv_torch=venv_torch(env),
     )

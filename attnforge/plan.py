@@ -22,7 +22,8 @@ from packaging.version import InvalidVersion, Version
 
 from . import patches as patch_series
 from .errors import RecipeError, UserError, unknown
-from .recipes import Arch, Layer, Recipes, Stack, StackEntry, check_pin, selector_matches
+from .multiarch import ArchSet, common_expect, member_smoke
+from .recipes import Arch, Layer, Recipes, Stack, StackEntry, check_pin, selectors_match
 
 # Bumping this rebuilds everything: for changes to how images are made that the hashed
 # inputs cannot see (a new label, a changed staging layout).
@@ -294,7 +295,7 @@ def classify_pin(value: str) -> str | None:
 
 def stack_fits(stack: Stack, arch: Arch) -> bool:
     """Whether a stack is made for an arch (its `arches:` selectors)."""
-    return any(selector_matches(s, arch) for s in stack.arches)
+    return selectors_match(stack.arches, arch)
 
 
 def stacks_for(recipes: Recipes, arch: str) -> list[str]:
@@ -345,7 +346,7 @@ def _render(
 def choose_variant(layer: Layer, entry: StackEntry, arch: Arch, chosen: str | None) -> str | None:
     """Step 1: the variant to use (--set wins, then the stack's preference list, then the layer's
     order), or raise _Gated with the reason from the data."""
-    if not any(selector_matches(s, arch) for s in layer.arches):
+    if not selectors_match(layer.arches, arch):
         raise _Gated(layer.gated_because or f"{layer.name} supports {', '.join(layer.arches)}")
     if not layer.variants:
         return None
@@ -358,7 +359,7 @@ def choose_variant(layer: Layer, entry: StackEntry, arch: Arch, chosen: str | No
     reasons = []
     for name in candidates:
         v = layer.variants[name]
-        if v.arches is None or any(selector_matches(s, arch) for s in v.arches):
+        if v.arches is None or selectors_match(v.arches, arch):
             return name
         reasons.append(f"{name}: {v.gated_because or 'supports ' + ', '.join(v.arches)}")
     raise _Gated("; ".join(reasons))
@@ -378,7 +379,7 @@ class _Values:
 def template_vars(arch: Arch, variant: str | None, layer: Layer, jobs: int) -> dict[str, Any]:
     status = arch.aotriton_status(layer.aotriton_for(variant))
     return {
-        "arch": arch.name,
+        "arch": getattr(arch, "targets", arch.name),  # an ArchSet: its members, ';'-joined
         "family": arch.family,
         "vendor": arch.vendor,
         "wave_size": arch.wave_size,
@@ -511,7 +512,7 @@ def resolve(
     arch_vars = {"arch": arch.name, "family": arch.family, "vendor": arch.vendor}
     expect = _render(stack.expect, arch_vars, "recipes/stacks.yaml: expect", strict=False)
     for workload, selectors in stack.fused.items():
-        if any(selector_matches(s, arch) for s in selectors):
+        if selectors_match(selectors, arch):
             expect[f"sdpa.workload.{workload}.fused"] = True
     base_ref = options.base_image or stack.base_image
     steps: list[Step] = []
@@ -537,6 +538,9 @@ def resolve(
         step = _make_step(
             recipes.root, layer, variant, arch.name, values, parent, base_ref, options, where
         )
+        if isinstance(arch, ArchSet):  # arch-naming smoke checks run once per member
+            smoke = member_smoke(layer, variant, arch, step.args, options.jobs, where)
+            step = replace(step, smoke=smoke)
         steps.append(step)
         expect.update(values.expect)
         parent = step
@@ -549,7 +553,10 @@ def resolve(
         last = chain[-1]
         final_tag = f"{options.namespace}/{stack_name}:{arch.name}"
         steps[steps.index(last)] = replace(last, moving_tags=(*last.moving_tags, final_tag))
-    return Plan(arch.name, stack_name, tuple(steps), expect, final_tag)
+    plan = Plan(arch.name, stack_name, tuple(steps), expect, final_tag)
+    if isinstance(arch, ArchSet):  # each member has its own; the plan shows what they share
+        plan = replace(plan, expect=common_expect(recipes, plan, options.jobs))
+    return plan
 
 
 def _make_step(
@@ -739,7 +746,7 @@ def _with_alternatives(layer: Layer, chosen: str | None, arch: Arch) -> str:
         return layer.name
     others = [
         n for n, v in layer.variants.items()
-        if n != chosen and (v.arches is None or any(selector_matches(x, arch) for x in v.arches))
+        if n != chosen and (v.arches is None or selectors_match(v.arches, arch))
     ]  # fmt: skip
     return f"{layer.name}:{chosen}" + (f" (or {', '.join(others)})" if others else "")
 

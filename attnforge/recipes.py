@@ -557,6 +557,13 @@ def selector_matches(selector: str, arch: Arch) -> bool:
     )
 
 
+def selectors_match(selectors: list[str], arch: Arch) -> bool:
+    """Whether a list of selectors admits an arch; an arch set (attnforge/multiarch.py) is
+    admitted where every member is."""
+    members = getattr(arch, "members", None) or (arch,)
+    return all(any(selector_matches(s, m) for s in selectors) for m in members)
+
+
 def _check_selectors(
     selectors: list[str], arches: dict[str, Arch], file: str, src: yamlsrc.Source, loc: tuple
 ) -> None:

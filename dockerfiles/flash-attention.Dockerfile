@@ -16,7 +16,8 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
 WORKDIR /src
 # One RUN fetches, builds and deletes the source tree, so no layer keeps it (hence cd, not
-# WORKDIR); the pip cache is a cache mount (hence no --no-cache-dir).
+# WORKDIR); the pip cache is a cache mount (hence no --no-cache-dir). The built wheel is kept in
+# /opt/attnforge/wheels, so that `invoke export` carries the very wheel this image installed.
 # hadolint ignore=DL3003,DL3042
 RUN --mount=type=secret,id=ca,required=false \
     --mount=type=cache,target=/root/.cache/pip \
@@ -30,7 +31,8 @@ RUN --mount=type=secret,id=ca,required=false \
         git submodule update -q --init --depth 1 csrc/composable_kernel; fi \
  && pip install einops==0.8.1 packaging==25.0 ninja==1.13.0 \
  && FLASH_ATTENTION_TRITON_AMD_ENABLE="${FLASH_ATTENTION_TRITON_AMD_ENABLE}" GPU_ARCHS="${GPU_ARCHS}" \
-    MAX_JOBS="${MAX_JOBS}" pip install --no-deps --no-build-isolation . \
+    MAX_JOBS="${MAX_JOBS}" pip wheel --no-deps --no-build-isolation -w /opt/attnforge/wheels . \
+ && pip install --no-deps /opt/attnforge/wheels/flash_attn-*.whl \
  && cd / && rm -rf /src/flash-attention
 
 # flash_attn_interface.py reads this at import to pick the Triton backend.

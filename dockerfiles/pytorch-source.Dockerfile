@@ -18,7 +18,8 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
 WORKDIR /src
 # One RUN fetches, builds and deletes the source tree, so no layer keeps it (hence cd, not
-# WORKDIR); the pip cache is a cache mount (hence no --no-cache-dir).
+# WORKDIR); the pip cache is a cache mount (hence no --no-cache-dir). The built wheel is kept in
+# /opt/attnforge/wheels, so that `invoke export` carries the very wheel this image installed.
 # hadolint ignore=DL3003,DL3042
 RUN --mount=type=secret,id=ca,required=false \
     --mount=type=cache,target=/root/.cache/pip \
@@ -38,9 +39,9 @@ RUN --mount=type=secret,id=ca,required=false \
     CMAKE_PREFIX_PATH="$(rocm-sdk path --cmake)" CMAKE_C_COMPILER_LAUNCHER=ccache \
     CMAKE_CXX_COMPILER_LAUNCHER=ccache PYTORCH_BUILD_VERSION="${PYTORCH_BUILD_VERSION}" \
     PYTORCH_BUILD_NUMBER=1 MAX_JOBS="${MAX_JOBS}" \
-    pip wheel --no-build-isolation --no-deps -w /tmp/torch-wheel . \
- && pip install --no-deps /tmp/torch-wheel/torch-*.whl \
- && cd / && rm -rf /src/pytorch /tmp/torch-wheel
+    pip wheel --no-build-isolation --no-deps -w /opt/attnforge/wheels . \
+ && pip install --no-deps /opt/attnforge/wheels/torch-*.whl \
+ && cd / && rm -rf /src/pytorch
 
 ENV TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL="${AOTRITON_EXPERIMENTAL}"
 

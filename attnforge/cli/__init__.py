@@ -36,7 +36,7 @@ from invoke import collection as invoke_collection
 from invoke.exceptions import Exit
 from invoke.parser import Argument, ParserContext
 
-from .. import hostinfo
+from .. import hostinfo, multiarch
 from ..console import out, user_errors
 from ..errors import UserError, unknown
 from ..plan import default_stack
@@ -86,6 +86,12 @@ def _recipes() -> Recipes:
 def _arch(flag: str, value: Any) -> str:
     value = _text(flag, value)
     arches = _recipes().arches
+    if multiarch.is_set(value) and value not in arches:
+        try:  # one image for several arches: each member must exist
+            multiarch.members_of(_recipes(), value)
+        except UserError as exc:
+            raise _named(flag, exc) from None
+        return value
     if value not in arches:
         raise _named(flag, unknown("arch", value, arches))
     return value
@@ -446,6 +452,8 @@ def choose_target(recipes: Recipes, arch: str | None, stack: str | None) -> tupl
     if arch is None:
         arch, why = hostinfo.default_arch()
         out.print(f"[dim]--arch not given: {why}[/]")
+    elif multiarch.is_set(arch):  # one image for several arches: an arch from here on
+        arch = multiarch.register(recipes, arch)
     return arch, stack or default_stack(recipes, arch)
 
 

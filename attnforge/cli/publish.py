@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import socket
 
-from ..baseline_store import snapshot_published
+from .. import attest, multiarch, ociregistry
+from ..baseline_store import sha256_file, snapshot_published
 from ..console import out, user_errors
-from ..engine import connect
+from ..engine import RunRequest, connect
 from ..errors import UserError
 from ..files import write_aside
+from ..ociregistry import Ref
 from ..plan import Options, resolve
 from ..recipes import load_recipes
-from ..workspace import Workspace
+from ..workspace import VALIDATED, Workspace
 from . import ARCH, ENGINE, NAMESPACE, STACK, Opt, choose_target, command
+from .export import probe_image
 
 
 def publish_refs(
@@ -61,26 +67,16 @@ def publish(c, to=None, arch=None, stack=None, namespace="attnforge", engine="do
     final_id = eng.image_id(final) if final else None
     if final_id is None:
         raise UserError(f"no image {final}", hint=f"invoke build --arch {arch} --stack {stack}")
-    stamp = ws.validated_stamp(arch, stack)
-    if not stamp.exists():
-        raise UserError(
-            f"{final} was never validated here; it is not published",
-            hint=f"invoke validate --arch {arch} --stack {stack}",
-        )
-    record = json.loads(stamp.read_text())
-    if record.get("image_id") != final_id:
-        raise UserError(
-            f"{final} changed since it was validated (validated {str(record.get('image_id'))[:19]}, now {final_id[:19]}); it is not published",
-            hint=f"invoke validate --arch {arch} --stack {stack}",
-        )
-    if not record.get("passed"):
-        raise UserError(
-            f"{final} failed validation (exit {record.get('exit')}); it is not published",
-            hint=f"see {ws.reports_for(arch, stack) / 'report.md'}",
-        )
+    if isinstance(recipes.arches[arch], multiarch.ArchSet):
+        record = set_validation(ws, recipes.arches[arch], stack, final, final_id)
+    else:
+        record = single_validation(ws, arch, stack, final, final_id)
     lineage = json.loads(eng.labels(final).get("org.attnforge.lineage", "[]"))
     if not lineage:
         raise UserError(f"{final} has no org.attnforge.lineage label: was it built by attnforge?")
+    # Everything the SBOM and the provenance need, gathered before anything is pushed: an image
+    # whose SBOM or provenance cannot be produced is not published.
+    facts = attestation_facts(ws, eng, recipes, arch, stack, namespace, final, final_id, lineage)
 
     log_path = ws.logs_for(arch) / "publish.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -89,6 +85,8 @@ def publish(c, to=None, arch=None, stack=None, namespace="attnforge", engine="do
     try:
         with log_path.open("w") as log:
             _push_all(eng, lineage, arch, stack, namespace, to, final, log, refs, made)
+        final_ref = f"{to.rstrip('/')}/{stack}:{arch}"
+        attestations = attach_attestations(final_ref, refs, facts, record)
     except BaseException as exc:  # the engine's own errors (a refused name, a registry down)
         for ref in made:
             eng.untag(ref)
@@ -104,7 +102,7 @@ def publish(c, to=None, arch=None, stack=None, namespace="attnforge", engine="do
     manifest = {
         "arch": arch, "stack": stack, "to": to, "image": final, "image_id": final_id,
         "versions": json.loads(eng.labels(final).get("org.attnforge.versions", "{}")),
-        "validation": record, "refs": refs,
+        "validation": record, "refs": refs, "attestations": attestations,
     }  # fmt: skip
     where = ws.reports_for(arch, stack)
     write_aside(where / "publish.json", json.dumps(manifest, indent=2) + "\n")
@@ -149,6 +147,108 @@ def _first_line(exc: Exception) -> str:
         text = text.decode(errors="replace")
     lines = [line.strip() for line in str(text).splitlines() if line.strip()]
     return lines[0] if lines else type(exc).__name__
+
+
+def attestation_facts(ws, eng, recipes, arch, stack, namespace, final, final_id, lineage) -> dict:
+    """What the image holds (its Python distributions and Debian packages) and what it was built
+    from (each layer's BuildInput, matched to the image's lineage by cache key)."""
+    probe = probe_image(eng, final)
+    dpkg = eng.run(RunRequest(image=final, command=["cat", "/var/lib/dpkg/status"], network="none"),
+                   timeout=300)  # fmt: skip
+    if dpkg.returncode != 0:
+        raise UserError(
+            f"no SBOM: reading /var/lib/dpkg/status in {final} failed; nothing was published"
+        )
+    plan = resolve(recipes, arch, stack, Options(namespace=namespace))
+    by_key = {s.hash: s.input.to_json() for s in plan.steps if s.input is not None}
+    kept = {}
+    for path in (ws.state_dir / "inputs" / arch).glob("*.json"):
+        with contextlib.suppress(ValueError, KeyError, OSError):
+            doc = json.loads(path.read_text())
+            kept[doc["key"]] = doc["input"]
+    inputs = []
+    for layer, short in lineage:
+        found = next((v for k, v in {**kept, **by_key}.items() if k.startswith(short)), None)
+        if found is None:
+            raise UserError(
+                f"no provenance: the inputs of layer {layer} ({short}) of {final} are neither "
+                "in this tree's plan nor in the build state; nothing was published",
+                hint=f"invoke build --arch {arch} --stack {stack} (a cached build records them)",
+            )
+        inputs.append(found)
+    wheel_hashes = {}
+    export_json = ws.build_dir / "export" / arch / stack / "export.json"
+    if export_json.is_file():  # an export of this very image knows the wheel files' sha256
+        doc = json.loads(export_json.read_text())
+        if doc.get("image_id") == final_id:
+            wheel_hashes = {w["name"]: w["sha256"] for w in doc["wheels"]}
+    report = ws.reports_for(arch, stack) / "report.json"
+    return {"probe": probe, "dpkg": dpkg.stdout, "inputs": inputs, "lineage": lineage,
+            "wheel_hashes": wheel_hashes, "invocation": {"arch": arch, "stack": stack},
+            "report_sha256": sha256_file(report) if report.is_file() else None}  # fmt: skip
+
+
+def attach_attestations(final_ref: str, refs: list[dict], facts: dict, record: dict) -> dict:
+    """Attach the SBOM and the provenance to the pushed final image, by its digest."""
+    digest = next(r["digest"] for r in refs if r["ref"] == final_ref)
+    subject = Ref.parse(final_ref)
+    builder = os.environ.get("ATTNFORGE_BUILDER_ID") or f"attnforge@{socket.gethostname()}"
+    sbom_doc = attest.sbom(final_ref, digest, facts["probe"], facts["dpkg"], facts["lineage"],
+                           facts["wheel_hashes"])  # fmt: skip
+    statement = attest.provenance(final_ref, digest, facts["inputs"], builder, facts["invocation"],
+                                  facts["report_sha256"], record)  # fmt: skip
+    found = {}
+    for key, suffix, kind, media, doc in (
+        ("sbom", "sbom", attest.SBOM_MEDIA, attest.SBOM_MEDIA, sbom_doc),
+        ("provenance", "att", attest.INTOTO_PAYLOAD, attest.DSSE_MEDIA, attest.dsse(statement)),
+    ):
+        payload = json.dumps(doc, indent=1).encode()
+        ref, manifest_digest = ociregistry.attach(subject, digest, suffix, kind, media, payload)
+        out.print(f"attached the {key} to {subject.with_reference(digest)}: {ref}", markup=False)
+        found[key] = {"ref": ref, "digest": manifest_digest,
+                      "content_sha256": ociregistry.sha256_digest(payload)}  # fmt: skip
+    return found
+
+
+def single_validation(ws: Workspace, arch: str, stack: str, final: str, final_id: str) -> dict:
+    """The stamp `invoke validate` left for this very image, or a UserError saying why not."""
+    stamp = ws.validated_stamp(arch, stack)
+    if not stamp.exists():
+        raise UserError(
+            f"{final} was never validated here; it is not published",
+            hint=f"invoke validate --arch {arch} --stack {stack}",
+        )
+    record = json.loads(stamp.read_text())
+    if record.get("image_id") != final_id:
+        raise UserError(
+            f"{final} changed since it was validated (validated {str(record.get('image_id'))[:19]}, now {final_id[:19]}); it is not published",
+            hint=f"invoke validate --arch {arch} --stack {stack}",
+        )
+    if not record.get("passed"):
+        raise UserError(
+            f"{final} failed validation (exit {record.get('exit')}); it is not published",
+            hint=f"see {ws.reports_for(arch, stack) / 'report.md'}",
+        )
+    return record
+
+
+def set_validation(
+    ws: Workspace, arch: multiarch.ArchSet, stack: str, final: str, final_id: str
+) -> dict:
+    """One image for several arches is published only when every member passed on it."""
+    reports = ws.reports_for(arch.name, stack)
+    stamps = {}
+    for m in arch.members:
+        path = multiarch.member_reports(reports, m.name) / VALIDATED
+        stamps[m.name] = json.loads(path.read_text()) if path.is_file() else None
+    why = multiarch.publish_refusals(final_id, stamps)
+    if why:
+        raise UserError(
+            f"{final} is not published: {'; '.join(why)}",
+            hint=f"run `invoke validate --arch {arch.name} --stack {stack}` on a GPU of each "
+            "arch it lists",
+        )
+    return {"image": final, "image_id": final_id, "passed": True, "members": stamps}
 
 
 def pull_lines(manifest: dict) -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 from invoke.exceptions import Exit
 
 from .. import baseline as gate
-from .. import baseline_store
+from .. import baseline_store, hostinfo, multiarch
 from ..console import out, user_errors
 from ..engine import RunRequest, check_engine_name, connect
 from ..errors import UserError
@@ -273,6 +273,10 @@ def validate(
             )
 
     reports = ws.reports_for(arch, stack)
+    member = None
+    if isinstance(recipes.arches[arch], multiarch.ArchSet):  # validated per member, on its GPU
+        member = multiarch.host_member(recipes.arches[arch], hostinfo.default_arch()[0])
+        reports = multiarch.member_reports(reports, member)
     base = find_baseline(baseline, reports, ws, engine) if bench else None
     gates, min_ratio = stack_gates(recipes, stack)
     reports.mkdir(parents=True, exist_ok=True)
@@ -281,7 +285,10 @@ def validate(
     run_dir.mkdir()
     try:
         expect_file = run_dir / "expect.json"
-        expect_file.write_text(json.dumps(expect_document(recipes, plan), indent=2) + "\n")
+        expect_doc = expect_document(recipes, plan)
+        if member:
+            expect_doc.update(arch=member, expect=multiarch.member_expect(recipes, plan, member))
+        expect_file.write_text(json.dumps(expect_doc, indent=2) + "\n")
         log = run_dir / "validate.log"
         if local:
             argv = [sys.executable, *suite_args(str(run_dir / "report.json"),

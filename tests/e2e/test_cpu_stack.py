@@ -443,7 +443,13 @@ def test_publish_pushes_the_validated_stack_to_a_real_registry(tree):
         ) as resp:
             return sorted(json.load(resp)["tags"])
 
-    assert tags("cpu") == ["cpu"]
+    # beside its tag, the final image's SBOM and provenance (cosign-style: sha256-<hex>.sbom/.att)
+    final_tags = tags("cpu")
+    assert [t for t in final_tags if not t.startswith("sha256-")] == ["cpu"]
+    assert sorted(t.rsplit(".", 1)[1] for t in final_tags if t.startswith("sha256-")) == [
+        "att",
+        "sbom",
+    ]
     for layer in ("base", "torch-cpu", "triton", "validate"):
         got = tags(layer)
         assert "cpu" in got and any(t.startswith("cpu-") for t in got), (layer, got)

@@ -432,3 +432,27 @@ def test_an_unknown_engine_is_a_sentence():
     proc = run_invoke(REPO, "doctor", "--engine", "nope")
     assert proc.returncode == 2 and "unknown engine 'nope'" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+# ---------------------------------------------------------------------------- a torch in a venv
+
+
+def test_a_torch_in_the_active_venv_points_at_verify_env(tmp_path):
+    venv = tmp_path / "venv"
+    (venv / "lib/python3.12/site-packages/torch-2.14.0+rocm10.1.0.dist-info").mkdir(parents=True)
+    found = doctor.venv_torch({"VIRTUAL_ENV": str(venv)})
+    assert found == doctor.VenvTorch(str(venv / "bin/python"), "2.14.0+rocm10.1.0")
+    facts = dataclasses.replace(facts_for(tmp_path, "gfx1151"), venv_torch=found)
+    rows, text, code = run(facts)
+    row = rows["venv torch"]
+    assert row.status == "info" and "torch 2.14.0+rocm10.1.0" in row.found
+    assert row.fix.startswith(f"invoke verify-env --python {venv / 'bin/python'} --against ")
+    assert code == 0  # information, never a failure
+
+
+def test_no_venv_or_a_venv_without_torch_adds_no_row(tmp_path):
+    (tmp_path / "venv/lib/python3.12/site-packages").mkdir(parents=True)
+    assert doctor.venv_torch({}) is None
+    assert doctor.venv_torch({"VIRTUAL_ENV": str(tmp_path / "venv")}) is None
+    rows, _, _ = run(facts_for(tmp_path, "gfx1151"))
+    assert "venv torch" not in rows
