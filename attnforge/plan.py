@@ -13,16 +13,26 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from . import patches as patch_series
 from .errors import RecipeError, UserError, unknown
-from .recipes import Arch, Layer, Recipes, Stack, StackEntry, check_pin, selector_matches
+from .recipes import (
+    CXX_STD_ORDER,
+    Arch,
+    Layer,
+    Recipes,
+    Stack,
+    StackEntry,
+    check_pin,
+    selector_matches,
+)
 
 # Bumping this rebuilds everything: for changes to how images are made that the hashed
 # inputs cannot see (a new label, a changed staging layout).
@@ -342,12 +352,20 @@ def _render(
     return out
 
 
-def choose_variant(layer: Layer, entry: StackEntry, arch: Arch, chosen: str | None) -> str | None:
+def choose_variant(
+    layer: Layer, entry: StackEntry, arch: Arch, chosen: str | None,
+    refuse: Callable[[str | None], str | None] | None = None,
+    passed_over: list[str] | None = None,
+) -> str | None:  # fmt: skip
     """Step 1: the variant to use (--set wins, then the stack's preference list, then the layer's
-    order), or raise _Gated with the reason from the data."""
+    order), or raise _Gated with the reason from the data. `refuse(variant)` may turn a variant
+    down for what lies below it (a torch whose C++ standard it cannot build against); the
+    variants passed over before the chosen one are appended to `passed_over` with why."""
     if not any(selector_matches(s, arch) for s in layer.arches):
         raise _Gated(layer.gated_because or f"{layer.name} supports {', '.join(layer.arches)}")
     if not layer.variants:
+        if refuse and (why := refuse(None)):
+            raise _Gated(why)
         return None
     if chosen:
         candidates = [chosen]
@@ -359,9 +377,61 @@ def choose_variant(layer: Layer, entry: StackEntry, arch: Arch, chosen: str | No
     for name in candidates:
         v = layer.variants[name]
         if v.arches is None or any(selector_matches(s, arch) for s in v.arches):
+            if refuse and (why := refuse(name)):
+                reasons.append(f"{name}: {why}")
+                continue
+            if passed_over is not None:
+                passed_over.extend(reasons)
             return name
         reasons.append(f"{name}: {v.gated_because or 'supports ' + ', '.join(v.arches)}")
     raise _Gated("; ".join(reasons))
+
+
+# ---------------------------------------------------------------------------- C++ standard
+
+
+@dataclass(frozen=True)
+class TorchCxxNeed:
+    """What the torch of a plan asks of C++ compiled against its headers."""
+
+    torch: str  # the torch version (a pin)
+    std: str | None  # c++17 / c++20; None when no rule of recipes/torch.yaml covers it
+    source: str  # its short citation
+
+
+def torch_cxx_need(recipes: Recipes, layer: Layer, pins: Mapping[str, Any]) -> TorchCxxNeed | None:
+    """The C++ standard that the torch a layer provides demands (recipes/torch.yaml), or None
+    when the layer provides no torch."""
+    if "torch" not in layer.provides or not layer.torch_version_pin:
+        return None
+    version = str(pins.get(layer.torch_version_pin, ""))
+    try:
+        release = Version(Version(version).base_version)  # 2.15.0a0+rocm10.2.0 -> 2.15.0
+    except InvalidVersion:
+        return TorchCxxNeed(version, None, f"{version!r} is not a version")
+    for rule in recipes.torch_cxx:
+        if release in SpecifierSet(rule.torch):
+            return TorchCxxNeed(version, rule.std, f"{rule.cite}; recipes/torch.yaml")
+    return TorchCxxNeed(version, None, "no rule of recipes/torch.yaml covers it")
+
+
+def cxx_conflict(layer: Layer, variant: str | None, need: TorchCxxNeed | None) -> str | None:
+    """Why a layer cannot compile against the torch below it (its C++ standard is older than the
+    one torch's headers require), or None."""
+    decl = layer.torch_cxx_for(variant)
+    if decl is None or need is None or decl.std in ("torch", "none"):
+        return None
+    name = f"{layer.name}:{variant}" if variant else layer.name
+    if need.std is None:
+        return (f"{name} compiles against torch's headers as {decl.std}, and the C++ standard "
+                f"torch {need.torch} requires is unknown: {need.source}")  # fmt: skip
+    if CXX_STD_ORDER.index(decl.std) >= CXX_STD_ORDER.index(need.std):
+        return None
+    return (
+        f"{name} compiles against torch's headers as {decl.std} ({decl.source}), but torch "
+        f"{need.torch} requires {need.std} ({need.source}), so its build would stop at torch's "
+        f"#error; use a torch older than that rule or a patch series that builds it as {need.std}"
+    )
 
 
 @dataclass(frozen=True)
@@ -511,13 +581,19 @@ def resolve(
     steps: list[Step] = []
     parent: Step | None = None
     blocked_by: str | None = None
+    torch_need: TorchCxxNeed | None = None
     for entry in entries:
         layer = recipes.layers[entry.layer]
         where = recipes.layer_files[layer.name]
         sets = dict(options.overrides.get(layer.name, {}))
         variant = None
+        passed_over: list[str] = []
         try:
-            variant = choose_variant(layer, entry, arch, sets.pop("variant", None))
+            variant = choose_variant(
+                layer, entry, arch, sets.pop("variant", None),
+                refuse=lambda v, layer=layer, need=torch_need: cxx_conflict(layer, v, need),
+                passed_over=passed_over,
+            )  # fmt: skip
             values = render_values(layer, variant, arch, where, options.jobs, sets)
         except _Gated as gated:
             status = "skipped" if entry.optional else "unsupported"
@@ -531,6 +607,9 @@ def resolve(
         step = _make_step(
             recipes.root, layer, variant, arch.name, values, parent, base_ref, options, where
         )
+        if passed_over:  # a fallback variant: say why the preferred one was not built
+            step = replace(step, reason="not " + "; not ".join(passed_over))
+        torch_need = torch_cxx_need(recipes, layer, step.pins) or torch_need
         steps.append(step)
         expect.update(values.expect)
         parent = step
