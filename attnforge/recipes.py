@@ -32,7 +32,7 @@ TEMPLATE_VARS = {
     "variant": "the layer variant chosen for the arch",
     "jobs": "build parallelism (hint args only)",
     "aotriton_experimental": "1 if the layer's AOTriton marks the arch experimental, else 0",
-    "aotriton_status": "supported, experimental or none for the layer's AOTriton",
+    "aotriton_status": "supported, experimental, tech-preview or none for the layer's AOTriton",
 }
 
 
@@ -45,6 +45,11 @@ class AotritonSupport(Strict):
     experimental: list[str] = Field(
         default_factory=list,
         description="AOTriton tags in which torch needs TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL=1",
+    )
+    tech_preview: list[str] = Field(
+        default_factory=list,
+        description="AOTriton tags in which isArchTechPreview() is true for it: torch runs it "
+        "without the experimental variable (pytorch#188612)",
     )
 
 
@@ -60,7 +65,8 @@ class Arch(Strict):
     aotriton: AotritonSupport | None = None
 
     def aotriton_status(self, version: str | None) -> str:
-        """supported / experimental / none for an AOTriton version ('none' without one)."""
+        """supported / experimental / tech-preview / none for an AOTriton version ('none'
+        without one). Only experimental needs TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL=1."""
         if version is None or self.aotriton is None:
             return "none"
         try:
@@ -68,6 +74,8 @@ class Arch(Strict):
                 return "none"
         except InvalidVersion:
             return "none"
+        if version in self.aotriton.tech_preview:
+            return "tech-preview"
         return "experimental" if version in self.aotriton.experimental else "supported"
 
 
