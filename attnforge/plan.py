@@ -806,13 +806,17 @@ class StackOption:
 ATTENTION_CAPS = {"flash_attn", "rocwmma_fattn"}
 
 
-def _with_alternatives(layer: Layer, chosen: str | None, arch: Arch) -> str:
-    """'layer:variant', plus the other variants the arch could have (--set LAYER.variant=...)."""
+def _with_alternatives(
+    layer: Layer, chosen: str | None, arch: Arch, builds: Callable[[str], bool] = lambda v: True
+) -> str:
+    """'layer:variant', plus the other variants the arch could have (--set LAYER.variant=...)
+    that `builds` in the plan (a C++17 variant over a C++20 torch does not)."""
     if chosen is None:
         return layer.name
     others = [
         n for n, v in layer.variants.items()
         if n != chosen and (v.arches is None or any(selector_matches(x, arch) for x in v.arches))
+        and builds(n)
     ]  # fmt: skip
     return f"{layer.name}:{chosen}" + (f" (or {', '.join(others)})" if others else "")
 
@@ -826,11 +830,19 @@ def stack_options(recipes: Recipes, arch: str) -> list[StackOption]:
             found.append(StackOption(name, False, (), f"for {', '.join(stack.arches)}"))
             continue
         plan = resolve(recipes, arch, name)
+
+        def builds(layer: str, variant: str, name: str = name) -> bool:
+            sets = Options(overrides={layer: {"variant": variant}})
+            return resolve(recipes, arch, name, sets).step(layer).status == "build"
+
         attention = tuple(
-            _with_alternatives(recipes.layers[s.layer], s.variant, recipes.arches[arch])
+            _with_alternatives(
+                recipes.layers[s.layer], s.variant, recipes.arches[arch],
+                lambda v, layer=s.layer: builds(layer, v),
+            )
             for s in plan.steps
             if ATTENTION_CAPS & set(recipes.layers[s.layer].provides)
-        )
+        )  # fmt: skip
         blocked = plan.blocked_by
         reason = f"{blocked[0].layer}: {blocked[0].reason}" if blocked else ""
         found.append(StackOption(name, not blocked, attention, reason))

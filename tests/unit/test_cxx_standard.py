@@ -198,3 +198,11 @@ def test_bad_cxx_facts_are_recipe_errors_naming_the_file(repo_copy, rel, old, ne
     with pytest.raises(RecipeError) as info:
         load_recipes(repo_copy)
     assert rel in str(info.value) and message in str(info.value)
+
+
+def test_the_stacks_table_offers_only_variants_that_build_over_that_stacks_torch(recipes):
+    from attnforge.plan import stack_options
+
+    options = {o.stack: o for o in stack_options(recipes, "gfx942")}
+    assert options["default"].attention == ("flash-attention:triton",)  # torch 2.14: no CK
+    assert options["rocm10.0"].attention == ("flash-attention:triton (or ck)",)  # torch 2.13
