@@ -44,7 +44,7 @@ PATCH_NAME_RE = re.compile(r"^(\d{4})-[A-Za-z0-9][A-Za-z0-9._-]*\.patch$")
 EXTRA_FILES = ("README.md",)  # what a series folder may hold besides its patches
 APPLIED, PENDING, CONFLICT = "applied", "pending", "conflict"  # already in / applies / neither
 _REQUIRED = ("component", "summary", "upstream", "links", "checked_against")
-_OPTIONAL = ("drop_when", "notes", "selftest")
+_OPTIONAL = ("drop_when", "notes", "selftest", "ledger")  # ledger: attnforge/patch_ledger.py
 _SHAPES = {
     "component": (lambda v: isinstance(v, str) and v != "", "a non-empty string"),
     "upstream": (

@@ -71,6 +71,19 @@ DISTRO_PYTHON = {
     "debian:trixie": "3.13",
     "debian:trixie-slim": "3.13",
 }
+# AMD's per-family indexes (repo.amd.com/rocm/whl/<family>/) stopped at ROCm 7.13.0 and the
+# whl-multi-arch/<family>/ paths answer 403 (ROCm/rocm-cli#271, 2026-08-17): a recipe naming one
+# would pin a release that never moves again, so pins.check rejects them.
+FROZEN_FAMILY_INDEX = re.compile(r"^https?://repo\.amd\.com/rocm/(whl|whl-multi-arch)/[^/]+/?$")
+FROZEN_WHY = (
+    "AMD's per-family index, frozen at ROCm 7.13.0 (ROCm/rocm-cli#271, 2026-08-17); use the "
+    "channel's multi-arch index (https://stable.repo.amd.com/rocm/whl-next/, or "
+    "https://repo.amd.com/rocm/whl-multi-arch/ for 7.x)"
+)
+# TheRock's release builds drop the legacy `a0` of a version (0.29.0a0+rocm10.1.0 -> 0.29+rocm10.1.0:
+# ROCm/TheRock external-builds/pytorch/tests/build_prod_wheels_version_test.py,
+# test_release_strips_only_legacy_a0), so AMD's docs and its index may disagree on a pin.
+LEGACY_A0 = ("a", 0)
 # Where AOTriton defines isArchExperimentallySupported(), newest layout first.
 AOTRITON_UTIL = ("v3src/util.cc", "v2src/util.cc")
 
@@ -347,6 +360,31 @@ def match_files(
     return fits, others
 
 
+def legacy_a0_twin(files: Iterable[DistFile], project: str, version: str) -> str | None:
+    """A version the page serves that differs from `version` only by a legacy `a0`
+    (0.29.0a0+rocm10.1.0 vs 0.29+rocm10.1.0), which PEP 440 holds to be different versions."""
+    try:
+        want = Version(version)
+    except InvalidVersion:
+        return None
+    for f in files:
+        try:
+            if f.filename.endswith(".whl"):
+                name, ver, _, _ = parse_wheel_filename(f.filename)
+            else:
+                name, ver = parse_sdist_filename(f.filename)
+        except (InvalidWheelFilename, InvalidSdistFilename, InvalidVersion):
+            continue
+        if (
+            name == canonicalize_name(project)
+            and {ver.pre, want.pre} == {None, LEGACY_A0}
+            and Version(ver.base_version) == Version(want.base_version)
+            and (ver.local, ver.post, ver.dev) == (want.local, want.post, want.dev)
+        ):
+            return str(ver)
+    return None
+
+
 # ---------------------------------------------------------------------------- sources
 
 
@@ -487,6 +525,10 @@ class _Checker:
         if device and extra and extra in step.args.values():  # installs project[device-<arch>]
             wanted.append((device.format(arch=step.arch), f"{pin} [{extra}]", project))
         for index in _indexes(step):
+            if FROZEN_FAMILY_INDEX.match(index):
+                self.add(("frozen-index", index), where, f"{step.layer} index", index, index,
+                         lambda: (MISMATCH, FROZEN_WHY))  # fmt: skip
+                continue
             for name, label, parent in wanted:
                 page = self.sources.index.page_url(index, name)
                 self.add(
@@ -616,6 +658,13 @@ class _Checker:
             return OK, f"{what} for {py}: {fits[0]}"
         if others:
             return MISMATCH, f"{what} is served, not for {py} x86_64 Linux: {', '.join(others[:3])}"
+        twin = legacy_a0_twin(files, project, version)
+        if twin:
+            return MISSING, (
+                f"the index serves no {what}, but serves {project}=={twin}, the same build with "
+                "or without the legacy a0 that TheRock strips from release versions: pin what "
+                f"the index serves ({twin})"
+            )
         return MISSING, f"the index serves no {what} ({len(files)} files on the page)"
 
     def _pytorch_pin(self, repo: GitRepo, sha: str) -> aotriton_pin.AotritonPin:

@@ -45,6 +45,7 @@ from .pins import (
     _distro_python,
     match_files,
     project_of,
+    url_path,
 )
 from .recipes import Recipes, Variant
 
@@ -270,6 +271,59 @@ def _rocm_key(version: Version, channel: str) -> tuple[Any, ...] | None:
     return (pre[1], version)
 
 
+def torch_branch_of(recipes: Recipes) -> str:
+    """The torch branch the nightly stack follows: the stable channel's torch line (the nightly
+    stack is the default stack on a nightly), as Quartz names it (release/2.14)."""
+    stable = recipes.layers[TORCH_LAYER].variants.get("stable")
+    version = Version((stable.pins if stable else {}).get(TORCH_KEY, "0"))
+    return f"release/{version.major}.{version.minor}"
+
+
+def read_feed(offline: Path | None, *, days: int = 21) -> list[tuple[str, dict[str, Any]]] | None:
+    """The Quartz nightly status files, newest first, as (where, content): saved under
+    OFFLINE/raw.githubusercontent.com/ROCm/Quartz/main/release-nightly/<date>/status.json, or
+    fetched (latest.json, then the `days` dates before it). None when an offline folder has no
+    saved feed."""
+    from . import quartz
+
+    found = []
+    if offline is not None:
+        folder = offline / url_path(quartz.FEED)
+        if not folder.is_dir():
+            return None
+        for path in sorted(folder.glob("*/status.json"), reverse=True):
+            found.append(
+                (str(path), quartz.parse_status(path.read_text(encoding="utf-8"), str(path)))
+            )
+        return found
+    import datetime
+    import urllib.error
+    import urllib.request
+
+    def get(url: str) -> str | None:
+        try:
+            with urllib.request.urlopen(url, timeout=60) as resp:  # noqa: S310 - https feed
+                return resp.read().decode("utf-8", "replace")
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return None
+            raise UserError(f"GET {url}: HTTP {exc.code}") from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise UserError(f"GET {url}: {getattr(exc, 'reason', exc)}") from None
+
+    latest = (get(quartz.FEED + "latest.json") or "").strip()
+    if not _DATE.match(latest):
+        raise UserError(f"{quartz.FEED}latest.json does not name a nightly: {latest[:80]!r}")
+    newest = datetime.date(int(latest[:4]), int(latest[4:6]), int(latest[6:8]))
+    for back in range(days):
+        date = (newest - datetime.timedelta(days=back)).strftime("%Y%m%d")
+        url = f"{quartz.FEED}{date}/status.json"
+        text = get(url)
+        if text is not None:
+            found.append((url, quartz.parse_status(text, url)))
+    return found
+
+
 def propose(
     recipes: Recipes,
     channel: str,
@@ -277,6 +331,9 @@ def propose(
     *,
     python: str | None = None,
     arch: str | None = None,
+    feed: list[tuple[str, dict[str, Any]]] | None = None,
+    torch_branch: str | None = None,
+    feed_problem: str = "none saved under --offline",
 ) -> Proposal:
     """The newest complete set of pins the channel's index serves, with a diff of the recipes
     (stable) or the --set flags (nightly). Reads index pages only; writes nothing."""
@@ -324,6 +381,31 @@ def propose(
     }
     device_of = {TORCH_KEY: device(torch_layer, "torch")}
 
+    # nightly: only dates whose Quartz record says the PyTorch build and the arch's tests of the
+    # stack's torch branch passed (attnforge/quartz.py), and only that branch's torch
+    trusted: dict[Version, str] = {}
+    refused: dict[Version, str] = {}
+    torch_release = None
+    if channel == "nightly":
+        from . import quartz
+
+        branch = torch_branch or torch_branch_of(recipes)
+        if feed is None:
+            notes.append(f"no Quartz feed was read ({feed_problem}): the newest nightly on the "
+                         "index is proposed, not one AMD's feed shows tested")  # fmt: skip
+        else:
+            if branch.startswith("release/"):
+                torch_release = tuple(int(x) for x in branch.removeprefix("release/").split("."))
+            for where, status in feed:
+                v = quartz.judge(status, arch, branch, python)
+                try:
+                    rocm_v = Version(v.rocm)
+                except InvalidVersion:
+                    continue
+                if v.ok:
+                    trusted.setdefault(rocm_v, f"{where}: {v.why}")
+                else:
+                    refused.setdefault(rocm_v, f"Quartz {v.date}: {v.why}")
     kind, kinds = ("release", "releases") if channel == "stable" else ("nightly", "nightlies")
     keyed = [(key, v) for v in rocms if (key := _rocm_key(v, channel)) is not None]
     if channel == "stable":  # pre-releases newer than every release: say why they lost
@@ -333,17 +415,24 @@ def propose(
             notes.append(f"not releases, so not proposed: ROCm {', '.join(map(str, pres))}")
     skipped: list[str] = []
     for _, rocm in sorted(keyed, reverse=True):
+        if channel == "nightly" and feed is not None and rocm not in trusted:
+            skipped.append(f"ROCm {rocm}: {refused.get(rocm, 'not in the Quartz feed')}")
+            continue
         if rocm_device is not None and rocm not in rocm_device:
             skipped.append(f"ROCm {rocm}: no {DEVICE_PACKAGES['rocm'].format(arch=arch)} {rocm}")
             continue
         label = f"rocm{rocm}"
-        chosen, why, found = _builds_for(label, keys, builds, device_of, python, arch)
+        chosen, why, found = _builds_for(
+            label, keys, builds, device_of, python, arch, torch_release
+        )
         if why:
             skipped.append(f"ROCm {rocm}: {why}")
             continue
         if skipped:
             notes.insert(0, f"newer {kinds} skipped: " + "; ".join(skipped))
         notes.extend(found)
+        if rocm in trusted:
+            notes.append(f"trusted the Quartz record {trusted[rocm]}")
         picks = [
             _pick(rocm_layer, ROCM_KEY, rocm_project, str(rocm), rocms[rocm], channel),
             *(
@@ -384,6 +473,7 @@ def _builds_for(
     device_of: dict[str, set[Version] | None],
     python: str,
     arch: str,
+    torch_release: tuple[int, ...] | None = None,
 ) -> tuple[dict[str, tuple[Version, str]], str | None, list[str]]:
     """For one ROCm label (rocm10.1.0): key -> (the newest version of its project with that
     local label that fits, a file of it); else why not; and notes on ambiguous pairings."""
@@ -392,6 +482,11 @@ def _builds_for(
     for key in keys:
         project = project_of(key)
         labelled = {v: g for v, g in builds[key].items() if v.local == label}
+        if key == TORCH_KEY and torch_release is not None:
+            labelled = {v: g for v, g in labelled.items() if v.release[:2] == torch_release}
+            if not labelled:
+                line = ".".join(map(str, torch_release))
+                return chosen, f"no {project} {line} +{label}", notes
         if not labelled:
             return chosen, f"no {project} +{label}", notes
         fits = {}

@@ -13,17 +13,27 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from . import patches as patch_series
 from .errors import RecipeError, UserError, unknown
 from .multiarch import ArchSet, common_expect, member_smoke
-from .recipes import Arch, Layer, Recipes, Stack, StackEntry, check_pin, selectors_match
+from .recipes import (
+    CXX_STD_ORDER,
+    Arch,
+    Layer,
+    Recipes,
+    Stack,
+    StackEntry,
+    check_pin,
+    selectors_match,
+)
 
 # Bumping this rebuilds everything: for changes to how images are made that the hashed
 # inputs cannot see (a new label, a changed staging layout).
@@ -343,12 +353,20 @@ def _render(
     return out
 
 
-def choose_variant(layer: Layer, entry: StackEntry, arch: Arch, chosen: str | None) -> str | None:
+def choose_variant(
+    layer: Layer, entry: StackEntry, arch: Arch, chosen: str | None,
+    refuse: Callable[[str | None], str | None] | None = None,
+    passed_over: list[str] | None = None,
+) -> str | None:  # fmt: skip
     """Step 1: the variant to use (--set wins, then the stack's preference list, then the layer's
-    order), or raise _Gated with the reason from the data."""
+    order), or raise _Gated with the reason from the data. `refuse(variant)` may turn a variant
+    down for what lies below it (a torch whose C++ standard it cannot build against); the
+    variants passed over before the chosen one are appended to `passed_over` with why."""
     if not selectors_match(layer.arches, arch):
         raise _Gated(layer.gated_because or f"{layer.name} supports {', '.join(layer.arches)}")
     if not layer.variants:
+        if refuse and (why := refuse(None)):
+            raise _Gated(why)
         return None
     if chosen:
         candidates = [chosen]
@@ -360,9 +378,61 @@ def choose_variant(layer: Layer, entry: StackEntry, arch: Arch, chosen: str | No
     for name in candidates:
         v = layer.variants[name]
         if v.arches is None or selectors_match(v.arches, arch):
+            if refuse and (why := refuse(name)):
+                reasons.append(f"{name}: {why}")
+                continue
+            if passed_over is not None:
+                passed_over.extend(reasons)
             return name
         reasons.append(f"{name}: {v.gated_because or 'supports ' + ', '.join(v.arches)}")
     raise _Gated("; ".join(reasons))
+
+
+# ---------------------------------------------------------------------------- C++ standard
+
+
+@dataclass(frozen=True)
+class TorchCxxNeed:
+    """What the torch of a plan asks of C++ compiled against its headers."""
+
+    torch: str  # the torch version (a pin)
+    std: str | None  # c++17 / c++20; None when no rule of recipes/torch.yaml covers it
+    source: str  # its short citation
+
+
+def torch_cxx_need(recipes: Recipes, layer: Layer, pins: Mapping[str, Any]) -> TorchCxxNeed | None:
+    """The C++ standard that the torch a layer provides demands (recipes/torch.yaml), or None
+    when the layer provides no torch."""
+    if "torch" not in layer.provides or not layer.torch_version_pin:
+        return None
+    version = str(pins.get(layer.torch_version_pin, ""))
+    try:
+        release = Version(Version(version).base_version)  # 2.15.0a0+rocm10.2.0 -> 2.15.0
+    except InvalidVersion:
+        return TorchCxxNeed(version, None, f"{version!r} is not a version")
+    for rule in recipes.torch_cxx:
+        if release in SpecifierSet(rule.torch):
+            return TorchCxxNeed(version, rule.std, f"{rule.cite}; recipes/torch.yaml")
+    return TorchCxxNeed(version, None, "no rule of recipes/torch.yaml covers it")
+
+
+def cxx_conflict(layer: Layer, variant: str | None, need: TorchCxxNeed | None) -> str | None:
+    """Why a layer cannot compile against the torch below it (its C++ standard is older than the
+    one torch's headers require), or None."""
+    decl = layer.torch_cxx_for(variant)
+    if decl is None or need is None or decl.std in ("torch", "none"):
+        return None
+    name = f"{layer.name}:{variant}" if variant else layer.name
+    if need.std is None:
+        return (f"{name} compiles against torch's headers as {decl.std}, and the C++ standard "
+                f"torch {need.torch} requires is unknown: {need.source}")  # fmt: skip
+    if CXX_STD_ORDER.index(decl.std) >= CXX_STD_ORDER.index(need.std):
+        return None
+    return (
+        f"{name} compiles against torch's headers as {decl.std} ({decl.source}), but torch "
+        f"{need.torch} requires {need.std} ({need.source}), so its build would stop at torch's "
+        f"#error; use a torch older than that rule or a patch series that builds it as {need.std}"
+    )
 
 
 @dataclass(frozen=True)
@@ -518,13 +588,19 @@ def resolve(
     steps: list[Step] = []
     parent: Step | None = None
     blocked_by: str | None = None
+    torch_need: TorchCxxNeed | None = None
     for entry in entries:
         layer = recipes.layers[entry.layer]
         where = recipes.layer_files[layer.name]
         sets = dict(options.overrides.get(layer.name, {}))
         variant = None
+        passed_over: list[str] = []
         try:
-            variant = choose_variant(layer, entry, arch, sets.pop("variant", None))
+            variant = choose_variant(
+                layer, entry, arch, sets.pop("variant", None),
+                refuse=lambda v, layer=layer, need=torch_need: cxx_conflict(layer, v, need),
+                passed_over=passed_over,
+            )  # fmt: skip
             values = render_values(layer, variant, arch, where, options.jobs, sets)
         except _Gated as gated:
             status = "skipped" if entry.optional else "unsupported"
@@ -541,6 +617,9 @@ def resolve(
         if isinstance(arch, ArchSet):  # arch-naming smoke checks run once per member
             smoke = member_smoke(layer, variant, arch, step.args, options.jobs, where)
             step = replace(step, smoke=smoke)
+        if passed_over:  # a fallback variant: say why the preferred one was not built
+            step = replace(step, reason="not " + "; not ".join(passed_over))
+        torch_need = torch_cxx_need(recipes, layer, step.pins) or torch_need
         steps.append(step)
         expect.update(values.expect)
         parent = step
@@ -740,13 +819,17 @@ class StackOption:
 ATTENTION_CAPS = {"flash_attn", "rocwmma_fattn"}
 
 
-def _with_alternatives(layer: Layer, chosen: str | None, arch: Arch) -> str:
-    """'layer:variant', plus the other variants the arch could have (--set LAYER.variant=...)."""
+def _with_alternatives(
+    layer: Layer, chosen: str | None, arch: Arch, builds: Callable[[str], bool] = lambda v: True
+) -> str:
+    """'layer:variant', plus the other variants the arch could have (--set LAYER.variant=...)
+    that `builds` in the plan (a C++17 variant over a C++20 torch does not)."""
     if chosen is None:
         return layer.name
     others = [
         n for n, v in layer.variants.items()
         if n != chosen and (v.arches is None or selectors_match(v.arches, arch))
+        and builds(n)
     ]  # fmt: skip
     return f"{layer.name}:{chosen}" + (f" (or {', '.join(others)})" if others else "")
 
@@ -760,11 +843,19 @@ def stack_options(recipes: Recipes, arch: str) -> list[StackOption]:
             found.append(StackOption(name, False, (), f"for {', '.join(stack.arches)}"))
             continue
         plan = resolve(recipes, arch, name)
+
+        def builds(layer: str, variant: str, name: str = name) -> bool:
+            sets = Options(overrides={layer: {"variant": variant}})
+            return resolve(recipes, arch, name, sets).step(layer).status == "build"
+
         attention = tuple(
-            _with_alternatives(recipes.layers[s.layer], s.variant, recipes.arches[arch])
+            _with_alternatives(
+                recipes.layers[s.layer], s.variant, recipes.arches[arch],
+                lambda v, layer=s.layer: builds(layer, v),
+            )
             for s in plan.steps
             if ATTENTION_CAPS & set(recipes.layers[s.layer].provides)
-        )
+        )  # fmt: skip
         blocked = plan.blocked_by
         reason = f"{blocked[0].layer}: {blocked[0].reason}" if blocked else ""
         found.append(StackOption(name, not blocked, attention, reason))

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -31,7 +32,7 @@ TEMPLATE_VARS = {
     "variant": "the layer variant chosen for the arch",
     "jobs": "build parallelism (hint args only)",
     "aotriton_experimental": "1 if the layer's AOTriton marks the arch experimental, else 0",
-    "aotriton_status": "supported, experimental or none for the layer's AOTriton",
+    "aotriton_status": "supported, experimental, tech-preview or none for the layer's AOTriton",
     "harmful_code_variants": "target ids arches.yaml marks harmful for the arch, space-separated "
     "(empty when none)",
 }
@@ -46,6 +47,11 @@ class AotritonSupport(Strict):
     experimental: list[str] = Field(
         default_factory=list,
         description="AOTriton tags in which torch needs TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL=1",
+    )
+    tech_preview: list[str] = Field(
+        default_factory=list,
+        description="AOTriton tags in which isArchTechPreview() is true for it: torch runs it "
+        "without the experimental variable (pytorch#188612)",
     )
 
 
@@ -84,7 +90,8 @@ class Arch(Strict):
     sdpa_limits: SdpaLimits | None = None
 
     def aotriton_status(self, version: str | None) -> str:
-        """supported / experimental / none for an AOTriton version ('none' without one)."""
+        """supported / experimental / tech-preview / none for an AOTriton version ('none'
+        without one). Only experimental needs TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL=1."""
         if version is None or self.aotriton is None:
             return "none"
         try:
@@ -92,6 +99,8 @@ class Arch(Strict):
                 return "none"
         except InvalidVersion:
             return "none"
+        if version in self.aotriton.tech_preview:
+            return "tech-preview"
         return "experimental" if version in self.aotriton.experimental else "supported"
 
 
@@ -189,6 +198,36 @@ class SourcePin(Strict):
     )
 
 
+CxxStd = Literal["c++17", "c++20"]
+# Ordered: code built as a later standard compiles against headers that ask for an earlier one.
+CXX_STD_ORDER = ("c++17", "c++20")
+
+
+class TorchCxx(Strict):
+    """How a layer compiles C++ that includes torch's headers; the planner refuses a layer whose
+    standard is older than the one its torch requires (recipes/torch.yaml), at --dry-run."""
+
+    std: Literal["c++17", "c++20", "torch", "none"] = Field(
+        description="the -std= of its C++ that includes torch's headers: c++17 or c++20 when its "
+        "build hard-codes one; torch when it takes torch.utils.cpp_extension's default (which "
+        "follows torch); none when it compiles no C++ against torch"
+    )
+    source: str = Field(description="where that was read: repository@commit:path:lines")
+
+
+class TorchCxxRule(Strict):
+    """The C++ standard code compiled against torch's headers must use, for a range of torch."""
+
+    torch: str = Field(description="PEP 440 specifier on torch's release, e.g. '>=2.14'")
+    std: CxxStd
+    cite: str = Field(description="a short citation the planner's refusal shows (pytorch#178150)")
+    source: str = Field(description="where this is documented or was observed, with dates")
+
+
+class TorchFile(Strict):
+    cxx_standard: list[TorchCxxRule]
+
+
 class Variant(Strict):
     arches: list[str] | None = None
     gated_because: str | None = None
@@ -206,6 +245,7 @@ class Variant(Strict):
         "with --set LAYER.KEY=VALUE, else the layer is not built",
     )
     expect: dict[str, Any] = Field(default_factory=dict)
+    torch_cxx: TorchCxx | None = Field(None, description="overrides the layer's torch_cxx")
 
 
 class Layer(Strict):
@@ -230,6 +270,17 @@ class Layer(Strict):
     smoke: list[SmokeCheck] = Field(default_factory=list)
     expect: dict[str, Any] = Field(default_factory=dict)
     variants: dict[str, Variant] = Field(default_factory=dict)
+    torch_cxx: TorchCxx | None = Field(
+        None, description="how it compiles C++ against torch's headers (layers that need torch)"
+    )
+    torch_version_pin: str | None = Field(
+        None, description="the pin that holds the version of the torch it provides (TORCH_VERSION)"
+    )
+
+    def torch_cxx_for(self, variant: str | None) -> TorchCxx | None:
+        """How this layer (as built with `variant`) compiles C++ against torch's headers."""
+        chosen = self.variants.get(variant) if variant else None
+        return (chosen.torch_cxx if chosen else None) or self.torch_cxx
 
     def aotriton_for(self, variant: str | None) -> str | None:
         """The AOTriton tag the torch of this layer (as built with `variant`) carries."""
@@ -343,6 +394,7 @@ class Recipes:
     stacks: dict[str, Stack]
     layer_files: dict[str, str]
     host_rules: tuple[HostRule, ...] = ()
+    torch_cxx: tuple[TorchCxxRule, ...] = ()  # recipes/torch.yaml
 
 
 # ---------------------------------------------------------------------------- pin formats
@@ -712,7 +764,18 @@ def load_recipes(root: Path) -> Recipes:
                 raise RecipeError("recipes/hosts.yaml", "unknown arch", field="arches",
                                   line=hosts_src.line_of(("known_bad", i, "arches")),
                                   choices=arches)  # fmt: skip
-    return Recipes(root, arches, layers, stacks, layer_files, hosts)
+    torch_rules: tuple[TorchCxxRule, ...] = ()
+    if (rdir / "torch.yaml").is_file():
+        torch_src = yamlsrc.load(rdir / "torch.yaml", "recipes/torch.yaml")
+        torch_rules = tuple(_validate(TorchFile, torch_src).cxx_standard)
+        for i, rule in enumerate(torch_rules):
+            try:
+                SpecifierSet(rule.torch)
+            except InvalidSpecifier:
+                raise RecipeError("recipes/torch.yaml", f"{rule.torch!r} is not a version "
+                                  "specifier such as '>=2.14'", field="cxx_standard.torch",
+                                  line=torch_src.line_of(("cxx_standard", i, "torch"))) from None  # fmt: skip
+    return Recipes(root, arches, layers, stacks, layer_files, hosts, torch_rules)
 
 
 def _check_layer(
@@ -759,6 +822,16 @@ def _check_layer(
         raise RecipeError(
             file, f"{sorted(overlap)} declared twice among args, hint_args and pins", field="args"
         )
+    if layer.torch_version_pin is not None:
+        holders = [layer.pins] if layer.torch_version_pin in layer.pins else [
+            {**v.pins, **dict.fromkeys(v.from_set, "")} for v in layer.variants.values()
+        ]  # fmt: skip
+        if not holders or any(layer.torch_version_pin not in h for h in holders):
+            raise RecipeError(
+                file, f"torch_version_pin {layer.torch_version_pin!r} is not a pin of the layer "
+                "(or of every variant)", line=src.line_of(("torch_version_pin",)),
+                field="torch_version_pin",
+            )  # fmt: skip
     for vname, variant in layer.variants.items():
         loc = ("variants", vname)
         # A variant's name is a template value ({variant}) and part of image tags.

@@ -8,6 +8,8 @@ from invoke.exceptions import Exit
 
 from attnforge import patches
 from attnforge.cli import IN_DIR, Opt, command, text
+from attnforge.console import user_errors
+from attnforge.errors import UserError
 from attnforge.workspace import Workspace
 
 
@@ -120,3 +122,40 @@ def new(c, component, series, src, name, root=None):
         raise Exit(f"error: {exc}", code=1) from None
     print(f"wrote {path}")
     print(f"Now edit its header (why, upstream links) and {path.parent / patches.SERIES_FILE}.")
+
+
+@command(
+    options={"layer": text("LAYER"), "ref": text("REF"), "offline": IN_DIR},
+    help={
+        "layer": "only this layer's patches (default: every layer that applies a series)",
+        "ref": "judge at this upstream commit (or a mirror's branch) instead of the pinned ref",
+        "offline": "read git mirrors from this folder (layout: docs/pins.md)",
+        "json": "print the verdicts as JSON",
+        "debug": "show tracebacks",
+    },
+)
+@user_errors
+def ledger(c, layer=None, ref=None, offline=None, json=False, debug=False):
+    """For each patch the recipes apply: still needed, droppable (with the evidence) or unknown."""
+    import json as jsonlib
+
+    from attnforge import patch_ledger
+    from attnforge.pins import Sources
+    from attnforge.recipes import load_recipes
+
+    if offline and not Path(offline).is_dir():
+        raise UserError(f"--offline {offline}: no such folder")
+    found = patch_ledger.status(
+        load_recipes(Workspace.discover().root), Sources(Path(offline) if offline else None),
+        layer=layer, ref=ref,
+    )  # fmt: skip
+    if json:
+        print(jsonlib.dumps([f.to_json() for f in found], indent=2))
+        return
+    for f in found:
+        print(f"{f.layer}: {f.patch} at {f.ref[:12]}: {f.status}")
+        for line in ([f"why: {f.why}"] if f.why else []) + f.evidence:
+            print(f"    {line}")
+        if f.status == patch_ledger.DROPPABLE:
+            print(f"    the fix is upstream ({', '.join(f.upstream) or 'see the evidence'}): "
+                  f"drop it from {f.series}")  # fmt: skip

@@ -96,6 +96,7 @@ def check(c, arch=None, stack=None, offline=None, python=None, json=False, debug
         "offline": IN_DIR,
         "python": text("X.Y"),
         "arch": text("ARCH"),
+        "torch_branch": text("BRANCH"),
     },
     help={
         "channel": "the release channel to read: stable (a diff of the recipes) or nightly "
@@ -103,13 +104,18 @@ def check(c, arch=None, stack=None, offline=None, python=None, json=False, debug
         "offline": "read saved index pages from this folder (layout: docs/pins.md)",
         "python": "the image's Python, for wheel tags (default: from the stack's base image)",
         "arch": f"count only versions with this arch's device packages (default: "
-        f"{pin_update.DEFAULT_ARCH})",
+        f"{pin_update.DEFAULT_ARCH}); nightly: and whose tests AMD's Quartz feed says passed",
+        "torch_branch": "nightly: the torch branch the Quartz feed must show passing (default: "
+        "the stable channel's, e.g. release/2.14)",
         "json": "print the proposal as JSON",
         "debug": "show tracebacks",
     },
 )
 @user_errors
-def update(c, channel=None, offline=None, python=None, arch=None, json=False, debug=False):
+def update(
+    c, channel=None, offline=None, python=None, arch=None, torch_branch=None, json=False,
+    debug=False,
+):  # fmt: skip
     """Propose the newest pins a channel's index serves; writes no file (docs/pins.md)."""
     if channel not in pin_update.CHANNELS:
         raise UserError(
@@ -121,7 +127,16 @@ def update(c, channel=None, offline=None, python=None, arch=None, json=False, de
     if offline is not None and not Path(offline).is_dir():
         raise UserError(f"--offline {offline}: no such folder (layout: docs/pins.md)")
     index = pinlib.IndexSource(Path(offline) if offline else None)
-    proposal = pin_update.propose(recipes, channel, index, python=python, arch=arch)
+    feed, problem = None, "none saved under --offline"
+    if channel == "nightly":
+        try:
+            feed = pin_update.read_feed(Path(offline) if offline else None)
+        except UserError as exc:
+            if offline:  # a saved file that is not a status.json: the user's to fix
+                raise
+            problem = exc.message  # no network to GitHub: said in the notes, not a guess
+    proposal = pin_update.propose(recipes, channel, index, python=python, arch=arch, feed=feed,
+                                  torch_branch=torch_branch, feed_problem=problem)  # fmt: skip
     reminders = pin_update.reminders(proposal, recipes)
     if json:
         data = proposal.to_json()

@@ -350,3 +350,30 @@ def test_offline_layout_maps_a_url_to_host_and_path():
     assert pins.url_path("https://repo.amd.com/rocm/whl-multi-arch/torch/") == Path(
         "repo.amd.com/rocm/whl-multi-arch/torch"
     )
+
+
+# ------------------------------------------------------------------ issue 26: index facts
+
+
+def test_a_pin_with_a_legacy_a0_the_index_dropped_names_the_served_version(world):
+    # AMD's docs said torchvision 0.29.0a0+rocm10.1.0 at one commit and 0.29+rocm10.1.0 at a
+    # later one; PEP 440 tells them apart, so the pin must be what the index serves
+    world.edit("recipes/layers/pytorch-wheels.yaml", '"2.11.0+rocm7.13.0"', '"2.11.0a0+rocm7.13.0"')
+    torch = finding(world.check(), "pytorch-wheels TORCH_VERSION")
+    assert torch.status == "missing"
+    assert "serves torch==2.11.0+rocm7.13.0" in torch.evidence and "legacy a0" in torch.evidence
+
+
+def test_a_frozen_per_family_index_is_rejected_with_the_reason(world):
+    world.edit(
+        "recipes/layers/pytorch-wheels.yaml",
+        "https://repo.amd.com/rocm/whl-multi-arch/",
+        "https://repo.amd.com/rocm/whl/gfx1151/",
+    )
+    found = world.check()
+    assert pins.failed(found)
+    frozen = finding(found, "pytorch-wheels index")
+    assert frozen.status == "mismatch" and frozen.value == "https://repo.amd.com/rocm/whl/gfx1151/"
+    assert "frozen at ROCm 7.13.0" in frozen.evidence and "rocm-cli#271" in frozen.evidence
+    # its wheels are not looked up on it
+    assert not [f for f in found if "whl/gfx1151" in f.source and f.pin != "pytorch-wheels index"]

@@ -388,3 +388,21 @@ def test_a_yaml_merge_key_is_a_sentence_not_a_traceback(repo_copy):
     )
     with pytest.raises(RecipeError, match=r"recipes/stacks.yaml:\d+: .*merge keys \(<<\) are not"):
         load_recipes(repo_copy)
+
+
+def test_aotritons_tech_preview_tier_needs_no_experimental_knob():
+    # pytorch#188612: gfx1250 is "tech preview" (aotriton::isArchTechPreview), run without
+    # TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL, unlike the experimental tier
+    from attnforge.plan import template_vars
+    from attnforge.recipes import Arch, Layer
+
+    arch = Arch(
+        name="gfx1250", description="t", vendor="amd", family="gfx12.5",
+        aotriton={"since": "0.12.1b", "experimental": ["0.12.1b"], "tech_preview": ["0.13b"]},
+    )  # fmt: skip
+    assert [arch.aotriton_status(v) for v in ("0.12b", "0.12.1b", "0.13b")] == [
+        "none", "experimental", "tech-preview"
+    ]  # fmt: skip
+    layer = Layer(name="t", description="t", dockerfile="x", follows="t", aotriton="0.13b")
+    tvars = template_vars(arch, None, layer, jobs=1)
+    assert (tvars["aotriton_status"], tvars["aotriton_experimental"]) == ("tech-preview", "0")
