@@ -243,14 +243,41 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text.splitlines()[0][:400]}"
 
 
+def _first_attention(model):
+    """The first attention module of a model: the first whose class name ends in Attention and
+    that holds no other such module (LlamaAttention, ViTSelfAttention, diffusers' Attention)."""
+
+    def is_attn(m) -> bool:
+        return type(m).__name__.endswith("Attention")
+
+    for m in model.modules():
+        if is_attn(m) and not any(is_attn(c) for c in m.modules() if c is not m):
+            return m
+    return None
+
+
 def _run(torch, spec: AppModel, model, inputs, output, grad_input, grad_param, dtype):
-    """Forward (and backward) once: {"out": ..., "d_<input>": ..., "d_<param>": ...}."""
+    """Forward (and backward) once: {"attn": the first attention layer's output, "out": the
+    model's, "d_<input>": ..., "d_<param>": ...}. The first attention layer is judged on its
+    own too: a deep model's residual stream can dilute a wrong attention below the rule."""
     inp = inputs(dtype)
     if spec.backward and grad_input:
         inp[grad_input] = inp[grad_input].clone().requires_grad_(True)
-    with torch.set_grad_enabled(spec.backward):
-        out = output(model, inp)
-    got = {"out": out.detach()}
+    seen: dict[str, Any] = {}
+
+    def hook(_module, _args, result):
+        first = result[0] if isinstance(result, (tuple, list)) else result
+        seen.setdefault("attn", first.detach().clone())
+
+    layer = _first_attention(model)
+    handle = layer.register_forward_hook(hook) if layer is not None else None
+    try:
+        with torch.set_grad_enabled(spec.backward):
+            out = output(model, inp)
+    finally:
+        if handle is not None:
+            handle.remove()
+    got = {**seen, "out": out.detach()}
     if spec.backward:
         gen = torch.Generator().manual_seed(SEED + 2)
         g = torch.randn(out.shape, generator=gen).to(out.dtype)
