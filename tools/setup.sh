@@ -100,7 +100,7 @@ wheelhouse() {
     # A wheel's file name spells the project with underscores (huggingface_hub, PyYAML -> pyyaml).
     local name=${w%%==*} ver=${w#*==}
     name=${name//[-.]/_}
-    (shopt -s nocaseglob; ls "$WHEELHOUSE"/$name-${ver//+/?}-*.whl >/dev/null 2>&1) || want+=("$w")
+    (shopt -s nocaseglob; compgen -G "$WHEELHOUSE/$name-${ver//+/?}-*.whl" >/dev/null) || want+=("$w")
   done
   ((${#want[@]})) || return 0
   say "wheelhouse $WHEELHOUSE: ${want[*]}"

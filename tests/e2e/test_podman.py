@@ -38,7 +38,7 @@ from tests.e2e.test_cpu_stack import (
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 NAMESPACE = f"attnforge-podman-{uuid.uuid4().hex[:8]}"
-LAYERS = ["base", "torch-cpu", "triton", "cpp-extension", "apps", "validate"]
+LAYERS = ["base", "torch-cpu", "cpp-extension", "apps", "triton", "validate"]
 MANIFEST_TYPES = "application/vnd.docker.distribution.manifest.v2+json, application/vnd.oci.image.manifest.v1+json"
 
 
@@ -201,7 +201,7 @@ def test_an_interrupted_podman_build_leaves_no_tag_and_continue_finishes_it(tree
     assert "stopped at layer triton" in " ".join(resumed.stdout.split())
     assert "engine: podman version" in resumed.stdout
     assert outcomes(resumed.stdout) == {
-        "base": "cached", "torch-cpu": "cached", "triton": "built", "validate": "built",
+        **dict.fromkeys(LAYERS, "cached"), "triton": "built", "validate": "built",
     }  # fmt: skip
     assert podman_id(triton["tag"]) is not None
     numpy = podman(

@@ -141,7 +141,7 @@ def test_a_full_build_tags_every_layer_after_its_smoke_checks(ws, recipes):
     assert [o.status for o in outcomes] == ["built"] * 6
     kinds = [c[0] for c in engine.calls]
     # per layer: build, then smoke run, then tags; never a tag before its layer's smoke run
-    for layer in ("base", "torch-cpu", "triton", "cpp-extension", "apps", "validate"):
+    for layer in ("base", "torch-cpu", "cpp-extension", "apps", "triton", "validate"):
         b = next(i for i, c in enumerate(engine.calls) if c[:2] == ("build", layer))
         assert kinds[b + 1] == "run" and kinds[b + 2] == "tag"
     assert engine.images["t/cpu:cpu"] == "sha256:validate-image"
@@ -202,7 +202,7 @@ def test_a_layer_in_progress_is_on_disk_before_the_engine_is_called(ws, recipes)
     run(ws, recipes, Spy())
     assert seen == {
         layer: layer
-        for layer in ("base", "torch-cpu", "triton", "cpp-extension", "apps", "validate")
+        for layer in ("base", "torch-cpu", "cpp-extension", "apps", "triton", "validate")
     }
 
 
@@ -220,15 +220,15 @@ def test_a_cache_hit_retags_without_building(ws, recipes):
 def test_the_inputs_of_each_build_are_kept_and_explain_the_next_plan(ws, recipes):
     run(ws, recipes, RecordingEngine())
     kept = InputsStore(ws).load("cpu")
-    assert set(kept) == {"base", "torch-cpu", "triton", "cpp-extension", "apps", "validate"}
+    assert set(kept) == {"base", "torch-cpu", "cpp-extension", "apps", "triton", "validate"}
     invocation = Invocation(
         arch="cpu", stack="cpu", namespace="t", sets=["triton.NUMPY_VERSION=2.3.5"]
     )
     plan, _ = plan_build(invocation, recipes, ws, RecordingEngine())
     why = {s.layer: s.changes for s in plan.steps}
     assert why["triton"] == ("arg NUMPY_VERSION 2.4.6 -> 2.3.5",)
-    assert why["cpp-extension"] == ("parent triton rebuilt",)
-    assert why["validate"] == ("parent apps rebuilt",)
+    assert why["validate"] == ("parent triton rebuilt",)
+    assert why["apps"] == (UNCHANGED,)  # below triton: a triton pin does not rebuild it
     assert why["base"] == why["torch-cpu"] == (UNCHANGED,)  # the recording engine forgot them
 
 
