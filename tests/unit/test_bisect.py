@@ -600,7 +600,7 @@ def test_a_build_failure_of_the_bisected_layer_is_a_skip_with_its_log(tmp_path):
     probe = prober.probe("3.5.0")
     assert probe.verdict == bs.SKIP and "layer 'triton' failed to build" in probe.reason
     assert probe.build == {"base": "built", "torch-cpu": "built", "triton": "failed",
-                           "cpp-extension": "not run", "apps": "not run",
+                           "cpp-extension": "built", "apps": "built",
                            "validate": "not run"}  # fmt: skip
     assert "no matching distribution" in (Path(probe.report) / "build-triton.log").read_text()
     assert not [c for c in engine.calls if c[0] == "check"]

@@ -155,7 +155,7 @@ def test_the_engine_receives_exactly_the_requests_made_from_the_plan(ws, recipes
     assert received == requests
     triton = requests["triton"]
     assert triton.build_args["PATCH_SERIES"] == "patches/selftest/cpu-demo"
-    assert triton.build_args["BASE_IMAGE"].startswith("t/torch-cpu:cpu-")
+    assert triton.build_args["BASE_IMAGE"].startswith("t/apps:cpu-")
     # staged under the build folder, and cleaned up after the layer
     assert triton.context.is_relative_to(ws.staging_dir)
     assert not triton.context.exists()
@@ -166,7 +166,7 @@ def test_a_failed_build_moves_no_tag_and_records_the_layer(ws, recipes):
     with pytest.raises(LayerFailed, match="layer 'triton' failed to build") as err:
         run(ws, recipes, engine)
     assert "no matching distribution" in err.value.message  # the failing step's own output
-    assert engine.built() == ["base", "torch-cpu", "triton"]
+    assert engine.built() == ["base", "torch-cpu", "cpp-extension", "apps", "triton"]
     assert not any(
         "triton" in ref or "validate" in ref or ref == "t/cpu:cpu" for ref in engine.tags_moved()
     )

@@ -391,7 +391,7 @@ def _with(old: BuildInput, **changes) -> dict:
          ["attnforge/patches.py changed"]),
         (lambda j: {**j, "context": {**j["context"], "gone.txt": "0" * 64}},
          ["gone.txt removed from the context"]),
-        (lambda j: {**j, "parent": "f" * 64}, ["parent torch-cpu rebuilt"]),
+        (lambda j: {**j, "parent": "f" * 64}, ["parent apps rebuilt"]),
         (lambda j: {**j, "epoch": 0}, ["attnforge's build epoch 0 -> 1"]),
         (lambda j: j, [UNCHANGED]),
     ],
