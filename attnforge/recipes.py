@@ -152,6 +152,19 @@ class SmokeCheck(Strict):
         description="with device_code: target ids, space-separated, whose code objects or "
         "kernel packs fail the check where found ({harmful_code_variants})",
     )
+    linkage: str | None = Field(
+        None,
+        description="native extensions, space-separated paths or globs (absolute, or "
+        "PACKAGE:RELATIVE as for device_code; a folder means every .so in it): every DT_NEEDED "
+        "must resolve as the loader would (RPATH, LD_LIBRARY_PATH, RUNPATH, ld.so cache, "
+        "default folders, or a library `preload` loaded) and every undefined symbol must be "
+        "defined by a library the extension loads or by the interpreter",
+    )
+    preload: str | None = Field(
+        None,
+        description="with linkage: modules imported before the extension loads, space-separated "
+        "(torch: its libc10/libtorch are then loaded, as when a user imports torch first)",
+    )
 
     @model_validator(mode="after")
     def _one_kind(self) -> SmokeCheck:
@@ -160,7 +173,7 @@ class SmokeCheck(Strict):
             raise ValueError(f"a smoke check needs exactly one of {', '.join(_SMOKE_KINDS)}")
         for field, kind in (("version", "dist"), ("extras", "wheel_set"),
                             ("aotriton_arch", "wheel_set"), ("arch", "device_code"),
-                            ("harmful", "device_code")):  # fmt: skip
+                            ("harmful", "device_code"), ("preload", "linkage")):  # fmt: skip
             if getattr(self, field) and kinds[0] != kind:
                 raise ValueError(f"{field} goes with {kind}")
         if self.device_code and not self.arch:
@@ -175,15 +188,20 @@ class SmokeCheck(Strict):
         for word in (self.extras or "").split():
             if not _EXTRA_WORD.fullmatch(word):
                 raise ValueError(f"extras entry {word!r} is not DIST[EXTRA]")
-        for word in (self.device_code or "").split():
-            if not _CODE_PATH.fullmatch(word):
-                raise ValueError(
-                    f"device_code entry {word!r} is not an absolute path or PACKAGE:RELATIVE"
-                )
+        for kind in ("device_code", "linkage"):
+            for word in (getattr(self, kind) or "").split():
+                if not _CODE_PATH.fullmatch(word):
+                    raise ValueError(
+                        f"{kind} entry {word!r} is not an absolute path or PACKAGE:RELATIVE"
+                    )
+        for word in (self.preload or "").split():
+            if not _MODULE.fullmatch(word):
+                raise ValueError(f"preload entry {word!r} is not a module name")
         return self
 
 
-_SMOKE_KINDS = ("dist", "absent", "torch_build", "python", "wheel_set", "device_code")
+_SMOKE_KINDS = ("dist", "absent", "torch_build", "python", "wheel_set", "device_code", "linkage")
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 # Templates ({arch}, {TORCH_VERSION}) are filled later, so braces are allowed in these words.
 _WHEEL_WORD = re.compile(r"[A-Za-z0-9{][A-Za-z0-9._*{}-]*(==[A-Za-z0-9._+!{}-]+)?")
 _EXTRA_WORD = re.compile(r"[A-Za-z0-9{][A-Za-z0-9._{}-]*\[[A-Za-z0-9._{}-]+\]")

@@ -4,9 +4,11 @@ Sent to the container on stdin (`python3 - <checks-json>`), so it must stay stdl
 self-contained and Python 3.8 safe. Prints one JSON line per check and exits 1 if any failed.
 
 Check kinds (attnforge/recipes.py SmokeCheck; docs/build-checks.md says what each one catches):
-dist, absent, torch_build, python, wheel_set (the coupled ROCm wheels are one build) and
+dist, absent, torch_build, python, wheel_set (the coupled ROCm wheels are one build),
 device_code (the arch's GPU code objects are present, read without a GPU or ROCm tools; their
-target-id variants are reported, and ones the arch table marks harmful fail).
+target-id variants are reported, and ones the arch table marks harmful fail) and linkage (a
+native extension's libraries resolve and its undefined symbols are defined, read with the
+image's binutils).
 """
 
 import fnmatch
@@ -646,6 +648,323 @@ def check_device_code(spec):
     return True, "; ".join(ok_parts)
 
 
+# ---------------------------------------------------------------------------- linkage
+#
+# A native extension built against another torch, or shipped without a library it needs, fails
+# only at import on the user's machine: lemonade-sdk/vllm-rocm's qualification found 7 undefined
+# c10 symbols in an extension built against another torch (README @2a49d832, read 2026-11-24).
+# This check models the dynamic loader (ld.so(8)) for each extension after `preload` (the modules
+# the extension expects imported first, usually torch) and reports every DT_NEEDED that does not
+# resolve and every undefined symbol that no loaded library defines.
+#
+# ELF is read with the image's binutils (readelf -W, c++filt): this runner is piped into images
+# that hold only their own packages, so it cannot import pyelftools or lief, and installing one
+# would change the image under test; every layer that builds a native extension has a compiler
+# and so binutils (base:devel's build-essential, the cpu stack's g++).
+
+_DYN_ENTRY = re.compile(r"\((NEEDED|RPATH|RUNPATH|SONAME)\)\s+[^\[]*\[(.*)\]\s*$")
+_SYM_LINE = re.compile(
+    r"^\s*\d+:\s+[0-9a-fA-F]+\s+\S+\s+\S+\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)(?:\s+\(\d+\))?\s*$"
+)
+_SO_NAME = re.compile(r"\.so(\.\d+)*$")
+_LINKAGE_SHOWN = 6  # symbols / libraries named in one message
+
+
+class _NoBinutils(Exception):
+    pass
+
+
+def _readelf(args, path):
+    try:
+        out = subprocess.run(
+            ["readelf", "-W", *args, path], capture_output=True, text=True, errors="replace"
+        )
+    except FileNotFoundError:
+        raise _NoBinutils("readelf is not in the image (install binutils)") from None
+    if out.returncode != 0:
+        raise ValueError(f"readelf cannot read {path}: {out.stderr.strip()[:200]}")
+    return out.stdout
+
+
+def _elf_kind(path):
+    """(ELF class, e_machine) of a file, or None when it is no ELF file."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(20)
+    except OSError:
+        return None
+    if len(head) < 20 or head[:4] != b"\x7fELF":
+        return None
+    return head[4], struct.unpack_from("<H" if head[5] == 1 else ">H", head, 18)[0]
+
+
+def _dynamic(path):
+    """DT_NEEDED, DT_RPATH, DT_RUNPATH (lists) and DT_SONAME (or None) of a shared object."""
+    dyn = {"NEEDED": [], "RPATH": [], "RUNPATH": [], "SONAME": None}
+    for line in _readelf(["-d"], path).splitlines():
+        m = _DYN_ENTRY.search(line)
+        if not m:
+            continue
+        tag, value = m.groups()
+        if tag == "NEEDED":
+            dyn["NEEDED"].append(value)
+        elif tag == "SONAME":
+            dyn["SONAME"] = value
+        else:
+            dyn[tag] += [p for p in value.split(":") if p]
+    return dyn
+
+
+def _symbols(path):
+    """(undefined, defined) dynamic symbols: undefined as (name, version or None) pairs,
+    leaving out weak references (the loader lets them stay unresolved); defined as
+    name -> set of versions (None for an unversioned definition)."""
+    undefined, defined = set(), {}
+    for line in _readelf(["--dyn-syms"], path).splitlines():
+        m = _SYM_LINE.match(line)
+        if not m:
+            continue
+        bind, _vis, ndx, full = m.groups()
+        name, _, version = full.partition("@")
+        version = version.lstrip("@") or None
+        if not name:
+            continue
+        if ndx == "UND":
+            if bind != "WEAK":
+                undefined.add((name, version))
+        elif bind in ("GLOBAL", "WEAK", "UNIQUE"):
+            defined.setdefault(name, set()).add(version)
+    return undefined, defined
+
+
+def _ld_cache():
+    """soname -> paths from the loader's cache (ldconfig -p); empty where ldconfig is absent."""
+    for exe in ("ldconfig", "/sbin/ldconfig", "/usr/sbin/ldconfig"):
+        try:
+            out = subprocess.run([exe, "-p"], capture_output=True, text=True, errors="replace")
+        except (FileNotFoundError, PermissionError):
+            continue
+        cache = {}
+        for line in out.stdout.splitlines():
+            name, sep, path = line.strip().partition(" => ")
+            if sep:
+                cache.setdefault(name.split(" (")[0], []).append(path.strip())
+        return cache
+    return {}
+
+
+def _default_dirs():
+    import sysconfig
+
+    multiarch = sysconfig.get_config_var("MULTIARCH")
+    dirs = []
+    for top in ("/lib", "/usr/lib"):
+        if multiarch:
+            dirs.append(f"{top}/{multiarch}")
+        dirs += [top + "64", top]
+    return dirs
+
+
+def _loaded_by(preload):
+    """The shared objects mapped into a Python process that imported `preload` (the modules an
+    extension expects imported first), read from /proc/self/maps; and that process's error."""
+    code = (
+        "import importlib, sys\n"
+        "for m in sys.argv[1:]: importlib.import_module(m)\n"
+        "print(open('/proc/self/maps').read())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, *preload], capture_output=True, text=True)
+    if out.returncode != 0:
+        lines = out.stderr.strip().splitlines()
+        return [], lines[-1] if lines else f"exit {out.returncode}"
+    paths = []
+    for line in out.stdout.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) == 6 and parts[5].startswith("/") and _SO_NAME.search(parts[5]):
+            if parts[5] not in paths:
+                paths.append(parts[5])
+    return paths, None
+
+
+class _Loader:
+    """Finds shared objects the way ld.so(8) does: a name with a slash as is; an object already
+    loaded under that name or soname; DT_RPATH (when there is no DT_RUNPATH); LD_LIBRARY_PATH;
+    DT_RUNPATH; the ld.so cache; the default directories. $ORIGIN is the folder of the object
+    that asks. Candidates of another ELF class or machine are passed over, as the loader does."""
+
+    def __init__(self, kind, loaded):
+        self.kind = kind
+        self.loaded = {}
+        for path in loaded:
+            self.loaded.setdefault(os.path.basename(path), path)
+        self.cache = _ld_cache()
+        self.env = [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") if p]
+        self.defaults = _default_dirs()
+        self.dyn = {}
+
+    def dynamic(self, path):
+        if path not in self.dyn:
+            self.dyn[path] = _dynamic(path)
+        return self.dyn[path]
+
+    def note_soname(self, path):
+        soname = self.dynamic(path)["SONAME"]
+        if soname:
+            self.loaded.setdefault(soname, path)
+
+    def _fits(self, path):
+        return os.path.isfile(path) and _elf_kind(path) == self.kind
+
+    def find(self, name, asker):
+        """(path or None, where it was found or the places searched)."""
+        if "/" in name:
+            return (name, "by path") if self._fits(name) else (None, name)
+        if name in self.loaded:
+            return self.loaded[name], "already loaded"
+        dyn = self.dynamic(asker)
+        origin = os.path.dirname(asker)
+
+        def expand(dirs):
+            return [d.replace("${ORIGIN}", origin).replace("$ORIGIN", origin) for d in dirs]
+
+        order = []
+        if dyn["RPATH"] and not dyn["RUNPATH"]:
+            order.append(("RPATH", expand(dyn["RPATH"])))
+        order.append(("LD_LIBRARY_PATH", self.env))
+        if dyn["RUNPATH"]:
+            order.append(("RUNPATH", expand(dyn["RUNPATH"])))
+        for where, dirs in order:
+            for d in dirs:
+                path = os.path.join(d, name)
+                if self._fits(path):
+                    return path, f"{where} {d}"
+        for path in self.cache.get(name, []):
+            if self._fits(path):
+                return path, "ld.so cache"
+        for d in self.defaults:
+            path = os.path.join(d, name)
+            if self._fits(path):
+                return path, d
+        searched = [f"{w} {':'.join(dirs)}" for w, dirs in order if dirs]
+        searched += ["the ld.so cache", ":".join(self.defaults)]
+        return None, ", ".join(searched)
+
+    def closure(self, root):
+        """(every object `root` loads, breadth first, root included; [(needed, asker, searched)]
+        for each DT_NEEDED that resolves nowhere)."""
+        seen, missing, queue = [root], [], [root]
+        while queue:
+            obj = queue.pop(0)
+            for name in self.dynamic(obj)["NEEDED"]:
+                path, where = self.find(name, obj)
+                if path is None:
+                    missing.append((name, obj, where))
+                    continue
+                real = os.path.realpath(path)
+                if real not in (os.path.realpath(p) for p in seen):
+                    seen.append(path)
+                    queue.append(path)
+        return seen, missing
+
+
+def _demangle(names):
+    """C++ names as c++filt spells them (the mangled name where c++filt is absent)."""
+    try:
+        out = subprocess.run(
+            ["c++filt"], input="\n".join(names), capture_output=True, text=True, errors="replace"
+        )
+    except FileNotFoundError:
+        return list(names)
+    shown = out.stdout.splitlines()
+    return shown if out.returncode == 0 and len(shown) == len(names) else list(names)
+
+
+def _linkage_files(target):
+    """The ELF shared objects a linkage target names: (shown, files or None if its package is
+    not installed, problem or None)."""
+    shown, pattern = _resolve(target)
+    if pattern is None:
+        return shown, None, f"{shown}: package {shown.partition(':')[0]} is not installed"
+    files = []
+    for path in sorted(glob.glob(pattern)):
+        if os.path.isdir(path):
+            for root, _dirs, names in os.walk(path):
+                files += [os.path.join(root, n) for n in sorted(names) if _SO_NAME.search(n)]
+        else:
+            files.append(path)
+    files = [f for f in files if _elf_kind(f) is not None]
+    if not files:
+        return shown, [], f"{pattern} holds no ELF shared object"
+    return shown, files, None
+
+
+def check_linkage(spec):
+    preload = (spec.get("preload") or "").split()
+    loaded, error = _loaded_by(preload)
+    if error:
+        return False, f"importing {' '.join(preload)} failed first: {error}"
+    ok_parts, problems = [], []
+    exe = os.path.realpath(sys.executable)
+    for target in spec["linkage"].split():
+        shown, files, problem = _linkage_files(target)
+        if problem:
+            problems.append(problem)
+            continue
+        for ext in files:
+            name = os.path.basename(ext)
+            loader = _Loader(_elf_kind(ext), loaded)
+            for path in loaded:
+                if _elf_kind(path) == loader.kind:
+                    loader.note_soname(path)
+            objs, missing = loader.closure(ext)
+            for lib, asker, searched in missing:
+                via = "" if asker == ext else f" (needed by {os.path.basename(asker)})"
+                problems.append(
+                    f"{name}: library {lib}{via} is not found: not loaded after "
+                    f"`import {' '.join(preload) or '(nothing)'}` and not in {searched}"
+                )
+            # Symbols resolve in the global scope (the interpreter and what it loads) and in
+            # the extension's own dependencies.
+            scope = objs[1:] + [p for p in loader.closure(exe)[0] if p not in objs]
+            undefined, _ = _symbols(ext)
+            wanted = {n for n, _v in undefined}
+            defined = {}
+            for obj in scope:
+                for sym, versions in _symbols(obj)[1].items():
+                    if sym in wanted:
+                        defined.setdefault(sym, set()).update(versions)
+            unresolved = sorted(
+                (n, v)
+                for n, v in undefined
+                if n not in defined or not (v is None or {v, None} & defined[n])
+            )
+            libs = [os.path.basename(o) for o in objs[1:]]
+            if unresolved:
+                shown = unresolved[:_LINKAGE_SHOWN]
+                demangled = _demangle([n for n, _v in shown])
+                named = []
+                for i, (mangled, version) in enumerate(shown):
+                    full = mangled + ("@" + version if version else "")
+                    named.append(full if demangled[i] == mangled else f"{demangled[i]} [{full}]")
+                more = len(unresolved) - len(named)
+                problems.append(
+                    f"{name}: {len(unresolved)} undefined symbol(s) defined by none of the "
+                    f"{len(scope)} libraries it loads ({', '.join(libs[:_LINKAGE_SHOWN])}"
+                    f"{', …' if len(libs) > _LINKAGE_SHOWN else ''}, and the interpreter): "
+                    + "; ".join(named)
+                    + (f"; and {more} more" if more > 0 else "")
+                )
+            elif not missing:
+                ok_parts.append(
+                    f"{name}: {len(libs)} libraries resolve ({', '.join(libs[:_LINKAGE_SHOWN])}"
+                    f"{', …' if len(libs) > _LINKAGE_SHOWN else ''}), {len(undefined)} undefined "
+                    f"symbols all defined"
+                )
+    if problems:
+        return False, "; ".join(problems)
+    return True, "; ".join(ok_parts)
+
+
 # ---------------------------------------------------------------------------- dispatch
 
 
@@ -667,6 +986,8 @@ def check(spec, installed):
         return check_wheel_set(spec, installed)
     if "device_code" in spec:
         return check_device_code(spec)
+    if "linkage" in spec:
+        return check_linkage(spec)
     if "torch_build" in spec:
         code = (
             "import torch, json; print(json.dumps({'hip': torch.version.hip, 'cuda': torch.version.cuda,"
@@ -701,6 +1022,8 @@ def main(argv):
     for spec in checks:
         try:
             ok, detail = check(spec, installed)
+        except _NoBinutils as exc:
+            ok, detail = False, str(exc)
         except Exception as exc:  # a broken check is a failed check, with its reason
             ok, detail = False, f"{type(exc).__name__}: {exc}"
         failed += not ok

@@ -17,8 +17,10 @@ DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 WHEELHOUSE=${WHEELHOUSE:-build/wheelhouse}
 REGISTRY_ADDR=${REGISTRY_ADDR:-127.0.0.1:5000}
 BUILDX_IMAGE=${BUILDX_IMAGE:-attnforge-local/buildx-tools:trixie}
-# The cpu stack's pins (recipes/layers/torch-cpu.yaml, triton.yaml); images run Debian 12's Python 3.11.
-WHEELS=("torch==2.13.0+cpu" "triton==3.6.0" "numpy==2.4.6")
+# The cpu stack's pins (recipes/layers/torch-cpu.yaml, triton.yaml, apps.yaml and the apps layer's
+# lock, dockerfiles/scripts/apps-lock.txt); images run Debian 12's Python 3.11.
+WHEELS=("torch==2.13.0+cpu" "triton==3.6.0" "numpy==2.4.6" "transformers==5.23.0" "diffusers==0.42.1")
+APPS_LOCK=dockerfiles/scripts/apps-lock.txt
 
 say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
 die() { printf '\033[31merror:\033[0m %s\n' "$*" >&2; exit 1; }
@@ -92,15 +94,19 @@ buildx_tools() {
 
 wheelhouse() {
   mkdir -p "$WHEELHOUSE"
-  local want=() w
-  for w in "${WHEELS[@]}"; do
+  local want=() w all=("${WHEELS[@]}")
+  mapfile -t -O "${#all[@]}" all < <(grep -Ev '^\s*(#|$)' "$APPS_LOCK")
+  for w in "${all[@]}"; do
+    # A wheel's file name spells the project with underscores (huggingface_hub, PyYAML -> pyyaml).
     local name=${w%%==*} ver=${w#*==}
-    ls "$WHEELHOUSE"/"$name"-"${ver//+/?}"-*.whl >/dev/null 2>&1 || want+=("$w")
+    name=${name//[-.]/_}
+    (shopt -s nocaseglob; compgen -G "$WHEELHOUSE/$name-${ver//+/?}-*.whl" >/dev/null) || want+=("$w")
   done
   ((${#want[@]})) || return 0
   say "wheelhouse $WHEELHOUSE: ${want[*]}"
   local pip=("$VENV/bin/pip" download -q --no-deps --only-binary=:all: --python-version 3.11
-             --implementation cp --platform manylinux_2_28_x86_64 -d "$WHEELHOUSE")
+             --implementation cp --platform manylinux_2_28_x86_64
+             --platform manylinux_2_17_x86_64 -d "$WHEELHOUSE")
   # torch's +cpu builds live on PyTorch's own index; try the configured indexes first.
   "${pip[@]}" "${want[@]}" 2>/dev/null \
     || "${pip[@]}" --extra-index-url https://download.pytorch.org/whl/cpu "${want[@]}" \

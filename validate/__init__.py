@@ -5,4 +5,4 @@ sibling ``kernels`` package are imported inside the check subprocesses.
 """
 
 __version__ = "0.1.0"
-SCHEMA_VERSION = "1.1"
+SCHEMA_VERSION = "1.2"

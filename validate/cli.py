@@ -37,6 +37,8 @@ COMMAND_HELP = {
     "backends": "SDPA backends over the case grid (+ env)",
     "flash-attn": "the flash_attn package (+ env)",
     "kernels": "the bundled kernels package (+ env)",
+    "apps": "transformers/diffusers attention implementations on tiny models, and the ComfyUI "
+    "and vLLM contract probes (+ env)",
     "all": "everything (default)",
 }
 

@@ -195,6 +195,7 @@ def to_markdown(report: dict[str, Any]) -> str:
 
     out += layouts_markdown(report)
     out += workloads_markdown(report)
+    out += apps_markdown(report)
 
     bad = [r for r in report.get("checks", []) if r["status"] in FAILING]
     if bad:
@@ -208,6 +209,39 @@ def to_markdown(report: dict[str, Any]) -> str:
                 out += ["  ```", "  </details>"]
         out.append("")
     return "\n".join(out).rstrip() + "\n"
+
+
+def apps_markdown(report: dict[str, Any]) -> list[str]:
+    """The apps section (issue 25 §3): per app model and attention implementation whether it
+    ran, whether it matched the eager/math reference, which kernel ran or why it refused; then
+    the ComfyUI/vLLM contract probes. Empty when no apps check ran."""
+    apps = report.get("apps") or {}
+    rows, probes = apps.get("models") or [], apps.get("contracts") or []
+    if not rows and not probes:
+        return []
+    out = ["### Apps: their own attention code", ""]
+    if rows:
+        out += ["| app | model | implementation | ran | correct | kernel, or why it refused |",
+                "|---|---|---|---|---|---|"]  # fmt: skip
+        for r in rows:
+            ran = "✅" if r.get("ran") else ("❌" if r.get("must_run") else "—")
+            correct = {True: "✅", False: "❌"}.get(r.get("correct"), "")
+            if r.get("reference"):
+                correct = "reference"
+            why = r.get("kernel") if r.get("ran") else r.get("reason")
+            out.append(f"| {_md(r.get('app'))} {_md(r.get('app_version') or '')} | "
+                       f"{_md(r.get('model'))} | {_md(r.get('impl') or '')} | {ran} | {correct} | "
+                       f"{_md(why, 400)} |")  # fmt: skip
+        out.append("")
+    if probes:
+        out += ["| contract | app's call | status | what the image has | source |",
+                "|---|---|---|---|---|"]  # fmt: skip
+        for p in probes:
+            icon = {"pass": "✅", "fail": "❌"}.get(p.get("status"), "n/a")
+            out.append(f"| `{_md(p.get('id'))}` | `{_md(p.get('call'), 160)}` | {icon} | "
+                       f"{_md(p.get('message'), 400)} | {_md(p.get('source'), 200)} |")  # fmt: skip
+        out.append("")
+    return out
 
 
 # ------------------------------------------------------------------------------------ HTML
@@ -593,6 +627,41 @@ def _failures(report: dict[str, Any]) -> list[str]:
     return _section("failures", out)
 
 
+def apps_html(report: dict[str, Any]) -> list[str]:
+    """The apps section as HTML (its own heading; empty when no apps check ran)."""
+    apps = report.get("apps") or {}
+    rows, probes = apps.get("models") or [], apps.get("contracts") or []
+    if not rows and not probes:
+        return []
+    out = ["<h2 id='apps'>Apps: their own attention code</h2>",
+           "<p>Tiny models built from configs, one forward (and backward where training "
+           "matters) per attention implementation, judged against the app's eager/math path by "
+           "the grid's rule.</p>"]  # fmt: skip
+    if rows:
+        body = []
+        for r in rows:
+            state = "pass" if r.get("ran") else ("fail" if r.get("must_run") else "skip")
+            correct = (
+                "reference"
+                if r.get("reference")
+                else {True: "yes", False: "no"}.get(r.get("correct"), "")
+            )
+            why = r.get("kernel") if r.get("ran") else r.get("reason")
+            body.append([_h(f"{r.get('app')} {r.get('app_version') or ''}"), _h(r.get("model")),
+                         _h(r.get("impl") or ""),
+                         f"<span class='{state}'>{'ran' if r.get('ran') else 'refused'}</span>",
+                         _h(correct), _num(r.get("max_abs_err")), _h(why)])  # fmt: skip
+        out.append(_table(["app", "model", "implementation", "ran", "correct", "max|err|",
+                           "kernel, or why it refused"], body, raw=True))  # fmt: skip
+    if probes:
+        body = [[f"<code>{_h(p.get('id'))}</code>", f"<code>{_h(p.get('call'))}</code>",
+                 _status(p.get("status")), _h(p.get("message")), _h(p.get("source"))]
+                for p in probes]  # fmt: skip
+        out.append(_table(["contract", "app's call", "status", "what the image has", "source"],
+                          body, raw=True))  # fmt: skip
+    return out
+
+
 def to_html(report: dict[str, Any], siblings: dict[str, Any] | None = None) -> str:
     """The whole page. `siblings`: report.load_siblings()'s bench, bench_train and stress
     documents. Raises plots.PlotsUnavailable when there is something to plot and no matplotlib."""
@@ -627,6 +696,7 @@ def to_html(report: dict[str, Any], siblings: dict[str, Any] | None = None) -> s
     parts += layouts_html(report)
     parts += workloads_html(report)
     parts += _kernels(report)
+    parts += apps_html(report)
     parts += _bench(siblings.get("bench"))
     parts += _baseline(siblings.get("baseline_compare"))
     parts += _training(siblings.get("bench_train"))

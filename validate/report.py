@@ -54,6 +54,38 @@ def backend_matrix(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def apps_section(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The apps' attention implementations (one row per app model x implementation) and the
+    contract probes, from the apps checks; None when no apps check ran."""
+    rows: list[dict[str, Any]] = []
+    probes: list[dict[str, Any]] = []
+    seen = False
+    for rec in records:
+        if not rec["id"].startswith("apps."):
+            continue
+        seen = True
+        d = rec.get("details") or {}
+        if rec["id"] == "apps.contracts":
+            probes = list(d.get("probes") or [])
+            continue
+        if not d.get("implementations"):
+            rows.append({"app": d.get("app"), "model": d.get("model") or rec["id"][5:],
+                         "impl": None, "status": rec["status"], "ran": False, "correct": None,
+                         "kernel": None, "reason": rec.get("message")})  # fmt: skip
+            continue
+        for impl in d["implementations"]:
+            rows.append({
+                "app": d.get("app"), "app_version": d.get("app_version"), "model": d.get("model"),
+                "impl": impl.get("impl"), "status": rec["status"], "ran": impl.get("ran"),
+                "correct": impl.get("correct"), "reference": impl.get("reference"),
+                "must_run": impl.get("must_run"), "kernel": impl.get("kernel"),
+                "reason": impl.get("reason"),
+                "max_abs_err": max((j.get("max_abs_err") for j in (impl.get("judgements") or {}).values()
+                                    if isinstance(j.get("max_abs_err"), (int, float))), default=None),
+            })  # fmt: skip
+    return {"models": rows, "contracts": probes} if seen else None
+
+
 def build(
     *,
     command: str,
@@ -98,6 +130,7 @@ def build(
         "observations": observations,
         "checks": records,
         "backend_matrix": backend_matrix(records),
+        "apps": apps_section(records),
         "expectations": expectations,
         "summary": {
             "status": "pass" if exit_code == 0 else "fail",

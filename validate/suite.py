@@ -19,14 +19,19 @@ from typing import Any
 from validate import grid
 from validate.runner import FAILING, run_isolated
 
-COMMANDS = ("env", "backends", "flash-attn", "kernels", "all")
+COMMANDS = ("env", "backends", "flash-attn", "kernels", "apps", "all")
 GROUPS = {
     "env": ("env",),
     "backends": ("env", "backends"),
     "flash-attn": ("env", "flash-attn"),
     "kernels": ("env", "kernels"),
-    "all": ("env", "backends", "flash-attn", "kernels"),
+    "apps": ("env", "apps"),
+    "all": ("env", "backends", "flash-attn", "kernels", "apps"),
 }
+# The apps' models (validate/checks/apps.py MODELS), by name; read here without importing torch.
+# --quick keeps one of each app: transformers with GQA and a backward, diffusers' backends.
+APP_MODELS = ("llama-gqa", "vit", "unet-attn", "qwen-image")
+APP_MODELS_QUICK = ("llama-gqa", "qwen-image")
 # Testing hook: os.pathsep-separated .py files whose CHECKS list adds checks (fault injection).
 EXTRA_CHECKS_ENV = "VALIDATE_EXTRA_CHECKS"
 
@@ -172,6 +177,26 @@ def plan(command: str, quick: bool, limits: dict[str, Any] | None = None) -> lis
         checks.append(
             _spec("kernels.list", "validate.checks.kernels:list_cases", "Bundled kernels")
         )
+    if "apps" in groups:
+        # One worker for them all: transformers and diffusers are imported once.
+        checks.append(
+            _spec(
+                "apps.contracts",
+                "validate.contracts:run",
+                "ComfyUI and vLLM contract probes (flash_attn, SDPA)",
+                worker="apps",
+            )
+        )
+        for model in APP_MODELS_QUICK if quick else APP_MODELS:
+            checks.append(
+                _spec(
+                    f"apps.{model}",
+                    "validate.checks.apps:run",
+                    f"app model {model}, every attention implementation",
+                    worker="apps",
+                    params={"model": model},
+                )
+            )
     extras = extra_checks()
     # An extra check may ask to run right after env, so that real checks follow it.
     checks[1:1] = [c for c in extras if c.get("position") == "first"]

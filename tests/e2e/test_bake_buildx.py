@@ -131,5 +131,5 @@ def test_bake_builds_the_cpu_stack_under_invoke_builds_content_tags(out, bake_fi
     proc = invoke(out, "build", *plan_args())
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert outcomes(proc.stdout) == dict.fromkeys(
-        ["base", "torch-cpu", "triton", "validate"], "cached"
+        ["base", "torch-cpu", "cpp-extension", "apps", "triton", "validate"], "cached"
     )

@@ -36,7 +36,7 @@ from tests.e2e.test_cpu_stack import (
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 NAMESPACE = f"attnforge-builder-{uuid.uuid4().hex[:8]}"
-LAYERS = ["base", "torch-cpu", "triton", "validate"]
+LAYERS = ["base", "torch-cpu", "cpp-extension", "apps", "triton", "validate"]
 
 
 @pytest.fixture(scope="module")

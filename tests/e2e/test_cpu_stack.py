@@ -35,6 +35,7 @@ WHEELHOUSE = os.environ.get("ATTNFORGE_E2E_WHEELHOUSE", str(REPO / "build" / "wh
 CA_CERT = os.environ.get("ATTNFORGE_E2E_CA_CERT", "/etc/ssl/certs/ca-certificates.crt")
 REGISTRY = os.environ.get("ATTNFORGE_E2E_REGISTRY", "")
 NAMESPACE = f"attnforge-e2e-{uuid.uuid4().hex[:8]}"
+CPU_LAYERS = ["base", "torch-cpu", "cpp-extension", "apps", "triton", "validate"]
 
 
 def _engine_problem() -> str | None:
@@ -150,9 +151,7 @@ def _need_registry() -> None:
 def test_the_cpu_stack_builds_and_every_layer_passes_its_smoke_checks(tree):
     proc = invoke(tree, *build_args())
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert outcomes(proc.stdout) == dict.fromkeys(
-        ["base", "torch-cpu", "triton", "validate"], "built"
-    )
+    assert outcomes(proc.stdout) == dict.fromkeys(CPU_LAYERS, "built")
     assert "smoke ok" in proc.stdout and "FAIL" not in proc.stdout
     assert image_id(f"{NAMESPACE}/cpu:cpu") == image_id(f"{NAMESPACE}/validate:cpu")
     assert (tree / "build/logs/cpu/torch-cpu.log").read_text().strip()
@@ -205,9 +204,7 @@ def test_a_rebuild_with_nothing_changed_is_all_cached(tree):
     started = time.monotonic()
     proc = invoke(tree, *build_args())
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert outcomes(proc.stdout) == dict.fromkeys(
-        ["base", "torch-cpu", "triton", "validate"], "cached"
-    )
+    assert outcomes(proc.stdout) == dict.fromkeys(CPU_LAYERS, "cached")
     print(
         f"no-op rebuild took {time.monotonic() - started:.1f}s"
     )  # the number lives in docs/benchmarks.md
@@ -222,9 +219,7 @@ def test_the_plain_readme_command_builds_offline_from_the_local_defaults(tree):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     notes = " ".join(proc.stderr.split())  # notes on the defaults it chose
     assert f"base image: {BASE}" in notes and "wheelhouse:" in notes
-    assert outcomes(proc.stdout) == dict.fromkeys(
-        ["base", "torch-cpu", "triton", "validate"], "cached"
-    )
+    assert outcomes(proc.stdout) == dict.fromkeys(CPU_LAYERS, "cached")
     # The same defaults under --dry-run --json: the notes are on stderr, stdout stays JSON.
     proc = invoke(tree, "build", "--arch", "cpu", "--namespace", NAMESPACE, "--dry-run", "--json")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -242,12 +237,7 @@ def test_changing_one_file_of_the_validate_layer_rebuilds_only_that_layer(tree):
     before = image_id(f"{NAMESPACE}/triton:cpu")
     proc = invoke(tree, *build_args())
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert outcomes(proc.stdout) == {
-        "base": "cached",
-        "torch-cpu": "cached",
-        "triton": "cached",
-        "validate": "built",
-    }
+    assert outcomes(proc.stdout) == {**dict.fromkeys(CPU_LAYERS, "cached"), "validate": "built"}
     assert image_id(f"{NAMESPACE}/triton:cpu") == before
     assert (
         "touched by the e2e test"
@@ -336,11 +326,8 @@ def test_an_interrupted_build_leaves_no_tag_and_continue_finishes_it(tree):
         and "stopped at layer triton" in resumed.stdout
     )
     assert outcomes(resumed.stdout) == {
-        "base": "cached",
-        "torch-cpu": "cached",
-        "triton": "built",
-        "validate": "built",
-    }
+        **dict.fromkeys(CPU_LAYERS, "cached"), "triton": "built", "validate": "built"
+    }  # fmt: skip
     assert image_id(triton["tag"]) is not None
     assert (
         "2.3.5"
@@ -450,7 +437,7 @@ def test_publish_pushes_the_validated_stack_to_a_real_registry(tree):
         "att",
         "sbom",
     ]
-    for layer in ("base", "torch-cpu", "triton", "validate"):
+    for layer in CPU_LAYERS:
         got = tags(layer)
         assert "cpu" in got and any(t.startswith("cpu-") for t in got), (layer, got)
     subprocess.run(["docker", "pull", f"{target}/cpu:cpu"], capture_output=True, check=True)
@@ -484,7 +471,9 @@ def test_the_registry_is_the_build_cache_of_the_next_runner(tree):
     pushed = invoke(tree, *build_args("--push", namespace=cache))
     assert pushed.returncode == 0, pushed.stdout + pushed.stderr
     plan = json.loads(invoke(tree, *build_args("--dry-run", "--json", namespace=cache)).stdout)
-    assert [s["status"] for s in plan["steps"]] == ["cached"] * 4  # what the push build made
+    assert [s["status"] for s in plan["steps"]] == ["cached"] * len(
+        CPU_LAYERS
+    )  # what the push build made
     first = {s["layer"]: (s["tag"].split(":")[-1], image_id(s["tag"])) for s in plan["steps"]}
 
     ids = {image for _, image in first.values()}
@@ -497,12 +486,10 @@ def test_the_registry_is_the_build_cache_of_the_next_runner(tree):
             tree, *build_args("--dry-run", "--json", "--cache-from", cache, namespace=again_ns)
         ).stdout
     )
-    assert [s["status"] for s in dry["steps"]] == ["pull"] * 4
+    assert [s["status"] for s in dry["steps"]] == ["pull"] * len(CPU_LAYERS)
     proc = invoke(tree, *build_args("--cache-from", cache, namespace=again_ns))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert outcomes(proc.stdout) == dict.fromkeys(
-        ["base", "torch-cpu", "triton", "validate"], "pulled"
-    )
+    assert outcomes(proc.stdout) == dict.fromkeys(CPU_LAYERS, "pulled")
     assert "smoke ok" in proc.stdout and "building" not in proc.stdout
     for layer, (content_tag, image) in first.items():
         assert image_id(f"{again_ns}/{layer}:{content_tag}") == image, layer

@@ -178,7 +178,9 @@ def test_invoke_bake_writes_the_file_and_stages_every_context(tmp_path):
     proc = run_invoke(REPO, *args, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     doc = json.loads(out_file.read_text())
-    assert list(doc["target"]) == ["base", "torch-cpu", "triton", "validate"]
+    assert list(doc["target"]) == [
+        "base", "torch-cpu", "cpp-extension", "apps", "triton", "validate"
+    ]  # fmt: skip
     for target in doc["target"].values():
         ctx = Path(target["context"])
         assert ctx.is_relative_to(tmp_path / "build" / "bake" / "cpu" / "cpu")
@@ -190,7 +192,7 @@ def test_invoke_bake_writes_the_file_and_stages_every_context(tmp_path):
     assert proc.returncode == 0, proc.stderr
     staged = sorted(p.name for p in (tmp_path / "build/bake/cpu/cpu").iterdir())
     assert staged == ["contexts"]
-    assert len(list((tmp_path / "build/bake/cpu/cpu/contexts").iterdir())) == 4
+    assert len(list((tmp_path / "build/bake/cpu/cpu/contexts").iterdir())) == 6
 
 
 def test_push_cache_without_a_cache_namespace_is_a_sentence(tmp_path):

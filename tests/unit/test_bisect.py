@@ -587,7 +587,9 @@ def test_a_probe_builds_with_the_pin_checks_the_final_image_and_keeps_its_eviden
     assert folder == tmp_path / "reports/cpu/cpu/bisect/triton/3.5.0"
     assert json.loads((folder / "probe.json").read_text())["verdict"] == bs.BAD
     assert (folder / "check.log").read_text() == "the check's output\n"
-    assert probe.build == dict.fromkeys(["base", "torch-cpu", "triton", "validate"], "built")
+    assert probe.build == dict.fromkeys(
+        ["base", "torch-cpu", "cpp-extension", "apps", "triton", "validate"], "built"
+    )
     # content tags only; the user's last build state is not the probe's
     assert all(ref.split(":")[1].startswith("cpu-") for ref in engine.tags_moved())
     assert not (tmp_path / "build/state/last-build.json").exists()
@@ -599,6 +601,7 @@ def test_a_build_failure_of_the_bisected_layer_is_a_skip_with_its_log(tmp_path):
     probe = prober.probe("3.5.0")
     assert probe.verdict == bs.SKIP and "layer 'triton' failed to build" in probe.reason
     assert probe.build == {"base": "built", "torch-cpu": "built", "triton": "failed",
+                           "cpp-extension": "built", "apps": "built",
                            "validate": "not run"}  # fmt: skip
     assert "no matching distribution" in (Path(probe.report) / "build-triton.log").read_text()
     assert not [c for c in engine.calls if c[0] == "check"]

@@ -138,10 +138,10 @@ def run(ws: Workspace, recipes, engine: RecordingEngine, notes=None, **inv):
 def test_a_full_build_tags_every_layer_after_its_smoke_checks(ws, recipes):
     engine = RecordingEngine()
     plan, _, outcomes = run(ws, recipes, engine)
-    assert [o.status for o in outcomes] == ["built"] * 4
+    assert [o.status for o in outcomes] == ["built"] * 6
     kinds = [c[0] for c in engine.calls]
     # per layer: build, then smoke run, then tags; never a tag before its layer's smoke run
-    for layer in ("base", "torch-cpu", "triton", "validate"):
+    for layer in ("base", "torch-cpu", "cpp-extension", "apps", "triton", "validate"):
         b = next(i for i, c in enumerate(engine.calls) if c[:2] == ("build", layer))
         assert kinds[b + 1] == "run" and kinds[b + 2] == "tag"
     assert engine.images["t/cpu:cpu"] == "sha256:validate-image"
@@ -155,7 +155,7 @@ def test_the_engine_receives_exactly_the_requests_made_from_the_plan(ws, recipes
     assert received == requests
     triton = requests["triton"]
     assert triton.build_args["PATCH_SERIES"] == "patches/selftest/cpu-demo"
-    assert triton.build_args["BASE_IMAGE"].startswith("t/torch-cpu:cpu-")
+    assert triton.build_args["BASE_IMAGE"].startswith("t/apps:cpu-")
     # staged under the build folder, and cleaned up after the layer
     assert triton.context.is_relative_to(ws.staging_dir)
     assert not triton.context.exists()
@@ -166,7 +166,7 @@ def test_a_failed_build_moves_no_tag_and_records_the_layer(ws, recipes):
     with pytest.raises(LayerFailed, match="layer 'triton' failed to build") as err:
         run(ws, recipes, engine)
     assert "no matching distribution" in err.value.message  # the failing step's own output
-    assert engine.built() == ["base", "torch-cpu", "triton"]
+    assert engine.built() == ["base", "torch-cpu", "cpp-extension", "apps", "triton"]
     assert not any(
         "triton" in ref or "validate" in ref or ref == "t/cpu:cpu" for ref in engine.tags_moved()
     )
@@ -200,7 +200,10 @@ def test_a_layer_in_progress_is_on_disk_before_the_engine_is_called(ws, recipes)
             return super().build(req, log, on_line)
 
     run(ws, recipes, Spy())
-    assert seen == {layer: layer for layer in ("base", "torch-cpu", "triton", "validate")}
+    assert seen == {
+        layer: layer
+        for layer in ("base", "torch-cpu", "cpp-extension", "apps", "triton", "validate")
+    }
 
 
 def test_a_cache_hit_retags_without_building(ws, recipes):
@@ -209,7 +212,7 @@ def test_a_cache_hit_retags_without_building(ws, recipes):
     images = {s.hash_tag: first.images[s.hash_tag] for s in plan.chain}  # moving tags gone
     second = RecordingEngine(images=dict(images))
     _, requests, outcomes = run(ws, recipes, second)
-    assert [o.status for o in outcomes] == ["cached"] * 4
+    assert [o.status for o in outcomes] == ["cached"] * 6
     assert requests == {} and second.built() == []
     assert second.images["t/cpu:cpu"] == "sha256:validate-image"
 
@@ -217,7 +220,7 @@ def test_a_cache_hit_retags_without_building(ws, recipes):
 def test_the_inputs_of_each_build_are_kept_and_explain_the_next_plan(ws, recipes):
     run(ws, recipes, RecordingEngine())
     kept = InputsStore(ws).load("cpu")
-    assert set(kept) == {"base", "torch-cpu", "triton", "validate"}
+    assert set(kept) == {"base", "torch-cpu", "cpp-extension", "apps", "triton", "validate"}
     invocation = Invocation(
         arch="cpu", stack="cpu", namespace="t", sets=["triton.NUMPY_VERSION=2.3.5"]
     )
@@ -225,6 +228,7 @@ def test_the_inputs_of_each_build_are_kept_and_explain_the_next_plan(ws, recipes
     why = {s.layer: s.changes for s in plan.steps}
     assert why["triton"] == ("arg NUMPY_VERSION 2.4.6 -> 2.3.5",)
     assert why["validate"] == ("parent triton rebuilt",)
+    assert why["apps"] == (UNCHANGED,)  # below triton: a triton pin does not rebuild it
     assert why["base"] == why["torch-cpu"] == (UNCHANGED,)  # the recording engine forgot them
 
 
@@ -251,7 +255,7 @@ def _cache_of(ws, recipes) -> dict[str, str]:
 def test_a_layer_in_the_registry_cache_is_pulled_smoke_checked_and_tagged_not_built(ws, recipes):
     engine = RecordingEngine(registry=_cache_of(ws, recipes))
     plan, requests, outcomes = run(ws, recipes, engine, cache_from="reg/ns")
-    assert [o.status for o in outcomes] == ["pulled"] * 4 and engine.built() == []
+    assert [o.status for o in outcomes] == ["pulled"] * 6 and engine.built() == []
     assert requests == {}
     for s in plan.chain:
         pulled = next(i for i, c in enumerate(engine.calls) if c == ("pull", s.pull_ref))
@@ -271,7 +275,7 @@ def test_a_pulled_layer_that_fails_its_smoke_checks_moves_no_tag(ws, recipes):
 def test_a_registry_that_does_not_answer_falls_back_to_building_and_says_so_once(ws, recipes):
     engine, notes = RecordingEngine(registry=None), []
     _, _, outcomes = run(ws, recipes, engine, notes, cache_from="reg/ns")
-    assert [o.status for o in outcomes] == ["built"] * 4
+    assert [o.status for o in outcomes] == ["built"] * 6
     assert len(notes) == 1 and "did not answer" in notes[0] and "building instead" in notes[0]
     assert sum(c[0] == "lookup" for c in engine.calls) == 1  # not asked again for every layer
 

@@ -110,8 +110,8 @@ def test_stack_naming_an_unknown_layer_is_an_error_with_the_layers(repo_copy):
     _edit(
         repo_copy,
         "recipes/stacks.yaml",
-        "[base:minimal, torch-cpu, triton, validate]",
-        "[base:minimal, torch-gpu, triton, validate]",
+        "[base:minimal, torch-cpu, cpp-extension, apps, triton, validate]",
+        "[base:minimal, torch-gpu, cpp-extension, apps, triton, validate]",
     )
     with pytest.raises(RecipeError) as exc:
         load_recipes(repo_copy)

@@ -1,0 +1,244 @@
+"""`python -m validate apps` for real on this machine's CPU torch with the apps layer's pins of
+transformers and diffusers (the dev extra): the honest run passes and reports every
+implementation; planted defects (SDPA returning wrong values, the bundled kernels diverging
+behind the SDPA shim, SDPA refusing) fail, naming the app model and the implementation. The
+defects are planted with the suite's prelude hook, which runs in the check process first."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from validate import contracts, render, suite
+
+pytest.importorskip("transformers")
+pytest.importorskip("diffusers")
+
+pytestmark = pytest.mark.slow
+
+
+def run_apps(run_validate, tmp_path, *only: str, prelude: str | None = None):
+    env = {}
+    if prelude:
+        path = tmp_path / "prelude.py"
+        path.write_text(textwrap.dedent(prelude))
+        env["VALIDATE_PRELUDE"] = str(path)
+    args = ["apps", "--json", str(tmp_path / "r.json"), "--md", str(tmp_path / "r.md")]
+    for o in only:
+        args += ["--only", o]
+    proc = run_validate(*args, env=env, timeout=600)
+    report = json.loads((tmp_path / "r.json").read_text())
+    return proc, report
+
+
+@pytest.fixture(scope="module")
+def honest(tmp_path_factory, run_validate):
+    tmp = tmp_path_factory.mktemp("apps")
+    proc, report = run_apps(run_validate, tmp)
+    return proc, report, (tmp / "r.md").read_text()
+
+
+def rows(report, model):
+    return {r["impl"]: r for r in report["apps"]["models"] if r["model"] == model}
+
+
+def test_the_honest_run_passes_with_every_model_and_matches_the_schema(honest, schema_errors):
+    proc, report, _ = honest
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert schema_errors(report) == []
+    assert {r["model"] for r in report["apps"]["models"]} == set(suite.APP_MODELS)
+    assert [c["id"] for c in report["checks"]] == [
+        "env", "apps.contracts", *(f"apps.{m}" for m in suite.APP_MODELS)
+    ]  # fmt: skip
+
+
+def test_sdpa_and_the_shim_run_and_match_eager_in_transformers(honest):
+    for model in ("llama-gqa", "vit"):
+        got = rows(honest[1], model)
+        assert got["eager"]["reference"] and got["eager"]["ran"]
+        assert got["sdpa"]["ran"] and got["sdpa"]["correct"] is True
+        assert got["sdpa"]["kernel"].startswith("SDPA flash")  # torch's CPU flash kernel
+        assert got["sdpa+shim"]["correct"] is True
+        assert "bundled kernels: 2 call(s) routed, 0 fell back" in got["sdpa+shim"]["kernel"]
+
+
+def test_flash_attention_2_is_refused_with_transformers_reason_without_flash_attn(honest):
+    fa2 = rows(honest[1], "llama-gqa")["flash_attention_2"]
+    assert fa2["ran"] is False and fa2["must_run"] is False
+    assert "FlashAttention2" in fa2["reason"] and "installed" in fa2["reason"]
+
+
+def test_diffusers_backends_and_processors_run_or_say_why_not(honest):
+    qwen = rows(honest[1], "qwen-image")
+    assert qwen["_native_math"]["reference"] and qwen["native"]["correct"] is True
+    assert "routed" in qwen["native+shim"]["kernel"] and qwen["native+shim"]["correct"] is True
+    assert "flash-attn" in qwen["flash"]["reason"]  # diffusers' own requirement message
+    unet = rows(honest[1], "unet-attn")
+    assert unet["AttnProcessor2_0"]["correct"] is True and unet["AttnProcessor"]["reference"]
+
+
+def test_the_markdown_report_has_the_apps_section(honest):
+    md = honest[2]
+    assert "### Apps: their own attention code" in md
+    assert "| transformers 5.23.0 | llama-gqa | sdpa+shim | ✅ | ✅ |" in md
+    assert "`comfyui.sdpa.call`" in md
+
+
+def test_an_sdpa_that_returns_wrong_values_fails_naming_the_app_and_implementation(
+    tmp_path, run_validate
+):
+    # Every SDPA call computes with the wrong softmax scale: wrong values, no error, as the
+    # silent failures of 2026 were (ROCm/pytorch#3230, pytorch#189849).
+    prelude = """
+        import torch.nn.functional as F
+        _sdpa = F.scaled_dot_product_attention
+        F.scaled_dot_product_attention = lambda *a, **k: _sdpa(*a, **{**k, "scale": 1.0})
+    """
+    proc, report = run_apps(run_validate, tmp_path, "apps.llama-gqa", prelude=prelude)
+    assert proc.returncode == 1
+    [check] = [c for c in report["checks"] if c["id"] == "apps.llama-gqa"]
+    assert check["status"] == "fail"
+    assert check["message"].startswith("transformers 5.23.0 llama-gqa: sdpa diverges from eager")
+    got = rows(report, "llama-gqa")
+    assert got["sdpa"]["correct"] is False
+    # the shim routes to the bundled kernels, which the planted wrapper does not touch
+    assert got["sdpa+shim"]["correct"] is True
+
+
+def test_bundled_kernels_that_diverge_behind_the_shim_fail(tmp_path, run_validate):
+    prelude = """
+        import os
+        os.environ["TRITON_INTERPRET"] = "1"
+        import kernels.interface as ki
+        _attention = ki.attention
+        def planted(*a, **k):
+            out, lse = _attention(*a, **k)
+            return out * 1.1, lse
+        ki.attention = planted
+    """
+    proc, report = run_apps(run_validate, tmp_path, "apps.qwen-image", prelude=prelude)
+    assert proc.returncode == 1
+    [check] = [c for c in report["checks"] if c["id"] == "apps.qwen-image"]
+    assert "native+shim diverges from _native_math" in check["message"]
+    assert rows(report, "qwen-image")["native"]["correct"] is True
+
+
+def test_an_sdpa_that_refuses_fails_where_it_must_run(tmp_path, run_validate):
+    prelude = """
+        import torch.nn.functional as F
+        def refuse(*a, **k):
+            raise RuntimeError("planted: no SDPA kernel for these inputs")
+        F.scaled_dot_product_attention = refuse
+    """
+    proc, report = run_apps(run_validate, tmp_path, "apps.vit", prelude=prelude)
+    assert proc.returncode == 1
+    [check] = [c for c in report["checks"] if c["id"] == "apps.vit"]
+    assert (
+        "sdpa refused where it must run: RuntimeError: planted: no SDPA kernel"
+        in (check["message"])
+    )
+    assert rows(report, "vit")["flash_attention_2"]["must_run"] is False
+
+
+# ---------------------------------------------------------------------------- contracts
+# These need no app: a planted flash_attn package in a temp dir stands in for the image's.
+
+
+def _fake_flash_attn(root, signature="q, k, v, dropout_p=0.0, softmax_scale=None, causal=False",
+                     submodules=("flash_attn_interface", "flash_attn_triton_amd")):  # fmt: skip
+    pkg = root / "flash_attn"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(f"def flash_attn_func({signature}):\n    return q\n")
+    for name in submodules:
+        (pkg / f"{name}.py").write_text("")
+    return root
+
+
+def _probe(contract_id, facts):
+    [contract] = [c for c in contracts.CONTRACTS if c["id"] == contract_id]
+    return contracts.probe(contract, facts)
+
+
+ALL_FACTS = {"flash_attn": True, "rocm": True, "gpu": True}
+
+
+@pytest.fixture
+def fake_site(tmp_path, monkeypatch):
+    import importlib
+    import sys
+
+    def make(**kw):
+        root = _fake_flash_attn(tmp_path, **kw)
+        monkeypatch.syspath_prepend(str(root))
+        for name in [m for m in sys.modules if m.split(".")[0] == "flash_attn"]:
+            monkeypatch.delitem(sys.modules, name)
+        importlib.invalidate_caches()
+        return root
+
+    return make
+
+
+def test_every_contract_names_its_app_call_and_source():
+    for c in contracts.CONTRACTS:
+        assert c["app"] in ("ComfyUI", "vLLM") and c["call"] and c["effect"]
+        assert c["source"].startswith(("Comfy-Org/ComfyUI@", "vllm-project/vllm")), c["id"]
+
+
+def test_comfyuis_flash_attn_call_binds_to_flash_attns_signature(fake_site):
+    fake_site()
+    assert _probe("comfyui.flash_attn.call", ALL_FACTS)["status"] == "pass"
+    assert _probe("vllm.vit.triton_amd.find_spec", ALL_FACTS)["status"] == "pass"
+
+
+def test_a_flash_attn_whose_signature_drifted_fails_naming_comfyui_and_what_it_has(fake_site):
+    fake_site(signature="q, k, v, causal=False")
+    result = _probe("comfyui.flash_attn.call", ALL_FACTS)
+    assert result["status"] == "fail"
+    assert result["message"].startswith(
+        "ComfyUI's `flash_attn_func(q, k, v, dropout_p=0.0, causal=False)` does not hold here: "
+        "got an unexpected keyword argument 'dropout_p'; the image has "
+        "flash_attn_func(q, k, v, causal=False)"
+    )
+
+
+def test_vllms_private_module_probe_fails_where_flash_attn_lacks_it(fake_site):
+    fake_site(submodules=("flash_attn_interface",))  # the Triton backend moved to aiter
+    result = _probe("vllm.vit.triton_amd.find_spec", ALL_FACTS)
+    assert result["status"] == "fail"
+    assert "vLLM's `find_spec('flash_attn.flash_attn_triton_amd') is not None`" in result["message"]
+    assert "flash_attn has flash_attn_interface" in result["message"]
+    assert "vllm#50449" in result["message"]
+
+
+def test_probes_that_need_flash_attn_or_rocm_are_not_applicable_elsewhere():
+    result = _probe("vllm.vit.triton_amd.env", {"flash_attn": False, "rocm": False, "gpu": False})
+    assert result["status"] == "n/a"
+    assert result["message"] == "torch is not a ROCm build; flash_attn is not installed"
+
+
+def test_sdpas_documented_signature_is_read_where_the_builtin_has_none():
+    import torch
+
+    sig = contracts.signature(torch.nn.functional.scaled_dot_product_attention)
+    assert list(sig.parameters)[:6] == ["query", "key", "value", "attn_mask", "dropout_p",
+                                        "is_causal"]  # fmt: skip
+
+
+def test_the_suite_plans_every_model_of_the_table_and_quick_keeps_one_per_app():
+    from validate.checks import apps
+
+    assert suite.APP_MODELS == tuple(m.name for m in apps.MODELS)
+    ids = [c["id"] for c in suite.plan("all", quick=False)]
+    assert "apps.contracts" in ids and all(f"apps.{m}" in ids for m in suite.APP_MODELS)
+    quick = [c["params"].get("model") for c in suite.plan("apps", quick=True)]
+    assert {apps.BY_NAME[m].app for m in quick if m} == {"transformers", "diffusers"}
+
+
+def test_a_refused_must_run_implementation_renders_as_a_failure():
+    report = {"apps": {"contracts": [], "models": [
+        {"app": "transformers", "model": "vit", "impl": "sdpa", "status": "fail", "ran": False,
+         "correct": None, "must_run": True, "kernel": None, "reason": "RuntimeError: x"}]}}  # fmt: skip
+    [row] = [ln for ln in render.apps_markdown(report) if "| vit |" in ln]
+    assert "| sdpa | ❌ |  | RuntimeError: x |" in row
