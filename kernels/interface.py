@@ -304,6 +304,11 @@ def _forward(
     qs, ks, vs = _Seq(q, varlen), _Seq(k, varlen), _Seq(v, varlen)
     fp8 = descale is not None
     d, hq, hk, cfg, hip, softcap, cap_in, cap_out = _common(qs.t, ks.t, vs.t, mask, scale, fp8)
+    small = configs.small_grid_fwd(
+        cfg, configs.device_family(q.device), d, max_q, batch * hq, configs.compute_units(q.device)
+    )
+    if small is not None:  # a grid too small to fill the GPU: the smaller Triton tile
+        cfg = replace(cfg, fwd=small, gluon_fwd=False)
     out = torch.empty(qs.t.shape, dtype=out_dtype or q.dtype, device=q.device)
     os_ = _Seq(out, varlen).strides
     if varlen:
@@ -569,6 +574,12 @@ class _FlashAttn(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
 
 
+def _inference(*tensors) -> bool:
+    """No gradient will be asked for: the forward runs without autograd's Function machinery
+    (tens of microseconds a call, which small launch-bound shapes feel)."""
+    return not torch.is_grad_enabled() or not any(t.requires_grad for t in tensors)
+
+
 def _mask_from_flash_args(causal: bool, window_size, softcap: float) -> Mask:
     left, right = window_size if window_size is not None else (-1, -1)
     left = None if left is None or left < 0 else int(left)
@@ -613,9 +624,8 @@ def flash_attn_func(
     b, sq, hq = q.shape[0], q.shape[1], q.shape[2]
     sk = k.shape[1]
     drop = _dropout(q, dropout_p, b, hq, sq, sk, return_attn_probs)
-    out, lse = _FlashAttn.apply(
-        q, k, v, None, None, sq, sk, b, scale, mask, alibi_slopes, False, drop
-    )
+    args = (q, k, v, None, None, sq, sk, b, scale, mask, alibi_slopes, False, drop)
+    out, lse = _forward(*args) if _inference(q, k, v) else _FlashAttn.apply(*args)
     if return_attn_probs:
         return out, lse, drop.sdmask if drop else None
     return out
@@ -663,9 +673,8 @@ def flash_attn_varlen_func(
     batch = cu_q.numel() - 1
     max_q, max_k = int(max_seqlen_q), int(max_seqlen_k)
     drop = _dropout(q, dropout_p, batch, q.shape[1], max_q, max_k, return_attn_probs)
-    out, lse = _FlashAttn.apply(
-        q, k, v, cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi_slopes, True, drop
-    )
+    args = (q, k, v, cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi_slopes, True, drop)
+    out, lse = _forward(*args) if _inference(q, k, v) else _FlashAttn.apply(*args)
     if return_attn_probs:
         return out, lse, drop.sdmask if drop else None
     return out
