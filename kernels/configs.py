@@ -290,10 +290,10 @@ SMALL_GRID_FWD = {
     ("cdna3", 128): Tile(64, 32, 4, 1, 2),
     ("cdna4", 64): Tile(64, 32, 4, 1, 2),
     ("cdna4", 128): Tile(64, 32, 4, 1, 2),
+    # RDNA3/3.5 at d=128: 32x32 w4 wpe2 spills 2 VGPRs (gfx1100/1101/1150/1151), so it keeps the
+    # default 64x32 tile there.
     ("rdna3", 64): Tile(32, 64, 4, 1, 2),
-    ("rdna3", 128): Tile(32, 32, 4, 1, 2),
     ("rdna3.5", 64): Tile(32, 64, 4, 1, 2),
-    ("rdna3.5", 128): Tile(32, 32, 4, 1, 2),
     ("rdna4", 64): Tile(32, 64, 4, 1, 2),
     ("rdna4", 128): Tile(32, 32, 4, 1, 2),
 }
