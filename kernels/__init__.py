@@ -9,7 +9,15 @@ from __future__ import annotations
 import os
 
 from . import sdpa_shim
-from .interface import flash_attn_fp8_func, flash_attn_func, flash_attn_varlen_func
+from .interface import (
+    _get_block_size_n,
+    flash_attn_fp8_func,
+    flash_attn_func,
+    flash_attn_qkvpacked_fp8_func,
+    flash_attn_varlen_fp8_func,
+    flash_attn_varlen_func,
+    flash_attn_varlen_qkvpacked_fp8_func,
+)
 from .kvcache import flash_attn_with_kvcache
 from .packed import (
     flash_attn_kvpacked_func,
@@ -27,6 +35,10 @@ __all__ = [
     "flash_attn_varlen_kvpacked_func",
     "flash_attn_with_kvcache",
     "flash_attn_fp8_func",
+    "flash_attn_varlen_fp8_func",
+    "flash_attn_qkvpacked_fp8_func",
+    "flash_attn_varlen_qkvpacked_fp8_func",
+    "_get_block_size_n",
     "sdpa_shim",
 ]
 

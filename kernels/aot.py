@@ -128,7 +128,8 @@ _DROPOUT = dict(Rng="*i64", drop_scale="fp32")
 def _variants(dropout_base, base, fp8: str | None):
     """The dropout variant of each kernel of ``dropout_base`` (the default kernels with the
     dropout config's tiles) as ``<name>_dropout`` and, where the arch multiplies ``fp8``
-    natively, the FP8 forward of ``base`` (``fwd_fp8``: e4m3 q/k/v, bf16 output)."""
+    natively, the FP8 forward of ``base`` (``fwd_fp8``: e4m3 q/k/v, bf16 output; and
+    ``fwd_fp8_varlen``, its varlen form)."""
     out = []
     for name, fn, ptrs, consts, tile in dropout_base:
         c = {k: v for k, v in consts.items() if k not in _DROPOUT}
@@ -139,7 +140,22 @@ def _variants(dropout_base, base, fp8: str | None):
         p8 = dict(ptrs, Q=f"*{fp8}", K=f"*{fp8}", V=f"*{fp8}", DescQ="*fp32", DescK="*fp32",
                   DescV="*fp32")  # fmt: skip
         out.append(("fwd_fp8", fn, p8, dict(c, IS_FP8=True), tile))
+        # flash_attn_varlen_fp8_func and its qkv-packed form: the same kernel over cu_seqlens.
+        out.append(("fwd_fp8_varlen", fn, p8, dict(c, IS_FP8=True, IS_VARLEN=True), tile))
     return out
+
+
+def _small_grid(base, family: str, head_dim: int):
+    """The forward with the family's small-grid tile (``configs.SMALL_GRID_FWD``), as
+    ``fwd_small``, where it has one."""
+    from .configs import SMALL_GRID_FWD, padded_head_dim
+
+    tile = SMALL_GRID_FWD.get((family, padded_head_dim(head_dim)))
+    if tile is None:
+        return []
+    name, fn, ptrs, consts, _ = base[0]
+    c = dict(consts, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, USE_TMA=tile.tma)
+    return [("fwd_small", fn, ptrs, c, tile)]
 
 
 def _kernels(head_dim: int, cfg, dtype: str = "bf16"):
@@ -399,6 +415,7 @@ def jobs_for(arch: str, spec: dict, head_dims, over_2gib: bool = False) -> list[
         base = _kernels(d, cfg)
         dcfg = for_tensors(config_for(spec["family"], d, dropout=True), not over_2gib)
         variants = _variants(_kernels(d, dcfg), base, FP8_DOT.get(spec["family"]))
+        variants += _small_grid(base, spec["family"], d)
         # The KV-cache kernels (kernels/kvcache.py: split-KV decode, paged prefill, combine).
         gluon = _gluon_kernels(d, cfg) if spec["vendor"] == "nvidia" else []
         found += [(d, job) for job in base + variants + aot_kernels(d, spec["family"]) + gluon]

@@ -4,6 +4,13 @@ FLOPs are counted as flash-attention does (perf.md section 0): forward 4*b*h*sq*
 causal; forward+backward 3.5x that. Times are medians of ``triton.testing.do_bench``.
 
     python -m kernels.bench [--quick] [--json FILE] [--variant NAME=JSON ...]
+    python -m kernels.bench --workloads [--layout bshd|bhsd|both] [--mode fwd|fwd+bwd]
+
+The sweep shapes are made as (b, h, s, d) tensors and handed to the kernels as BSHD views (SDPA's
+layout, transposed). ``--workloads`` times the shapes of ``validate/workloads.py`` (SD 1.5, SDXL,
+Qwen-Image, LLM GQA prefill) in either storage: ``bshd`` (contiguous (b, s, h, d), what
+flash_attn callers and diffusers' projections give; SDPA gets the transposed view) or ``bhsd``
+(contiguous (b, h, s, d); the kernels get the transposed view).
 """
 
 from __future__ import annotations
@@ -132,6 +139,120 @@ def _peak(fn, shape):
     return base, peak
 
 
+WORKLOADS = ("sd15", "sdxl", "qwen-image", "llm")
+
+
+def workload_shapes() -> list[dict]:
+    """Every default shape of the workloads (validate.workloads), in their dtypes."""
+    from validate import workloads
+
+    return [sh for name in WORKLOADS for sh in workloads.shapes(name, None)]
+
+
+def workload_flops(sh: dict, mode: str) -> float:
+    """flash-attention's count, with the causal half for sq == sk (the workloads' causal case)."""
+    f = 4.0 * sh["b"] * sh["h"] * sh["sq"] * sh["sk"] * sh["d"] / (2 if sh["causal"] else 1)
+    return f if mode == "fwd" else 3.5 * f
+
+
+def _workload_providers(variants: dict):
+    """(name -> fn(q, k, v, causal) on BSHD-shaped views); SDPA gets the BHSD transpose."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from .interface import flash_attn_func
+
+    def ours(spec):
+        def run(q, k, v, causal):
+            return flash_attn_func(q, k, v, causal=causal)
+
+        run.config_override = spec or ""
+        return run
+
+    def sdpa(backend):
+        def run(q, k, v, causal):
+            gqa = {"enable_gqa": True} if k.shape[2] != q.shape[2] else {}
+            with sdpa_kernel([backend]):
+                o = F.scaled_dot_product_attention(
+                    q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal,
+                    **gqa,
+                )  # fmt: skip
+            return o.transpose(1, 2)
+
+        return run
+
+    provs = {"ours": ours(None)}
+    for name, spec in variants.items():
+        provs[f"ours[{name}]"] = ours(spec)
+    provs["sdpa-flash"] = sdpa(SDPBackend.FLASH_ATTENTION)
+    provs["sdpa-cudnn"] = sdpa(SDPBackend.CUDNN_ATTENTION)
+    return provs
+
+
+def _make(b, s, h, d, dtype, layout: str):
+    """A (b, s, h, d)-shaped tensor stored as ``layout`` (bshd contiguous, or a bhsd transpose)."""
+    import torch
+
+    if layout == "bshd":
+        return torch.randn(b, s, h, d, device="cuda", dtype=dtype)
+    return torch.randn(b, h, s, d, device="cuda", dtype=dtype).transpose(1, 2)
+
+
+def run_workloads(layouts, modes, variants: dict) -> dict:
+    """TFLOP/s of the workload shapes, per storage layout and mode."""
+    import torch
+
+    torch.manual_seed(0)
+    provs = _workload_providers(variants)
+    dtypes = {"fp16": torch.float16, "bf16": torch.bfloat16}
+    rows = []
+    for sh in workload_shapes():
+        b, h, hkv, sq, sk, d = (sh[k] for k in ("b", "h", "hkv", "sq", "sk", "d"))
+        dt = dtypes[sh["dtype"]]
+        for layout in layouts:
+            q, k, v = (
+                _make(b, n, heads, d, dt, layout) for n, heads in ((sq, h), (sk, hkv), (sk, hkv))
+            )
+            for mode in modes:
+                row = {"name": sh["name"], "layout": layout, "mode": mode, "tflops": {}, "ms": {}}
+                for name, fn in provs.items():
+                    try:
+                        ms = _time(fn, q, k, v, sh["causal"], mode)
+                        row["ms"][name] = ms
+                        row["tflops"][name] = workload_flops(sh, mode) / ms / 1e9
+                    except Exception as e:  # reported, not fatal
+                        row["ms"][name] = row["tflops"][name] = None
+                        row.setdefault("errors", {})[name] = f"{type(e).__name__}: {str(e)[:200]}"
+                rows.append(row)
+                cells = " ".join(
+                    f"{n}={t:7.1f}" if t is not None else f"{n}=   n/a"
+                    for n, t in row["tflops"].items()
+                )
+                print(f"{sh['name']:40s} {layout} {mode:8s} {cells}", flush=True)
+            del q, k, v
+    return {"workload_rows": rows}
+
+
+def workload_table(result) -> str:
+    """Markdown table of the workload rows: TFLOP/s and ours / SDPA-flash."""
+    rows = result["workload_rows"]
+    names = list(rows[0]["tflops"]) if rows else []
+    lines = [
+        "| shape | layout | mode | " + " | ".join(names) + " | ours/flash |",
+        "|" + "---|" * (len(names) + 4),
+    ]
+    for r in rows:
+        tf = r["tflops"]
+        ratio = (
+            f"{tf['ours'] / tf['sdpa-flash']:.2f}"
+            if tf.get("ours") and tf.get("sdpa-flash")
+            else "n/a"
+        )
+        cells = " | ".join(f"{tf[n]:.1f}" if tf[n] is not None else "n/a" for n in names)
+        lines.append(f"| {r['name']} | {r['layout']} | {r['mode']} | {cells} | {ratio} |")
+    return "\n".join(lines)
+
+
 def breakdown(shape=(4, 16, 4096, 128), causal=False, iters=10) -> dict:
     """Average GPU time per kernel name over fwd+bwd steps (torch.profiler)."""
     import torch
@@ -248,6 +369,15 @@ def main(argv=None) -> int:
     ap.add_argument("--mode", choices=("fwd", "fwd+bwd"), help="only shapes of this mode")
     ap.add_argument("--breakdown", action="store_true", help="per-kernel times at (4,16,4096,128)")
     ap.add_argument(
+        "--workloads", action="store_true", help="the shapes of validate/workloads.py instead"
+    )
+    ap.add_argument(
+        "--layout",
+        choices=("bshd", "bhsd", "both"),
+        default="both",
+        help="--workloads: storage of q/k/v (default both)",
+    )
+    ap.add_argument(
         "--variant",
         action="append",
         default=[],
@@ -260,6 +390,17 @@ def main(argv=None) -> int:
         print("no GPU: nothing to benchmark", file=sys.stderr)
         return 2
     variants = dict(v.split("=", 1) for v in args.variant)
+    if args.workloads:
+        layouts = ("bshd", "bhsd") if args.layout == "both" else (args.layout,)
+        modes = (args.mode,) if args.mode else ("fwd", "fwd+bwd")
+        result = run_workloads(layouts, modes, variants)
+        result["device"] = torch.cuda.get_device_name()
+        result["torch"] = torch.__version__
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=1)
+        print(workload_table(result))
+        return 0
     if args.breakdown:
         for causal in (False, True):
             print(f"per-kernel ms, fwd+bwd, causal={causal}:")

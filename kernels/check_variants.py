@@ -220,8 +220,13 @@ def compare_dropout(case: DropoutCase, device, seed: int = 0) -> dict:
     """Run one dropout case; ``{"ok": bool, "metrics": {...}}``."""
     import torch
 
-    from .dropout_ref import attention_dropout_ref, keep_mask
-    from .interface import flash_attn_func, flash_attn_varlen_func, keep_threshold
+    from .dropout_ref import attention_dropout_ref, keep_mask, normalize_sdmask
+    from .interface import (
+        _get_block_size_n,
+        flash_attn_func,
+        flash_attn_varlen_func,
+        keep_threshold,
+    )
     from .reference import visible
 
     dtype = torch.bfloat16 if case.dtype == "bf16" else torch.float16
@@ -291,7 +296,12 @@ def compare_dropout(case: DropoutCase, device, seed: int = 0) -> dict:
         ddq, ddk = _delta_rounding(
             qs[i], ks[i], vs[i], keep, ref[4], dos[i], case.p, case.d**-0.5, dtype
         )
-        mine_all = (outs[i], grads[0][i], grads[1][i], grads[2][i], mine.abs())
+        # flash_attn's S_dmask is unnormalised: decoded as its tests decode it.
+        probs_mine = normalize_sdmask(
+            mine, qs[i], ks[i], _get_block_size_n(device, case.d, True, case.mask == "causal"),
+            left=left, right=right,
+        )  # fmt: skip
+        mine_all = (outs[i], grads[0][i], grads[1][i], grads[2][i], probs_mine)
         keys = ("out", "dq", "dk", "dv", "probs")
         for n, (key, a) in enumerate(zip(keys, mine_all, strict=True)):
             factor = tolerance.GRAD_FACTOR if key in ("dq", "dk", "dv") else tolerance.FACTOR

@@ -16,6 +16,7 @@ Why these numbers (the AOT check in docs/kernels.md shows their registers, spill
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import dataclass, replace
@@ -268,10 +269,64 @@ _DROPOUT_BWD = {
 }
 
 
+# Forward tiles for grids too small to fill the GPU: when the default tile gives fewer than
+# SMALL_GRID_WAVES programs per compute unit (SM / CU), the forward runs this smaller tile instead
+# (more programs, shorter critical path). The shapes diffusion and LLM users run are mostly such
+# grids (SD 1.5 at 512x512, SDXL's 1024-token level, a single LLM prefill of 1024 tokens). Hopper
+# picked on an H100 from one sweep of eight forward tiles per head dim at the workload shapes
+# (docs/benchmarks.md, issue 30); the AMD rows halve the default BLOCK_M and are compile-checked
+# only (python -m kernels.aot: 0 spills, occupancy no lower than the default's): untuned on AMD
+# hardware, they are the table an AMD runner's bench should refine (timing
+# ATTNFORGE_KERNELS_CONFIG='{"fwd": [...]}' at the workload shapes, kernels.bench --workloads).
+# Keys: (family, padded head dim). Families and head dims not listed keep the default tile.
+SMALL_GRID_WAVES = 4
+SMALL_GRID_FWD = {
+    ("hopper", 64): Tile(64, 64, 4, 3),
+    ("hopper", 128): Tile(64, 32, 4, 4),
+    ("hopper", 256): Tile(32, 32, 4, 3),
+    ("cdna2", 64): Tile(64, 32, 4, 1, 2),
+    ("cdna2", 128): Tile(64, 32, 4, 1, 2),
+    ("cdna3", 64): Tile(64, 32, 4, 1, 2),
+    ("cdna3", 128): Tile(64, 32, 4, 1, 2),
+    ("cdna4", 64): Tile(64, 32, 4, 1, 2),
+    ("cdna4", 128): Tile(64, 32, 4, 1, 2),
+    # RDNA3/3.5 at d=128: 32x32 w4 wpe2 spills 2 VGPRs (gfx1100/1101/1150/1151), so it keeps the
+    # default 64x32 tile there.
+    ("rdna3", 64): Tile(32, 64, 4, 1, 2),
+    ("rdna3.5", 64): Tile(32, 64, 4, 1, 2),
+    ("rdna4", 64): Tile(32, 64, 4, 1, 2),
+    ("rdna4", 128): Tile(32, 32, 4, 1, 2),
+}
+
+
+def small_grid_fwd(cfg: AttnConfig, family: str, head_dim: int, rows: int, heads: int,
+                   units: int) -> Tile | None:  # fmt: skip
+    """The forward tile for a grid of ``heads`` (batch x query heads) times ``rows`` query rows
+    (the longest sequence) on ``units`` compute units, when it differs from ``cfg.fwd``: the
+    SMALL_GRID_FWD tile where the default tile leaves fewer than SMALL_GRID_WAVES programs per
+    unit; None otherwise (and whenever ATTNFORGE_KERNELS_CONFIG names a forward tile)."""
+    tile = SMALL_GRID_FWD.get((family, padded_head_dim(head_dim)))
+    if tile is None or units <= 0 or _env_names_fwd():
+        return None
+    programs = -(-rows // cfg.fwd.block_m) * heads
+    return tile if programs < SMALL_GRID_WAVES * units else None
+
+
+def _env_names_fwd() -> bool:
+    spec = os.environ.get("ATTNFORGE_KERNELS_CONFIG")
+    return bool(spec) and "fwd" in json.loads(spec)
+
+
 def config_for(family: str, head_dim: int, dropout: bool = False) -> AttnConfig:
     """The default config of a family for a (padded) head dimension; no device needed.
     ``dropout``: the backward tiles of the dropout kernels where they differ."""
-    d = padded_head_dim(head_dim)
+    return _config_for(family, padded_head_dim(head_dim), dropout,
+                       os.environ.get("ATTNFORGE_KERNELS_CONFIG"))  # fmt: skip
+
+
+@functools.lru_cache(maxsize=256)
+def _config_for(family: str, d: int, dropout: bool, spec: str | None) -> AttnConfig:
+    """config_for, cached: it runs on every call of the entry points (AttnConfig is frozen)."""
     if family in ("rdna3", "rdna3.5", "rdna4"):
         cfg = _rdna(d, family)
     elif family in ("cdna2", "cdna3", "cdna4"):
@@ -287,7 +342,7 @@ def config_for(family: str, head_dim: int, dropout: bool = False) -> AttnConfig:
     if dropout:
         group = "ampere" if family == "nvidia" else family
         cfg = replace(cfg, **_DROPOUT_BWD.get((group, d), {}))
-    return override(cfg, os.environ.get("ATTNFORGE_KERNELS_CONFIG"))
+    return override(cfg, spec)
 
 
 def override(cfg: AttnConfig, spec: str | None) -> AttnConfig:
@@ -344,13 +399,44 @@ def amd_family(gfx: str) -> str:
     return "cdna3"
 
 
+def _index(device) -> int:
+    import torch
+
+    if device is None:
+        return 0
+    if isinstance(device, int):
+        return device
+    device = torch.device(device)
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def device_family(device=None) -> str:
     """Family of the current torch device (``interpreter`` under TRITON_INTERPRET=1)."""
     if INTERPRET:
         return "interpreter"
+    return _family_of(_index(device))
+
+
+def compute_units(device=None) -> int:
+    """SMs (NVIDIA) or CUs (AMD) of a device; 0 under the interpreter."""
+    if INTERPRET:
+        return 0
+    return _units_of(_index(device))
+
+
+@functools.lru_cache(maxsize=64)
+def _units_of(index: int) -> int:
     import torch
 
-    props = torch.cuda.get_device_properties(device if device is not None else 0)
+    return int(torch.cuda.get_device_properties(index).multi_processor_count)
+
+
+@functools.lru_cache(maxsize=64)
+def _family_of(index: int) -> str:
+    """device_family of a device index, cached: it runs on every call of the entry points."""
+    import torch
+
+    props = torch.cuda.get_device_properties(index)
     if getattr(torch.version, "hip", None):
         return amd_family(getattr(props, "gcnArchName", ""))
     major = props.major

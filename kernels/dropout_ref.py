@@ -79,3 +79,27 @@ def attention_dropout_ref(q, k, v, keep, p: float, *, scale=None, left=None, rig
     dropped = probs.masked_fill(~keep, 0.0) * (1.0 / (1.0 - p))
     out = torch.einsum("bhst,bthd->bshd", dropped.to(v.dtype), v)
     return out.to(dtype), probs.float()
+
+
+def normalize_sdmask(encoded, q, k, block_n: int, *, scale=None, left=None, right=None):
+    """flash_attn's S_dmask decoded to the softmax probabilities, as its tests decode it
+    (Dao-AILab/flash-attention ``tests/test_flash_attn.py::normalize_flash_attn_S``, commit
+    0251105a, read 2026-11-25): ``encoded`` (B, Hq, Sq, Sk) holds ``|exp(s - m_j)|`` with ``m_j``
+    the row's largest score in key block ``j`` (``block_n`` wide) and every later one; q
+    (B, Sq, Hq, D), k (B, Sk, Hk, D) give the scores in fp32. Returns (B, Hq, Sq, Sk)."""
+    q, k = q.float(), k.float()
+    b, sq, hq, d = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    scale = scale if scale is not None else d**-0.5
+    k = k.repeat_interleave(hq // hk, dim=2)
+    s = torch.einsum("bshd,bthd->bhst", q * scale, k)
+    s = s.masked_fill(~visible(sq, sk, left, right, q.device), float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    lse = torch.where(lse == float("-inf"), float("inf"), lse)
+    blocks = s.split(block_n, dim=-1)
+    top = torch.stack([blk.amax(-1) for blk in blocks], dim=-1)
+    later = top.flip(-1).cummax(-1).values.flip(-1)
+    parts = encoded.abs().split(block_n, dim=-1)
+    return torch.cat(
+        [a * torch.exp(later[..., j] - lse)[..., None] for j, a in enumerate(parts)], dim=-1
+    )

@@ -1,10 +1,11 @@
 """flash_attn-compatible entry points (``flash_attn_func``, ``flash_attn_varlen_func``) with autograd,
-and the forward-only FP8 entry point ``flash_attn_fp8_func``."""
+the forward-only FP8 entry points (``flash_attn_fp8_func`` and its varlen and qkv-packed forms)
+and flash_attn's ``_get_block_size_n`` (the S_dmask encoding)."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -12,9 +13,18 @@ from triton.runtime import _allocation
 
 from . import autotune, configs
 from ._compat import patch_interpreter
+from .errors import ArgumentError, ArgumentTypeError
 from .flash import FP8_DOT, LOG2E, _attn_bwd_delta, _attn_bwd_dkdv, _attn_bwd_dq, _attn_fwd
 
-__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_fp8_func", "attention"]
+__all__ = [
+    "flash_attn_func",
+    "flash_attn_varlen_func",
+    "flash_attn_fp8_func",
+    "flash_attn_varlen_fp8_func",
+    "flash_attn_qkvpacked_fp8_func",
+    "flash_attn_varlen_qkvpacked_fp8_func",
+    "attention",
+]
 
 patch_interpreter()
 
@@ -78,7 +88,7 @@ def _dropout(q, p: float, batch: int, hq: int, max_q: int, max_k: int, sdmask: b
         return None
     p = float(p)
     if not 0.0 < p < 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1), got {p}")
+        raise ArgumentError(f"dropout_p must be in [0, 1), got {p}")
     seed, offset = philox_seed_offset(q.device, batch * hq * 32)
     seed = seed - 2**64 if seed >= 2**63 else seed  # the uint64 seed's bits in an int64
     rng = torch.tensor([seed, offset, keep_threshold(p)], dtype=torch.int64, device=q.device)
@@ -86,6 +96,53 @@ def _dropout(q, p: float, batch: int, hq: int, max_q: int, max_k: int, sdmask: b
     if sdmask:
         probs = torch.zeros((batch, hq, max_q, max_k), dtype=torch.float32, device=q.device)
     return Dropout(p, rng, probs)
+
+
+def _get_block_size_n(device, head_dim: int, is_dropout: bool, is_causal: bool) -> int:
+    """The width of the key blocks in which S_dmask's rows are encoded (flash_attn's
+    ``flash_attn.flash_attn_interface._get_block_size_n``, same arguments, same values).
+
+    flash_attn 2.x returns S_dmask unnormalised: entry (i, j) in key block
+    ``j // block_n`` is ``exp(s_ij - m)`` with ``m`` the row's largest score in that block and
+    every later one (its CUDA kernels walk the key blocks last to first), negated where dropout
+    dropped it; its tests recover the probabilities with ``normalize_flash_attn_S``, which
+    splits the keys by this width. Ours encode the same way with the same widths, flash_attn's
+    table for its CUDA kernels (Dao-AILab/flash-attention ``flash_attn/flash_attn_interface.py``,
+    commit 0251105a, read 2026-11-25; sm86/sm89 differ at head dims 97-128), so either copy of
+    the function decodes ours.
+    """
+    if head_dim > 256:
+        raise ArgumentError(f"head_dim must be <= 256, got {head_dim}")
+    dev = torch.device(device)
+    sm8x = False
+    if dev.type == "cuda" and not configs.is_hip():
+        major, minor = torch.cuda.get_device_capability(dev)
+        sm8x = major == 8 and minor > 0
+    if head_dim <= 32:
+        return 128
+    if head_dim <= 64:
+        return 64 if is_dropout else 128
+    if head_dim <= 96:
+        return 64
+    if head_dim <= 128:
+        if sm8x:
+            return 64 if (not is_dropout and is_causal) else 32
+        return 32 if is_dropout else 64
+    return 64
+
+
+def _unnormalise_sdmask(s: torch.Tensor, block_n: int) -> None:
+    """Turn the kernel's S_dmask (softmax probabilities, negated where dropped) into flash_attn's
+    encoding (:func:`_get_block_size_n`), in place: each key block divided by the largest
+    probability of that block and every later one, ``exp(s - lse) / exp(m - lse) = exp(s - m)``.
+    Blocks with nothing visible from there on stay 0."""
+    sk = s.shape[-1]
+    blocks = -(-sk // block_n)
+    a = torch.nn.functional.pad(s.abs(), (0, blocks * block_n - sk))
+    top = a.unflatten(-1, (blocks, block_n)).amax(-1)
+    later = top.flip(-1).cummax(-1).values.flip(-1)
+    inv = torch.where(later > 0, later.reciprocal(), torch.zeros_like(later))
+    s.mul_(inv.repeat_interleave(block_n, dim=-1)[..., :sk])
 
 
 class _Seq:
@@ -201,10 +258,10 @@ def _slopes(alibi_slopes, batch: int, heads: int, device):
     a = alibi_slopes.to(device=device, dtype=torch.float32)
     if a.dim() == 1:
         if a.shape[0] != heads:
-            raise ValueError(f"alibi_slopes has {a.shape[0]} entries, expected {heads}")
+            raise ArgumentError(f"alibi_slopes has {a.shape[0]} entries, expected {heads}")
         return a, 0, a.stride(0)
     if tuple(a.shape) != (batch, heads):
-        raise ValueError(f"alibi_slopes shape {tuple(a.shape)}, expected ({batch}, {heads})")
+        raise ArgumentError(f"alibi_slopes shape {tuple(a.shape)}, expected ({batch}, {heads})")
     return a, a.stride(0), a.stride(1)
 
 
@@ -214,19 +271,19 @@ FP8_TYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 def _common(q, k, v, mask: Mask, scale: float, fp8: bool = False):
     if fp8:
         if q.dtype not in FP8_TYPES:
-            raise TypeError(f"q must be float8_e4m3fn or float8_e4m3fnuz, got {q.dtype}")
+            raise ArgumentTypeError(f"q must be float8_e4m3fn or float8_e4m3fnuz, got {q.dtype}")
     elif q.dtype not in (torch.float16, torch.bfloat16):
-        raise TypeError(f"q must be float16 or bfloat16, got {q.dtype}")
+        raise ArgumentTypeError(f"q must be float16 or bfloat16, got {q.dtype}")
     if k.dtype != q.dtype or v.dtype != q.dtype:
-        raise TypeError("q, k and v must share a dtype")
+        raise ArgumentTypeError("q, k and v must share a dtype")
     d = q.shape[-1]
     if d > 256 or k.shape[-1] != d or v.shape[-1] != d:
-        raise ValueError(
+        raise ArgumentError(
             f"head dims must match and be <= 256, got {q.shape[-1]}, {k.shape[-1]}, {v.shape[-1]}"
         )
     hq, hk = q.shape[-2], k.shape[-2]
     if hq % hk != 0 or v.shape[-2] != hk:
-        raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hk})")
+        raise ArgumentError(f"query heads ({hq}) must be a multiple of key/value heads ({hk})")
     family = configs.device_family(q.device)
     cfg = configs.config_for(family, d)
     hip = configs.is_hip()
@@ -247,6 +304,11 @@ def _forward(
     qs, ks, vs = _Seq(q, varlen), _Seq(k, varlen), _Seq(v, varlen)
     fp8 = descale is not None
     d, hq, hk, cfg, hip, softcap, cap_in, cap_out = _common(qs.t, ks.t, vs.t, mask, scale, fp8)
+    small = configs.small_grid_fwd(
+        cfg, configs.device_family(q.device), d, max_q, batch * hq, configs.compute_units(q.device)
+    )
+    if small is not None:  # a grid too small to fill the GPU: the smaller Triton tile
+        cfg = replace(cfg, fwd=small, gluon_fwd=False)
     out = torch.empty(qs.t.shape, dtype=out_dtype or q.dtype, device=q.device)
     os_ = _Seq(out, varlen).strides
     if varlen:
@@ -322,6 +384,9 @@ def _forward(
 
     key = autotune.key("fwd", q, d, mask, softcap > 0, slopes is not None, varlen)
     launch(autotune.choose(key + "|dropout" if key and drop else key, cfg, launch))
+    if drop is not None and drop.sdmask is not None:
+        causal = mask.left is None and mask.right == 0
+        _unnormalise_sdmask(drop.sdmask, _get_block_size_n(q.device, d, True, causal))
     return out, lse
 
 
@@ -509,6 +574,12 @@ class _FlashAttn(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
 
 
+def _inference(*tensors) -> bool:
+    """No gradient will be asked for: the forward runs without autograd's Function machinery
+    (tens of microseconds a call, which small launch-bound shapes feel)."""
+    return not torch.is_grad_enabled() or not any(t.requires_grad for t in tensors)
+
+
 def _mask_from_flash_args(causal: bool, window_size, softcap: float) -> Mask:
     left, right = window_size if window_size is not None else (-1, -1)
     left = None if left is None or left < 0 else int(left)
@@ -553,9 +624,8 @@ def flash_attn_func(
     b, sq, hq = q.shape[0], q.shape[1], q.shape[2]
     sk = k.shape[1]
     drop = _dropout(q, dropout_p, b, hq, sq, sk, return_attn_probs)
-    out, lse = _FlashAttn.apply(
-        q, k, v, None, None, sq, sk, b, scale, mask, alibi_slopes, False, drop
-    )
+    args = (q, k, v, None, None, sq, sk, b, scale, mask, alibi_slopes, False, drop)
+    out, lse = _forward(*args) if _inference(q, k, v) else _FlashAttn.apply(*args)
     if return_attn_probs:
         return out, lse, drop.sdmask if drop else None
     return out
@@ -603,9 +673,8 @@ def flash_attn_varlen_func(
     batch = cu_q.numel() - 1
     max_q, max_k = int(max_seqlen_q), int(max_seqlen_k)
     drop = _dropout(q, dropout_p, batch, q.shape[1], max_q, max_k, return_attn_probs)
-    out, lse = _FlashAttn.apply(
-        q, k, v, cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi_slopes, True, drop
-    )
+    args = (q, k, v, cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi_slopes, True, drop)
+    out, lse = _forward(*args) if _inference(q, k, v) else _FlashAttn.apply(*args)
     if return_attn_probs:
         return out, lse, drop.sdmask if drop else None
     return out
@@ -641,7 +710,7 @@ def _descale(d, name: str, batch: int, hk: int, device) -> torch.Tensor:
     elif tuple(t.shape) == (hk,):
         t = t.reshape(1, hk)
     elif tuple(t.shape) != (batch, hk):
-        raise ValueError(
+        raise ArgumentError(
             f"{name} must be one number (per tensor), ({hk},) or ({batch}, {hk}) (per batch and "
             f"key/value head), got shape {tuple(t.shape)}"
         )
@@ -674,35 +743,149 @@ def flash_attn_fp8_func(
     gfx950, gfx12xx and sm89+); other GPUs raise NotImplementedError naming the arch. With
     ``return_attn_probs`` returns (out, softmax_lse, None).
     """
+    b, sq, sk = q.shape[0], q.shape[1], k.shape[1]
+    return _fp8_call(
+        q, k, v, None, None, sq, sk, b, (descale_q, descale_k, descale_v), softmax_scale,
+        causal, window_size, softcap, alibi_slopes, out_dtype, return_attn_probs,
+    )  # fmt: skip
+
+
+def _fp8_call(
+    q, k, v, cu_q, cu_k, max_q, max_k, batch, descales, softmax_scale, causal, window_size,
+    softcap, alibi_slopes, out_dtype, return_attn_probs,
+):  # fmt: skip
+    """The checks and the forward launch all four FP8 entry points share (``cu_q`` None: fixed
+    length)."""
     if out_dtype not in (torch.bfloat16, torch.float16):
-        raise TypeError(f"out_dtype must be torch.bfloat16 or torch.float16, got {out_dtype}")
+        raise ArgumentTypeError(
+            f"out_dtype must be torch.bfloat16 or torch.float16, got {out_dtype}"
+        )
     if q.dtype not in FP8_TYPES or k.dtype != q.dtype or v.dtype != q.dtype:
-        raise TypeError(
+        raise ArgumentTypeError(
             f"q, k and v must share an e4m3 dtype (float8_e4m3fn or float8_e4m3fnuz), got "
             f"{q.dtype}, {k.dtype}, {v.dtype}"
         )
     native = fp8_dtype_for(q.device)
     if q.dtype != native:
-        raise TypeError(
+        raise ArgumentTypeError(
             f"this GPU multiplies {native} natively, got {q.dtype}; quantise to {native} "
             f"(its largest value is {torch.finfo(native).max:g})"
         )
-    b, sq, sk, hk = q.shape[0], q.shape[1], k.shape[1], k.shape[2]
+    hk = k.shape[-2]
     descale = tuple(
-        _descale(t, name, b, hk, q.device)
-        for t, name in (
-            (descale_q, "descale_q"),
-            (descale_k, "descale_k"),
-            (descale_v, "descale_v"),
-        )
+        _descale(t, name, batch, hk, q.device)
+        for t, name in zip(descales, ("descale_q", "descale_k", "descale_v"), strict=True)
     )
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     mask = _mask_from_flash_args(causal, window_size, softcap)
+    varlen = cu_q is not None
     with torch.no_grad():
         out, lse = _forward(
-            q, k, v, None, None, sq, sk, b, scale, mask, alibi_slopes, False,
+            q, k, v, cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi_slopes, varlen,
             descale=descale, out_dtype=out_dtype,
         )  # fmt: skip
     if return_attn_probs:
         return out, lse, None
     return out
+
+
+def _cu_seqlens(cu, name: str, device) -> torch.Tensor:
+    """An int32 cu_seqlens on ``device`` (flash_attn takes int32; int64 is converted)."""
+    if cu.dim() != 1 or cu.numel() < 2 or cu.dtype not in (torch.int32, torch.int64):
+        raise ArgumentError(
+            f"{name} must be a 1-D integer tensor of batch + 1 offsets, got shape "
+            f"{tuple(cu.shape)} and dtype {cu.dtype}"
+        )
+    return cu.to(device=device, dtype=torch.int32)
+
+
+def flash_attn_varlen_fp8_func(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    descale_q=None,
+    descale_k=None,
+    descale_v=None,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    out_dtype=torch.bfloat16,
+    return_attn_probs=False,
+):
+    """FP8 varlen forward: e4m3 q (total_q, Hq, D), k/v (total_k, Hk, D) with int32
+    ``cu_seqlens_q``/``cu_seqlens_k`` -> out (total_q, Hq, D) in ``out_dtype``.
+
+    As :func:`flash_attn_fp8_func` (descale factors one number, (Hk,) or (batch, Hk); forward
+    only; the GPU's native e4m3 type), with :func:`flash_attn_varlen_func`'s sequence layout;
+    ``return_attn_probs`` returns (out, softmax_lse (Hq, total_q), None).
+    """
+    cu_q = _cu_seqlens(cu_seqlens_q, "cu_seqlens_q", q.device)
+    cu_k = _cu_seqlens(cu_seqlens_k, "cu_seqlens_k", q.device)
+    if cu_k.numel() != cu_q.numel():
+        raise ArgumentError(
+            f"cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1), got "
+            f"{cu_q.numel()} and {cu_k.numel()}"
+        )
+    return _fp8_call(
+        q, k, v, cu_q, cu_k, int(max_seqlen_q), int(max_seqlen_k), cu_q.numel() - 1,
+        (descale_q, descale_k, descale_v), softmax_scale, causal, window_size, softcap,
+        alibi_slopes, out_dtype, return_attn_probs,
+    )  # fmt: skip
+
+
+def _unpack_qkv(qkv, dims: int, shape: str):
+    if qkv.dim() != dims or qkv.shape[-3] != 3:
+        raise ArgumentError(f"qkv must be {shape}, got shape {tuple(qkv.shape)}")
+    return qkv.unbind(dim=-3)
+
+
+def flash_attn_qkvpacked_fp8_func(
+    qkv,
+    descale_q=None,
+    descale_k=None,
+    descale_v=None,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    out_dtype=torch.bfloat16,
+    return_attn_probs=False,
+):
+    """:func:`flash_attn_fp8_func` on e4m3 qkv (B, S, 3, H, D) -> out (B, S, H, D)."""
+    q, k, v = _unpack_qkv(qkv, 5, "(batch, seqlen, 3, heads, head_dim)")
+    return flash_attn_fp8_func(
+        q, k, v, descale_q, descale_k, descale_v, softmax_scale, causal, window_size, softcap,
+        alibi_slopes, out_dtype, return_attn_probs,
+    )  # fmt: skip
+
+
+def flash_attn_varlen_qkvpacked_fp8_func(
+    qkv,
+    cu_seqlens,
+    max_seqlen,
+    descale_q=None,
+    descale_k=None,
+    descale_v=None,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    out_dtype=torch.bfloat16,
+    return_attn_probs=False,
+):
+    """:func:`flash_attn_varlen_fp8_func` on e4m3 qkv (total, 3, H, D) with one ``cu_seqlens``
+    -> out (total, H, D)."""
+    q, k, v = _unpack_qkv(qkv, 4, "(total, 3, heads, head_dim)")
+    return flash_attn_varlen_fp8_func(
+        q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, descale_q, descale_k,
+        descale_v, softmax_scale, causal, window_size, softcap, alibi_slopes, out_dtype,
+        return_attn_probs,
+    )  # fmt: skip

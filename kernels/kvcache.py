@@ -29,6 +29,7 @@ import triton.language as tl
 from . import configs
 from ._compat import patch_interpreter
 from .configs import Tile
+from .errors import ArgumentError, ArgumentTypeError
 from .flash import _LN2, _LOG2E, LOG2E, _dot, _mm, _scores
 
 __all__ = [
@@ -342,26 +343,26 @@ def _append(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table)
 
 def _check_inputs(q, k_cache, v_cache):
     if q.dtype not in (torch.float16, torch.bfloat16):
-        raise TypeError(f"q must be float16 or bfloat16, got {q.dtype}")
+        raise ArgumentTypeError(f"q must be float16 or bfloat16, got {q.dtype}")
     if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
-        raise TypeError("q, k_cache and v_cache must share a dtype")
+        raise ArgumentTypeError("q, k_cache and v_cache must share a dtype")
     d = q.shape[-1]
     if d > 256 or k_cache.shape[-1] != d or v_cache.shape[-1] != d:
-        raise ValueError(
+        raise ArgumentError(
             f"head dims must match and be <= 256, got {d}, {k_cache.shape[-1]}, {v_cache.shape[-1]}"
         )
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
-        raise ValueError("k_cache and v_cache need a contiguous last dimension (stride 1)")
+        raise ArgumentError("k_cache and v_cache need a contiguous last dimension (stride 1)")
     hq, hk = q.shape[-2], k_cache.shape[-2]
     if hq % hk != 0 or v_cache.shape[-2] != hk:
-        raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hk})")
+        raise ArgumentError(f"query heads ({hq}) must be a multiple of key/value heads ({hk})")
     return d, hq, hk
 
 
 def _int32(t, name: str, batch: int, device):
     t = torch.as_tensor(t, device=device)
     if t.dtype not in (torch.int32, torch.int64) or tuple(t.shape) != (batch,):
-        raise ValueError(f"{name} must be an integer tensor of shape ({batch},)")
+        raise ArgumentError(f"{name} must be an integer tensor of shape ({batch},)")
     return t.to(torch.int32).contiguous()
 
 
@@ -373,7 +374,7 @@ def _slopes(alibi_slopes, batch: int, heads: int, device):
         return a, 0, a.stride(0)
     if tuple(a.shape) == (batch, heads):
         return a, a.stride(0), a.stride(1)
-    raise ValueError(
+    raise ArgumentError(
         f"alibi_slopes shape {tuple(a.shape)}, expected ({heads},) or ({batch}, {heads})"
     )
 
@@ -481,7 +482,7 @@ def flash_attn_with_kvcache(
     out (B, Sq, Hq, D), and the LSE (B, Hq, Sq) with ``return_softmax_lse``. Forward only.
     """
     if q.dim() != 4:
-        raise ValueError(
+        raise ArgumentError(
             f"q must be (batch, seqlen_q, heads, head_dim), got shape {tuple(q.shape)}"
         )
     d, hq, hk = _check_inputs(q, k_cache, v_cache)
@@ -490,9 +491,9 @@ def flash_attn_with_kvcache(
     paged = block_table is not None
     if paged:
         if cache_batch_idx is not None:
-            raise ValueError("cache_batch_idx cannot be combined with block_table (paged KV)")
+            raise ArgumentError("cache_batch_idx cannot be combined with block_table (paged KV)")
         if cache_leftpad is not None:
-            raise ValueError("cache_leftpad cannot be combined with block_table (paged KV)")
+            raise ArgumentError("cache_leftpad cannot be combined with block_table (paged KV)")
         block_table = _block_table(block_table, batch, device)
         seqlen_cache = block_table.shape[1] * k_cache.shape[1]
     else:
@@ -500,16 +501,16 @@ def flash_attn_with_kvcache(
         if cache_batch_idx is not None:
             cache_batch_idx = _int32(cache_batch_idx, "cache_batch_idx", batch, device)
         elif k_cache.shape[0] < batch:
-            raise ValueError(f"k_cache holds {k_cache.shape[0]} sequences, q has {batch}")
+            raise ArgumentError(f"k_cache holds {k_cache.shape[0]} sequences, q has {batch}")
     if k is not None or v is not None:
         if k is None or v is None:
-            raise ValueError("new keys need new values (pass both k and v, or neither)")
+            raise ArgumentError("new keys need new values (pass both k and v, or neither)")
         if cache_seqlens is None:
-            raise ValueError("appending k/v needs cache_seqlens (where each sequence ends)")
+            raise ArgumentError("appending k/v needs cache_seqlens (where each sequence ends)")
         if k.dtype != q.dtype or v.dtype != q.dtype:
-            raise TypeError("k and v must have q's dtype")
+            raise ArgumentTypeError("k and v must have q's dtype")
         if k.dim() != 4 or k.shape != v.shape or (k.shape[0], *k.shape[2:]) != (batch, hk, d):
-            raise ValueError(f"k and v must be (batch={batch}, seqlen_new, {hk}, {d})")
+            raise ArgumentError(f"k and v must be (batch={batch}, seqlen_new, {hk}, {d})")
     seqlen_new = k.shape[1] if k is not None else 0
     if cache_seqlens is None:
         cache_seqlens = torch.full((batch,), seqlen_cache, dtype=torch.int32, device=device)
@@ -521,7 +522,7 @@ def flash_attn_with_kvcache(
         # flash_attn checks this too: keys past the block table would be read from nowhere.
         longest = int(cache_seqlens.max().item()) + seqlen_new
         if longest > seqlen_cache:
-            raise ValueError(
+            raise ArgumentError(
                 f"cache_seqlens + new keys reach {longest} rows, past the {seqlen_cache} that "
                 "block_table addresses; give block_table more columns"
             )
@@ -531,10 +532,12 @@ def flash_attn_with_kvcache(
     left, right, cap = _window(causal, window_size, softcap, seqlen_cache)
     if rotary_cos is not None or rotary_sin is not None:
         if rotary_cos is None or rotary_sin is None or k is None:
-            raise ValueError("rotary embedding needs rotary_cos, rotary_sin and new k/v to append")
+            raise ArgumentError(
+                "rotary embedding needs rotary_cos, rotary_sin and new k/v to append"
+            )
         rd = rotary_cos.shape[-1] * 2
         if rotary_cos.shape != rotary_sin.shape or rd > d or rd % 16:
-            raise ValueError(
+            raise ArgumentError(
                 f"rotary_cos/sin must be (seqlen_ro, rotary_dim / 2) with rotary_dim <= {d} and a "
                 f"multiple of 16, got {tuple(rotary_cos.shape)} and {tuple(rotary_sin.shape)}"
             )
@@ -579,7 +582,7 @@ def flash_attn_with_kvcache(
 def _block_table(block_table, batch: int, device):
     bt = torch.as_tensor(block_table, device=device)
     if bt.dim() != 2 or bt.shape[0] != batch or bt.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"block_table must be an int32 tensor of shape ({batch}, max_blocks)")
+        raise ArgumentError(f"block_table must be an int32 tensor of shape ({batch}, max_blocks)")
     bt = bt.to(torch.int32)
     return bt if bt.stride(-1) == 1 else bt.contiguous()
 
@@ -595,7 +598,7 @@ def paged_varlen_forward(
     ``cu_seqlens_k[b+1] - cu_seqlens_k[b]`` cache rows through ``block_table[b]``. Forward only:
     the result carries no gradient. Returns out, or (out, lse (Hq, total_q), None)."""
     if q.dim() != 3:
-        raise ValueError(f"q must be (total_q, heads, head_dim), got shape {tuple(q.shape)}")
+        raise ArgumentError(f"q must be (total_q, heads, head_dim), got shape {tuple(q.shape)}")
     d, hq, hk = _check_inputs(q, k_cache, v_cache)
     device = q.device
     cu_q = cu_seqlens_q.to(device=device, dtype=torch.int32).contiguous()
@@ -604,7 +607,7 @@ def paged_varlen_forward(
     block_table = _block_table(block_table, batch, device)
     seqlen_cache = block_table.shape[1] * k_cache.shape[1]
     if int(max_seqlen_k) > seqlen_cache:
-        raise ValueError(
+        raise ArgumentError(
             f"max_seqlen_k {int(max_seqlen_k)} is past the {seqlen_cache} rows that block_table "
             "addresses; give block_table more columns"
         )

@@ -14,6 +14,7 @@ import math
 
 import torch
 
+from .errors import ArgumentError
 from .interface import _backward, _dropout, _forward, _mask_from_flash_args
 
 __all__ = [
@@ -31,7 +32,7 @@ def _unit_last(t: torch.Tensor) -> torch.Tensor:
 
 def _check_pack(t: torch.Tensor, name: str, dim: int, n: int, shape: str) -> None:
     if t.dim() != dim or t.shape[dim - 3] != n:
-        raise ValueError(f"{name} must be {shape}, got shape {tuple(t.shape)}")
+        raise ArgumentError(f"{name} must be {shape}, got shape {tuple(t.shape)}")
 
 
 class _QKVPacked(torch.autograd.Function):

@@ -199,15 +199,19 @@ def test_dropout_and_fp8_variants_compile_without_spills(aot_run):
     by = {(r["arch"], r["head_dim"], r["kernel"]): r for r in reports}
     for arch, spec in ARCHES.items():
         for d in aot.DEFAULT_HEAD_DIMS:
-            fp8 = by.get((arch, d, "fwd_fp8"))
-            assert (fp8 is not None) == (spec["family"] in FP8_DOT), (arch, d)
-            for kernel in ("fwd_dropout", "bwd_dkdv_dropout", "bwd_dq_dropout", "fwd_fp8"):
+            fp8s = [by.get((arch, d, n)) for n in ("fwd_fp8", "fwd_fp8_varlen")]
+            for fp8 in fp8s:
+                assert (fp8 is not None) == (spec["family"] in FP8_DOT), (arch, d)
+            for kernel in ("fwd_dropout", "bwd_dkdv_dropout", "bwd_dq_dropout", "fwd_fp8",
+                           "fwd_fp8_varlen"):  # fmt: skip
                 r = by.get((arch, d, kernel))
-                if r is None and kernel == "fwd_fp8":
+                if r is None and kernel.startswith("fwd_fp8"):
                     continue
                 assert not r["spills"] and not r["scratch_bytes"] and not r["problems"], r
-            if fp8 is not None:
-                assert any(t in k for k in fp8["matrix_instrs"] for t in ("fp8", "f8", "e4m3")), fp8
+            for fp8 in fp8s:
+                if fp8 is not None:
+                    instrs = fp8["matrix_instrs"]
+                    assert any(t in k for k in instrs for t in ("fp8", "f8", "e4m3")), fp8
 
 
 def _aot(*args: str) -> subprocess.CompletedProcess[str]:

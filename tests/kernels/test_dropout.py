@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import kernels.dropout_ref as dropout_ref
+from kernels import _get_block_size_n, flash_attn_func, flash_attn_varlen_func
 from kernels import check_variants as cv
-from kernels import flash_attn_func, flash_attn_varlen_func
 from kernels.dropout_ref import keep_mask, philox4x32
 from kernels.interface import keep_threshold, philox_seed_offset
 from kernels.reference import attention_ref, visible
@@ -58,13 +58,43 @@ def test_kernel_keeps_exactly_the_scores_the_philox_rule_keeps():
     assert torch.count_nonzero(sdm[..., ~vis]) == 0
 
 
-def test_sdmask_magnitudes_are_the_softmax_probabilities():
-    q, k, v = _qkv(1, 20, 33, 2, 1, 32)
-    _, _, sdm = flash_attn_func(q, k, v, dropout_p=0.3, causal=True, return_attn_probs=True)
-    s = torch.einsum("bshd,bthd->bhst", q.float(), k.float().repeat_interleave(2, 2)) / 32**0.5
-    probs = torch.softmax(s.masked_fill(~visible(20, 33, None, 0), float("-inf")), -1)
-    assert (sdm.abs() - probs).abs().max().item() <= 1e-5
-    assert torch.allclose(sdm.abs().sum(-1), torch.ones(1, 2, 20))
+def test_sdmask_is_flash_attns_unnormalised_encoding_and_decodes_to_the_probabilities():
+    # 33 keys in 128-wide blocks (d=32) and 70 keys in 64-wide blocks (d=64, dropout): one block
+    # and several, so the "this block and every later one" maximum is exercised.
+    for sq, sk, d, causal in ((20, 33, 32, True), (9, 70, 64, False), (70, 70, 64, True)):
+        q, k, v = _qkv(1, sq, sk, 2, 1, d)
+        _, _, sdm = flash_attn_func(q, k, v, dropout_p=0.3, causal=causal, return_attn_probs=True)
+        block_n = _get_block_size_n(CPU, d, True, causal)
+        assert block_n == (128 if d <= 32 else 64)
+        right = 0 if causal else None
+        s = torch.einsum("bshd,bthd->bhst", q.float(), k.float().repeat_interleave(2, 2)) / d**0.5
+        vis = visible(sq, sk, None, right)
+        s = s.masked_fill(~vis, float("-inf"))
+        probs = torch.softmax(s, -1)
+        # Unnormalised: exp(s - m) with m the largest score of this key block and every later
+        # one (flash_attn's CUDA kernels walk the key blocks last to first).
+        top = torch.stack([b.amax(-1) for b in s.split(block_n, -1)], -1)
+        later = top.flip(-1).cummax(-1).values.flip(-1)
+        m = later.repeat_interleave(block_n, -1)[..., :sk]
+        expected = torch.where(vis, torch.exp(s - m), torch.zeros(()))
+        assert (sdm.abs() - expected).abs().max().item() <= 1e-5
+        # Decoded as flash_attn's tests decode it, the softmax probabilities.
+        decoded = dropout_ref.normalize_sdmask(sdm, q, k, block_n, right=right)
+        assert (decoded - probs).abs().max().item() <= 1e-5
+        assert torch.allclose(decoded.sum(-1), torch.ones(1, 2, sq))
+
+
+def test_get_block_size_n_is_flash_attns_table_off_sm8x():
+    # flash_attn/flash_attn_interface.py::_get_block_size_n for devices that are not sm86/sm89.
+    table = {
+        (32, False): 128, (32, True): 128, (64, False): 128, (64, True): 64, (80, False): 64,
+        (96, True): 64, (128, False): 64, (128, True): 32, (160, True): 64, (256, False): 64,
+    }  # fmt: skip
+    for (d, drop), n in table.items():
+        for causal in (False, True):
+            assert _get_block_size_n(CPU, d, drop, causal) == n
+    with pytest.raises(ValueError, match="head_dim"):
+        _get_block_size_n(CPU, 288, True, False)
 
 
 @pytest.mark.parametrize(

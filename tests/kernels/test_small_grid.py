@@ -1,0 +1,77 @@
+"""The forward's small-grid tile (configs.SMALL_GRID_FWD) and the no-autograd inference path, in
+Triton's interpreter."""
+
+import pytest
+import torch
+
+from kernels import configs, flash_attn_func, interface
+from kernels.configs import Tile
+from kernels.reference import attention_ref
+
+
+def test_small_grids_take_the_small_tile_and_large_ones_keep_the_default():
+    cfg = configs.config_for("hopper", 128)
+    small = configs.SMALL_GRID_FWD[("hopper", 128)]
+    # LLM prefill b1 h32 s1024 on 132 SMs: 8 x 32 = 256 programs < 4 x 132.
+    assert configs.small_grid_fwd(cfg, "hopper", 128, 1024, 32, 132) == small
+    # Qwen-Image 1x24x6132: 48 x 24 = 1152 programs fill the GPU.
+    assert configs.small_grid_fwd(cfg, "hopper", 128, 6132, 24, 132) is None
+    # The boundary: exactly SMALL_GRID_WAVES programs per unit is not small.
+    rows = cfg.fwd.block_m * configs.SMALL_GRID_WAVES
+    assert configs.small_grid_fwd(cfg, "hopper", 128, rows, 132, 132) is None
+    assert configs.small_grid_fwd(cfg, "hopper", 128, rows - cfg.fwd.block_m, 132, 132) == small
+    # d=80 runs the padded d=128 tiles; the interpreter has no entry; 0 units (unknown) never.
+    assert configs.small_grid_fwd(cfg, "hopper", 80, 1024, 16, 132) == small
+    assert configs.small_grid_fwd(cfg, "interpreter", 128, 1, 1, 132) is None
+    assert configs.small_grid_fwd(cfg, "hopper", 128, 1, 1, 0) is None
+
+
+def test_every_small_tile_is_smaller_than_the_default_forward_tile():
+    for (family, d), tile in configs.SMALL_GRID_FWD.items():
+        default = configs.config_for(family, d).fwd
+        assert tile.block_m * tile.block_n < default.block_m * default.block_n, (family, d)
+        assert tile.num_warps <= default.num_warps, (family, d)
+
+
+def test_a_forward_tile_named_in_the_override_wins(monkeypatch):
+    cfg = configs.config_for("hopper", 128)
+    monkeypatch.setenv("ATTNFORGE_KERNELS_CONFIG", '{"fwd": [128, 64, 8, 3]}')
+    assert configs.small_grid_fwd(cfg, "hopper", 128, 1024, 32, 132) is None
+    monkeypatch.setenv("ATTNFORGE_KERNELS_CONFIG", '{"atomic_dq": false}')
+    assert configs.small_grid_fwd(cfg, "hopper", 128, 1024, 32, 132) is not None
+
+
+class _Spy:
+    """Records the BLOCK_M of each forward launch and runs the kernel."""
+
+    def __init__(self, fn):
+        self.fn, self.block_m = fn, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.block_m.append(kwargs["BLOCK_M"])
+            return self.fn[grid](*args, **kwargs)
+
+        return launch
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_a_small_grid_launches_the_small_tile_and_stays_correct(monkeypatch, grad):
+    monkeypatch.setitem(configs.SMALL_GRID_FWD, ("interpreter", 32), Tile(32, 16, 1, 1))
+    monkeypatch.setattr(configs, "compute_units", lambda device=None: 8)
+    spy = _Spy(interface._attn_fwd)
+    monkeypatch.setattr(interface, "_attn_fwd", spy)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, n, 2, 32, generator=g).to(torch.bfloat16) for n in (45, 77, 77))
+    if grad:
+        q.requires_grad_()
+    out = flash_attn_func(q, k, v, causal=True)
+    # 45 rows in 16-row default tiles x 2 heads = 6 programs < 4 x 8 units: the 32-row tile.
+    assert spy.block_m == [32]
+    assert (out.grad_fn is not None) == grad
+    ref, _ = attention_ref(q.detach(), k, v, right=0)
+    assert (out.float() - ref.float()).abs().max().item() <= 2e-2
+    # 200 rows: 13 x 2 = 26 programs, still small; 600 rows x 2 heads: 38 x 2 = 76, not.
+    q2 = torch.randn(1, 600, 2, 32, generator=g).to(torch.bfloat16)
+    flash_attn_func(q2, k, v)
+    assert spy.block_m[-1] == 16
