@@ -68,6 +68,15 @@ class ExpectSpec:
     # {version, experimental (for this arch), image_sets_knob}. Both optional.
     host_rules: tuple[dict[str, Any], ...] = ()
     aotriton: dict[str, Any] | None = None
+    # The name the user has for this file (the host path where `invoke validate` keeps it; in the
+    # image it is /out/expect.json), and whether the suite runs in an image (False: on the host).
+    shown_as: str | None = None
+    in_image: bool | None = None
+
+    @property
+    def name(self) -> str:
+        """The file as the report names it: the user's path, not the image's."""
+        return self.shown_as or self.path
 
 
 @dataclass(frozen=True)
@@ -94,12 +103,15 @@ def parse_expect(data: Any, path: str = "<expect>") -> ExpectSpec:
     """Validate the structure of an expect document; raise ExpectError with a sentence."""
     if not isinstance(data, dict):
         raise ExpectError(f"{path}: the top level must be a JSON object with 'expect'.")
-    unknown_top = sorted(set(data) - {"stack", "arch", "expect", "host_rules", "aotriton"})
+    fields = ("stack", "arch", "expect", "host_rules", "aotriton", "shown_as", "in_image")
+    unknown_top = sorted(set(data) - set(fields))
     if unknown_top:
         raise ExpectError(
             f"{path}: unknown top-level field(s) {', '.join(unknown_top)}; "
-            "valid fields: stack, arch, expect, host_rules, aotriton."
+            f"valid fields: {', '.join(fields)}."
         )
+    if data.get("in_image") is not None and not isinstance(data["in_image"], bool):
+        raise ExpectError(f"{path}: 'in_image' must be true or false.")
     rules = data.get("host_rules", [])
     if not isinstance(rules, list) or not all(
         isinstance(r, dict) and {"id", "warning", "fix", "source"} <= set(r) for r in rules
@@ -113,7 +125,7 @@ def parse_expect(data: Any, path: str = "<expect>") -> ExpectSpec:
     expect = data.get("expect", {})
     if not isinstance(expect, dict):
         raise ExpectError(f"{path}: 'expect' must be an object mapping keys to values.")
-    for field in ("stack", "arch"):
+    for field in ("stack", "arch", "shown_as"):
         if data.get(field) is not None and not isinstance(data[field], str):
             raise ExpectError(f"{path}: '{field}' must be a string.")
     unknown = sorted(k for k in expect if k not in KNOWN_KEYS)
@@ -131,7 +143,8 @@ def parse_expect(data: Any, path: str = "<expect>") -> ExpectSpec:
             )
     return ExpectSpec(
         path=path, stack=data.get("stack"), arch=data.get("arch"), expect=expect,
-        host_rules=tuple(rules), aotriton=aotriton,
+        host_rules=tuple(rules), aotriton=aotriton, shown_as=data.get("shown_as"),
+        in_image=data.get("in_image"),
     )  # fmt: skip
 
 
@@ -191,6 +204,10 @@ def _reasons(context: dict[str, Any], backend: str) -> str:
         return ""
     text = "; ".join(str(r).strip().rstrip(".") for r in reasons[:3])
     return f" PyTorch says: {text}."
+
+
+# A context key (not an observation): False when the suite runs on the host (`--local`).
+IN_IMAGE = "run.in_image"
 
 
 def likely_fix(key: str, expected: Any, observed: Any, context: dict[str, Any]) -> str:
@@ -282,6 +299,12 @@ def likely_fix(key: str, expected: Any, observed: Any, context: dict[str, Any]) 
             "HSA_OVERRIDE_GFX_VERSION / HIP_VISIBLE_DEVICES."
         )
     if key == "torch.gpu_available" and exp is True:
+        if context.get(IN_IMAGE) is False:  # --local: the suite ran on the host itself
+            return (
+                "No GPU is visible to this process: check that the GPU driver is loaded "
+                "(ROCm: /dev/kfd and /dev/dri readable, the user in the video and render groups; "
+                "NVIDIA: nvidia-smi) and HIP_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES."
+            )
         return (
             "No GPU is visible: pass the devices to the container (ROCm: --device /dev/kfd "
             "--device /dev/dri; NVIDIA: --gpus all) and check HIP_VISIBLE_DEVICES."
@@ -299,9 +322,12 @@ def evaluate(
     expect: dict[str, Any],
     observations: dict[str, Any],
     sources: dict[str, str] | None = None,
+    in_image: bool | None = None,
 ) -> list[ExpectationResult]:
-    """Compare each promise with the observations; ``sources`` explains missing keys."""
+    """Compare each promise with the observations; ``sources`` explains missing keys;
+    ``in_image`` False words the fixes for a suite run on the host itself."""
     sources = sources or {}
+    context = {**observations, IN_IMAGE: in_image}
     results = []
     for key, expected in expect.items():
         if key not in observations:
@@ -325,7 +351,7 @@ def evaluate(
                 )
             )
             continue
-        fix = likely_fix(key, expected, observed, observations)
+        fix = likely_fix(key, expected, observed, context)
         msg = f"The stack promised {key} = {_show(expected)}, but validation saw {_show(observed)}."
         if fix:
             msg += f" Likely fix: {fix}"
