@@ -271,8 +271,9 @@ class HostRule(Strict):
     warning: str = Field(description="what goes wrong on such a host, as a sentence")
     fix: str = Field(description="what to change on the host")
     fix_on_host: str | None = Field(
-        None, description="the fix when the suite runs on the host itself (invoke validate "
-        "--local), where `fix` speaks of the container"
+        None,
+        description="the fix when the suite runs on the host itself (invoke validate "
+        "--local), where `fix` speaks of the container",
     )
     source: str = Field(description="where this is documented: repository, path or issue, date")
     arches: list[str] | None = Field(None, description="only hosts with one of these GPUs")
