@@ -342,8 +342,9 @@ def grid_heatmap(matrix: list[dict[str, Any]], backends: tuple[str, ...]) -> Plo
     ax.set_xticks(range(len(backends)), backends, fontsize=8)
     ax.xaxis.tick_top()
     ax.set_yticks(range(len(cases)), cases, fontsize=7)
-    bar = fig.colorbar(img, ax=ax, shrink=0.8, ticks=[0, 0.5, 1, 1.5, 2],
-                       boundaries=np.linspace(0, 2, 41))
+    bar = fig.colorbar(
+        img, ax=ax, shrink=0.8, ticks=[0, 0.5, 1, 1.5, 2], boundaries=np.linspace(0, 2, 41)
+    )
     bar.solids.set_rasterized(False)  # vector, like the rest: the page embeds no image
     bar.ax.set_yticklabels(["0", "0.5", "1 (limit)", "1.5", "≥ 2"], fontsize=7)
     bar.set_label("max|err| / tolerance", fontsize=8)
