@@ -69,6 +69,7 @@ def _svg(fig, key: str) -> str:
         fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None})
     text = buf.getvalue()
     text = text[text.index("<svg") :]
+    text = re.sub(r"\s*<metadata>.*?</metadata>", "", text, flags=re.S)  # RDF boilerplate
     text = re.sub(r'\bid="([^"]+)"', rf'id="{key}-\1"', text)
     text = re.sub(r"url\(#([^)]+)\)", rf"url(#{key}-\1)", text)
     text = re.sub(r'href="#([^"]+)"', rf'href="#{key}-\1"', text)
@@ -509,6 +510,11 @@ def train_plot(doc: dict[str, Any]) -> Plot | None:
              f"{c.get('heads')} heads, seq {c.get('seq')}, batch {c.get('batch')}, {c.get('dtype')}")  # fmt: skip
     fig.suptitle(title, fontsize=10)
     return Plot("train-ratio", title, _svg(fig, "train-ratio"), _no_memory(has_mem))
+
+
+# For the compatibility matrix's chart (attnforge/matrix.py), drawn in the same style.
+small_multiples = _grid
+inline_svg = _svg
 
 
 def available() -> None:

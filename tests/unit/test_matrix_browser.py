@@ -113,7 +113,7 @@ def test_the_matrix_page_renders_in_chromium(chromium, outputs, tmp_path):
     assert report_page.problems(seen) == [] and seen["console"] == []
     assert seen["requests"] == [seen["url"]] and seen["external"] == []
     assert seen["title"] == "attnforge compatibility matrix"
-    assert seen["sections"] == ["matrix", "legend"]
+    assert seen["sections"] == ["matrix", "speed", "legend"]
     png = shot.read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and int.from_bytes(png[16:20], "big") == 1280
     # every full report the matrix links opens too; the H200 one draws its bench plots
