@@ -601,17 +601,17 @@ body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:0 auto;max
  padding:1em 1.5em;color:#222;line-height:1.3}
 h1{margin-bottom:.2em}code{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:.92em}
 div.scroll{overflow-x:auto}
-table{border-collapse:collapse;margin:.8em 0;font-size:.86em}
+table{border-collapse:collapse;margin:.8em 0;font-size:.84em}
 td,th{border:1px solid #ccc;padding:4px 6px;text-align:left;vertical-align:top}
 th{background:#f4f4f4}thead tr.group th{background:#e8e8e8;text-align:center}
 td.works{background:#dcf2df}td.partial{background:#fff3cd}td.fails{background:#f8d7da}
 td.refused,td.absent{background:#eee;color:#444}td.unknown{background:#fff;color:#666}
-td.pick{background:#f7f9ff}td.ver{min-width:4.5em;max-width:11em}
-td.ver span{white-space:nowrap}ul.broke{margin:.2em 0;padding-left:1.1em;color:#b00020;
- font-size:.85em;max-width:16em}figure.chart{margin:1em 0}figure.chart svg{max-width:100%;height:auto}
+td.pick{background:#f7f9ff}td.ver{font-size:.9em}
+td.ver span{white-space:nowrap}td.row{min-width:11em;max-width:13em;overflow-wrap:anywhere}ul.broke{margin:.2em 0;padding-left:1.1em;color:#b00020;
+ font-size:.85em;max-width:13em;overflow-wrap:anywhere}figure.chart{margin:1em 0}figure.chart svg{max-width:100%;height:auto}
 .state{font-weight:600}
 .speed{display:block;font-variant-numeric:tabular-nums;font-weight:600;white-space:nowrap}
-.why{display:block;font-size:.85em;color:#444;min-width:7em;max-width:13em;overflow-wrap:anywhere}
+.why{display:block;font-size:.85em;color:#444;min-width:7em;max-width:11em;overflow-wrap:anywhere}
 .nospeed{display:block;font-size:.85em;color:#777;white-space:nowrap}
 .pass{color:#0a6b1f;font-weight:600}.fail{color:#b00020;font-weight:600}
 .small{font-size:.85em;color:#555}ul.legend{padding-left:1.2em}
@@ -698,7 +698,7 @@ def _first_td(r: Row) -> str:
     cell += (f"<a href='{_h(r.link)}'>full report</a>" if r.link
              else f"<span class='small'>{_h(r.source)}</span>")  # fmt: skip
     cell += "".join(f"<br><code class='small'>{_h(p)}</code>" for p in r.published)
-    return f"<td>{cell}</td>"
+    return f"<td class='row'>{cell}</td>"
 
 
 def to_html(m: Matrix) -> str:
