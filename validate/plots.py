@@ -288,7 +288,8 @@ def bench_plots(bench: dict[str, Any]) -> list[Plot]:
 
 def grid_cells(matrix: list[dict[str, Any]], backends: tuple[str, ...]) -> list[list[tuple]]:
     """The SDPA grid as (state, error / tolerance) per case and backend: state is "pass", "fail",
-    "fault" (crash, deferred fault), "refused" or "" (not run); the ratio only where judged."""
+    "fault" (crash, deferred fault), "refused", "skip" (not forced: can_use said no, as on CPU
+    torch for efficient and cuDNN) or "" (not run); the ratio only where judged."""
     out = []
     for row in matrix:
         cells = []
@@ -296,7 +297,7 @@ def grid_cells(matrix: list[dict[str, Any]], backends: tuple[str, ...]) -> list[
             e = (row.get("backends") or {}).get(b) or {}
             run = e.get("run") or ""
             state = {"pass": "pass", "fail": "fail", "crash": "fault", "deferred-fault": "fault",
-                     "unsupported": "refused"}.get(run, "")  # fmt: skip
+                     "unsupported": "refused", "skip": "skip"}.get(run, "")  # fmt: skip
             err, tol = e.get("max_abs_err"), e.get("tolerance")
             ratio = err / tol if state in ("pass", "fail") and err is not None and tol else None
             cells.append((state, ratio))
@@ -333,7 +334,7 @@ def grid_heatmap(matrix: list[dict[str, Any]], backends: tuple[str, ...]) -> Plo
     ax.set_facecolor("#e6e6e6")
     for i, row in enumerate(cells):
         for j, (state, ratio) in enumerate(row):
-            text = {"refused": "—", "fault": "✗ fault", "": "·"}.get(state)
+            text = {"refused": "—", "fault": "✗ fault", "skip": "skip", "": "·"}.get(state)
             if text is None:
                 text = f"{ratio:.2f}" if ratio is not None else state
             if state == "fault":
@@ -352,7 +353,8 @@ def grid_heatmap(matrix: list[dict[str, Any]], backends: tuple[str, ...]) -> Plo
     title = "SDPA grid: error / tolerance per backend and case"
     fig.suptitle(title, fontsize=10)
     caption = ("Each backend forced on each case against an fp32 reference; above 1 fails. "
-               "— refused by PyTorch, ✗ a GPU fault, · not run.")  # fmt: skip
+               "— refused by PyTorch, ✗ a GPU fault, skip: not forced (can_use said no), "
+               "· not run.")  # fmt: skip
     return Plot("sdpa-grid", title, _svg(fig, "sdpa-grid"), caption)
 
 

@@ -169,13 +169,14 @@ def test_the_grid_cells_say_pass_fail_fault_and_refused():
         "efficient": {"run": "unsupported"},
         "cudnn": {"run": "crash", "max_abs_err": None},
         "math": {"run": "fail", "max_abs_err": 0.01, "tolerance": 0.004}}},
-        {"case": "c2", "backends": {"flash": {"run": "deferred-fault"}}}]  # fmt: skip
+        {"case": "c2", "backends": {"flash": {"run": "deferred-fault"},
+                                    "efficient": {"run": "skip"}}}]  # fmt: skip
     cells = plots.grid_cells(matrix, grid.BACKENDS)
     assert cells == [[("pass", 0.25), ("refused", None), ("fault", None), ("fail", 2.5)],
-                     [("fault", None), ("", None), ("", None), ("", None)]]  # fmt: skip
+                     [("fault", None), ("skip", None), ("", None), ("", None)]]  # fmt: skip
     pytest.importorskip("matplotlib", reason="the dev extra brings matplotlib")
     svg = plots.grid_heatmap(matrix, grid.BACKENDS).svg
-    for text in (">0.25<", ">2.50<", ">—<", ">✗ fault<", ">c1<", ">c2<", ">cudnn<"):
+    for text in (">0.25<", ">2.50<", ">—<", ">✗ fault<", ">skip<", ">·<", ">c1<", ">cudnn<"):
         assert text in svg, text
     assert "<image" not in svg  # vector cells and colour bar: nothing embedded
 

@@ -162,7 +162,8 @@ def full_page():
     return render.to_html(report, siblings), siblings
 
 
-PLOTS = ["sdpa-grid", "sweep-tflops", "sweep-memory", "workload-tflops", "train-ratio"]
+PLOTS = ["sdpa-grid", "workloads-fused", "sweep-tflops", "sweep-memory", "workload-tflops",
+         "train-ratio"]  # fmt: skip
 
 
 def figure_ids(page: str) -> list[str]:
@@ -338,7 +339,7 @@ def test_without_matplotlib_the_page_keeps_its_tables_and_says_where_pictures_be
     note = proc.stderr.strip().splitlines()
     assert len(note) == 1 and "matplotlib" in note[0] and "without its pictures" in note[0]
     text = page.read_text()
-    assert "<figure" not in text and text.count("A picture belongs here") == 2  # grid, bench
+    assert "<figure" not in text and text.count("A picture belongs here") == 3  # grid, fused, bench
     assert "<td class='cell-pass'>" in text and "Runs without a time" in text
 
 
