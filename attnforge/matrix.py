@@ -681,7 +681,7 @@ def speed_chart(m: Matrix) -> str:
     ax.set_xlabel("TFLOP/s", fontsize=8)
     fig.legend(loc="outside right upper", fontsize=8)
     fig.suptitle(f"TFLOP/s per backend at {m.reference.describe()}", fontsize=10)
-    return f"<figure class='chart' id='speed-chart'>{plots.inline_svg(fig, 'speed')}</figure>"
+    return f"<figure class='plot chart' id='plot-speed'>{plots.inline_svg(fig, 'speed')}</figure>"
 
 
 def _first_td(r: Row) -> str:

@@ -574,7 +574,7 @@ def test_the_page_charts_tflops_per_backend_across_rows():
     rocm = Entry(source="b", report=rocm_report(), bench=bench())
     h200 = Entry(source="a", report=fixture("h200_report"), bench=bench())
     page = matrix.to_html(matrix.build([h200, rocm], "t"))
-    chart = page.split("<figure class='chart' id='speed-chart'>")[1].split("</figure>")[0]
+    chart = page.split("<figure class='plot chart' id='plot-speed'>")[1].split("</figure>")[0]
     for label in ("gfx1151 · default", "sm_90 · host-nvidia", "SDPA flash", "SDPA cuDNN",
                   "bundled kernels", "TFLOP/s per backend at sweep shape at seqlen 4096"):  # fmt: skip
         assert label in chart, label
