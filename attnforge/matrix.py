@@ -678,7 +678,12 @@ def speed_chart(m: Matrix) -> str:
               for r in rows]  # fmt: skip
     ax.set_yticks(range(len(rows)), labels, fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("TFLOP/s", fontsize=8)
+    speeds = [c.tflops for r in rows for c in (r.pick, *r.cells.values()) if c.tflops]
+    log = min(speeds) < max(speeds) / 1000  # a CPU row beside a GPU row: both readable
+    if log:
+        ax.set_xscale("log")
+        ax.set_xlim(left=min(speeds) / 3, right=max(speeds) * 4)
+    ax.set_xlabel("TFLOP/s" + (" (log scale)" if log else ""), fontsize=8)
     fig.legend(loc="outside right upper", fontsize=8)
     fig.suptitle(f"TFLOP/s per backend at {m.reference.describe()}", fontsize=10)
     return f"<figure class='plot chart' id='plot-speed'>{plots.inline_svg(fig, 'speed')}</figure>"

@@ -393,7 +393,9 @@ def _workloads(report: dict[str, Any], bench: dict[str, Any] | None) -> list[str
             "</code> runs at the workload shapes record it: <code>python -m validate bench "
             "--backend sdpa.default --json bench.json</code>).</p>"])  # fmt: skip
     rows = [[_h(p["workload"]), _h(p.get("pick") or "?"),
-             _status("pass" if p["fused"] else "fail") if p["fused"] is not None else "",
+             (f"<span class='{'pass' if p['fused'] else 'fail'}'>"
+              f"{'yes' if p['fused'] else 'no: math fallback'}</span>")
+             if p["fused"] is not None else "not recorded",
              _h(p.get("where"))] for p in picks]  # fmt: skip
     return _section("workloads", [
         "<p>Whether SDPA's default pick at each workload shape is a fused kernel (anything but "

@@ -581,3 +581,15 @@ def test_the_page_charts_tflops_per_backend_across_rows():
     assert " 460<" in chart and " 499<" in chart  # flash and cuDNN at the reference shape
     none = matrix.to_html(matrix.build([Entry(source="a", report=fixture("h200_report"))], "t"))
     assert "No row has a speed at the reference shape" in none
+
+
+def test_the_chart_turns_logarithmic_when_a_cpu_row_sits_beside_a_gpu_row():
+    pytest.importorskip("matplotlib", reason="the dev extra brings matplotlib")
+    slow = bench()
+    for r in slow["results"]:
+        r["tflops"] = r["tflops"] / 1e5 if r.get("tflops") else r.get("tflops")
+    cpu = {**fixture("h200_report"), "arch": "cpu", "stack": "cpu"}
+    rows = [Entry(source="a", report=fixture("h200_report"), bench=bench()),
+            Entry(source="c", report=cpu, bench=slow)]  # fmt: skip
+    assert "TFLOP/s (log scale)" in matrix.to_html(matrix.build(rows, "t"))
+    assert "(log scale)" not in matrix.to_html(matrix.build(rows[:1], "t"))
