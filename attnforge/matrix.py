@@ -11,9 +11,13 @@ HTML page is self-contained (inline CSS, no script, no outside resource).
 from __future__ import annotations
 
 import html
+import math
 import re
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
+
+from .errors import UserError
 
 # (key, heading): SDPA's backends as validate/grid.py names them, then flash_attn and kernels.
 SDPA_BACKENDS = ("flash", "efficient", "cudnn", "math")
@@ -94,6 +98,28 @@ class Reference:
 
         return min(found, key=rank) if found else None
 
+    def nearest(self, bench: dict[str, Any]) -> Reference | None:
+        """The benched shape closest to this one (same family and mode; then causal, head dim,
+        sequence length on a log scale), as a Reference by name; None when this one was benched
+        or nothing of its family and mode was (a named reference has no nearest)."""
+        results = [r for r in bench.get("results") or [] if r.get("mode") == self.mode]
+        if self.name or any(self.matches(r.get("shape") or {}) for r in results):
+            return None
+        shapes = {(r.get("shape") or {}).get("name"): r.get("shape") or {} for r in results
+                  if (r.get("shape") or {}).get("family") == self.family
+                  and r.get("status") == "ok"}  # fmt: skip
+
+        def distance(item: tuple[str, dict[str, Any]]) -> tuple:
+            name, s = item
+            seq = max(int(s.get("sk") or 1), 1)
+            return (bool(s.get("causal")) != self.causal, s.get("d") != self.head_dim,
+                    abs(math.log2(seq / self.seqlen)), str(name))  # fmt: skip
+
+        if not shapes:
+            return None
+        name, _ = min(shapes.items(), key=distance)
+        return Reference(mode=self.mode, family=self.family, name=name)
+
 
 @dataclass(frozen=True)
 class Cell:
@@ -131,6 +157,8 @@ class Row:
     source: str
     validated_at: str
     published: tuple[str, ...] = ()  # pull references by digest
+    broken: tuple[str, ...] = ()  # the expectations a failed report broke, and failed checks
+    speed_at: str = ""  # the benched shape the speeds are of, where the reference was not benched
 
 
 @dataclass(frozen=True)
@@ -182,20 +210,25 @@ def kernel_release(platform_string: str | None) -> str | None:
 
 
 def versions(entry: Entry) -> dict[str, str]:
-    """The versions of a row that matter, as short strings ("—" when unknown or absent)."""
+    """The versions of a row that matter, as short strings ("—" when unknown or absent). What
+    the report observed wins over what the image's manifest or the recipes claim: no AOTriton
+    version where the env check found no AOTriton, no flash-attention commit where flash_attn
+    does not import, no ROCm where torch is not a ROCm build."""
     r = entry.report or {}
     env = r.get("environment") or {}
+    obs = r.get("observations") or {}
     t = env.get("torch") or {}
     man = _manifest(entry)
     pkgs = env.get("rocm_python_packages") or {}
-    rocm = (
-        env.get("rocm_version") or pkgs.get("rocm-sdk-core") or pkgs.get("rocm")
-        or (man.get("rocm-sdk") or {}).get("ROCM_VERSION")
-    )  # fmt: skip
+    rocm = env.get("rocm_version") or pkgs.get("rocm-sdk-core") or pkgs.get("rocm")
+    if not rocm and not t:  # nothing observed: the manifest's word
+        rocm = (man.get("rocm-sdk") or {}).get("ROCM_VERSION")
     if not rocm and t.get("hip"):
         rocm = f"HIP {t['hip']}"
     if not rocm and t.get("cuda"):
         rocm = f"none (CUDA {t['cuda']})"
+    if not rocm and t:
+        rocm = "none"
     torch = t.get("version")
     if not torch:
         for layer in ("pytorch-wheels", "torch-cpu"):
@@ -208,10 +241,12 @@ def versions(entry: Entry) -> dict[str, str]:
         aotriton = "bundled (version not recorded)"
     elif not aotriton and entry.report is not None and env:
         aotriton = "none"
+    if obs.get("aotriton.present") is False:  # the env check found no AOTriton library
+        aotriton = "none"
     fa = env.get("flash_attn") or {}
     fa_ref = (man.get("flash-attention") or {}).get("SOURCE_REF")
     fa_text = fa.get("version") if fa.get("present") else None
-    if fa_ref:
+    if fa_ref and (fa.get("present") or not fa):
         fa_text = f"{fa_text or ''} @{fa_ref[:12]}".strip()
     if not fa_text and fa:
         fa_text = "not installed"
@@ -371,30 +406,81 @@ def row(entry: Entry, ref: Reference) -> Row:
             link=entry.link, source=entry.source, validated_at="—", published=published,
         )  # fmt: skip
     r = entry.report
+    near = ref.nearest(entry.bench) if entry.bench else None
+    at = near or ref  # the reference, or the benched shape nearest to it (said in the row)
     cells = {b: sdpa_cell(r, b) for b in SDPA_BACKENDS}
     cells["flash_attn"] = flash_attn_cell(r)
     cells["kernels"] = kernels_cell(r)
-    cells = {k: with_speed(c, entry.bench, BENCH_NAMES[k], ref) for k, c in cells.items()}
+    cells = {k: with_speed(c, entry.bench, BENCH_NAMES[k], at) for k, c in cells.items()}
     devices = (r.get("environment") or {}).get("devices") or []
     device = str(devices[0].get("name")) if devices else "CPU"
+    status = str((r.get("summary") or {}).get("status") or "fail")
     return Row(
-        arch=arch, stack=stack, status=str((r.get("summary") or {}).get("status") or "fail"),
-        device=device, versions=versions(entry),
-        pick=with_speed(pick_cell(r), entry.bench, BENCH_NAMES["pick"], ref),
+        arch=arch, stack=stack, status=status, device=device, versions=versions(entry),
+        pick=with_speed(pick_cell(r), entry.bench, BENCH_NAMES["pick"], at),
         cells=cells, link=entry.link, source=entry.source,
         validated_at=str(r.get("started_at") or "—"), published=published,
+        broken=what_broke(r) if status != "pass" else (), speed_at=near.name if near else "",
     )  # fmt: skip
+
+
+def what_broke(report: dict[str, Any]) -> tuple[str, ...]:
+    """Why a report failed, in short: each broken expectation (key: promised, seen), then each
+    required check that failed, crashed or timed out."""
+    out = []
+    for e in (report.get("expectations") or {}).get("results") or []:
+        if e.get("status") == "broken":
+            out.append(f"{e.get('key')}: promised {_plain(e.get('expected'))}, "
+                       f"saw {_plain(e.get('observed'))}")  # fmt: skip
+    out += [f"check {c}" for c in (report.get("summary") or {}).get("failed_required") or []]
+    return tuple(out)
+
+
+def _plain(value: Any) -> str:
+    if isinstance(value, list):
+        return " or ".join(_plain(v) for v in value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "null" if value is None else str(value)
 
 
 def _started(entry: Entry) -> str:
     return str((entry.report or {}).get("started_at") or "")
 
 
+# Copies of a report that attnforge keeps beside the current one (attnforge/baseline_store.py):
+# reports/<arch>/<stack>/baseline/ (the last passing --bench run) and published/<digest>/.
+COPY_FOLDERS = ("baseline", "published")
+
+
+def is_copy(source: str) -> bool:
+    """Whether a report is one of attnforge's kept copies, never an arch x stack's current
+    result: reports/<arch>/<stack>/baseline/report.json or .../published/<digest>/report.json."""
+    parts = re.split(r"[\\/]", source)
+    return (len(parts) >= 2 and parts[-2] == COPY_FOLDERS[0]) or (
+        len(parts) >= 3 and parts[-3] == COPY_FOLDERS[1])  # fmt: skip
+
+
+def _recency(entry: Entry) -> tuple:
+    """Newest first, deterministically: a current report before a kept copy, then the run's
+    start, its id (time to the microsecond), its end, and last the path."""
+    r = entry.report or {}
+    started = _started(entry)
+    end = ""
+    try:
+        begun = datetime.fromisoformat(started.replace("Z", "+00:00"))
+        end = (begun + timedelta(seconds=float(r.get("duration_s") or 0))).isoformat()
+    except ValueError:
+        pass
+    return (not is_copy(entry.source), started, str(r.get("run_id") or ""), end, entry.source)
+
+
 def newest(entries: list[Entry]) -> tuple[list[Entry], list[tuple[Entry, Entry]]]:
-    """The newest entry (by the report's started_at) of each arch x stack, in input order, and
-    (older, newer) for each one left out."""
+    """The newest entry of each arch x stack (see _recency: a kept baseline or published copy
+    never wins over the current report, and equal times are settled the same way whatever the
+    input order), in input order, and (older, newer) for each one left out."""
     best: dict[tuple[str, str], Entry] = {}
-    for e in sorted(entries, key=_started, reverse=True):
+    for e in sorted(entries, key=_recency, reverse=True):
         best.setdefault(row_key(e), e)
     kept = [e for e in entries if best[row_key(e)] is e]
     left = [(e, best[row_key(e)]) for e in entries if best[row_key(e)] is not e]
@@ -405,6 +491,17 @@ def build(entries: list[Entry], created: str, ref: Reference | None = None) -> M
     """One row per arch x stack, sorted by arch and stack; where several reports name the same
     pair, the newest is shown and the others are listed in `left_out`."""
     ref = ref or Reference()
+    if ref.name and not any(
+        (r.get("shape") or {}).get("name") == ref.name
+        for e in entries for r in (e.bench or {}).get("results") or []
+    ):  # fmt: skip
+        names = sorted({(r.get("shape") or {}).get("name") for e in entries
+                        for r in (e.bench or {}).get("results") or []} - {None})  # fmt: skip
+        raise UserError(
+            f"--shape {ref.name}: no report's bench.json has a result at that shape",
+            hint=(f"choose one of {', '.join(names[:12])}" + (", ..." if len(names) > 12 else ""))
+            if names else "no report given has a bench.json beside it",
+        )  # fmt: skip
     kept, left = newest(entries)
     rows = sorted((row(e, ref) for e in kept), key=lambda r: (r.arch, r.stack))
     left_out = tuple(
@@ -460,12 +557,23 @@ def to_markdown(m: Matrix) -> str:
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
     ]
+
+    def noted(text: str, note: str) -> str:
+        if not note:
+            return text
+        notes.append(note)
+        return f"{text} [{len(notes)}]"
+
     for r in m.rows:
         link = f"[report]({r.link})" if r.link else _md(r.source)
+        status = "✅ pass" if r.status == "pass" else "❌ fail"
+        status = noted(status, "broke " + "; ".join(r.broken) if r.broken else "")
+        pick = cell_md(r.pick)
+        pick = noted(pick, f"speeds of {r.arch} {r.stack} are at {r.speed_at}, the benched shape "
+                     "nearest to the reference" if r.speed_at else "")  # fmt: skip
         cells = [
-            f"`{_md(r.arch)}`", f"`{_md(r.stack)}`",
-            ("✅ pass" if r.status == "pass" else "❌ fail"), _md(r.device),
-            *(_md(r.versions[k]) for k, _ in VERSIONS), cell_md(r.pick),
+            f"`{_md(r.arch)}`", f"`{_md(r.stack)}`", _md(status), _md(r.device),
+            *(_md(r.versions[k]) for k, _ in VERSIONS), _md(pick),
             *(cell_md(r.cells[k]) for k, _ in COLUMNS), link,
         ]  # fmt: skip
         out.append("| " + " | ".join(cells) + " |")
@@ -493,15 +601,17 @@ body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:0 auto;max
  padding:1em 1.5em;color:#222;line-height:1.3}
 h1{margin-bottom:.2em}code{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:.92em}
 div.scroll{overflow-x:auto}
-table{border-collapse:collapse;margin:.8em 0;font-size:.86em}
+table{border-collapse:collapse;margin:.8em 0;font-size:.84em}
 td,th{border:1px solid #ccc;padding:4px 6px;text-align:left;vertical-align:top}
 th{background:#f4f4f4}thead tr.group th{background:#e8e8e8;text-align:center}
 td.works{background:#dcf2df}td.partial{background:#fff3cd}td.fails{background:#f8d7da}
 td.refused,td.absent{background:#eee;color:#444}td.unknown{background:#fff;color:#666}
-td.pick{background:#f7f9ff}td.ver{min-width:4.5em;max-width:9em;overflow-wrap:anywhere}
+td.pick{background:#f7f9ff}td.ver{font-size:.9em}
+td.ver span{white-space:nowrap}td.row{min-width:11em;max-width:13em;overflow-wrap:anywhere}ul.broke{margin:.2em 0;padding-left:1.1em;color:#b00020;
+ font-size:.85em;max-width:13em;overflow-wrap:anywhere}figure.chart{margin:1em 0}figure.chart svg{max-width:100%;height:auto}
 .state{font-weight:600}
 .speed{display:block;font-variant-numeric:tabular-nums;font-weight:600;white-space:nowrap}
-.why{display:block;font-size:.85em;color:#444;min-width:7em;max-width:13em;overflow-wrap:anywhere}
+.why{display:block;font-size:.85em;color:#444;min-width:7em;max-width:11em;overflow-wrap:anywhere}
 .nospeed{display:block;font-size:.85em;color:#777;white-space:nowrap}
 .pass{color:#0a6b1f;font-weight:600}.fail{color:#b00020;font-weight:600}
 .small{font-size:.85em;color:#555}ul.legend{padding-left:1.2em}
@@ -532,16 +642,68 @@ def _td(cell: Cell, limit: int = 110) -> str:
     return f"<td class='{cell.state}'{title}>{body}</td>"
 
 
+def _version(text: str) -> str:
+    """A version cell: it wraps between words only, never inside a version or a commit."""
+    return " ".join(f"<span>{_h(t)}</span>" for t in text.split())
+
+
+def speed_chart(m: Matrix) -> str:
+    """TFLOP/s per backend across the rows (arch x stack) at the reference shape, as a figure
+    (inline SVG drawn by matplotlib, validate/plots.py's colours), or a sentence why not."""
+    from validate import plots  # the suite's own plotting: stdlib at import, matplotlib to draw
+
+    keys = [("pick", "SDPA default"), *COLUMNS]
+    rows = [r for r in m.rows
+            if any(c.tflops for c in (r.pick, *r.cells.values()))]  # fmt: skip
+    if not rows:
+        return "<p class='small'>No row has a speed at the reference shape: no chart.</p>"
+    try:
+        fig, axes = plots.small_multiples(1, 1, 9.0, 1.0 + 0.5 * len(rows) * 1.6)
+    except plots.PlotsUnavailable:
+        return ("<p class='small'>(The speed chart belongs here: this page was written by a "
+                "Python without matplotlib.)</p>")  # fmt: skip
+    ax = axes[0][0]
+    col = plots.colours([BENCH_NAMES[k] for k, _ in keys])
+    shown = [(k, head) for k, head in keys
+             if any((r.pick if k == "pick" else r.cells[k]).tflops for r in rows)]  # fmt: skip
+    height = 0.8 / max(1, len(shown))
+    for i, (k, head) in enumerate(shown):
+        ys = [n + (i - (len(shown) - 1) / 2) * height for n in range(len(rows))]
+        xs = [(r.pick if k == "pick" else r.cells[k]).tflops or 0 for r in rows]
+        ax.barh(ys, xs, height, color=col[BENCH_NAMES[k]], label=head)
+        for y, x in zip(ys, xs, strict=True):
+            if x:
+                ax.text(x, y, f" {x:.0f}" if x >= 10 else f" {x:.2g}", va="center", fontsize=6)
+    labels = [f"{r.arch} · {r.stack}" + (f"\n(at {r.speed_at})" if r.speed_at else "")
+              for r in rows]  # fmt: skip
+    ax.set_yticks(range(len(rows)), labels, fontsize=8)
+    ax.invert_yaxis()
+    speeds = [c.tflops for r in rows for c in (r.pick, *r.cells.values()) if c.tflops]
+    log = min(speeds) < max(speeds) / 1000  # a CPU row beside a GPU row: both readable
+    if log:
+        ax.set_xscale("log")
+        ax.set_xlim(left=min(speeds) / 3, right=max(speeds) * 4)
+    ax.set_xlabel("TFLOP/s" + (" (log scale)" if log else ""), fontsize=8)
+    fig.legend(loc="outside right upper", fontsize=8)
+    fig.suptitle(f"TFLOP/s per backend at {m.reference.describe()}", fontsize=10)
+    return f"<figure class='plot chart' id='plot-speed'>{plots.inline_svg(fig, 'speed')}</figure>"
+
+
 def _first_td(r: Row) -> str:
     """arch and stack, the verdict, the device and date, and the links."""
     name = f"<code>{_h(r.arch)}</code> · <code>{_h(r.stack)}</code>"
     verdict = "pass" if r.status == "pass" else "fail"
     cell = (f"<b>{name}</b><br><span class='{verdict}'>{verdict}</span> · {_h(r.device)}"
-            f"<br><span class='small'>{_h(r.validated_at)}</span><br>")  # fmt: skip
+            + ("<ul class='broke'>" + "".join(f"<li>{_h(b)}</li>" for b in r.broken) + "</ul>"
+               if r.broken else "<br>")
+            + f"<span class='small'>{_h(r.validated_at)}</span><br>")  # fmt: skip
+    if r.speed_at:
+        cell += (f"<span class='small'>speed at <code>{_h(r.speed_at)}</code> (nearest benched "
+                 "shape)</span><br>")  # fmt: skip
     cell += (f"<a href='{_h(r.link)}'>full report</a>" if r.link
              else f"<span class='small'>{_h(r.source)}</span>")  # fmt: skip
     cell += "".join(f"<br><code class='small'>{_h(p)}</code>" for p in r.published)
-    return f"<td>{cell}</td>"
+    return f"<td class='row'>{cell}</td>"
 
 
 def to_html(m: Matrix) -> str:
@@ -556,7 +718,7 @@ def to_html(m: Matrix) -> str:
     )
     body = [
         "<tr>" + _first_td(r)
-        + "".join(f"<td class='ver'>{_h(r.versions[k])}</td>" for k, _ in VERSIONS)
+        + "".join(f"<td class='ver'>{_version(r.versions[k])}</td>" for k, _ in VERSIONS)
         + _td(r.pick) + "".join(_td(r.cells[k]) for k, _ in COLUMNS) + "</tr>"
         for r in m.rows
     ]  # fmt: skip
@@ -582,6 +744,7 @@ def to_html(m: Matrix) -> str:
         f"does not, and TFLOP/s at the reference shape ({_h(m.reference.describe())}) from the "
         "report's bench.json (hover <i>speed —</i> for why there is none).</p>"
         f"<div class='scroll'><table>{head}<tbody>{rows_html}</tbody></table></div></section>"
+        f"<section id='speed'><h2>Speed</h2>{speed_chart(m)}</section>"
         f"<section id='legend'><h2>Legend</h2><ul class='legend'>{legend}</ul>{extra}</section>"
         "</body></html>\n"
     )

@@ -376,6 +376,11 @@ class HostRule(Strict):
     id: str
     warning: str = Field(description="what goes wrong on such a host, as a sentence")
     fix: str = Field(description="what to change on the host")
+    fix_on_host: str | None = Field(
+        None,
+        description="the fix when the suite runs on the host itself (invoke validate "
+        "--local), where `fix` speaks of the container",
+    )
     source: str = Field(description="where this is documented: repository, path or issue, date")
     arches: list[str] | None = Field(None, description="only hosts with one of these GPUs")
     kernel_below: str | None = Field(None, description="Linux releases older than this")
@@ -383,7 +388,7 @@ class HostRule(Strict):
         None, description="HSA_OVERRIDE_GFX_VERSION set but empty, or to another GPU generation"
     )
     device_access: Literal["missing"] | None = Field(
-        None, description="the container cannot open /dev/kfd"
+        None, description="the suite cannot open /dev/kfd"
     )
 
     @model_validator(mode="after")

@@ -214,7 +214,10 @@ def palette(png: Path) -> None:
         ) from None
     tmp = png.with_name(f".{png.name}.tmp")
     with Image.open(png) as im:
-        im.convert("RGB").quantize(colors=256).save(tmp, format="PNG", optimize=True)
+        # octree keeps a colour that covers few pixels (a legend patch) that median cut merges
+        im.convert("RGB").quantize(colors=256, method=Image.Quantize.FASTOCTREE).save(
+            tmp, format="PNG", optimize=True
+        )
     os.replace(tmp, png)
 
 

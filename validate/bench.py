@@ -296,7 +296,7 @@ def table(results: list[dict[str, Any]]) -> str:
 
 def main(args: argparse.Namespace) -> int:
     from validate.cli import UsageError, _check_writable
-    from validate.report import now
+    from validate.report import current_run_id, now
 
     _check_writable(args.json, "--json")
     backends = _names(args.backend, BACKENDS, "backend")
@@ -351,6 +351,7 @@ def main(args: argparse.Namespace) -> int:
     doc = {
         "kind": "attnforge.bench",
         "version": 1,
+        "run_id": current_run_id(),
         "created": created,
         "env": env,
         "size": size,

@@ -206,7 +206,7 @@ def table(results: list[dict[str, Any]]) -> str:
 
 def main(args: argparse.Namespace) -> int:
     from validate.cli import UsageError, _check_writable
-    from validate.report import now
+    from validate.report import current_run_id, now
 
     _check_writable(args.json, "--json")
     backends = bench._names(args.backend, bench.BACKENDS, "backend")
@@ -260,6 +260,7 @@ def main(args: argparse.Namespace) -> int:
     doc = {
         "kind": "attnforge.bench_train",
         "version": 1,
+        "run_id": current_run_id(),
         "created": created,
         "env": env,
         "config": {k: cfg[k] for k in CONFIG_KEYS},

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from validate import __version__, argtypes, host, render, report, suite
+from validate import __version__, argtypes, host, plots, render, report, suite
 from validate.expect import KNOWN_KEYS, ExpectError, evaluate, load_expect
 
 DESCRIPTION = """\
@@ -148,8 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
         "render",
         help="render a report.json as Markdown and/or HTML",
         description="Render a report.json as Markdown and/or a self-contained HTML page. The "
-        "page also draws bench.json, bench_train.json and stress-*.json found next to the "
-        "report (plots need matplotlib).",
+        "page also draws bench.json, bench_train.json, stress-*.json and baseline-compare.json "
+        "found next to the report when they are of the report's run (the others are named and "
+        "left out). Pictures need matplotlib; without it the page keeps its tables.",
     )
     r.add_argument("report", metavar="REPORT_JSON")
     r.add_argument("--md", metavar="PATH", help="write Markdown here ('-' for stdout)")
@@ -192,7 +193,7 @@ def cmd_render(args: argparse.Namespace) -> int:
         raise UsageError("render needs --md PATH and/or --html PATH.")
     try:
         data = report.load(args.report)
-        siblings = report.load_siblings(args.report) if args.html else {}
+        siblings = report.load_siblings(args.report, data) if args.html else {}
     except report.ReportError as exc:
         raise UsageError(str(exc)) from None
     _check_writable(args.md, "--md")
@@ -204,8 +205,13 @@ def cmd_render(args: argparse.Namespace) -> int:
             _write(render.to_html(data, siblings), args.html)
     except OSError as exc:
         raise UsageError(f"cannot write: {exc}") from None
-    except render.PlotsUnavailable as exc:
-        raise UsageError(str(exc)) from None
+    if args.html:
+        for name, why in siblings.get("left_out") or []:
+            print(f"render: left out {name}: {why}", file=sys.stderr)
+        try:
+            plots.available()
+        except plots.PlotsUnavailable as exc:
+            print(f"render: wrote {args.html} without its pictures: {exc}", file=sys.stderr)
     return 0
 
 
@@ -265,10 +271,11 @@ def cmd_run(args: argparse.Namespace, argv: list[str]) -> int:
     expectations = None
     broken = 0
     if spec is not None:
-        results = evaluate(spec.expect, obs, suite.missing_reasons(records, args.command))
+        results = evaluate(spec.expect, obs, suite.missing_reasons(records, args.command),
+                           in_image=spec.in_image)  # fmt: skip
         broken = sum(not r.met for r in results)
         expectations = {
-            "file": spec.path,
+            "file": spec.name,
             "stack": spec.stack,
             "arch": spec.arch,
             "results": [r.to_json() for r in results],

@@ -56,7 +56,9 @@ KNOWN_KEYS: dict[str, str] = {
     },
 }
 
-TOP_LEVEL = ("stack", "arch", "expect", "host_rules", "aotriton", "sdpa_limits")
+TOP_LEVEL = (
+    "stack", "arch", "expect", "host_rules", "aotriton", "sdpa_limits", "shown_as", "in_image",
+)  # fmt: skip
 PREFIX_KEYS = frozenset({"torch.version", "triton.version", "flash_attn.version"})
 
 
@@ -79,6 +81,15 @@ class ExpectSpec:
     # What this arch's torch refuses by design (recipes/arches.yaml sdpa_limits): {head_dim_max,
     # backends, source}. A refusal there is the expected outcome, not a gap.
     sdpa_limits: dict[str, Any] | None = None
+    # The name the user has for this file (the host path where `invoke validate` keeps it; in the
+    # image it is /out/expect.json), and whether the suite runs in an image (False: on the host).
+    shown_as: str | None = None
+    in_image: bool | None = None
+
+    @property
+    def name(self) -> str:
+        """The file as the report names it: the user's path, not the image's."""
+        return self.shown_as or self.path
 
 
 @dataclass(frozen=True)
@@ -121,6 +132,8 @@ def parse_expect(data: Any, path: str = "<expect>") -> ExpectSpec:
             f"{path}: 'sdpa_limits' must be an object with an integer head_dim_max "
             "(and optionally a backends list and a source)."
         )
+    if data.get("in_image") is not None and not isinstance(data["in_image"], bool):
+        raise ExpectError(f"{path}: 'in_image' must be true or false.")
     rules = data.get("host_rules", [])
     if not isinstance(rules, list) or not all(
         isinstance(r, dict) and {"id", "warning", "fix", "source"} <= set(r) for r in rules
@@ -134,7 +147,7 @@ def parse_expect(data: Any, path: str = "<expect>") -> ExpectSpec:
     expect = data.get("expect", {})
     if not isinstance(expect, dict):
         raise ExpectError(f"{path}: 'expect' must be an object mapping keys to values.")
-    for field in ("stack", "arch"):
+    for field in ("stack", "arch", "shown_as"):
         if data.get(field) is not None and not isinstance(data[field], str):
             raise ExpectError(f"{path}: '{field}' must be a string.")
     unknown = sorted(k for k in expect if k not in KNOWN_KEYS)
@@ -152,7 +165,8 @@ def parse_expect(data: Any, path: str = "<expect>") -> ExpectSpec:
             )
     return ExpectSpec(
         path=path, stack=data.get("stack"), arch=data.get("arch"), expect=expect,
-        host_rules=tuple(rules), aotriton=aotriton, sdpa_limits=limits,
+        host_rules=tuple(rules), aotriton=aotriton, sdpa_limits=limits, shown_as=data.get("shown_as"),
+        in_image=data.get("in_image"),
     )  # fmt: skip
 
 
@@ -212,6 +226,10 @@ def _reasons(context: dict[str, Any], backend: str) -> str:
         return ""
     text = "; ".join(str(r).strip().rstrip(".") for r in reasons[:3])
     return f" PyTorch says: {text}."
+
+
+# A context key (not an observation): False when the suite runs on the host (`--local`).
+IN_IMAGE = "run.in_image"
 
 
 def likely_fix(key: str, expected: Any, observed: Any, context: dict[str, Any]) -> str:
@@ -305,6 +323,12 @@ def likely_fix(key: str, expected: Any, observed: Any, context: dict[str, Any]) 
             "HSA_OVERRIDE_GFX_VERSION / HIP_VISIBLE_DEVICES."
         )
     if key == "torch.gpu_available" and exp is True:
+        if context.get(IN_IMAGE) is False:  # --local: the suite ran on the host itself
+            return (
+                "No GPU is visible to this process: check that the GPU driver is loaded "
+                "(ROCm: /dev/kfd and /dev/dri readable, the user in the video and render groups; "
+                "NVIDIA: nvidia-smi) and HIP_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES."
+            )
         return (
             "No GPU is visible: pass the devices to the container (ROCm: --device /dev/kfd "
             "--device /dev/dri; NVIDIA: --gpus all) and check HIP_VISIBLE_DEVICES."
@@ -360,9 +384,12 @@ def evaluate(
     expect: dict[str, Any],
     observations: dict[str, Any],
     sources: dict[str, str] | None = None,
+    in_image: bool | None = None,
 ) -> list[ExpectationResult]:
-    """Compare each promise with the observations; ``sources`` explains missing keys."""
+    """Compare each promise with the observations; ``sources`` explains missing keys;
+    ``in_image`` False words the fixes for a suite run on the host itself."""
     sources = sources or {}
+    context = {**observations, IN_IMAGE: in_image}
     results = []
     for key, expected in expect.items():
         if key not in observations:
@@ -386,7 +413,7 @@ def evaluate(
                 )
             )
             continue
-        fix = likely_fix(key, expected, observed, observations)
+        fix = likely_fix(key, expected, observed, context)
         msg = f"The stack promised {key} = {_show(expected)}, but validation saw {_show(observed)}."
         if fix:
             msg += f" Likely fix: {fix}"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import html
+import re
+from collections.abc import Callable
 from typing import Any
 
 from validate import plots
@@ -98,9 +100,12 @@ def _host_lines(report: dict[str, Any]) -> list[str]:
         kfd = next((d for d in fp.get("devices") or [] if d["path"].endswith("/kfd")), {})
         access = ("readable" if kfd.get("readable") else "not readable") if kfd.get("exists") \
             else "absent"  # fmt: skip
+        # ROCm's device node and driver matter only where an AMD GPU is expected or seen
+        amd = bool(fp.get("gpus")) or str(report.get("arch") or "").startswith("gfx")
+        rocm = (f", amdgpu {fp.get('amdgpu_driver') or '?'}, HSA_OVERRIDE_GFX_VERSION {hsa_text}, "
+                f"/dev/kfd {access}") if amd else ""  # fmt: skip
         out.append(
-            f"- host: Linux {fp.get('kernel')}, GPUs {gpus}, amdgpu {fp.get('amdgpu_driver') or '?'}, "
-            f"HSA_OVERRIDE_GFX_VERSION {hsa_text}, /dev/kfd {access}, groups "
+            f"- host: Linux {fp.get('kernel')}, GPUs {gpus}{rocm}, groups "
             f"{', '.join(fp.get('groups') or []) or '-'}"
             + (f", engine {fp['engine']}" if fp.get("engine") else "")
         )
@@ -269,17 +274,17 @@ td{overflow-wrap:break-word}table.fixed{table-layout:fixed;width:100%}
 table.fixed td{overflow-wrap:anywhere}
 """
 
-SECTIONS = [
-    ("summary", "Summary"), ("environment", "Environment"), ("expectations", "Expectations"),
-    ("backends", "SDPA backends"), ("kernels", "Kernels seen"), ("bench", "Benchmark"),
-    ("baseline", "Baseline"), ("training", "Training step"), ("stress", "Stress"),
-    ("checks", "Checks"),
-    ("failures", "Failures"), ("markdown", "Markdown summary"),
-]  # fmt: skip
-
 
 def _h(x: Any) -> str:
     return html.escape("" if x is None else str(x))
+
+
+def _inline(text: Any) -> str:
+    """Escaped text whose Markdown emphasis and code spans (the Markdown summary's lines reused
+    in the page) become HTML, so that no literal ** or ` reaches the reader."""
+    out = _h(text)
+    out = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", out)
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", out)
 
 
 def _table(
@@ -314,7 +319,7 @@ def _num(x: Any, digits: int = 3) -> str:
 
 
 def _section(sid: str, body: list[str]) -> list[str]:
-    title = dict(SECTIONS)[sid]
+    title = next(t for i, t, _ in SECTIONS if i == sid)
     return [f"<section id='{sid}'><h2>{_h(title)}</h2>", *body, "</section>"]
 
 
@@ -350,7 +355,7 @@ def _environment(report: dict[str, Any]) -> list[str]:
     out = [_table(["what", "value"], rows)] if rows else ["<p>The env check recorded nothing.</p>"]
     lines = _host_lines(report)
     if lines:
-        out.append("<ul>" + "".join(f"<li>{_h(ln[2:])}</li>" for ln in lines if ln) + "</ul>")
+        out.append("<ul>" + "".join(f"<li>{_inline(ln[2:])}</li>" for ln in lines if ln) + "</ul>")
     if env.get("env"):
         out += ["<h3>Attention-related environment variables</h3>",
                 _table(["variable", "value"], [[k, v] for k, v in env["env"].items()])]  # fmt: skip
@@ -410,7 +415,30 @@ def _backends(report: dict[str, Any]) -> list[str]:
         "<p>Each backend forced on each case and judged against an fp32 reference: green passed "
         "(max|err| / tolerance, flash-attention's rule), red failed or faulted, grey refused "
         "— open <i>why</i> for PyTorch's own reasons.</p>",
+        *_draw(lambda: plots.grid_heatmap(matrix, BACKENDS)),
         _table(["case", "default pick", "profiler", *BACKENDS], rows, raw=True),
+    ])  # fmt: skip
+
+
+def _workloads(report: dict[str, Any], bench: dict[str, Any] | None) -> list[str]:
+    """Each workload shape fused or not: SDPA's default pick (plots.workload_picks says where
+    it comes from)."""
+    picks = plots.workload_picks(report, bench)
+    if not picks:
+        return _section("workloads", [
+            "<p>No workload shape recorded SDPA's default pick (the bench's <code>sdpa.default"
+            "</code> runs at the workload shapes record it: <code>python -m validate bench "
+            "--backend sdpa.default --json bench.json</code>).</p>"])  # fmt: skip
+    rows = [[_h(p["workload"]), _h(p.get("pick") or "?"),
+             (f"<span class='{'pass' if p['fused'] else 'fail'}'>"
+              f"{'yes' if p['fused'] else 'no: math fallback'}</span>")
+             if p["fused"] is not None else "not recorded",
+             _h(p.get("where"))] for p in picks]  # fmt: skip
+    return _section("workloads", [
+        "<p>Whether SDPA's default pick at each workload shape is a fused kernel (anything but "
+        "math, the slow fallback).</p>",
+        *_draw(lambda: plots.workload_plot(picks)),
+        _table(["workload", "SDPA picks", "fused", "recorded by"], rows, raw=True),
     ])  # fmt: skip
 
 
@@ -473,6 +501,20 @@ def _figures(plots: list[Any]) -> list[str]:
     ]
 
 
+def _draw(make: Callable[[], Any]) -> list[str]:
+    """The figures `make` draws (a Plot, a list of them or None); where matplotlib is missing (the
+    in-image Python) one line says so in their place and the tables below stay."""
+    try:
+        drawn = make()
+    except PlotsUnavailable:
+        return ["<p class='small noplot'>(A picture belongs here: this page was rendered by a "
+                "Python without matplotlib; <code>invoke report --html</code> on the host draws "
+                "it.)</p>"]  # fmt: skip
+    if drawn is None:
+        return []
+    return _figures(drawn if isinstance(drawn, list) else [drawn])
+
+
 def _shape_text(s: dict[str, Any]) -> str:
     heads = f"{s['h']}" + (f"/{s['hkv']}" if s.get("hkv") not in (None, s["h"]) else "")
     return (f"{s['name']}: b {s['b']}, heads {heads}, q {s['sq']} × k {s['sk']}, d {s['d']}, "
@@ -487,7 +529,7 @@ def _bench(doc: dict[str, Any] | None) -> list[str]:
     results = doc.get("results") or []
     out = [f"<p>{_env_line(doc)} TFLOP/s counts flash-attention's FLOPs (4·b·sq·sk·h·d, half "
            "when causal; ×2.5 backward, ×3.5 forward+backward); times are medians.</p>"]  # fmt: skip
-    out += _figures(plots.bench_plots(doc))
+    out += _draw(lambda: plots.bench_plots(doc))
     groups: dict[tuple, list[str]] = {}
     for r in results:
         if r["status"] != "ok":
@@ -531,6 +573,7 @@ def _baseline(doc: dict[str, Any] | None) -> list[str]:
              *(f"the gate {g} matched no result of this run" for g in doc.get("unmatched_gates") or [])]  # fmt: skip
     if notes:
         out.append("<ul class='small'>" + "".join(f"<li>{_h(n)}</li>" for n in notes) + "</ul>")
+    out += _draw(lambda: plots.baseline_plot(doc))
 
     def table(picked: list[dict[str, Any]]) -> str:
         cells = [[_h(r["backend"]), _h(r["shape"]), _h(r["mode"]), _num(r.get("baseline_ms"), 4),
@@ -562,8 +605,7 @@ def _training(doc: dict[str, Any] | None) -> list[str]:
     out = [f"<p>{_env_line(doc)} {c.get('steps')} steps after {c.get('warmup')} warm-up, "
            f"seed {c.get('seed')}; the ratio is each backend's median step time over "
            f"{_h(ref)}'s.</p>"]  # fmt: skip
-    p = plots.train_plot(doc)
-    out += _figures([p] if p else [])
+    out += _draw(lambda: plots.train_plot(doc))
     rows = [[_h(r["backend"]), _status(r["status"]), _num(r.get("median_step_ms")),
              _num(ratio.get(r["backend"])), _num(r.get("tokens_per_s"), 4),
              _num(r.get("peak_mem_mb"), 4), _num(r.get("first_loss"), 6), _h(r.get("message"))]
@@ -662,54 +704,93 @@ def apps_html(report: dict[str, Any]) -> list[str]:
     return out
 
 
+def _summary(report: dict[str, Any], siblings: dict[str, Any]) -> list[str]:
+    s = report.get("summary") or {}
+    counts = ", ".join(f"{n} {k}" for k, n in (s.get("counts") or {}).items() if n)
+    body = [
+        f"<p>{_inline(headline(report))}</p>",
+        f"<p>Checks: {_h(counts)} · exit status {_h(s.get('exit_code'))}"
+        + (f" · broken expectations: {_h(s['broken_expectations'])}"
+           if s.get("broken_expectations") else "") + "</p>",
+    ]  # fmt: skip
+    if s.get("failed_required"):
+        body.append(f"<p class='fail'>Failed required checks: "
+                    f"{_h(', '.join(s['failed_required']))}</p>")  # fmt: skip
+    broken = [e for e in (report.get("expectations") or {}).get("results", [])
+              if e.get("status") == "broken"]  # fmt: skip
+    if broken:
+        body.append("<p class='fail'>Broken expectations: "
+                    + ", ".join(f"<code>{_h(e['key'])}</code>" for e in broken) + "</p>")  # fmt: skip
+    left = siblings.get("left_out") or []
+    if left:
+        body.append("<p class='fail'>Left out of this page, not of this report's run:</p><ul>"
+                    + "".join(f"<li><code>{_h(name)}</code>: {_h(why)}</li>" for name, why in left)
+                    + "</ul>")  # fmt: skip
+    return _section("summary", body)
+
+
+def _markdown(report: dict[str, Any]) -> list[str]:
+    return _section("markdown", [
+        "<details><summary>The Markdown summary (report.md, what CI shows)</summary>",
+        f"<pre>{_h(to_markdown(report))}</pre></details>",
+    ])  # fmt: skip
+
+
+Section = Callable[[dict[str, Any], dict[str, Any]], list[str]]
+# The page, in order: (id, heading, function of the report and its siblings -> HTML lines, the
+# first being _section(id, ...)'s). A new section is one function and one entry here.
+SECTIONS: list[tuple[str, str, Section]] = [
+    ("summary", "Summary", _summary),
+    ("environment", "Environment", lambda r, s: _environment(r)),
+    ("expectations", "Expectations", lambda r, s: _expectations(r)),
+    ("backends", "SDPA backends", lambda r, s: _backends(r)),
+    ("layouts", "Layouts, masks and values", lambda r, s: layouts_html(r)),
+    ("workloads", "Workloads", lambda r, s: _workloads(r, s.get("bench"))),
+    ("workload-fused", "Fused or math at workload shapes", lambda r, s: workloads_html(r)),
+    ("kernels", "Kernels seen", lambda r, s: _kernels(r)),
+    ("apps", "Apps: their own attention code", lambda r, s: apps_html(r)),
+    ("bench", "Benchmark", lambda r, s: _bench(s.get("bench"))),
+    ("baseline", "Baseline", lambda r, s: _baseline(s.get("baseline_compare"))),
+    ("training", "Training step", lambda r, s: _training(s.get("bench_train"))),
+    ("stress", "Stress", lambda r, s: _stress(s.get("stress") or [])),
+    ("checks", "Checks", lambda r, s: _checks(r)),
+    ("failures", "Failures", lambda r, s: _failures(r)),
+    ("markdown", "Markdown summary", lambda r, s: _markdown(r)),
+]
+
+
 def to_html(report: dict[str, Any], siblings: dict[str, Any] | None = None) -> str:
-    """The whole page. `siblings`: report.load_siblings()'s bench, bench_train and stress
-    documents. Raises plots.PlotsUnavailable when there is something to plot and no matplotlib."""
+    """The whole page. `siblings`: report.load_siblings()'s bench, bench_train, stress and
+    baseline documents (and "left_out", those of another run). Where matplotlib is missing, each
+    picture's place says so and the tables stay."""
     siblings = siblings or {}
-    if siblings.get("bench") or siblings.get("bench_train"):
-        plots.available()
     s = report.get("summary") or {}
     status = str(s.get("status", "?"))
     target = ""
     if report.get("stack") or report.get("arch"):
         target = f": stack {report.get('stack')} on {report.get('arch')}"
-    counts = ", ".join(f"{n} {k}" for k, n in (s.get("counts") or {}).items() if n)
     parts = [
         "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
         "<meta name='viewport' content='width=device-width, initial-scale=1'>",
         f"<title>Validation {_h(status.upper())}{_h(target)}</title>",
         f"<style>{CSS}</style></head><body>",
         f"<h1 class='{_h(status)}'>Validation {_h(status.upper())}{_h(target)}</h1>",
-        "<nav>" + "".join(f"<a href='#{sid}'>{_h(t)}</a>" for sid, t in SECTIONS) + "</nav>",
+        "<nav></nav>",  # filled below with the sections that have something to show
     ]
-    parts += _section("summary", [
-        f"<p>{_h(headline(report).replace('`', ''))}</p>",
-        f"<p>Checks: {_h(counts)} · exit status {_h(s.get('exit_code'))}"
-        + (f" · broken expectations: {_h(s['broken_expectations'])}"
-           if s.get("broken_expectations") else "") + "</p>",
-        *([f"<p class='fail'>Failed required checks: {_h(', '.join(s['failed_required']))}</p>"]
-          if s.get("failed_required") else []),
-    ])  # fmt: skip
-    parts += _environment(report)
-    parts += _expectations(report)
-    parts += _backends(report)
-    parts += layouts_html(report)
-    parts += workloads_html(report)
-    parts += _kernels(report)
-    parts += apps_html(report)
-    parts += _bench(siblings.get("bench"))
-    parts += _baseline(siblings.get("baseline_compare"))
-    parts += _training(siblings.get("bench_train"))
-    parts += _stress(siblings.get("stress") or [])
-    parts += _checks(report)
-    parts += _failures(report)
-    parts += _section("markdown", [
-        "<details><summary>The Markdown summary (report.md, what CI shows)</summary>",
-        f"<pre>{_h(to_markdown(report))}</pre></details>",
-    ])  # fmt: skip
+    nav_at = len(parts) - 1
+    shown = []
+    for sid, title, make in SECTIONS:
+        lines = make(report, siblings)
+        if lines:  # the sections of other checks (layouts, fused or math, apps) only where they ran
+            shown.append((sid, title))
+            parts += lines
+    parts[nav_at] = (
+        "<nav>" + "".join(f"<a href='#{sid}'>{_h(t)}</a>" for sid, t in shown) + "</nav>"
+    )
     parts.append(
-        f"<footer class='small'><p>Report schema {_h(report.get('schema_version'))}, run started "
-        f"{_h(report.get('started_at'))}, {_h((report.get('tool') or {}).get('name'))} "
+        f"<footer class='small'><p>Report schema {_h(report.get('schema_version'))}, run "
+        f"{_h(report.get('run_id') or '(no run id)')} started {_h(report.get('started_at'))}, "
+        f"{_h((report.get('tool') or {}).get('name'))} "
         f"{_h((report.get('tool') or {}).get('version'))}.</p></footer>"
     )
     parts.append("</body></html>")
@@ -842,7 +923,7 @@ def workloads_html(report: dict[str, Any]) -> list[str]:
         for r in rows
     ]  # fmt: skip
     return [
-        "<section id='workloads'><h2>Fused or math at workload shapes</h2>",
+        "<section id='workload-fused'><h2>Fused or math at workload shapes</h2>",
         "<p>SDPA's default call at each workload's shapes (shrunk on CPU): the backend PyTorch "
         "picks, the one the profiler saw, and its first kernel. A stack that promised "
         "<code>sdpa.workload.&lt;name&gt;.fused</code> fails where one ran math.</p>",

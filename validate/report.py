@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import socket
 from datetime import datetime, timezone
@@ -16,6 +17,23 @@ from validate.runner import FAILING, STATUSES
 
 def now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# One validation run writes several documents (report.json, bench.json, bench_train.json,
+# stress-*.json, baseline-compare.json), each by its own process; `invoke validate` hands them
+# one id in this variable, and each stamps it as "run_id", so that a renderer can tell this
+# run's documents from a stale one left beside it by an earlier run.
+RUN_ID_ENV = "ATTNFORGE_RUN_ID"
+
+
+def new_run_id() -> str:
+    """A fresh run id: UTC time to the microsecond (ids sort as the runs started), then the pid."""
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ") + f"-{os.getpid()}"
+
+
+def current_run_id() -> str | None:
+    """The run id this process was started under ($ATTNFORGE_RUN_ID), if any."""
+    return os.environ.get(RUN_ID_ENV) or None
 
 
 def backend_matrix(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -99,6 +117,7 @@ def build(
     exit_code: int,
     host: dict[str, Any] | None = None,
     aotriton: dict[str, Any] | None = None,
+    run_id: str | None = None,
 ) -> dict[str, Any]:
     """Assemble the report document. `host`: the fingerprint and the known-bad rules it matched
     (validate/host.py); a crash or timeout on such a host is marked host_suspect."""
@@ -117,6 +136,7 @@ def build(
     return {
         "schema_version": SCHEMA_VERSION,
         "tool": {"name": "attnforge-validate", "version": __version__},
+        "run_id": run_id or current_run_id() or new_run_id(),
         "command": command,
         "argv": argv,
         "quick": quick,
@@ -232,11 +252,45 @@ def load_sibling(path: str | Path, kind: str) -> dict[str, Any]:
     return data
 
 
-def load_siblings(report_path: str | Path) -> dict[str, Any]:
-    """The bench, training and stress documents next to a report.json (absent ones: None/[])."""
+def _stamp_time(text: Any) -> datetime | None:
+    """A document's UTC time ("2026-11-24T10:12:00Z" or with +00:00), or None."""
+    try:
+        found = datetime.fromisoformat(str(text).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return found if found.tzinfo else found.replace(tzinfo=timezone.utc)
+
+
+def other_run(report: dict[str, Any], doc: dict[str, Any]) -> str | None:
+    """Why a sibling document is not of the report's run (None: it is). Both stamped: the ids
+    must be equal. A document without an id (written by hand with `python -m validate bench`,
+    or before run ids) belongs when it was made after the report's run started."""
+    mine, theirs = report.get("run_id"), doc.get("run_id")
+    if mine and theirs:
+        return None if mine == theirs else f"it is of run {theirs}, the report of run {mine}"
+    started, created = _stamp_time(report.get("started_at")), _stamp_time(doc.get("created"))
+    if started and created and created < started:
+        return (f"it was written {doc.get('created')}, before this report's run started "
+                f"({report.get('started_at')})")  # fmt: skip
+    return None
+
+
+def load_siblings(report_path: str | Path, report: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The bench, training, stress and baseline documents next to a report.json (absent ones:
+    None/[]). With `report`, those of another run are left out and listed in "left_out" as
+    (file name, why) pairs, so that a page never mixes two runs without saying so."""
     folder = Path(report_path).parent
-    found: dict[str, Any] = {}
+    found: dict[str, Any] = {"left_out": []}
     for key, (pattern, kind) in SIBLINGS.items():
-        docs = [load_sibling(p, kind) for p in sorted(folder.glob(pattern)) if p.is_file()]
+        docs = []
+        for p in sorted(folder.glob(pattern)):
+            if not p.is_file():
+                continue
+            doc = load_sibling(p, kind)
+            why = other_run(report, doc) if report is not None else None
+            if why:
+                found["left_out"].append((p.name, why))
+            else:
+                docs.append(doc)
         found[key] = docs if "*" in pattern else (docs[0] if docs else None)
     return found

@@ -22,6 +22,7 @@ from typing import Any
 
 from validate import workloads
 from validate.argtypes import positive_int, seconds
+from validate.report import current_run_id
 from validate.runner import Outcome, child_env, classify, signal_name, tail
 
 HELP = "run backends for many iterations at real workload shapes; report the first failure"
@@ -282,6 +283,7 @@ def document(
     return {
         "kind": "attnforge.stress",
         "version": 1,
+        "run_id": current_run_id(),
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "env": env,
         "workload": workload,

@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .. import matrix
+from .. import baseline_store, matrix
 from ..console import out, user_errors
 from ..errors import UserError
 from ..files import swap_folder, write_aside
@@ -53,16 +53,22 @@ def load_report(path: Path) -> dict[str, Any]:
         raise UserError(str(exc).rstrip("."), hint=WHAT) from None
 
 
-def load_bench(folder: Path) -> dict[str, Any] | None:
-    from validate.report import ReportError, load_sibling
+def load_bench(folder: Path, report: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The bench.json beside a report, if it is of the report's run (else said, and None)."""
+    from validate.report import ReportError, load_sibling, other_run
 
     path = folder / "bench.json"
     if not path.is_file():
         return None
     try:
-        return load_sibling(path, "attnforge.bench")
+        doc = load_sibling(path, "attnforge.bench")
     except ReportError as exc:
         raise UserError(str(exc).rstrip(".")) from None
+    why = other_run(report, doc) if report is not None else None
+    if why:
+        out.print(f"left out {path}: {why}", style="yellow", markup=False, highlight=False)
+        return None
+    return doc
 
 
 def _hidden(path: Path, base: Path) -> bool:
@@ -70,9 +76,21 @@ def _hidden(path: Path, base: Path) -> bool:
     return any(part.startswith(".") for part in path.relative_to(base).parts[:-1])
 
 
+def kept_copy(path: Path) -> bool:
+    """A report or publish record that attnforge keeps as a copy beside the current one: the
+    kept baseline (baseline/ with its baseline.json) or a published snapshot
+    (published/<digest>/ inside a report folder); see attnforge/baseline_store.py."""
+    folder = path.parent
+    if folder.name == baseline_store.KEPT and (folder / baseline_store.KEPT_META).is_file():
+        return True
+    return folder.parent.name == baseline_store.PUBLISHED and any(
+        (folder.parent.parent / name).is_file() for name in ("report.json", "publish.json"))  # fmt: skip
+
+
 def find(paths: list[Path], skip: Path | None = None) -> list[tuple[Path | None, Path | None]]:
     """(report.json, publish.json beside it or alone) for every input; folders are searched
-    recursively, leaving out `skip` (the matrix's own output) and dot folders."""
+    recursively, leaving out `skip` (the matrix's own output), dot folders, and the copies
+    attnforge keeps beside a report (baseline/, published/<digest>/: never a current result)."""
     found: list[tuple[Path | None, Path | None]] = []
     for path in paths:
         if path.is_dir():
@@ -80,7 +98,8 @@ def find(paths: list[Path], skip: Path | None = None) -> list[tuple[Path | None,
 
             def wanted(p: Path, base: Path = base) -> bool:
                 inside_skip = skip is not None and p.resolve().is_relative_to(skip)
-                return p.is_file() and not inside_skip and not _hidden(p.resolve(), base)
+                return (p.is_file() and not inside_skip and not _hidden(p.resolve(), base)
+                        and not kept_copy(p))  # fmt: skip
 
             reports = sorted(p for p in path.rglob("report.json") if wanted(p))
             alone = sorted(p for p in path.rglob("publish.json")
@@ -116,8 +135,9 @@ def load_entries(found: list[tuple[Path | None, Path | None]]) -> list[matrix.En
         if rep is None:
             entries.append(matrix.Entry(source=str(pub), publish=publish))
             continue
-        entries.append(matrix.Entry(source=str(rep), report=load_report(rep),
-                                    bench=load_bench(rep.parent), publish=publish))  # fmt: skip
+        doc = load_report(rep)
+        entries.append(matrix.Entry(source=str(rep), report=doc,
+                                    bench=load_bench(rep.parent, doc), publish=publish))  # fmt: skip
     return entries
 
 

@@ -165,20 +165,35 @@ def tool_failures(runs: list[ToolRun], codes: dict[str, int], run_dir: Path) -> 
     return failed
 
 
-def expect_document(recipes: Recipes, plan: Plan) -> dict:
+def expect_document(
+    recipes: Recipes, plan: Plan, shown_as: Path | None = None, in_image: bool = True
+) -> dict:
     """What the suite holds the image to: the stack's expectations, the known-bad host rules
-    (recipes/hosts.yaml), what the recipes say of the torch's AOTriton, and what the arch's torch
-    refuses by design (recipes/arches.yaml sdpa_limits)."""
-    arch = recipes.arches.get(plan.arch)
-    limits = arch.sdpa_limits if arch else None
-    return {
+    (recipes/hosts.yaml: ROCm hosts, so none for a CPU or NVIDIA arch), what the recipes say of
+    the torch's AOTriton, and what the arch's torch refuses by design (recipes/arches.yaml
+    sdpa_limits); `shown_as` is the path the user will find the file at (the report names it, not
+    the image's /out/expect.json), `in_image` False for a suite run on the host."""
+    arch = recipes.arches[plan.arch]
+    limits = getattr(arch, "sdpa_limits", None)  # an arch set (multiarch) has none of its own
+    rules = []
+    for r in recipes.host_rules if arch.vendor == "amd" else []:
+        rule = r.model_dump(exclude_none=True)
+        on_host = rule.pop("fix_on_host", None)
+        if on_host and not in_image:
+            rule["fix"] = on_host
+        rules.append(rule)
+    doc = {
         "stack": plan.stack,
         "arch": plan.arch,
         "expect": plan.expect,
-        "host_rules": [r.model_dump(exclude_none=True) for r in recipes.host_rules],
+        "host_rules": rules,
         "aotriton": aotriton_facts(recipes, plan),
         **({"sdpa_limits": limits.model_dump()} if limits else {}),
+        "in_image": in_image,
     }
+    if shown_as is not None:
+        doc["shown_as"] = str(shown_as)
+    return doc
 
 
 def print_summary(report_path: Path) -> None:
@@ -281,20 +296,28 @@ def validate(
     gates, min_ratio = stack_gates(recipes, stack)
     reports.mkdir(parents=True, exist_ok=True)
     run_dir = reports / f".run-{os.getpid()}"  # the new report is written here, then moved
+    from validate.report import RUN_ID_ENV, new_run_id  # the suite's own: stdlib only
+
+    run_id = new_run_id()  # stamped on every document of this run
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir()
     try:
         expect_file = run_dir / "expect.json"
-        expect_doc = expect_document(recipes, plan)
+        expect_doc = expect_document(
+            recipes, plan, shown_as=reports / "expect.json", in_image=not local
+        )
         if member:
             expect_doc.update(arch=member, expect=multiarch.member_expect(recipes, plan, member))
+            limits = recipes.arches[member].sdpa_limits  # what this member's torch refuses
+            if limits:
+                expect_doc["sdpa_limits"] = limits.model_dump()
         expect_file.write_text(json.dumps(expect_doc, indent=2) + "\n")
         log = run_dir / "validate.log"
         if local:
             argv = [sys.executable, *suite_args(str(run_dir / "report.json"),
                     str(run_dir / "report.md"), str(expect_file), quick, timeout)]  # fmt: skip
             out.print(f"running the suite on this host: {' '.join(argv)}")
-            env = dict(os.environ, PYTHONPATH=str(ws.root))
+            env = dict(os.environ, PYTHONPATH=str(ws.root), **{RUN_ID_ENV: run_id})
             code = subprocess.run(argv, cwd=ws.root, env=env).returncode
         else:
             req = RunRequest(
@@ -302,7 +325,7 @@ def validate(
                 command=["python3", *suite_args("/out/report.json", "/out/report.md",
                                                "/out/expect.json", quick, timeout)],
                 devices=flags["devices"], groups=flags["groups"], extra=flags["extra"],
-                env={"ATTNFORGE_ENGINE": eng.describe()},
+                env={"ATTNFORGE_ENGINE": eng.describe(), RUN_ID_ENV: run_id},
                 mounts=[(run_dir.resolve(), "/out", False)],
             )  # fmt: skip
             out.print(f"validating {ref} ({arch}, stack {stack})")
@@ -341,7 +364,7 @@ def validate(
         benched = bench and (run_dir / "bench.json").exists()
         compared = None
         if benched and base is not None:
-            compared = compare_with_baseline(base, run_dir, reports, gates, min_ratio)
+            compared = compare_with_baseline(base, run_dir, reports, gates, min_ratio, run_id)
             failures += [f"below the baseline: {s}" for s in compared.get("failures", [])]
         passed = code == 0 and not failures
         outputs = (*(t.output for t in runs), *(COMPARE_OUTPUTS if compared else ()))
@@ -362,6 +385,7 @@ def validate(
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
     report = reports / "report.json"
+    refresh_page(report, ws.root)
     print_summary(report)
     out.print(f"report: {report}")
     for t in runs:
@@ -380,6 +404,34 @@ def validate(
 
 
 COMPARE_OUTPUTS = ("baseline-compare.json", "baseline-compare.md")
+
+
+def render(report: Path, root: Path, html: bool) -> subprocess.CompletedProcess:
+    """`python -m validate render` (the suite's own renderer) of report.json into report.md and,
+    with `html`, report.html beside it."""
+    argv = [sys.executable, "-m", "validate", "render", str(report), "--md",
+            str(report.with_suffix(".md"))]  # fmt: skip
+    if html:
+        argv += ["--html", str(report.with_suffix(".html"))]
+    return subprocess.run(argv, cwd=root, capture_output=True, text=True)
+
+
+def refresh_page(report: Path, root: Path) -> None:
+    """A report.html older than the report.json beside it (drawn by `invoke report --html` for
+    an earlier run) is drawn again, so that the page never shows another run than the report;
+    where it cannot be drawn it is removed, and both are said."""
+    page = report.with_suffix(".html")
+    if not page.is_file() or page.stat().st_mtime >= report.stat().st_mtime:
+        return
+    proc = render(report, root, html=True)
+    if proc.returncode == 0:
+        out.print(f"page: {page} (drawn again for this run)", markup=False, highlight=False)
+        return
+    page.unlink(missing_ok=True)
+    why = (proc.stderr.strip() or f"exit {proc.returncode}").splitlines()[-1]
+    out.print(f"removed {page}, which showed the previous run: it could not be drawn again "
+              f"({why}); `invoke report --html` draws it", style="yellow", markup=False,
+              highlight=False)  # fmt: skip
 
 
 def bench_backends(values: list[str]) -> tuple[str, ...]:
@@ -444,7 +496,7 @@ def find_baseline(
 
 def compare_with_baseline(
     base: baseline_store.Baseline, run_dir: Path, reports: Path, gates: list[gate.Gate],
-    min_ratio: float,
+    min_ratio: float, run_id: str | None = None,
 ) -> dict:  # fmt: skip
     """This run's bench.json against the baseline's; the document is written into the run folder
     (baseline-compare.json and .md) and moves into place with the report."""
@@ -454,6 +506,8 @@ def compare_with_baseline(
         return {"passed": False, "failures": [f"this run's bench.json cannot be compared: {exc}"]}
     doc = gate.compare(base.bench, current, gates, min_ratio, baseline_source=base.source,
                        now_source=str(reports / "bench.json"), created=gate.now_iso())  # fmt: skip
+    if run_id:
+        doc["run_id"] = run_id
     gate.write(doc, run_dir / COMPARE_OUTPUTS[0], run_dir / COMPARE_OUTPUTS[1])
     return doc
 
@@ -533,20 +587,13 @@ def report(c, path=None, arch=None, stack=None, html=False, debug=False):
     if not path.is_file():
         raise UserError(f"{path}: no such report")
     writable_folder(path.parent, "the report's folder")
-    argv = [
-        sys.executable,
-        "-m",
-        "validate",
-        "render",
-        str(path),
-        "--md",
-        str(path.with_suffix(".md")),
-    ]
-    if html:
-        argv += ["--html", str(path.with_suffix(".html"))]
-    proc = subprocess.run(argv, cwd=ws.root, capture_output=True, text=True)
+    proc = render(path, ws.root, html)
     if proc.returncode != 0:
         raise UserError(f"rendering {path} failed: {proc.stderr.strip() or proc.stdout.strip()}")
+    for line in proc.stderr.strip().splitlines():  # siblings left out, pictures not drawn
+        out.print(line, style="yellow", markup=False, highlight=False)
+    if html:  # the page is what was asked for: its path, not the Markdown again
+        out.print(f"wrote {path.with_suffix('.html')} (and {path.with_suffix('.md')})",
+                  markup=False, highlight=False)  # fmt: skip
+        return
     out.print(path.with_suffix(".md").read_text(), markup=False, highlight=False)
-    if html:
-        out.print(f"wrote {path.with_suffix('.html')}")

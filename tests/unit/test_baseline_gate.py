@@ -113,6 +113,11 @@ def test_invoke_validate_gates_against_the_kept_baseline_and_keeps_it_on_failure
     assert (reports / "bench.json").read_bytes() != first_bench  # this run's bench is in place
     compared = json.loads((reports / "baseline-compare.json").read_text())
     assert compared["passed"] is False and compared["counts"]["fail"] == 8
+    # every document of the run carries its id, and the kept baseline's is another run's
+    ids = {name: json.loads((reports / name).read_text()).get("run_id")
+           for name in ("report.json", "bench.json", "bench_train.json", "baseline-compare.json")}  # fmt: skip
+    assert len(set(ids.values())) == 1 and None not in ids.values(), ids
+    assert json.loads((kept / "report.json").read_text())["run_id"] != ids["report.json"]
     assert (reports / "baseline-compare.md").read_text().startswith("### baseline gate: FAIL")
     assert not [p for p in reports.iterdir() if p.name.startswith(".")]  # nothing left aside
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -200,6 +201,7 @@ def rocm_report() -> dict:
     env["rocm_version"] = None
     env["rocm_python_packages"] = {"rocm-sdk-core": "10.1.0"}
     env["aotriton_libs"] = ["libaotriton_v2.so.0.13.0"]
+    r["observations"]["aotriton.present"] = True  # what the env check says of those libraries
     env["flash_attn"] = {"present": True, "version": "2.8.3", "error": None}
     env["image_versions"] = {
         "flash-attention": {
@@ -323,20 +325,25 @@ def test_the_markdown_table_has_a_row_per_stack_and_numbered_reasons():
     lines = md.splitlines()
     table = [ln for ln in lines if ln.startswith("| `")]
     assert len(table) == 2
-    assert table[0].startswith("| `gfx1151` | `default` | ❌ fail | NVIDIA H200 | 10.1.0 |")
-    assert "❌ fails 1/8 cases [1]" in table[0]
+    assert table[0].startswith("| `gfx1151` | `default` | ❌ fail [1] | NVIDIA H200 | 10.1.0 |")
+    # a failed row names what broke
+    assert "1. broke sdpa.default_backend: promised flash, saw cudnn" in lines
+    assert "❌ fails 1/8 cases [2]" in table[0]
     assert "✅ works · 460 TFLOP/s" in table[1] and "◐ 6/8 cases · 244 TFLOP/s [" in table[1]
     assert "[report](reports/sm_90/host-nvidia/report.html)" in table[1]
     # a reason with a pipe does not break the table
-    assert "1. fp16-d64-s512 crash: HIP error: <unspecified launch failure> \\| code 719" in lines
+    assert "2. fp16-d64-s512 crash: HIP error: <unspecified launch failure> \\| code 719" in lines
     assert all(ln.count(" | ") == table[0].count(" | ") for ln in table)
 
 
 def test_the_page_is_self_contained_and_escapes_what_it_shows():
     page = matrix.to_html(sample())
     assert page.startswith("<!doctype html>") and "<style>" in page
-    for outside in ("<script", "<link", "<img", "src=", "@import", "url(", "http://", "https://"):
-        assert outside not in page, outside
+    names = re.sub(r'xmlns(:\w+)?="[^"]*"', "", page)  # SVG namespaces name, never fetch
+    for outside in ("<script", "<link", "<img", "<image", "src=", "@import", "http://",
+                    "https://"):  # fmt: skip
+        assert outside not in names, outside
+    assert re.findall(r"url\((?!#)", page) == []  # the chart's clip paths are in the page
     assert "HIP error: &lt;unspecified launch failure&gt; | code 719" in page
     assert "<unspecified" not in page
     assert page.count("<a href='reports/") == 2
@@ -448,3 +455,141 @@ def test_the_env_check_records_the_images_versions_manifest(tmp_path):
     assert env.image_versions(str(tmp_path / "absent.json")) is None
     (tmp_path / "bad.json").write_text("[1, 2")
     assert env.image_versions(str(tmp_path / "bad.json")) is None
+
+
+# --- the matrix tells the truth (issue 28) -------------------------------------------------
+
+
+def test_a_kept_baseline_copy_never_wins_over_the_current_report_whatever_the_order():
+    current = Entry(source="reports/sm_90/host-nvidia/report.json", report=fixture("h200_report"))
+    copy_ = Entry(source="reports/sm_90/host-nvidia/baseline/report.json",
+                  report={**fixture("h200_report"), "summary": {"status": "pass"}})  # fmt: skip
+    published = Entry(source="reports/sm_90/host-nvidia/published/0123456789ab/report.json",
+                      report=fixture("h200_report"))  # fmt: skip
+    for entries in ([current, copy_, published], [published, copy_, current]):
+        kept, _ = matrix.newest(entries)
+        assert [e.source for e in kept] == [current.source]
+    assert matrix.is_copy(copy_.source) and matrix.is_copy(published.source)
+    assert not matrix.is_copy(current.source)
+
+
+def test_ties_on_time_go_to_the_newest_run_in_any_input_order():
+    def at(source: str, run_id: str | None, duration: float = 98.2) -> Entry:
+        r = {**fixture("h200_report"), "duration_s": duration}
+        if run_id:
+            r["run_id"] = run_id
+        return Entry(source=source, report=r)
+
+    later_run = at("b/report.json", "20261122T002518.900000Z-7")
+    earlier_run = at("a/report.json", "20261122T002518.100000Z-9")
+    for entries in ([earlier_run, later_run], [later_run, earlier_run]):
+        assert [e.source for e in matrix.newest(entries)[0]] == ["b/report.json"]
+    # no run id: the run that ended last, then the path, so the answer never depends on order
+    long_run, short_run = at("x/report.json", None, 200.0), at("y/report.json", None, 10.0)
+    for entries in ([long_run, short_run], [short_run, long_run]):
+        assert [e.source for e in matrix.newest(entries)[0]] == ["x/report.json"]
+    same_a, same_b = at("p/report.json", None), at("q/report.json", None)
+    for entries in ([same_a, same_b], [same_b, same_a]):
+        assert [e.source for e in matrix.newest(entries)[0]] == ["q/report.json"]
+
+
+def test_the_task_reads_no_baseline_or_published_copy(tmp_path):
+    given = reports_tree(tmp_path / "ci")
+    current = given / "sm_90" / "host-nvidia"
+    for copy_dir, meta in ((current / "baseline", "baseline.json"),
+                           (current / "published" / "0123456789ab", "publish.json")):  # fmt: skip
+        copy_dir.mkdir(parents=True)
+        passed = {**fixture("h200_report"), "summary": {"status": "pass", "exit_code": 0}}
+        (copy_dir / "report.json").write_text(json.dumps(passed))
+        (copy_dir / meta).write_text(json.dumps(publish_doc() if meta == "publish.json" else {}))
+    proc = run_invoke(REPO, "matrix", "--reports", str(given), "-o", str(tmp_path / "site"),
+                      "--no-html-reports", env=outputs_env(tmp_path))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "sm_90 host-nvidia: fail" in proc.stdout and "left out" not in proc.stdout
+    assert "baseline" not in (tmp_path / "site" / "matrix.md").read_text()
+
+
+def test_a_cell_shows_only_what_the_report_observed():
+    r = rocm_report()
+    r["observations"]["aotriton.present"] = False  # the recipes promise 0.13b; none was found
+    r["environment"]["flash_attn"] = {"present": False, "error": "No module named 'flash_attn'"}
+    v = matrix.versions(Entry(source="r", report=r))
+    assert v["aotriton"] == "none" and v["flash_attn"] == "not installed"
+    # nothing observed at all (publish.json alone): the image's manifest is all there is
+    alone = matrix.versions(Entry(source="p", publish=publish_doc()))
+    assert alone["rocm"] == "10.1.0" and alone["flash_attn"] == "@16d5154aef39"
+
+
+def test_a_failed_row_names_the_expectations_that_broke():
+    r = matrix.row(Entry(source="r", report=fixture("h200_report")), Reference())
+    assert r.broken == ("sdpa.default_backend: promised flash, saw cudnn",)
+    page = matrix.to_html(matrix.build([Entry(source="r", report=fixture("h200_report"))], "t"))
+    assert "<ul class='broke'><li>sdpa.default_backend: promised flash, saw cudnn</li>" in page
+    passed = {**fixture("h200_report"), "summary": {"status": "pass"}}
+    assert matrix.row(Entry(source="r", report=passed), Reference()).broken == ()
+
+
+def test_a_shape_that_no_bench_has_is_an_error(tmp_path):
+    from attnforge.errors import UserError
+
+    entry = Entry(source="r", report=fixture("h200_report"), bench=bench())
+    with pytest.raises(UserError, match="--shape sweep-d99: no report's bench.json has a result"):
+        matrix.build([entry], "t", Reference(name="sweep-d99"))
+    assert matrix.build([entry], "t", Reference(name="llm-8b-gqa-4k")).rows
+    proc = run_invoke(REPO, "matrix", "--reports", str(reports_tree(tmp_path / "ci")),
+                      "--shape", "sweep-d99", "-o", str(tmp_path / "site"),
+                      env=outputs_env(tmp_path))  # fmt: skip
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr + proc.stdout
+    assert "--shape sweep-d99: no report's bench.json has a result at that shape" in proc.stderr
+    assert "llm-8b-gqa-4k" in proc.stderr and not (tmp_path / "site" / "matrix.html").exists()
+
+
+def test_without_the_reference_shape_the_speed_is_the_nearest_benched_one_and_says_so():
+    doc = bench()
+    doc["results"] = [r for r in doc["results"] if r["shape"]["sk"] != 4096]
+    r = matrix.row(Entry(source="r", report=fixture("h200_report"), bench=doc), Reference())
+    assert r.speed_at == "sweep-d128-s2048"  # not causal, d 128, seqlen 2048 (log2: 1 away)
+    at = next(x for x in doc["results"] if x["backend"] == "sdpa.flash" and x["mode"] == "fwd"
+              and x["shape"]["name"] == "sweep-d128-s2048")  # fmt: skip
+    assert r.cells["flash"].tflops == at["tflops"]
+    m = matrix.build([Entry(source="r", report=fixture("h200_report"), bench=doc)], "t")
+    assert ("speeds of sm_90 host-nvidia are at sweep-d128-s2048, the benched shape nearest "
+            "to the reference") in matrix.to_markdown(m)  # fmt: skip
+    assert "speed at <code>sweep-d128-s2048</code> (nearest benched shape)" in matrix.to_html(m)
+    exact = matrix.row(Entry(source="r", report=fixture("h200_report"), bench=bench()),
+                       Reference())  # fmt: skip
+    assert exact.speed_at == ""
+
+
+def test_versions_wrap_between_words_never_inside_one():
+    page = matrix.to_html(sample())
+    assert "overflow-wrap:anywhere" not in page.split("td.ver")[1].split("}")[0]
+    assert "td.ver span{white-space:nowrap}" in page
+    assert "<td class='ver'><span>none</span> <span>(CUDA</span> <span>13.0)</span></td>" in page
+    assert "<td class='ver'><span>6.18.44-fc-v657-gpu</span></td>" in page
+
+
+def test_the_page_charts_tflops_per_backend_across_rows():
+    pytest.importorskip("matplotlib", reason="the dev extra brings matplotlib")
+    rocm = Entry(source="b", report=rocm_report(), bench=bench())
+    h200 = Entry(source="a", report=fixture("h200_report"), bench=bench())
+    page = matrix.to_html(matrix.build([h200, rocm], "t"))
+    chart = page.split("<figure class='plot chart' id='plot-speed'>")[1].split("</figure>")[0]
+    for label in ("gfx1151 · default", "sm_90 · host-nvidia", "SDPA flash", "SDPA cuDNN",
+                  "bundled kernels", "TFLOP/s per backend at sweep shape at seqlen 4096"):  # fmt: skip
+        assert label in chart, label
+    assert " 460<" in chart and " 499<" in chart  # flash and cuDNN at the reference shape
+    none = matrix.to_html(matrix.build([Entry(source="a", report=fixture("h200_report"))], "t"))
+    assert "No row has a speed at the reference shape" in none
+
+
+def test_the_chart_turns_logarithmic_when_a_cpu_row_sits_beside_a_gpu_row():
+    pytest.importorskip("matplotlib", reason="the dev extra brings matplotlib")
+    slow = bench()
+    for r in slow["results"]:
+        r["tflops"] = r["tflops"] / 1e5 if r.get("tflops") else r.get("tflops")
+    cpu = {**fixture("h200_report"), "arch": "cpu", "stack": "cpu"}
+    rows = [Entry(source="a", report=fixture("h200_report"), bench=bench()),
+            Entry(source="c", report=cpu, bench=slow)]  # fmt: skip
+    assert "TFLOP/s (log scale)" in matrix.to_html(matrix.build(rows, "t"))
+    assert "(log scale)" not in matrix.to_html(matrix.build(rows[:1], "t"))

@@ -557,5 +557,35 @@ def test_the_validation_suite_is_told_what_the_recipes_say_of_aotriton(recipes, 
 
     doc = expect_document(recipes, resolve(recipes, arch, stack))
     assert doc["aotriton"] == facts
+    if arch == "cpu":  # the rules are about ROCm hosts: a CPU stack is never warned of /dev/kfd
+        assert doc["host_rules"] == []
+        return
     assert {r["id"] for r in doc["host_rules"]} >= {"strix-halo-kernel", "empty-hsa-override"}
     assert all(r["source"] and r["fix"] for r in doc["host_rules"])
+
+
+def test_the_suite_names_the_users_expect_file_and_words_fixes_for_where_it_runs(recipes, tmp_path):
+    from attnforge.cli.validate import expect_document
+
+    plan = resolve(recipes, "gfx1151", "default")
+    kept = tmp_path / "reports" / "gfx1151" / "default" / "expect.json"
+    image = expect_document(recipes, plan, shown_as=kept)
+    local = expect_document(recipes, plan, shown_as=kept, in_image=False)
+    assert image["shown_as"] == local["shown_as"] == str(kept)
+    assert (image["in_image"], local["in_image"]) == (True, False)
+    fixes = {d: {r["id"]: r["fix"] for r in doc["host_rules"]}
+             for d, doc in (("image", image), ("local", local))}  # fmt: skip
+    assert "--device=/dev/kfd" in fixes["image"]["no-kfd-access"]
+    assert "container" not in fixes["local"]["no-kfd-access"]
+    assert "video and render groups" in fixes["local"]["no-kfd-access"]
+    assert all("fix_on_host" not in r for r in local["host_rules"])
+    # what the suite reads back: the user's path, and the wording of a run on the host
+    from validate.expect import evaluate, parse_expect
+
+    spec = parse_expect(local, "/out/expect.json")
+    assert spec.name == str(kept)
+    [broken] = evaluate({"torch.gpu_available": True}, {"torch.gpu_available": False},
+                        in_image=spec.in_image)  # fmt: skip
+    assert "container" not in broken.message and "driver" in broken.message
+    [in_image] = evaluate({"torch.gpu_available": True}, {"torch.gpu_available": False})
+    assert "pass the devices to the container" in in_image.message

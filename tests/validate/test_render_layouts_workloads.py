@@ -105,11 +105,13 @@ def test_markdown_shows_the_new_cases_their_notes_and_the_math_fallback():
 
 def test_html_has_both_sections():
     page = render.to_html(report())
-    assert "<section id='layouts'>" in page and "<section id='workloads'>" in page
+    assert "<section id='layouts'>" in page and "<section id='workload-fused'>" in page
     assert "<td class='cell-bad'>math</td>" in page and "<td class='cell-pass'>fused</td>" in page
 
 
 def test_a_report_without_them_renders_no_empty_sections():
     plain = {"summary": {"status": "pass", "counts": {}}, "checks": [], "backend_matrix": []}
     assert "Layouts" not in render.to_markdown(plain)
-    assert "id='workloads'" not in render.to_html(plain)
+    page = render.to_html(plain)
+    assert "id='workload-fused'" not in page and "id='layouts'" not in page
+    assert "href='#layouts'" not in page  # nor a link to them

@@ -162,26 +162,46 @@ def full_page():
     return render.to_html(report, siblings), siblings
 
 
-def expected_plots(siblings) -> int:
-    """What the contract asks for: a figure per (dtype, d, causal, mode) of the sweep with a
-    time, one per mode of the workload shapes with a time, one for the training step."""
-    ok = [r for r in siblings["bench"]["results"] if r["status"] == "ok"]
-    sweep = {(r["shape"]["dtype"], r["shape"]["d"], r["shape"]["causal"], r["mode"])
-             for r in ok if r["shape"]["family"] == "sweep"}  # fmt: skip
-    workload = {r["mode"] for r in ok if r["shape"]["family"] == "workload"}
-    return len(sweep) + len(workload) + 1
+PLOTS = ["sdpa-grid", "workloads-fused", "sweep-tflops", "sweep-memory", "workload-tflops",
+         "train-ratio"]  # fmt: skip
+
+
+def figure_ids(page: str) -> list[str]:
+    return re.findall(r"<figure class='plot' id='plot-([^']+)'>", page)
 
 
 def test_every_plot_is_an_inline_svg(full_page):
-    page, siblings = full_page
+    page, _ = full_page
     parts = PageParts()
     parts.feed(page)
-    assert expected_plots(siblings) == 9
-    assert parts.figures == parts.figure_svgs == 9
-    for title in ("fwd · bf16 · head dim 128 · causal", "fwd_bwd · bf16 · head dim 64 · not causal",
-                  "fwd_bwd · workload shapes", "training step · width 1024"):  # fmt: skip
+    # the grid's heat map, the sweep's and the workloads' small multiples, the training step
+    assert figure_ids(page) == PLOTS
+    assert parts.figures == parts.figure_svgs == len(PLOTS)
+    for title in ("SDPA grid: error / tolerance per backend and case",
+                  "flash-attention's sweep: TFLOP/s per backend",
+                  "workload shapes: TFLOP/s per backend", "training step · width 1024"):  # fmt: skip
         assert title in page
     assert "Not plotted: sdpa.math error at sweep-d128-s8192" in page
+
+
+def test_the_sweep_is_small_multiples_with_every_backend_on_each_chart(full_page):
+    _, siblings = full_page
+    results = siblings["bench"]["results"]
+    drawn = {p.key: p for p in plots.bench_plots(siblings["bench"])}
+    svg = drawn["sweep-tflops"].svg
+    panels = plots.sweep_panels(results)
+    columns = list(dict.fromkeys(k[:3] for k in panels))
+    modes = [m for m in plots.MODES if any(k[3] == m for k in panels)]
+    assert (len(modes), len(columns)) == (2, 3)  # fwd and fwd_bwd x (d128, d128 causal, d64)
+    assert svg.count('id="sweep-tflops-axes_') == len(modes) * len(columns)
+    for i, mode in enumerate(modes):
+        for j, column in enumerate(columns):
+            timed = {r["backend"] for r in panels[(*column, mode)]
+                     if r["status"] == "ok" and r.get("tflops")}  # fmt: skip
+            lines = set(re.findall(rf'id="sweep-tflops-line-{i}-{j}-([a-z0-9-]+)"', svg))
+            assert lines == {plots._slug(b) for b in timed} and len(lines) >= 4, (mode, column)
+    # the workload family: one chart per mode, every backend's bars on each
+    assert drawn["workload-tflops"].svg.count('id="workload-tflops-axes_') == 2
 
 
 def test_the_page_fetches_nothing(full_page):
@@ -224,9 +244,12 @@ def test_page_shows_matrix_kernels_stress_and_markdown(full_page):
     assert "## ❌ Validation FAIL: stack `host-nvidia` on `sm_90`" in page
 
 
-def test_a_page_without_siblings_says_how_to_make_them(fixture_report):
+def test_a_page_without_siblings_still_has_the_grid_and_says_how_to_make_the_rest(
+    fixture_report,
+):
+    pytest.importorskip("matplotlib", reason="the dev extra brings matplotlib")
     page = render.to_html(fixture_report)
-    assert "<figure" not in page
+    assert figure_ids(page) == ["sdpa-grid"]
     assert "python -m validate bench --json bench.json" in page
     assert "python -m validate stress --workload W" in page
 
@@ -272,7 +295,7 @@ def test_render_cli_draws_the_siblings(fixtures_dir, tmp_path, run_validate):
     assert proc.returncode == 0, proc.stderr
     parts = PageParts()
     parts.feed(page.read_text())
-    assert parts.figure_svgs == 9
+    assert parts.figure_svgs == len(PLOTS)
     assert [p.name for p in report.parent.iterdir() if p.name.startswith(".")] == []
 
 
@@ -304,27 +327,26 @@ def test_a_wrong_sibling_is_one_sentence_and_the_old_page_stays(
     assert page.read_text() == "the last good page"
 
 
-def test_without_matplotlib_plots_fail_in_one_sentence_and_the_rest_still_renders(
+def test_without_matplotlib_the_page_keeps_its_tables_and_says_where_pictures_belong(
     fixtures_dir, tmp_path, run_validate
 ):
-    env = hide_matplotlib(tmp_path)
+    env = hide_matplotlib(tmp_path)  # as in an image: the in-image Python has no matplotlib
     report = report_folder(fixtures_dir, tmp_path / "r", siblings=["bench.json"])
-    proc = run_validate("render", str(report), "--html", str(tmp_path / "p.html"), env=env)
-    assert proc.returncode == 2
-    assert "matplotlib" in proc.stderr and "install it" in proc.stderr
-    assert "Traceback" not in proc.stderr and not (tmp_path / "p.html").exists()
-    # in an image without matplotlib: Markdown, and a page with nothing to plot, still work
-    (report.parent / "bench.json").unlink()
-    proc = run_validate("render", str(report), "--html", str(tmp_path / "p.html"), "--md", "-",
-                        env=env)  # fmt: skip
+    page = tmp_path / "p.html"
+    proc = run_validate("render", str(report), "--html", str(page), "--md", "-", env=env)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("## ❌ Validation FAIL")
-    assert "No bench.json next to this report" in (tmp_path / "p.html").read_text()
+    note = proc.stderr.strip().splitlines()
+    assert len(note) == 1 and "matplotlib" in note[0] and "without its pictures" in note[0]
+    text = page.read_text()
+    assert "<figure" not in text and text.count("A picture belongs here") == 3  # grid, fused, bench
+    assert "<td class='cell-pass'>" in text and "Runs without a time" in text
 
 
 def test_the_renderer_does_not_import_matplotlib_until_it_plots(run_validate, tmp_path):
+    # the in-image suite writes Markdown only: it never pays for importing matplotlib
     code = ("import sys, json, validate.cli, validate.render as r; "
-            "r.to_markdown(json.load(open(sys.argv[1]))); r.to_html(json.load(open(sys.argv[1]))); "
+            "r.to_markdown(json.load(open(sys.argv[1]))); "
             "print('matplotlib' in sys.modules)")  # fmt: skip
     proc = subprocess.run([sys.executable, "-c", code, str(FIXTURES / "h200_report.json")],
                           cwd=REPO, capture_output=True, text=True)  # fmt: skip
@@ -336,11 +358,8 @@ def test_a_run_without_memory_figures_draws_speed_only(full_page):
     _, siblings = full_page
     results = [{**r, "peak_mem_mb": None} for r in siblings["bench"]["results"]]
     drawn = plots.bench_plots({**siblings["bench"], "results": results})
-    with_memory = plots.bench_plots(siblings["bench"])
-    assert [p.key for p in drawn] == [p.key for p in with_memory]
-    for p, q in zip(drawn, with_memory, strict=True):
-        assert p.svg.count(f'id="{p.key}-axes_') == 1 and q.svg.count(f'id="{q.key}-axes_') == 2
-        assert "No peak memory was recorded" in p.caption and "peak memory (MB)" not in p.svg
+    assert [p.key for p in drawn] == ["sweep-tflops", "workload-tflops"]
+    assert all("peak MB" not in p.svg for p in drawn)
     train = siblings["bench_train"]
     cpu = plots.train_plot(
         {**train, "results": [{**r, "peak_mem_mb": None} for r in train["results"]]}
