@@ -280,7 +280,7 @@ def _run(torch, spec: AppModel, model, inputs, output, grad_input, grad_param, d
     got = {**seen, "out": out.detach()}
     if spec.backward:
         gen = torch.Generator().manual_seed(SEED + 2)
-        g = torch.randn(out.shape, generator=gen).to(out.dtype)
+        g = torch.randn(out.shape, generator=gen).to(device=out.device, dtype=out.dtype)
         # The first attention layer's query projection: its gradient flows through the
         # attention backward (names differ between app versions, hence the suffixes).
         name, param = next((n, p) for n, p in model.named_parameters() if n.endswith(grad_param))
