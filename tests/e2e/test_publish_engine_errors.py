@@ -45,6 +45,12 @@ def validated(tmp_path_factory):
     stamp = base / "reports" / "cpu" / "cpu" / "validated.json"
     stamp.parent.mkdir(parents=True)
     stamp.write_text(json.dumps({"image_id": image_id, "passed": True}))
+    # What a build records of each layer it built (attnforge/build.py InputStore): publish
+    # gathers the provenance from it before pushing anything, and refuses without it.
+    inputs = base / "build" / "state" / "inputs" / "cpu" / "cpu.json"
+    inputs.parent.mkdir(parents=True)
+    inputs.write_text(json.dumps({"key": "bbbb" + "0" * 60, "tag": image,
+                                  "input": {"layer": "cpu", "arch": "cpu", "args": {}}}))  # fmt: skip
     env = {
         "ATTNFORGE_BUILD_DIR": str(base / "build"),
         "ATTNFORGE_REPORTS_DIR": str(base / "reports"),
