@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -222,12 +223,13 @@ def _die_with_parent() -> None:
 
 
 def _stream(
-    argv: list[str], log: IO[str], on_line: Callable[[str], None] | None, env: dict[str, str]
-) -> int:
+    argv: list[str], log: IO[str], on_line: Callable[[str], None] | None, env: dict[str, str],
+    cwd: Path | None = None,
+) -> int:  # fmt: skip
     """Run argv, copying its output into log line by line; Ctrl-C stops the child too."""
     proc = subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-        env=env, start_new_session=True, preexec_fn=_die_with_parent,
+        env=env, cwd=cwd, start_new_session=True, preexec_fn=_die_with_parent,
     )  # fmt: skip
     try:
         assert proc.stdout is not None
@@ -665,6 +667,47 @@ class PodmanEngine(_CliEngine):
             [self.cli, "manifest", "inspect", ref], capture_output=True, text=True, timeout=120
         )
         return podman_remote_verdict(ref, out.returncode, (out.stderr or out.stdout))
+
+
+class LocalEngine:
+    """--local: the same `RunRequest`s run by this host's Python instead of in an image. The
+    image's `python3` is this interpreter, each mount's container path is its host folder, and
+    the tree's validate/ and kernels/ are importable (PYTHONPATH); devices are the host's own."""
+
+    name = "local"
+
+    def __init__(self, root: Path, python: str = sys.executable) -> None:
+        self.root, self.python = root, python
+
+    def describe(self) -> str:
+        return f"this host's Python ({self.python})"
+
+    def argv(self, req: RunRequest) -> list[str]:
+        def host(arg: str) -> str:
+            for src, target, _ in req.mounts:
+                if arg == target or arg.startswith(target + "/"):
+                    return str(src) + arg[len(target) :]
+            return arg
+
+        first, *rest = req.command
+        return [self.python if first == "python3" else host(first), *map(host, rest)]
+
+    def env(self, req: RunRequest) -> dict[str, str]:
+        return dict(os.environ, PYTHONPATH=str(self.root), **req.env)
+
+    def image_id(self, ref: str) -> str | None:
+        return None  # no image: nothing here is stamped as validated
+
+    def run(
+        self, req: RunRequest, input: str | None = None, timeout: float | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(self.argv(req), input=input, capture_output=True, text=True,
+                              timeout=timeout, env=self.env(req), cwd=self.root)  # fmt: skip
+
+    def run_streaming(
+        self, req: RunRequest, log: IO[str], on_line: Callable[[str], None] | None = None
+    ) -> int:
+        return _stream(self.argv(req), log, on_line, self.env(req), cwd=self.root)
 
 
 def connect(name: str) -> DockerEngine | PodmanEngine:

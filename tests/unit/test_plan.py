@@ -553,7 +553,7 @@ def test_the_experimental_aotriton_knob_follows_each_channels_aotriton(recipes, 
     ],
 )  # fmt: skip
 def test_the_validation_suite_is_told_what_the_recipes_say_of_aotriton(recipes, arch, stack, facts):
-    from attnforge.cli.validate import expect_document
+    from attnforge.validation import expect_document
 
     doc = expect_document(recipes, resolve(recipes, arch, stack))
     assert doc["aotriton"] == facts
