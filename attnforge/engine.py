@@ -207,6 +207,21 @@ class Engine(Protocol):
     def remote_has(self, ref: str) -> bool: ...
     def pull(self, ref: str, log: IO[str]) -> str: ...
     def registry_digest(self, ref: str) -> str: ...
+    def repo_digests(self, ref: str) -> list[str]: ...
+    def data_root(self) -> str | None: ...
+
+
+def podman_version(path: str | None = None) -> str | None:
+    """`podman --version` (None when podman is not on `path`, default PATH): whether a user of
+    the docker engine could pass --engine podman. Asks the client only; no engine is started."""
+    exe = shutil.which("podman", path=path)
+    if not exe:
+        return None
+    try:
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=20)
+        return out.stdout.strip() or exe
+    except (OSError, subprocess.TimeoutExpired):
+        return exe
 
 
 def _die_with_parent() -> None:
@@ -498,6 +513,22 @@ class DockerEngine(_CliEngine):
                 f"could not read {ref}'s digest back: {exc.explanation}"
             ) from None
 
+    def repo_digests(self, ref: str) -> list[str]:
+        """The registry digests the engine recorded for a pulled or pushed ref (no network)."""
+        import docker
+
+        try:
+            return list(self.client.images.get(ref).attrs.get("RepoDigests") or [])
+        except docker.errors.ImageNotFound:
+            return []
+
+    def data_root(self) -> str | None:
+        """Where the engine keeps images (DockerRootDir), as it says; None when it does not."""
+        try:
+            return self.client.info().get("DockerRootDir") or None
+        except Exception:  # noqa: BLE001 - an engine that does not say is a fact, not a crash
+            return None
+
     def remote_has(self, ref: str) -> bool:
         """Whether the registry has ref, asked through the engine (its credentials, its
         insecure-registry settings); nothing is pulled. RegistryUnavailable when it cannot say."""
@@ -660,6 +691,26 @@ class PodmanEngine(_CliEngine):
                 f"no digest for {ref}: podman reports a registry's digest only for its own push"
             )
         return digest
+
+    def repo_digests(self, ref: str) -> list[str]:
+        """The registry digests podman recorded for a pulled or pushed ref (no network)."""
+        try:
+            out = subprocess.run(
+                [self.cli, "image", "inspect", "--format", "{{json .RepoDigests}}", ref],
+                capture_output=True, text=True, timeout=30,
+            )  # fmt: skip
+            return list(json.loads(out.stdout) or []) if out.returncode == 0 else []
+        except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError):
+            return []
+
+    def data_root(self) -> str | None:
+        """Podman's image store (GraphRoot), as `podman info` says; None when it does not."""
+        try:
+            out = subprocess.run([self.cli, "info", "--format", "{{.Store.GraphRoot}}"],
+                                 capture_output=True, text=True, timeout=60)  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return (out.stdout.strip() or None) if out.returncode == 0 else None
 
     def remote_has(self, ref: str) -> bool:
         """Whether the registry has ref (podman's credentials and registries.conf); nothing is pulled."""
