@@ -728,35 +728,17 @@ def gather_engine(name: str, env: Mapping[str, str]) -> EngineFacts:
         where = eng.env.get("DOCKER_HOST") or docker_host
         if where and not where.startswith("unix://"):
             remote = where
-        try:
-            data_root = eng.client.info().get("DockerRootDir") or None
-        except Exception:  # noqa: BLE001 - fall back to the default data root
-            data_root = None
         cli, mode = eng.cli, eng.mode
-    else:
-        data_root = _podman_graph_root(eng.cli)
+    data_root = eng.data_root()
     return EngineFacts(name, True, description, "", cli, mode, cli_error, cli_hint, remote,
                        data_root)  # fmt: skip
 
 
-def _podman_graph_root(cli: str) -> str | None:
-    try:
-        out = subprocess.run([cli, "info", "--format", "{{.Store.GraphRoot}}"],
-                             capture_output=True, text=True, timeout=60)  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
-
-
 def podman_version(env: Mapping[str, str]) -> str | None:
-    exe = shutil.which("podman", path=env.get("PATH", os.defpath))
-    if not exe:
-        return None
-    try:
-        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=20)
-        return out.stdout.strip() or exe
-    except (OSError, subprocess.TimeoutExpired):
-        return exe
+    """Whether podman is installed (its --version), asked through engine.py."""
+    from . import engine
+
+    return engine.podman_version(env.get("PATH", os.defpath))
 
 
 def _registry_key(name: str) -> str:

@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -206,6 +207,21 @@ class Engine(Protocol):
     def remote_has(self, ref: str) -> bool: ...
     def pull(self, ref: str, log: IO[str]) -> str: ...
     def registry_digest(self, ref: str) -> str: ...
+    def repo_digests(self, ref: str) -> list[str]: ...
+    def data_root(self) -> str | None: ...
+
+
+def podman_version(path: str | None = None) -> str | None:
+    """`podman --version` (None when podman is not on `path`, default PATH): whether a user of
+    the docker engine could pass --engine podman. Asks the client only; no engine is started."""
+    exe = shutil.which("podman", path=path)
+    if not exe:
+        return None
+    try:
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=20)
+        return out.stdout.strip() or exe
+    except (OSError, subprocess.TimeoutExpired):
+        return exe
 
 
 def _die_with_parent() -> None:
@@ -222,12 +238,13 @@ def _die_with_parent() -> None:
 
 
 def _stream(
-    argv: list[str], log: IO[str], on_line: Callable[[str], None] | None, env: dict[str, str]
-) -> int:
+    argv: list[str], log: IO[str], on_line: Callable[[str], None] | None, env: dict[str, str],
+    cwd: Path | None = None,
+) -> int:  # fmt: skip
     """Run argv, copying its output into log line by line; Ctrl-C stops the child too."""
     proc = subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-        env=env, start_new_session=True, preexec_fn=_die_with_parent,
+        env=env, cwd=cwd, start_new_session=True, preexec_fn=_die_with_parent,
     )  # fmt: skip
     try:
         assert proc.stdout is not None
@@ -496,6 +513,22 @@ class DockerEngine(_CliEngine):
                 f"could not read {ref}'s digest back: {exc.explanation}"
             ) from None
 
+    def repo_digests(self, ref: str) -> list[str]:
+        """The registry digests the engine recorded for a pulled or pushed ref (no network)."""
+        import docker
+
+        try:
+            return list(self.client.images.get(ref).attrs.get("RepoDigests") or [])
+        except docker.errors.ImageNotFound:
+            return []
+
+    def data_root(self) -> str | None:
+        """Where the engine keeps images (DockerRootDir), as it says; None when it does not."""
+        try:
+            return self.client.info().get("DockerRootDir") or None
+        except Exception:  # noqa: BLE001 - an engine that does not say is a fact, not a crash
+            return None
+
     def remote_has(self, ref: str) -> bool:
         """Whether the registry has ref, asked through the engine (its credentials, its
         insecure-registry settings); nothing is pulled. RegistryUnavailable when it cannot say."""
@@ -659,12 +692,73 @@ class PodmanEngine(_CliEngine):
             )
         return digest
 
+    def repo_digests(self, ref: str) -> list[str]:
+        """The registry digests podman recorded for a pulled or pushed ref (no network)."""
+        try:
+            out = subprocess.run(
+                [self.cli, "image", "inspect", "--format", "{{json .RepoDigests}}", ref],
+                capture_output=True, text=True, timeout=30,
+            )  # fmt: skip
+            return list(json.loads(out.stdout) or []) if out.returncode == 0 else []
+        except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError):
+            return []
+
+    def data_root(self) -> str | None:
+        """Podman's image store (GraphRoot), as `podman info` says; None when it does not."""
+        try:
+            out = subprocess.run([self.cli, "info", "--format", "{{.Store.GraphRoot}}"],
+                                 capture_output=True, text=True, timeout=60)  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return (out.stdout.strip() or None) if out.returncode == 0 else None
+
     def remote_has(self, ref: str) -> bool:
         """Whether the registry has ref (podman's credentials and registries.conf); nothing is pulled."""
         out = subprocess.run(
             [self.cli, "manifest", "inspect", ref], capture_output=True, text=True, timeout=120
         )
         return podman_remote_verdict(ref, out.returncode, (out.stderr or out.stdout))
+
+
+class LocalEngine:
+    """--local: the same `RunRequest`s run by this host's Python instead of in an image. The
+    image's `python3` is this interpreter, each mount's container path is its host folder, and
+    the tree's validate/ and kernels/ are importable (PYTHONPATH); devices are the host's own."""
+
+    name = "local"
+
+    def __init__(self, root: Path, python: str = sys.executable) -> None:
+        self.root, self.python = root, python
+
+    def describe(self) -> str:
+        return f"this host's Python ({self.python})"
+
+    def argv(self, req: RunRequest) -> list[str]:
+        def host(arg: str) -> str:
+            for src, target, _ in req.mounts:
+                if arg == target or arg.startswith(target + "/"):
+                    return str(src) + arg[len(target) :]
+            return arg
+
+        first, *rest = req.command
+        return [self.python if first == "python3" else host(first), *map(host, rest)]
+
+    def env(self, req: RunRequest) -> dict[str, str]:
+        return dict(os.environ, PYTHONPATH=str(self.root), **req.env)
+
+    def image_id(self, ref: str) -> str | None:
+        return None  # no image: nothing here is stamped as validated
+
+    def run(
+        self, req: RunRequest, input: str | None = None, timeout: float | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(self.argv(req), input=input, capture_output=True, text=True,
+                              timeout=timeout, env=self.env(req), cwd=self.root)  # fmt: skip
+
+    def run_streaming(
+        self, req: RunRequest, log: IO[str], on_line: Callable[[str], None] | None = None
+    ) -> int:
+        return _stream(self.argv(req), log, on_line, self.env(req), cwd=self.root)
 
 
 def connect(name: str) -> DockerEngine | PodmanEngine:

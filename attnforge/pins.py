@@ -755,19 +755,25 @@ def _distro_python(base_ref: str) -> str | None:
     return DISTRO_PYTHON.get(name) or DISTRO_PYTHON.get(name.removeprefix("docker.io/library/"))
 
 
-def docker_digest(ref: str) -> str | None:
-    """The repo digest of a base image the local engine has pulled (no network), if any."""
-    if shutil.which("docker") is None:
-        return None
-    try:
-        proc = subprocess.run(
-            ["docker", "image", "inspect", "--format", "{{json .RepoDigests}}", ref],
-            capture_output=True, text=True, timeout=30,
-        )  # fmt: skip
-        digests = json.loads(proc.stdout) if proc.returncode == 0 else []
-    except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError):
-        return None
-    return digests[0] if digests else None
+def engine_digest(engine: str = "docker") -> Callable[[str], str | None]:
+    """The repo digest of a base image the engine has pulled (no network), if any: asked through
+    engine.py (so DOCKER_HOST, the docker context and --engine podman count), connecting at the
+    first question; no reachable engine knows no digest."""
+    from .engine import connect
+
+    connected: dict[str, object] = {}
+
+    def digest_of(ref: str) -> str | None:
+        if "engine" not in connected:
+            try:
+                connected["engine"] = connect(engine)
+            except UserError:
+                connected["engine"] = None
+        eng = connected["engine"]
+        digests = eng.repo_digests(ref) if eng is not None else []
+        return digests[0] if digests else None
+
+    return digest_of
 
 
 def check(
@@ -776,9 +782,11 @@ def check(
     sources: Sources,
     *,
     python: str | None = None,
-    digest_of: Callable[[str], str | None] = docker_digest,
+    digest_of: Callable[[str], str | None] | None = None,
 ) -> list[Finding]:
-    """Every distinct pin of the plans for (arch, stack) pairs, checked against `sources`."""
+    """Every distinct pin of the plans for (arch, stack) pairs, checked against `sources`; base
+    image digests come from `digest_of` (default: the docker engine's, `engine_digest`)."""
+    digest_of = digest_of or engine_digest("docker")
     checker = _Checker(recipes, sources, python, digest_of)
     for arch, stack in pairs:
         checker.plan(resolve(recipes, arch, stack, Options()))

@@ -21,10 +21,10 @@ from ..errors import UserError
 from ..pins import IndexSource, Sources, Unavailable, _distro_python, _indexes, project_of
 from ..plan import Options, Step, parse_overrides, resolve
 from ..recipes import Recipes, load_recipes, pin_kind
+from ..validation import device_flags, expect_document
 from ..workspace import Workspace
 from . import ARCH, IN_DIR, STACK, command, number, text
 from .build import BUILD_OPTIONS, _invocation, _local_defaults
-from .validate import device_flags, expect_document
 
 VERDICT_STYLE = {bs.GOOD: "green", bs.BAD: "bold red", bs.SKIP: "yellow"}
 

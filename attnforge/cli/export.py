@@ -456,7 +456,7 @@ def _expect(ws: Workspace, manifest: dict) -> dict | None:
     arch, stack = manifest.get("arch"), manifest.get("stack")
     if not arch or not stack:
         return None
-    from .validate import expect_document
+    from ..validation import expect_document
 
     try:
         recipes = load_recipes(ws.root)

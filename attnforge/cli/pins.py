@@ -15,10 +15,11 @@ from rich.table import Table
 from .. import pins as pinlib
 from .. import pins_update as pin_update
 from ..console import out, user_errors
+from ..engine import check_engine_name
 from ..errors import UserError
 from ..recipes import load_recipes
 from ..workspace import Workspace
-from . import ARCH, IN_DIR, STACK, command, text
+from . import ARCH, ENGINE, IN_DIR, STACK, command, text
 
 STYLE = {
     pinlib.OK: "green",
@@ -47,27 +48,37 @@ def findings_table(findings: list[pinlib.Finding], title: str) -> Table:
 
 
 @command(
-    options={"arch": ARCH, "stack": STACK, "offline": IN_DIR, "python": text("X.Y")},
+    options={
+        "arch": ARCH,
+        "stack": STACK,
+        "offline": IN_DIR,
+        "python": text("X.Y"),
+        "engine": ENGINE,
+    },  # fmt: skip
     writes=("build",),
     help={
         "arch": "check only the plans for this arch (default: every arch of each stack)",
         "stack": "check only this stack's plans (default: every stack)",
         "offline": "read git mirrors and saved index pages from this folder (layout: docs/pins.md)",
         "python": "the image's Python, for wheel tags (default: from the stack's base image)",
+        "engine": "container engine whose pulled base images give their digests: docker "
+        "(default) or podman",
         "json": "print the findings as JSON",
         "debug": "show tracebacks",
     },
 )
 @user_errors
-def check(c, arch=None, stack=None, offline=None, python=None, json=False, debug=False):
+def check(c, arch=None, stack=None, offline=None, python=None, engine="docker", json=False,
+          debug=False):  # fmt: skip
     """Check every pin the plans use against its source; exit 1 on a missing or mismatched pin."""
     ws = Workspace.discover()
     recipes = load_recipes(ws.root)
+    digest_of = pinlib.engine_digest(check_engine_name(engine))
     if offline is not None and not Path(offline).is_dir():
         raise UserError(f"--offline {offline}: no such folder (layout: docs/pins.md)")
     sources = pinlib.Sources(Path(offline) if offline else None, cache=ws.build_dir / "pins-cache")
     pairs = pinlib.targets(recipes, arch, stack)
-    findings = pinlib.check(recipes, pairs, sources, python=python)
+    findings = pinlib.check(recipes, pairs, sources, python=python, digest_of=digest_of)
     failed = pinlib.failed(findings)
     if json:
         print(

@@ -3,24 +3,29 @@
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
-import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 from invoke.exceptions import Exit
 
 from .. import baseline as gate
-from .. import baseline_store, hostinfo, multiarch
+from .. import baseline_store
 from ..console import out, user_errors
-from ..engine import RunRequest, check_engine_name, connect
+from ..engine import LocalEngine, check_engine_name, connect
 from ..errors import UserError
-from ..plan import Options, Plan, aotriton_facts, resolve
-from ..recipes import Recipes, load_recipes
-from ..workspace import REPORTS_DIR_ENV, VALIDATED, Workspace
+from ..plan import Options, resolve
+from ..recipes import load_recipes
+from ..validation import (
+    COMPARE_OUTPUTS,
+    device_flags,
+    execute,
+    plan_validation,
+    report_target,
+    stack_gates,
+    tool_runs,
+)
+from ..workspace import REPORTS_DIR_ENV, Workspace
 from . import (
     ARCH,
     ENGINE,
@@ -32,54 +37,6 @@ from . import (
     text,
     writable_folder,
 )
-
-# TheRock dockerfiles/README.md: docker run --device=/dev/kfd --device=/dev/dri --ipc=host
-# --group-add=video --group-add=render; ROCm's "Running ROCm Docker containers" page also
-# advises --security-opt seccomp=unconfined (some HIP/HSA calls are blocked by the default profile).
-OUTPUTS = ("report.json", "report.md")  # what the suite writes; moved into place together
-ROCM_DEVICES = ["/dev/kfd", "/dev/dri"]
-ROCM_GROUPS = ["video", "render"]
-ROCM_EXTRA = ["--ipc=host", "--security-opt", "seccomp=unconfined"]
-
-
-def device_flags(vendor: str, dev_root: Path = Path("/dev")) -> dict:
-    """Devices, groups and extra run flags for a vendor; UserError when the host lacks them."""
-    if vendor == "amd":
-        missing = [d for d in ROCM_DEVICES if not (dev_root / Path(d).name).exists()]
-        if missing:
-            raise UserError(
-                f"{', '.join(missing)} not found: this host has no ROCm GPU driver loaded, so the image "
-                "cannot reach an AMD GPU",
-                hint="run on the machine with the GPU (or point DOCKER_HOST at it); to try the suite "
-                "without a GPU use --local, or validate the cpu stack",
-            )
-        return {"devices": ROCM_DEVICES, "groups": ROCM_GROUPS, "extra": ROCM_EXTRA}
-    if vendor == "nvidia":
-        return {"devices": [], "groups": [], "extra": ["--gpus", "all", "--ipc=host"]}
-    return {"devices": [], "groups": [], "extra": []}
-
-
-def suite_args(
-    json_path: str, md_path: str, expect_path: str, quick: bool, timeout: int
-) -> list[str]:
-    args = ["-m", "validate", "all", "--json", json_path, "--md", md_path, "--expect", expect_path]
-    if quick:
-        args.append("--quick")
-    if timeout:
-        args += ["--timeout", str(timeout)]
-    return args
-
-
-@dataclass(frozen=True)
-class ToolRun:
-    """One of the suite's tools run after it (bench, bench-train, stress): what it writes."""
-
-    name: str  # as the user reads it: "bench", "stress qwen-image"
-    output: str  # the JSON document it writes, a file name beside report.json
-    args: list[str]  # after the interpreter, with the output folder filled in
-
-    def argv(self, python: str, out_dir: str) -> list[str]:
-        return [python, *(a.replace("{out}", out_dir) for a in self.args)]
 
 
 def workload_names(root: Path) -> list[str]:
@@ -118,82 +75,6 @@ def stress_workloads(values: list[str], known: list[str]) -> list[str]:
             if name not in picked:
                 picked.append(name)
     return picked
-
-
-def tool_runs(
-    bench: bool, stress: list[str], quick: bool, tiny: bool, timeout: int, stress_iters: int,
-    backends: tuple[str, ...] = (),
-) -> list[ToolRun]:  # fmt: skip
-    """What runs after the suite: bench and bench-train with --bench (over ``backends``, default
-    all), stress per workload. ``tiny`` (no GPU: the cpu stack) shrinks every shape, since CPU
-    torch and Triton's interpreter would take hours at the real ones."""
-    size = ["--tiny"] if tiny else (["--quick"] if quick else [])
-    limit = ["--timeout", str(timeout)] if timeout else []
-    limit += ["--backend", ",".join(backends)] if backends else []
-    runs = []
-    if bench:
-        runs.append(
-            ToolRun(
-                "bench",
-                "bench.json",
-                ["-m", "validate", "bench", "--json", "{out}/bench.json", *size, *limit],
-            )
-        )
-        runs.append(ToolRun("bench-train", "bench_train.json",
-                            ["-m", "validate", "bench-train", "--json", "{out}/bench_train.json",
-                             *size, *limit]))  # fmt: skip
-    for w in stress:
-        runs.append(ToolRun(f"stress {w}", f"stress-{w}.json",
-                            ["-m", "validate", "stress", "--workload", w, "--backend", "all",
-                             "--iters", str(stress_iters), "--json", f"{{out}}/stress-{w}.json",
-                             *(["--tiny"] if tiny else []),
-                             *(["--timeout", str(timeout)] if timeout else [])]))  # fmt: skip
-    return runs
-
-
-def tool_failures(runs: list[ToolRun], codes: dict[str, int], run_dir: Path) -> list[str]:
-    """One sentence per tool that failed or wrote nothing."""
-    failed = []
-    for t in runs:
-        code = codes.get(t.name)
-        if not (run_dir / t.output).exists():
-            failed.append(
-                f"{t.name} wrote no {t.output} (exit {code}); the previous one, if any, is kept"
-            )
-        elif code:
-            failed.append(f"{t.name} failed (exit {code}): see {t.output}")
-    return failed
-
-
-def expect_document(
-    recipes: Recipes, plan: Plan, shown_as: Path | None = None, in_image: bool = True
-) -> dict:
-    """What the suite holds the image to: the stack's expectations, the known-bad host rules
-    (recipes/hosts.yaml: ROCm hosts, so none for a CPU or NVIDIA arch), what the recipes say of
-    the torch's AOTriton, and what the arch's torch refuses by design (recipes/arches.yaml
-    sdpa_limits); `shown_as` is the path the user will find the file at (the report names it, not
-    the image's /out/expect.json), `in_image` False for a suite run on the host."""
-    arch = recipes.arches[plan.arch]
-    limits = getattr(arch, "sdpa_limits", None)  # an arch set (multiarch) has none of its own
-    rules = []
-    for r in recipes.host_rules if arch.vendor == "amd" else []:
-        rule = r.model_dump(exclude_none=True)
-        on_host = rule.pop("fix_on_host", None)
-        if on_host and not in_image:
-            rule["fix"] = on_host
-        rules.append(rule)
-    doc = {
-        "stack": plan.stack,
-        "arch": plan.arch,
-        "expect": plan.expect,
-        "host_rules": rules,
-        "aotriton": aotriton_facts(recipes, plan),
-        **({"sdpa_limits": limits.model_dump()} if limits else {}),
-        "in_image": in_image,
-    }
-    if shown_as is not None:
-        doc["shown_as"] = str(shown_as)
-    return doc
 
 
 def print_summary(report_path: Path) -> None:
@@ -276,7 +157,8 @@ def validate(
         raise UserError(
             f"stack {stack} has no image for {arch}: layer {first.layer} is unsupported: {first.reason}"
         )
-    eng = ref = None
+    eng = LocalEngine(ws.root) if local else None
+    ref, flags = None, None
     if not local:  # everything that can fail early, before a file is touched
         flags = device_flags(recipes.arches[arch].vendor)
         eng = connect(engine)
@@ -287,103 +169,28 @@ def validate(
                 hint=f"build it first: invoke build --arch {arch} --stack {stack}",
             )
 
-    reports = ws.reports_for(arch, stack)
-    member = None
-    if isinstance(recipes.arches[arch], multiarch.ArchSet):  # validated per member, on its GPU
-        member = multiarch.host_member(recipes.arches[arch], hostinfo.default_arch()[0])
-        reports = multiarch.member_reports(reports, member)
+    reports, expect = report_target(recipes, plan, ws.reports_for(arch, stack), in_image=not local)
     base = find_baseline(baseline, reports, ws, engine) if bench else None
     gates, min_ratio = stack_gates(recipes, stack)
-    reports.mkdir(parents=True, exist_ok=True)
-    run_dir = reports / f".run-{os.getpid()}"  # the new report is written here, then moved
-    from validate.report import RUN_ID_ENV, new_run_id  # the suite's own: stdlib only
+    from validate.report import new_run_id  # the suite's own: stdlib only
 
-    run_id = new_run_id()  # stamped on every document of this run
-    shutil.rmtree(run_dir, ignore_errors=True)
-    run_dir.mkdir()
-    try:
-        expect_file = run_dir / "expect.json"
-        expect_doc = expect_document(
-            recipes, plan, shown_as=reports / "expect.json", in_image=not local
-        )
-        if member:
-            expect_doc.update(arch=member, expect=multiarch.member_expect(recipes, plan, member))
-            limits = recipes.arches[member].sdpa_limits  # what this member's torch refuses
-            if limits:
-                expect_doc["sdpa_limits"] = limits.model_dump()
-        expect_file.write_text(json.dumps(expect_doc, indent=2) + "\n")
-        log = run_dir / "validate.log"
-        if local:
-            argv = [sys.executable, *suite_args(str(run_dir / "report.json"),
-                    str(run_dir / "report.md"), str(expect_file), quick, timeout)]  # fmt: skip
-            out.print(f"running the suite on this host: {' '.join(argv)}")
-            env = dict(os.environ, PYTHONPATH=str(ws.root), **{RUN_ID_ENV: run_id})
-            code = subprocess.run(argv, cwd=ws.root, env=env).returncode
+    v = plan_validation(
+        reports, expect, image=ref, quick=quick, timeout=timeout, runs=runs, flags=flags,
+        env={} if local else {"ATTNFORGE_ENGINE": eng.describe()}, bench=bench, base=base,
+        gates=gates, min_ratio=min_ratio, run_id=new_run_id(),
+    )  # fmt: skip
+    if local:
+        out.print(f"running the suite on this host: {' '.join(eng.argv(v.suite))}")
+    else:
+        out.print(f"validating {ref} ({arch}, stack {stack})")
+
+    def progress(event: str, detail: str) -> None:
+        if event == "tool":
+            out.print(f"running {detail}")
         else:
-            req = RunRequest(
-                image=ref,
-                command=["python3", *suite_args("/out/report.json", "/out/report.md",
-                                               "/out/expect.json", quick, timeout)],
-                devices=flags["devices"], groups=flags["groups"], extra=flags["extra"],
-                env={"ATTNFORGE_ENGINE": eng.describe(), RUN_ID_ENV: run_id},
-                mounts=[(run_dir.resolve(), "/out", False)],
-            )  # fmt: skip
-            out.print(f"validating {ref} ({arch}, stack {stack})")
-            with log.open("w") as fh:
-                code = eng.run_streaming(
-                    req,
-                    fh,
-                    on_line=lambda line: out.print(f"  {line}", markup=False, highlight=False),
-                )
-        codes: dict[str, int] = {}
-        if (run_dir / "report.json").exists():
-            for t in runs:
-                out.print(f"running {t.name}")
-                if local:
-                    argv = t.argv(sys.executable, str(run_dir))
-                    codes[t.name] = subprocess.run(argv, cwd=ws.root, env=env).returncode
-                    continue
-                treq = RunRequest(
-                    image=ref, command=t.argv("python3", "/out"), devices=flags["devices"],
-                    groups=flags["groups"], extra=flags["extra"], env=req.env, mounts=req.mounts,
-                )  # fmt: skip
-                with log.open("a") as fh:
-                    codes[t.name] = eng.run_streaming(
-                        treq,
-                        fh,
-                        on_line=lambda line: out.print(f"  {line}", markup=False, highlight=False),
-                    )
-        if log.exists():
-            os.replace(log, reports / "validate.log")
-        if not (run_dir / "report.json").exists():
-            raise UserError(
-                f"the suite wrote no report (exit {code}); see {reports / 'validate.log'}; "
-                "the previous report, if any, is unchanged"
-            )
-        failures = tool_failures(runs, codes, run_dir)
-        benched = bench and (run_dir / "bench.json").exists()
-        compared = None
-        if benched and base is not None:
-            compared = compare_with_baseline(base, run_dir, reports, gates, min_ratio, run_id)
-            failures += [f"below the baseline: {s}" for s in compared.get("failures", [])]
-        passed = code == 0 and not failures
-        outputs = (*(t.output for t in runs), *(COMPARE_OUTPUTS if compared else ()))
-        if not local:
-            # What `invoke publish` checks: this very image passed (image ids, not tags, which
-            # move); `documents` lets it tell this run's bench.json from a later --local one's.
-            documents = {name: baseline_store.sha256_file(run_dir / name)
-                         for name in ("report.json", *outputs) if (run_dir / name).is_file()}  # fmt: skip
-            (run_dir / VALIDATED).write_text(json.dumps(
-                {"image": ref, "image_id": eng.image_id(ref), "exit": code, "passed": passed,
-                 "tools": codes, "documents": documents,
-                 "baseline": ({"source": base.source, "passed": compared.get("passed")}
-                              if compared else None)}, indent=2) + "\n")  # fmt: skip
-        _move_into_place(run_dir, reports, local, outputs)
-        if benched and not compared:  # the last comparison was of the bench just replaced
-            for name in COMPARE_OUTPUTS:
-                (reports / name).unlink(missing_ok=True)
-    finally:
-        shutil.rmtree(run_dir, ignore_errors=True)
+            out.print(f"  {detail}", markup=False, highlight=False)
+
+    result = execute(v, eng, progress)
     report = reports / "report.json"
     refresh_page(report, ws.root)
     print_summary(report)
@@ -391,19 +198,19 @@ def validate(
     for t in runs:
         if (reports / t.output).exists():
             out.print(f"{t.name}: {reports / t.output}")
-    if compared:
-        print_comparison(compared, reports)
-    if benched:
-        keep_or_not(passed, reports, base, ref if not local else None, eng, local)
-    if code != 0:
-        out.print(f"[bold red]validation failed[/] (exit {code})")
-    for sentence in failures:
+    if result.compared:
+        print_comparison(result.compared, reports)
+    if result.benched:
+        if result.kept:
+            out.print(f"kept as the baseline of the next --bench run: {result.kept}", markup=False)
+        elif baseline_store.kept_dir(reports) is not None:
+            out.print("the kept baseline is unchanged: this run did not pass", markup=False)
+    if result.code != 0:
+        out.print(f"[bold red]validation failed[/] (exit {result.code})")
+    for sentence in result.failures:
         out.print(sentence, style="bold red", markup=False, highlight=False)
-    if not passed:
-        raise Exit(code=code or 1)
-
-
-COMPARE_OUTPUTS = ("baseline-compare.json", "baseline-compare.md")
+    if not result.passed:
+        raise Exit(code=result.code or 1)
 
 
 def render(report: Path, root: Path, html: bool) -> subprocess.CompletedProcess:
@@ -452,15 +259,6 @@ def bench_backends(values: list[str]) -> tuple[str, ...]:
     return tuple(picked)
 
 
-def stack_gates(recipes: Recipes, stack: str) -> tuple[list[gate.Gate], float]:
-    """The stack's bench_gates (recipes/stacks.yaml) as gates, and their default threshold."""
-    spec = recipes.stacks[stack].bench_gates
-    if spec is None:
-        return [], gate.DEFAULT_MIN_RATIO
-    gates = [gate.Gate(g.backend, g.shape, g.mode, g.min_ratio) for g in spec.gates]
-    return gates, spec.min_ratio
-
-
 def find_baseline(
     given: str | None, reports: Path, ws: Workspace, engine: str
 ) -> baseline_store.Baseline | None:
@@ -494,24 +292,6 @@ def find_baseline(
     return baseline_store.Baseline(bench_doc, f"the kept baseline ({kept})", kept)
 
 
-def compare_with_baseline(
-    base: baseline_store.Baseline, run_dir: Path, reports: Path, gates: list[gate.Gate],
-    min_ratio: float, run_id: str | None = None,
-) -> dict:  # fmt: skip
-    """This run's bench.json against the baseline's; the document is written into the run folder
-    (baseline-compare.json and .md) and moves into place with the report."""
-    try:
-        current = gate.load_bench(run_dir / "bench.json")
-    except gate.BaselineError as exc:
-        return {"passed": False, "failures": [f"this run's bench.json cannot be compared: {exc}"]}
-    doc = gate.compare(base.bench, current, gates, min_ratio, baseline_source=base.source,
-                       now_source=str(reports / "bench.json"), created=gate.now_iso())  # fmt: skip
-    if run_id:
-        doc["run_id"] = run_id
-    gate.write(doc, run_dir / COMPARE_OUTPUTS[0], run_dir / COMPARE_OUTPUTS[1])
-    return doc
-
-
 def print_comparison(doc: dict, reports: Path) -> None:
     if "rows" not in doc:
         return
@@ -524,39 +304,6 @@ def print_comparison(doc: dict, reports: Path) -> None:
     out.print(gate.headline(doc), style="green" if doc["passed"] else "bold red", markup=False,
               highlight=False)  # fmt: skip
     out.print(f"comparison: {reports / COMPARE_OUTPUTS[0]} (and .md)", markup=False)
-
-
-def keep_or_not(
-    passed: bool, reports: Path, base: baseline_store.Baseline | None, ref: str | None, eng,
-    local: bool,
-) -> None:  # fmt: skip
-    """After a passing --bench run its report and bench become the kept baseline; after any
-    other the kept one stays as it was."""
-    if not passed:
-        if baseline_store.kept_dir(reports) is not None:
-            out.print("the kept baseline is unchanged: this run did not pass", markup=False)
-        return
-    bench_doc = json.loads((reports / "bench.json").read_text())
-    kept = baseline_store.keep(reports, {
-        "kind": "attnforge.baseline", "version": 1, "kept": gate.now_iso(),
-        "bench_created": bench_doc.get("created"), "local": local, "image": ref,
-        "image_id": eng.image_id(ref) if ref and eng else None,
-        "compared_with": base.source if base else None,
-    })  # fmt: skip
-    out.print(f"kept as the baseline of the next --bench run: {kept}", markup=False)
-
-
-def _move_into_place(
-    run_dir: Path, reports: Path, local: bool, extra: tuple[str, ...] = ()
-) -> None:
-    """The new report replaces the old one only now that it is complete; so does each tool's
-    document this run wrote (one it did not write leaves the last one). A --local run validated
-    no image, so it leaves the image stamp (what `invoke publish` trusts) as it was."""
-    for name in (*OUTPUTS, "expect.json", *extra):
-        if (run_dir / name).exists():
-            os.replace(run_dir / name, reports / name)
-    if not local:
-        os.replace(run_dir / VALIDATED, reports / VALIDATED)
 
 
 @command(

@@ -442,7 +442,8 @@ def test_the_html_report_draws_the_comparison_beside_it(tmp_path):
 
 
 def test_bench_backend_reaches_bench_and_bench_train_not_stress():
-    from attnforge.cli.validate import bench_backends, tool_runs
+    from attnforge.cli.validate import bench_backends
+    from attnforge.validation import tool_runs
 
     picked = bench_backends(["kernels, sdpa.default", "kernels"])
     assert picked == ("kernels", "sdpa.default")

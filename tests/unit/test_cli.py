@@ -47,6 +47,7 @@ def invoke(*args, cwd=REPO, env=None):
             "unknown engine 'nope'; valid engines: docker, podman",
         ),
         (["validate", "--engine", "nope"], "unknown engine 'nope'"),
+        (["pins.check", "--engine", "nope"], "unknown engine 'nope'"),
         (["build", "--set", "nope", "--dry-run"], "e.g. pytorch-wheels.TORCH_VERSION=2.13.0"),
         (["build", "--json"], "--json and --explain go with --dry-run"),
         (

@@ -553,7 +553,7 @@ def test_the_experimental_aotriton_knob_follows_each_channels_aotriton(recipes, 
     ],
 )  # fmt: skip
 def test_the_validation_suite_is_told_what_the_recipes_say_of_aotriton(recipes, arch, stack, facts):
-    from attnforge.cli.validate import expect_document
+    from attnforge.validation import expect_document
 
     doc = expect_document(recipes, resolve(recipes, arch, stack))
     assert doc["aotriton"] == facts
@@ -565,7 +565,7 @@ def test_the_validation_suite_is_told_what_the_recipes_say_of_aotriton(recipes, 
 
 
 def test_the_suite_names_the_users_expect_file_and_words_fixes_for_where_it_runs(recipes, tmp_path):
-    from attnforge.cli.validate import expect_document
+    from attnforge.validation import expect_document
 
     plan = resolve(recipes, "gfx1151", "default")
     kept = tmp_path / "reports" / "gfx1151" / "default" / "expect.json"

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from attnforge.cli.validate import device_flags
 from attnforge.engine import BuildRequest, RunRequest
 from attnforge.errors import UserError
+from attnforge.validation import device_flags
 
 
 def request(**kw):

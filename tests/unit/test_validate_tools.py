@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from attnforge.cli.validate import stress_workloads, tool_failures, tool_runs, workload_names
+from attnforge.cli.validate import stress_workloads, workload_names
 from attnforge.errors import UserError
+from attnforge.validation import tool_failures, tool_runs
 from tests.conftest import REPO
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnforge.cli.validate import expect_document
 from attnforge.plan import resolve
 from attnforge.recipes import load_recipes
+from attnforge.validation import expect_document
 from validate import workloads
 from validate.checks import workloads as fused_check
 from validate.expect import ExpectError, evaluate, parse_expect
