@@ -6,8 +6,13 @@ as distribution 2.8, Debian's docker-registry) serve: the SBOM of the image `rep
 the manifest tagged `sha256-<hex>.sbom`, its attestations `sha256-<hex>.att` (sigstore/cosign
 specs/SIGNATURE_SPEC.md and doc/cosign_download.md, read 2026-11-25). Each attachment manifest also
 carries the OCI 1.1 `subject` and `artifactType` fields, so a registry with the referrers API lists
-it under the image too. Anonymous access only (a local registry, or a public read): credentials for
-ghcr.io and others are the engine's and are not read here (unverified against them).
+it under the image too.
+
+A registry that wants a login is answered as Docker's clients answer it, with the credentials of
+the Docker client config (attnforge/registry_auth.py): a `Basic` challenge with those credentials,
+a `Bearer` challenge with a token from its realm (fetched with them, or anonymously without), one
+token per registry and scope for the process (the token flow: distribution/distribution
+docs/spec/auth/token.md and oauth.md, read 2026-11-25).
 """
 
 from __future__ import annotations
@@ -15,9 +20,11 @@ from __future__ import annotations
 import hashlib
 import json
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 
+from . import registry_auth
 from .errors import UserError
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -64,25 +71,127 @@ def sha256_digest(data: bytes) -> str:
 
 def _base(ref: Ref) -> str:
     host = ref.registry
+    if host in registry_auth.DOCKER_HUB_HOSTS:
+        host = "registry-1.docker.io"  # where Docker Hub serves the API (as docker's clients do)
     scheme = "http" if host.startswith(("127.", "localhost")) else "https"
     return f"{scheme}://{host}/v2/{ref.repo}"
 
 
-def _request(method: str, url: str, data: bytes | None = None, headers: dict | None = None):
-    req = urllib.request.Request(url, data=data, method=method, headers=headers or {})
+# Authorization header values for (registry, scope), for the life of the process: a token is
+# fetched once per repository and access, not once per blob.
+_AUTH: dict[tuple[str, str], str] = {}
+
+
+def _scope(ref: Ref, push: bool) -> str:
+    return f"repository:{ref.repo}:{'pull,push' if push else 'pull'}"
+
+
+def _open(method: str, url: str, data: bytes | None, headers: dict, auth: str | None):
+    req = urllib.request.Request(url, data=data, method=method, headers=headers)
+    if auth:
+        # Unredirected: a blob GET that the registry redirects to a CDN or object store must
+        # not carry the registry's credentials there.
+        req.add_unredirected_header("Authorization", auth)
+    return urllib.request.urlopen(req, timeout=60)
+
+
+def _request(ref: Ref, method: str, url: str, data: bytes | None = None,
+             headers: dict | None = None, *, push: bool = False):  # fmt: skip
+    """The response, None for a 404, or a UserError sentence; logs in when challenged."""
+    headers = headers or {}
+    key = (ref.registry, _scope(ref, push))
     try:
-        return urllib.request.urlopen(req, timeout=60)
+        try:
+            return _open(method, url, data, headers, _AUTH.get(key))
+        except urllib.error.HTTPError as exc:
+            if exc.code != 401:
+                raise
+            challenge = exc.headers.get("WWW-Authenticate", "")
+            exc.close()
+            _AUTH[key] = _answer(ref, push, challenge)
+            return _open(method, url, data, headers, _AUTH[key])
     except urllib.error.HTTPError as exc:
         if exc.code == 404:
             return None
+        if exc.code in (401, 403):
+            _AUTH.pop(key, None)
+            raise _refused(ref, push, f"{exc.code} {exc.reason}") from None
         raise UserError(f"{method} {url}: the registry answered {exc.code} {exc.reason}") from None
     except (urllib.error.URLError, OSError) as exc:
         raise UserError(f"{method} {url}: the registry did not answer ({exc})") from None
 
 
+def _answer(ref: Ref, push: bool, header: str) -> str:
+    """The Authorization header that answers the registry's 401 challenge."""
+    challenges = {c.scheme: c for c in registry_auth.parse_challenges(header)}
+    creds = registry_auth.find_credentials(ref.registry)
+    if "bearer" in challenges and challenges["bearer"].params.get("realm"):
+        return "Bearer " + _token(ref, push, challenges["bearer"].params, creds)
+    if "basic" in challenges and creds is not None and not creds.identity_token:
+        return registry_auth.basic_header(creds)
+    raise _refused(ref, push, "401 Unauthorized")
+
+
+def _token(ref: Ref, push: bool, params: dict[str, str], creds) -> str:
+    """A token from the Bearer challenge's realm: an OAuth2 refresh-token grant for an identity
+    token, else GET with Basic credentials (or none, for an anonymous pull token)."""
+    query = {"scope": _scope(ref, push)}
+    if params.get("service"):
+        query["service"] = params["service"]
+    realm = params["realm"]
+    if creds is not None and creds.identity_token:
+        form = {**query, "grant_type": "refresh_token", "refresh_token": creds.secret,
+                "client_id": "attnforge"}  # fmt: skip
+        req = urllib.request.Request(realm, data=urllib.parse.urlencode(form).encode(),
+                                     method="POST")  # fmt: skip
+    else:
+        sep = "&" if "?" in realm else "?"
+        req = urllib.request.Request(f"{realm}{sep}{urllib.parse.urlencode(query)}")
+        if creds is not None:
+            req.add_unredirected_header("Authorization", registry_auth.basic_header(creds))
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            doc = json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        if exc.code in (401, 403):
+            raise _refused(
+                ref, push, f"its token server answered {exc.code} {exc.reason}"
+            ) from None
+        raise UserError(
+            f"{ref.registry}'s token server {realm} answered {exc.code} {exc.reason}"
+        ) from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise UserError(f"{ref.registry}'s token server {realm} gave no token ({exc})") from None
+    token = (doc.get("token") or doc.get("access_token")) if isinstance(doc, dict) else None
+    if not token:
+        raise UserError(f"{ref.registry}'s token server {realm} answered without a token")
+    return token
+
+
+def _refused(ref: Ref, push: bool, status: str) -> UserError:
+    """The one sentence for a registry that will not let us in: which registry, why, the fix."""
+    what = f"{'push to' if push else 'read'} {ref.repo}"
+    host = ref.registry
+    login = "docker login" if host in registry_auth.DOCKER_HUB_HOSTS else f"docker login {host}"
+    try:
+        creds = registry_auth.find_credentials(host)
+    except UserError:
+        creds = None
+    if creds is None:
+        return UserError(
+            f"{host} refused to let us {what} ({status}) and the Docker client config "
+            f"({registry_auth.config_path()}) has no login for it; run `{login}`"
+        )
+    return UserError(
+        f"{host} refused the login from {creds.source} (user {creds.username}) to {what} "
+        f"({status}); run `{login}` with an account that may {what}"
+    )
+
+
 def get_manifest(ref: Ref) -> tuple[bytes, str, str] | None:
     """(bytes, media type, digest) of the manifest ref names, or None when there is none."""
-    resp = _request("GET", f"{_base(ref)}/manifests/{ref.reference}", headers={"Accept": ACCEPT})
+    resp = _request(ref, "GET", f"{_base(ref)}/manifests/{ref.reference}",
+                    headers={"Accept": ACCEPT})  # fmt: skip
     if resp is None:
         return None
     with resp:
@@ -92,7 +201,7 @@ def get_manifest(ref: Ref) -> tuple[bytes, str, str] | None:
 
 
 def get_blob(ref: Ref, digest: str) -> bytes | None:
-    resp = _request("GET", f"{_base(ref)}/blobs/{digest}")
+    resp = _request(ref, "GET", f"{_base(ref)}/blobs/{digest}")
     if resp is None:
         return None
     with resp:
@@ -101,18 +210,25 @@ def get_blob(ref: Ref, digest: str) -> bytes | None:
 
 def put_blob(ref: Ref, data: bytes) -> str:
     digest = sha256_digest(data)
-    if _request("HEAD", f"{_base(ref)}/blobs/{digest}") is not None:
+    if _request(ref, "HEAD", f"{_base(ref)}/blobs/{digest}", push=True) is not None:
         return digest
-    resp = _request("POST", f"{_base(ref)}/blobs/uploads/", data=b"")
+    resp = _request(ref, "POST", f"{_base(ref)}/blobs/uploads/", data=b"", push=True)
     if resp is None:
         raise UserError(f"{ref}: the registry refused an upload")
     location = resp.headers["Location"]
     if location.startswith("/"):
         location = f"{_base(ref).split('/v2/')[0]}{location}"
     sep = "&" if "?" in location else "?"
-    _request("PUT", f"{location}{sep}digest={digest}", data=data,
-             headers={"Content-Type": "application/octet-stream"})  # fmt: skip
+    _request(ref, "PUT", f"{location}{sep}digest={digest}", data=data,
+             headers={"Content-Type": "application/octet-stream"}, push=True)  # fmt: skip
     return digest
+
+
+def put_manifest(ref: Ref, data: bytes, media: str) -> str:
+    """Push a manifest under ref's tag (or digest); its digest."""
+    _request(ref, "PUT", f"{_base(ref)}/manifests/{ref.reference}", data=data,
+             headers={"Content-Type": media}, push=True)  # fmt: skip
+    return sha256_digest(data)
 
 
 def attach(subject: Ref, subject_digest: str, suffix: str, artifact_type: str,
@@ -133,8 +249,7 @@ def attach(subject: Ref, subject_digest: str, suffix: str, artifact_type: str,
     }  # fmt: skip
     data = json.dumps(manifest, separators=(",", ":")).encode()
     tag = f"{subject_digest.replace(':', '-')}.{suffix}"
-    _request("PUT", f"{_base(subject)}/manifests/{tag}", data=data,
-             headers={"Content-Type": OCI_MANIFEST})  # fmt: skip
+    put_manifest(subject.with_reference(tag), data, OCI_MANIFEST)
     return str(subject.with_reference(tag)), sha256_digest(data)
 
 

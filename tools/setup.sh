@@ -114,8 +114,9 @@ wheelhouse() {
 }
 
 registry() {
+  # htpasswd (apache2-utils): tests/e2e/test_registry_auth.py starts a second registry with a login.
+  apt_install docker-registry apache2-utils
   curl -fsS "http://$REGISTRY_ADDR/v2/" >/dev/null 2>&1 && return 0
-  apt_install docker-registry
   say "starting a local registry on $REGISTRY_ADDR"
   # Its storage is throwaway (.ci/registry.yml): each test run pushes to repositories named for
   # that run, so a registry that kept them would grow by gigabytes with every local `make test`.
