@@ -2,7 +2,9 @@
 
 The engine is a recording fake (the real one is exercised by tests/e2e/test_baseline_publish.py);
 what is checked here is the command's promise: tags it made are removed again, no publish.json is
-written, and the message is a sentence, not a traceback."""
+written, and the message is a sentence, not a traceback. The SBOM and provenance steps are stood
+in for (they read the image and talk to a registry: tests/e2e/test_export_venv.py runs them for
+real); a stand-in that fails shows an attachment failing after the pushes is cleaned up too."""
 
 from __future__ import annotations
 
@@ -55,7 +57,7 @@ def published(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("ATTNFORGE_REPORTS_DIR", str(tmp_path / "reports"))
     monkeypatch.chdir(tmp_path)
 
-    def run(engine: FakeEngine, to: str = "127.0.0.1:5000/team"):
+    def run(engine: FakeEngine, to: str = "127.0.0.1:5000/team", attach_fails: bool = False):
         final = "attnforge/cpu:cpu"
         engine.images.update({final: "sha256:final", "attnforge/base:cpu-aaaa": "sha256:a",
                               "attnforge/cpu:cpu-bbbb": "sha256:final"})  # fmt: skip
@@ -63,6 +65,16 @@ def published(tmp_path, monkeypatch, capsys):
         stamp.parent.mkdir(parents=True)
         stamp.write_text(json.dumps({"image_id": "sha256:final", "passed": True}))
         monkeypatch.setattr(cli, "connect", lambda name: engine)
+        monkeypatch.setattr(cli, "attestation_facts", lambda *args: {"facts": "gathered"})
+
+        def attach(final_ref, refs, facts, record):
+            assert facts == {"facts": "gathered"} and refs[-1]["ref"] == final_ref
+            if attach_fails:
+                raise UserError(f"PUT {final_ref}: the registry answered 500 Internal Server Error")
+            return {"sbom": {"digest": "sha256:" + "1" * 64},
+                    "provenance": {"digest": "sha256:" + "2" * 64}}  # fmt: skip
+
+        monkeypatch.setattr(cli, "attach_attestations", attach)
         try:
             Program(namespace=tasks.ns, binary="invoke").run(
                 ["invoke", "publish", "--arch", "cpu", "--stack", "cpu", "--to", to]
@@ -107,3 +119,23 @@ def test_a_publish_that_passes_writes_its_manifest(published):
     assert code == 0, said
     refs = [r["ref"] for r in json.loads((folder / "publish.json").read_text())["refs"]]
     assert refs[-1] == "127.0.0.1:5000/team/cpu:cpu"
+
+
+def test_an_attachment_that_fails_after_the_pushes_leaves_no_tags_and_no_manifest(published):
+    engine = FakeEngine()
+    code, said, folder = published(engine, attach_fails=True)
+    assert code == 2 and "Traceback" not in said
+    assert "publishing to 127.0.0.1:5000/team failed: PUT" in said and "500" in said
+    assert not any(ref.startswith("127.0.0.1:5000/") for ref in engine.images)
+    assert engine.untagged == [  # the layer tag cpu:cpu is also the stack's tag: made once
+        "127.0.0.1:5000/team/base:cpu-aaaa", "127.0.0.1:5000/team/base:cpu",
+        "127.0.0.1:5000/team/cpu:cpu-bbbb", "127.0.0.1:5000/team/cpu:cpu",
+    ]  # fmt: skip
+    assert not (folder / "publish.json").exists()
+
+
+def test_the_manifest_lists_the_attachments_digests(published):
+    code, said, folder = published(FakeEngine())
+    assert code == 0, said
+    doc = json.loads((folder / "publish.json").read_text())
+    assert doc["attestations"]["sbom"]["digest"] == "sha256:" + "1" * 64
