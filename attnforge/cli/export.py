@@ -50,29 +50,11 @@ def validated_image(
     final_id = eng.image_id(final) if final else None
     if final_id is None:
         raise UserError(f"no image {final}", hint=f"invoke build --arch {arch} --stack {stack}")
-    if isinstance(recipes.arches[arch], ArchSet):  # every arch of the set passed on this image
-        from .publish import set_validation
+    from .publish import set_validation, single_validation
 
+    if isinstance(recipes.arches[arch], ArchSet):  # every arch of the set passed on this image
         return final, final_id, set_validation(ws, recipes.arches[arch], stack, final, final_id)
-    stamp = ws.validated_stamp(arch, stack)
-    if not stamp.exists():
-        raise UserError(
-            f"{final} was never validated here; it is not exported",
-            hint=f"invoke validate --arch {arch} --stack {stack}",
-        )
-    record = jsonlib.loads(stamp.read_text())
-    if record.get("image_id") != final_id:
-        raise UserError(
-            f"{final} changed since it was validated (validated {str(record.get('image_id'))[:19]}, "
-            f"now {final_id[:19]}); it is not exported",
-            hint=f"invoke validate --arch {arch} --stack {stack}",
-        )
-    if not record.get("passed"):
-        raise UserError(
-            f"{final} failed validation (exit {record.get('exit')}); it is not exported",
-            hint=f"see {ws.reports_for(arch, stack) / 'report.md'}",
-        )
-    return final, final_id, record
+    return final, final_id, single_validation(ws, arch, stack, final, final_id, done="exported")
 
 
 def probe_image(eng, image: str, *flags: str) -> dict:

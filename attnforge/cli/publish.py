@@ -210,23 +210,26 @@ def attach_attestations(final_ref: str, refs: list[dict], facts: dict, record: d
     return found
 
 
-def single_validation(ws: Workspace, arch: str, stack: str, final: str, final_id: str) -> dict:
-    """The stamp `invoke validate` left for this very image, or a UserError saying why not."""
+def single_validation(
+    ws: Workspace, arch: str, stack: str, final: str, final_id: str, done: str = "published"
+) -> dict:
+    """The stamp `invoke validate` left for this very image, or a UserError saying why not and
+    that the image is not `done` with (published, exported)."""
     stamp = ws.validated_stamp(arch, stack)
     if not stamp.exists():
         raise UserError(
-            f"{final} was never validated here; it is not published",
+            f"{final} was never validated here; it is not {done}",
             hint=f"invoke validate --arch {arch} --stack {stack}",
         )
     record = json.loads(stamp.read_text())
     if record.get("image_id") != final_id:
         raise UserError(
-            f"{final} changed since it was validated (validated {str(record.get('image_id'))[:19]}, now {final_id[:19]}); it is not published",
+            f"{final} changed since it was validated (validated {str(record.get('image_id'))[:19]}, now {final_id[:19]}); it is not {done}",
             hint=f"invoke validate --arch {arch} --stack {stack}",
         )
     if not record.get("passed"):
         raise UserError(
-            f"{final} failed validation (exit {record.get('exit')}); it is not published",
+            f"{final} failed validation (exit {record.get('exit')}); it is not {done}",
             hint=f"see {ws.reports_for(arch, stack) / 'report.md'}",
         )
     return record
