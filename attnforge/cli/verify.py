@@ -26,8 +26,10 @@ NOT_CHECKED = ("signatures not checked: give --key cosign.pub for key-based ones
 )
 @user_errors
 def verify(c, image=None, key=None, debug=False):
-    """Check a published image's SBOM and provenance: present, intact, about this very digest;
-    with --key, also its cosign key-based signature (and its attachments' where they have one).
+    """Check a published image's SBOM, provenance and, with --key, its cosign signature.
+
+    The SBOM and provenance must be present, intact and about this very digest; with --key the
+    image's key-based cosign signature must verify (and its attachments', where they have one).
 
     Keyless signatures (Fulcio certificate, Rekor entry) are checked by cosign (docs/ci.md)."""
     if not image:
@@ -61,18 +63,18 @@ def verify(c, image=None, key=None, debug=False):
                 if not att_problems:
                     signed.append(what)
     for p in problems:
-        out.print(f"- {p}", markup=False)
+        out.print(f"- {p}", markup=False, soft_wrap=True)
     if signed and problems:
-        out.print(f"signed by the given key: {', '.join(signed)}", markup=False)
+        out.print(f"signed by the given key: {', '.join(signed)}", markup=False, soft_wrap=True)
     if problems:
         out.print(f"[red]not verified:[/] {ref.with_reference(digest)}")
         if not key:
-            out.print(NOT_CHECKED, markup=False)
+            out.print(NOT_CHECKED, markup=False, soft_wrap=True)
         raise Exit(code=1)
     out.print(f"[green]verified[/] {ref.with_reference(digest)}: SBOM ({sbom['digest']}) and "
               f"SLSA provenance ({prov['digest']}) attached, intact, about this digest")  # fmt: skip
     if key:
         out.print(f"signed by the given key: {', '.join(signed)} (key-based cosign signature; "
-                  "keyless signatures and the Rekor log are not checked here)", markup=False)  # fmt: skip
+                  "keyless signatures and the Rekor log are not checked here)", markup=False, soft_wrap=True)  # fmt: skip
     else:
-        out.print(NOT_CHECKED, markup=False)
+        out.print(NOT_CHECKED, markup=False, soft_wrap=True)
