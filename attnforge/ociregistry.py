@@ -266,3 +266,21 @@ def fetch_attachment(subject: Ref, subject_digest: str, suffix: str) -> dict | N
     blob = get_blob(subject, layers[0]["digest"]) if layers else None
     return {"manifest": manifest, "digest": digest, "payload": blob,
             "layer_digest": layers[0]["digest"] if layers else None}  # fmt: skip
+
+
+def fetch_signatures(subject: Ref, subject_digest: str) -> list[dict] | None:
+    """cosign's signatures of subject_digest: the layers of the manifest tagged
+    sha256-<hex>.sig (cosign specs/SIGNATURE_SPEC.md), each as its `payload` bytes (None when the
+    blob is missing or does not match its digest), `annotations` and `media`; None when there is
+    no such manifest."""
+    found = get_manifest(subject.with_reference(f"{subject_digest.replace(':', '-')}.sig"))
+    if found is None:
+        return None
+    out = []
+    for layer in json.loads(found[0]).get("layers") or []:
+        blob = get_blob(subject, layer["digest"])
+        if blob is not None and sha256_digest(blob) != layer["digest"]:
+            blob = None
+        out.append({"payload": blob, "annotations": layer.get("annotations") or {},
+                    "media": layer.get("mediaType")})  # fmt: skip
+    return out

@@ -2,31 +2,42 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from invoke.exceptions import Exit
 
-from .. import attest, ociregistry
+from .. import attest, ociregistry, signature
 from ..console import out, user_errors
 from ..errors import UserError
 from ..ociregistry import Ref
-from . import command, text
+from . import IN_FILE, command, text
+
+NOT_CHECKED = ("signatures not checked: give --key cosign.pub for key-based ones, or run "
+               "`cosign verify` for the keyless ones CI makes (docs/ci.md)")  # fmt: skip
 
 
 @command(
-    options={"image": text("REGISTRY/REPOSITORY:TAG")},
+    options={"image": text("REGISTRY/REPOSITORY:TAG"), "key": IN_FILE},
     help={
         "image": "the published image: registry/repository:tag or @sha256:... (required)",
+        "key": "a PEM public key (cosign.pub): also check the image's cosign signature with it",
         "debug": "show tracebacks",
     },
 )
 @user_errors
-def verify(c, image=None, debug=False):
-    """Check a published image's SBOM and provenance: present, intact, about this very digest.
+def verify(c, image=None, key=None, debug=False):
+    """Check a published image's SBOM, provenance and, with --key, its cosign signature.
 
-    Signatures are checked by cosign in CI (docs/ci.md), not here."""
+    The SBOM and provenance must be present, intact and about this very digest; with --key the
+    image's key-based cosign signature must verify (and its attachments', where they have one).
+
+    Keyless signatures (Fulcio certificate, Rekor entry) are checked by cosign (docs/ci.md)."""
     if not image:
         raise UserError(
             "--image is required: the published image, e.g. invoke verify --image registry/repository:tag"
         )
+    if key:
+        signature.check_key(Path(key))
     ref = Ref.parse(image)
     found = ociregistry.get_manifest(ref)
     if found is None:
@@ -37,11 +48,33 @@ def verify(c, image=None, debug=False):
     sbom = ociregistry.fetch_attachment(ref, digest, "sbom")
     prov = ociregistry.fetch_attachment(ref, digest, "att")
     problems = attest.check(digest, sbom, prov)
+    signed = []
+    if key:
+        sig_problems = signature.check("the image", digest,
+                                       ociregistry.fetch_signatures(ref, digest), Path(key))  # fmt: skip
+        problems += sig_problems
+        if not sig_problems:
+            signed.append("the image")
+        for what, att in (("the SBOM", sbom), ("the provenance", prov)):
+            sigs = ociregistry.fetch_signatures(ref, att["digest"]) if att else None
+            if sigs is not None:  # attachments need not be signed; a signature there must hold
+                att_problems = signature.check(what, att["digest"], sigs, Path(key))
+                problems += att_problems
+                if not att_problems:
+                    signed.append(what)
     for p in problems:
-        out.print(f"- {p}", markup=False)
+        out.print(f"- {p}", markup=False, soft_wrap=True)
+    if signed and problems:
+        out.print(f"signed by the given key: {', '.join(signed)}", markup=False, soft_wrap=True)
     if problems:
         out.print(f"[red]not verified:[/] {ref.with_reference(digest)}")
+        if not key:
+            out.print(NOT_CHECKED, markup=False, soft_wrap=True)
         raise Exit(code=1)
     out.print(f"[green]verified[/] {ref.with_reference(digest)}: SBOM ({sbom['digest']}) and "
-              f"SLSA provenance ({prov['digest']}) attached, intact, about this digest; "
-              "signature not checked here")  # fmt: skip
+              f"SLSA provenance ({prov['digest']}) attached, intact, about this digest")  # fmt: skip
+    if key:
+        out.print(f"signed by the given key: {', '.join(signed)} (key-based cosign signature; "
+                  "keyless signatures and the Rekor log are not checked here)", markup=False, soft_wrap=True)  # fmt: skip
+    else:
+        out.print(NOT_CHECKED, markup=False, soft_wrap=True)

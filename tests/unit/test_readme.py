@@ -27,6 +27,8 @@ NOT_RUN_HERE = {
     "export and a venv; tests/e2e/test_export_venv.py installs one and verifies it",
     "invoke verify --image ghcr.io/you/attnforge/default:gfx1151": "needs a published image; "
     "tests/e2e/test_export_venv.py publishes the cpu stack to a local registry and verifies it",
+    "invoke verify --image ghcr.io/you/attnforge/default:gfx1151 --key cosign.pub": "needs a "
+    "signed published image; tests/e2e/test_verify_signature.py signs one on a local registry",
     "invoke pins.check --arch gfx1151": "needs GitHub and AMD's index; tests/unit/test_pins.py "
     "runs pins.check --offline against saved pages and real git repositories",
     "invoke pins.update --channel stable": "needs AMD's index; tests/unit/test_pins_update.py runs "
