@@ -114,8 +114,9 @@ wheelhouse() {
 }
 
 registry() {
-  # htpasswd (apache2-utils): tests/e2e/test_registry_auth.py starts a second registry with a login.
-  apt_install docker-registry apache2-utils
+  # htpasswd (apache2-utils): tests/e2e/test_registry_login_e2e.py starts a second registry with a
+  # login; openssl: `invoke verify --key` checks cosign signatures with it (tests/e2e/test_verify_signature.py).
+  apt_install docker-registry apache2-utils openssl
   curl -fsS "http://$REGISTRY_ADDR/v2/" >/dev/null 2>&1 && return 0
   say "starting a local registry on $REGISTRY_ADDR"
   # Its storage is throwaway (.ci/registry.yml): each test run pushes to repositories named for
