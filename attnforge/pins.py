@@ -332,6 +332,19 @@ def _supported_tags(python: str) -> set[Tag]:
     )
 
 
+def parse_dist_filename(filename: str):
+    """(name, version, wheel tags or None for an sdist) of a distribution file's name, or None
+    where the name is neither a wheel's nor an sdist's."""
+    try:
+        if filename.endswith(".whl"):
+            name, ver, _, tags = parse_wheel_filename(filename)
+            return name, ver, tags
+        name, ver = parse_sdist_filename(filename)
+        return name, ver, None
+    except (InvalidWheelFilename, InvalidSdistFilename, InvalidVersion):
+        return None
+
+
 def match_files(
     files: Iterable[DistFile], project: str, version: str, python: str | None
 ) -> tuple[list[str], list[str]]:
@@ -340,14 +353,10 @@ def match_files(
     tags = _supported_tags(python) if python else None
     fits, others = [], []
     for f in files:
-        try:
-            if f.filename.endswith(".whl"):
-                name, ver, _, wtags = parse_wheel_filename(f.filename)
-            else:
-                name, ver = parse_sdist_filename(f.filename)
-                wtags = None
-        except (InvalidWheelFilename, InvalidSdistFilename, InvalidVersion):
+        parsed = parse_dist_filename(f.filename)
+        if parsed is None:
             continue
+        name, ver, wtags = parsed
         if name != canonicalize_name(project) or not spec.contains(ver, prereleases=True):
             continue
         ok = tags is None or wtags is None or bool(wtags & tags)
@@ -368,13 +377,10 @@ def legacy_a0_twin(files: Iterable[DistFile], project: str, version: str) -> str
     except InvalidVersion:
         return None
     for f in files:
-        try:
-            if f.filename.endswith(".whl"):
-                name, ver, _, _ = parse_wheel_filename(f.filename)
-            else:
-                name, ver = parse_sdist_filename(f.filename)
-        except (InvalidWheelFilename, InvalidSdistFilename, InvalidVersion):
+        parsed = parse_dist_filename(f.filename)
+        if parsed is None:
             continue
+        name, ver, _ = parsed
         if (
             name == canonicalize_name(project)
             and {ver.pre, want.pre} == {None, LEGACY_A0}

@@ -27,12 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from packaging.utils import (
-    InvalidSdistFilename,
-    InvalidWheelFilename,
-    parse_sdist_filename,
-    parse_wheel_filename,
-)
 from packaging.version import InvalidVersion, Version
 
 from . import yamlsrc
@@ -44,6 +38,7 @@ from .pins import (
     Unavailable,
     _distro_python,
     match_files,
+    parse_dist_filename,
     project_of,
     url_path,
 )
@@ -184,13 +179,10 @@ def _by_version(files: list[DistFile], project: str) -> dict[Version, list[DistF
     for f in files:
         if f.yanked:
             continue
-        try:
-            if f.filename.endswith(".whl"):
-                name, version, _, _ = parse_wheel_filename(f.filename)
-            else:
-                name, version = parse_sdist_filename(f.filename)
-        except (InvalidWheelFilename, InvalidSdistFilename, InvalidVersion):
+        parsed = parse_dist_filename(f.filename)
+        if parsed is None:
             continue
+        name, version, _ = parsed
         if name == project:
             out.setdefault(version, []).append(f)
     return out
