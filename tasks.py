@@ -1,5 +1,7 @@
 """attnforge's command line: `invoke --list` shows the tasks; each lives in attnforge/cli/."""
 
+import signal
+
 from invoke import Collection
 
 from attnforge.cli import bake as bake_tasks
@@ -14,6 +16,11 @@ from attnforge.cli import pins as pin_tasks
 from attnforge.cli import publish as publish_tasks
 from attnforge.cli import validate as validate_tasks
 from attnforge.cli import verify as verify_tasks
+
+# `invoke build --help | head` and `invoke --list | less` stop reading early: end quietly, as
+# Unix tools do, instead of a BrokenPipeError traceback from whichever print came next.
+if hasattr(signal, "SIGPIPE"):
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
 
 ns = Collection()
 ns.add_task(build_tasks.build)

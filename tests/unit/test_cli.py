@@ -113,6 +113,24 @@ def test_every_task_has_help():
         assert len(line.split()) > 1, f"{name} has no one-line help in --list"
 
 
+@pytest.mark.parametrize("args", [["build", "--help"], ["--list"]])
+def test_output_cut_short_by_a_pipe_ends_quietly(args):
+    """`invoke build --help | head -1`: the reader closes the pipe after one line; the task must
+    end without a BrokenPipeError traceback on stderr."""
+    import subprocess
+    import sys
+
+    reader = subprocess.Popen(["head", "-c", "1"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    proc = subprocess.run(
+        [sys.executable, "-m", "invoke", *args],
+        cwd=REPO, stdout=reader.stdin, stderr=subprocess.PIPE, text=True, env=outputs_env(),
+        timeout=120,
+    )  # fmt: skip
+    reader.stdin.close()
+    reader.wait()
+    assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
+
+
 def test_an_unanswering_docker_host_is_named_and_not_suggested_again():
     env = dict(os.environ, DOCKER_HOST="unix:///nonexistent/docker.sock")
     proc = invoke("build", "--arch", "cpu", env=env)
