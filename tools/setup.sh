@@ -48,7 +48,29 @@ venv() {
   fi
 }
 
+# A session of many e2e runs grows BuildKit's cache by tens of GB (63 GB once, which filled the
+# disk mid-test). Below MIN_FREE_GB free on the engine's disk, trim the cache to its most recently
+# used KEEP_CACHE_GB; a roomy disk keeps its whole cache, so warm builds stay warm.
+MIN_FREE_GB=${ATTNFORGE_MIN_FREE_GB:-25}
+KEEP_CACHE_GB=${ATTNFORGE_KEEP_CACHE_GB:-10}
+trim_build_cache() {
+  local cli root free
+  cli=$(docker_cli)
+  root=$("$cli" info --format '{{.DockerRootDir}}' 2>/dev/null) || return 0
+  [ -d "$root" ] || return 0  # a remote engine (DOCKER_HOST): its disk is not ours to read
+  free=$(df -P -BG "$root" | awk 'NR == 2 {sub("G", "", $4); print $4}')
+  [ -n "$free" ] && [ "$free" -lt "$MIN_FREE_GB" ] || return 0
+  say "only ${free} GB free under $root: trimming Docker's build cache to ${KEEP_CACHE_GB} GB"
+  "$cli" builder prune -f --keep-storage "${KEEP_CACHE_GB}gb" >/dev/null ||
+    say "could not trim the build cache; free some space before the e2e tests"
+}
+
 engine() {
+  engine_up
+  trim_build_cache
+}
+
+engine_up() {
   local cli
   if cli=$(docker_cli) && [ -n "$cli" ] && "$cli" info >/dev/null 2>&1; then return 0; fi
   if [ -n "${DOCKER_HOST:-}" ]; then die "DOCKER_HOST=$DOCKER_HOST does not answer; start that engine or unset DOCKER_HOST"; fi
