@@ -133,6 +133,26 @@ def test_each_channel_pins_its_own_coupled_wheels_and_expects_its_torch(
     )
 
 
+@pytest.mark.parametrize(("arch", "knob"), [("gfx1151", "0"), ("gfx1150", "1"), ("gfx942", "0")])
+def test_the_pytorch_org_stack_installs_pytorch_orgs_wheels_with_no_rocm_sdk_layer(
+    recipes, arch, knob
+):
+    plan = resolve(recipes, arch, "pytorch-org")
+    assert plan.blocked_by == []
+    assert [s.layer for s in plan.chain] == ["base", "pytorch-org", "flash-attention", "validate"]
+    step = plan.step("pytorch-org")
+    assert step.hint_args == {"TORCH_INDEX_URL": "https://download.pytorch.org/whl/rocm7.14"}
+    # the index's label is the ROCm minor; rocm is the republished 7.14.0 (pytorch#193979)
+    assert step.pins == {
+        "TORCH_VERSION": "2.14.1+rocm7.14",
+        "TORCHVISION_VERSION": "0.29.1+rocm7.14",
+        "ROCM_VERSION": "7.14.0.post1",
+    }
+    assert plan.expect["torch.version"] == step.pins["TORCH_VERSION"]
+    # AOTriton 0.12.1b (inferred for v2.14.x) calls gfx1150 experimental, gfx1151 not
+    assert step.args["AOTRITON_EXPERIMENTAL"] == knob
+
+
 def test_a_stack_for_another_arch_is_refused_with_the_stacks_that_fit(recipes):
     with pytest.raises(
         UserError, match="stack 'default' is not for arch 'cpu'.*stacks for cpu: cpu"
