@@ -392,6 +392,22 @@ def test_plan_json_is_what_dry_run_json_prints(recipes):
     assert "THEROCK_EXTRA=device-gfx1151" in commands["rocm-sdk"]
 
 
+def test_dry_run_plans_the_pytorch_org_stack_with_its_index_and_pins():
+    env = dict(os.environ, DOCKER_HOST="unix:///nonexistent.sock")  # no engine: nothing cached
+    proc = run_invoke(
+        REPO, "build", "--arch", "gfx1151", "--stack", "pytorch-org", "--dry-run", "--json",
+        env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    printed = json.loads(proc.stdout)
+    assert printed["final_tag"] == "attnforge/pytorch-org:gfx1151"
+    commands = {s["layer"]: s["command"] for s in printed["steps"]}
+    org = " ".join(commands["pytorch-org"])
+    assert "TORCH_INDEX_URL=https://download.pytorch.org/whl/rocm7.14" in org
+    assert "ROCM_VERSION=7.14.0.post1" in org and "TORCH_VERSION=2.14.1+rocm7.14" in org
+    assert "rocm-sdk" not in commands  # torch brings TheRock's SDK wheels itself
+
+
 # ------------------------------------------------------------------ the key is a value
 
 
