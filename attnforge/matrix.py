@@ -222,7 +222,7 @@ def versions(entry: Entry) -> dict[str, str]:
     pkgs = env.get("rocm_python_packages") or {}
     rocm = env.get("rocm_version") or pkgs.get("rocm-sdk-core") or pkgs.get("rocm")
     if not rocm and not t:  # nothing observed: the manifest's word
-        rocm = (man.get("rocm-sdk") or {}).get("ROCM_VERSION")
+        rocm = (man.get("rocm-sdk") or man.get("pytorch-org") or {}).get("ROCM_VERSION")
     if not rocm and t.get("hip"):
         rocm = f"HIP {t['hip']}"
     if not rocm and t.get("cuda"):
@@ -231,7 +231,7 @@ def versions(entry: Entry) -> dict[str, str]:
         rocm = "none"
     torch = t.get("version")
     if not torch:
-        for layer in ("pytorch-wheels", "torch-cpu"):
+        for layer in ("pytorch-wheels", "pytorch-org", "torch-cpu"):
             torch = torch or (man.get(layer) or {}).get("TORCH_VERSION")
         torch = torch or (man.get("pytorch-source") or {}).get("PYTORCH_BUILD_VERSION")
     knob = r.get("aotriton_knob") or {}

@@ -44,8 +44,14 @@ from .pins import (
 )
 from .recipes import Recipes, Variant
 
-CHANNELS = ("stable", "nightly")
+CHANNELS = ("stable", "nightly", "pytorch-org")
 ROCM_LAYER, TORCH_LAYER = "rocm-sdk", "pytorch-wheels"
+# pytorch.org's ROCm channel is one layer with top-level pins (recipes/layers/pytorch-org.yaml):
+# torch and torchvision labelled with the index's ROCm minor (+rocm7.14) and the rocm meta
+# package that torch requires (==7.14.*).
+ORG = "pytorch-org"
+ORG_INDEX_KEY = "TORCH_INDEX_URL"
+VISION_KEY = "TORCHVISION_VERSION"
 ROCM_KEY, TORCH_KEY = "ROCM_VERSION", "TORCH_VERSION"
 # The `rocm` meta package carries the SDK's version; an index without a page for it is read
 # through rocm-sdk-core, which every ROCm install pulls at the same version (TheRock RELEASES.md).
@@ -334,16 +340,10 @@ def propose(
     arch = arch or DEFAULT_ARCH
     if arch not in recipes.arches:
         raise unknown("arch", arch, recipes.arches)
-    stack = _channel_stack(recipes, channel)
-    if python is None:
-        base = recipes.stacks[stack].base_image
-        python = _distro_python(base)
-        if python is None:
-            raise UserError(
-                f"cannot tell the Python of stack {stack}'s base image {base}; pass --python 3.X"
-            )
-    elif not re.fullmatch(r"3\.\d+", python):
-        raise UserError(f"--python {python!r}: expected a CPython version such as 3.12")
+    stack = _org_stack(recipes) if channel == ORG else _channel_stack(recipes, channel)
+    python = _stack_python(recipes, stack, python)
+    if channel == ORG:
+        return _propose_org(recipes, stack, index, python, arch)
     rocm_layer = _channel_layer(recipes, ROCM_LAYER, channel)
     torch_layer = _channel_layer(recipes, TORCH_LAYER, channel)
     if ROCM_KEY not in rocm_layer.keys or TORCH_KEY not in torch_layer.keys:
@@ -458,6 +458,141 @@ def propose(
     )
 
 
+def _stack_python(recipes: Recipes, stack: str, python: str | None) -> str:
+    if python is None:
+        base = recipes.stacks[stack].base_image
+        python = _distro_python(base)
+        if python is None:
+            raise UserError(
+                f"cannot tell the Python of stack {stack}'s base image {base}; pass --python 3.X"
+            )
+    elif not re.fullmatch(r"3\.\d+", python):
+        raise UserError(f"--python {python!r}: expected a CPython version such as 3.12")
+    return python
+
+
+# ---------------------------------------------------------------------------- pytorch.org
+
+
+def _org_stack(recipes: Recipes) -> str:
+    for name, stack in recipes.stacks.items():
+        if any(entry.layer == ORG for entry in stack.entries()):
+            return name
+    raise UserError(f"no stack in recipes/stacks.yaml uses the {ORG} layer")
+
+
+def _propose_org(
+    recipes: Recipes, stack: str, index: IndexSource, python: str, arch: str
+) -> Proposal:
+    """The newest torch release the pytorch.org index serves with the pinned torch's label
+    (+rocm7.14), the torchvision of its line, and the newest republication (.postN) of the
+    pinned rocm release. Another rocm patch the label would take (7.14.1) is named, not
+    proposed: which ROCm patch torch runs on is the recipe's decision (its comments say why)."""
+    layer = recipes.layers[ORG]
+    url = {**layer.args, **layer.hint_args}.get(ORG_INDEX_KEY)
+    missing = [k for k in (TORCH_KEY, VISION_KEY, ROCM_KEY) if k not in layer.pins]
+    if not url or missing:
+        raise UserError(
+            f"recipes/layers/{ORG}.yaml must name {ORG_INDEX_KEY} and pin "
+            f"{', '.join([TORCH_KEY, VISION_KEY, ROCM_KEY])}"
+        )
+    reader = _Reader(index, ORG)
+    try:
+        current_torch = Version(layer.pins[TORCH_KEY])
+        current_rocm = Version(layer.pins[ROCM_KEY])
+    except InvalidVersion as exc:
+        raise UserError(f"recipes/layers/{ORG}.yaml: {exc}") from None
+    label = current_torch.local
+    notes: list[str] = []
+
+    def releases(project: str, keep) -> dict[Version, str]:
+        found = _fitting(reader.files(url, project), project, python)
+        return {
+            v: f for v, f in found.items() if not (v.is_prerelease or v.is_devrelease) and keep(v)
+        }
+
+    torches = releases("torch", lambda v: v.local == label)
+    if not torches:
+        raise UserError(f"the {ORG} index {url} has no torch release +{label} for Python {python}")
+    torch = max(torches)
+    # torchvision 0.N pairs with torch 2.(N-15): pytorch/vision README, "Installation" table
+    # (torch 2.14 <-> torchvision 0.29, 2.13 <-> 0.28).
+    line = (0, torch.minor + 15)
+    visions = releases("torchvision", lambda v: v.local == label and v.release[:2] == line)
+    if not visions:
+        raise UserError(
+            f"the {ORG} index {url} has no torchvision {line[0]}.{line[1]}.x +{label} for "
+            f"Python {python}, the line of torch {torch}"
+        )
+    vision = max(visions)
+    if len(visions) > 1:
+        notes.append(
+            f"torchvision has {len(visions)} releases of its {line[0]}.{line[1]} line +{label}; "
+            f"proposing the newest: confirm that {vision} requires torch {torch} (its wheel's "
+            "Requires-Dist)"
+        )
+    release = current_rocm.release
+    rocms = releases("rocm", lambda v: v.release == release and not v.local)
+    if not rocms:
+        raise UserError(
+            f"the {ORG} index {url} no longer serves rocm {current_rocm.base_version} "
+            f"(nor a .postN of it)"
+        )
+    rocm = max(rocms)
+    others = sorted(
+        v
+        for v in releases("rocm", lambda v: v.release[:2] == release[:2] and not v.local)
+        if v.release != release
+    )
+    if others:
+        notes.append(
+            f"not proposed: rocm {', '.join(map(str, others))}, other releases torch "
+            f"+{label} would take; pinning one is a decision for the recipe (its comments), "
+            "after a validation run"
+        )
+    picks = [
+        Pick(ORG, TORCH_KEY, "torch", layer.pins[TORCH_KEY], str(torch), torches[torch]),
+        Pick(ORG, VISION_KEY, "torchvision", layer.pins[VISION_KEY], str(vision), visions[vision]),
+        Pick(ORG, ROCM_KEY, "rocm", layer.pins[ROCM_KEY], str(rocm), rocms[rocm]),
+    ]
+    proposal = Proposal(
+        channel=ORG,
+        stack=stack,
+        arch=arch,
+        python=python,
+        indexes={ORG: url},
+        rocm=str(rocm),
+        picks=picks,
+        notes=notes,
+    )
+    _org_diff(recipes, proposal)
+    return proposal
+
+
+def _org_diff(recipes: Recipes, proposal: Proposal) -> None:
+    edits = {("pins", p.key): p.proposed for p in proposal.picks if p.changed}
+    torch = next(p for p in proposal.picks if p.key == TORCH_KEY)
+    expect = recipes.layers[ORG].expect.get(EXPECT_TORCH)
+    if isinstance(expect, str):
+        new = expect if expect != torch.current and torch.proposed.startswith(expect) else None
+        new = new or torch.proposed
+        proposal.expect = (expect, new)
+        if new != expect:
+            edits[("expect", EXPECT_TORCH)] = new
+    if not edits:
+        return
+    rel = recipes.layer_files[ORG]
+    old, new_text = edit_layer(recipes.root / rel, rel, (), edits)
+    proposal.diff = "".join(
+        difflib.unified_diff(
+            old.splitlines(keepends=True),
+            new_text.splitlines(keepends=True),
+            fromfile=f"a/{rel}",
+            tofile=f"b/{rel}",
+        )
+    )
+
+
 def _builds_for(
     label: str,
     keys: list[str],
@@ -533,24 +668,38 @@ def edit_variant(
     """(old text, new text) of a layer file with values of the `channel` variant replaced:
     changes maps (section, key) -> value, e.g. ("pins", "TORCH_VERSION"). Only those lines
     change; the result is read back to prove it says what was meant."""
+    return edit_layer(path, rel, ("variants", channel), changes)
+
+
+def edit_layer(
+    path: Path, rel: str, where: tuple[str, ...], changes: dict[tuple[str, str], str]
+) -> tuple[str, str]:
+    """edit_variant for any block of a layer file: `where` is the path to the block holding
+    the sections (("variants", "stable"), or () for the layer's own pins)."""
     src = yamlsrc.load(path, rel)
     text = path.read_text(encoding="utf-8")
     lines = text.splitlines(keepends=True)
+    shown = ".".join(where[1:])
     for (section, key), value in changes.items():
-        loc = ("variants", channel, section, key)
+        loc = (*where, section, key)
         number = src.lines.get(loc)
         new = _replace_value(lines[number - 1], key, value) if number else None
+        name = ".".join(filter(None, (shown, section, key)))
         if new is None:
             raise UserError(
-                f"{rel}:{number or '?'}: cannot edit {channel}.{section}.{key} as one line; "
-                f"set it to {value!r} by hand"
+                f"{rel}:{number or '?'}: cannot edit {name} as one line; set it to {value!r} "
+                "by hand"
             )
         lines[number - 1] = new
     edited = "".join(lines)
     data = yaml.safe_load(edited)
     for (section, key), value in changes.items():
-        if data["variants"][channel][section][key] != value:
-            raise UserError(f"{rel}: editing {channel}.{section}.{key} went wrong; set it by hand")
+        block = data
+        for part in where:
+            block = block[part]
+        if block[section][key] != value:
+            name = ".".join(filter(None, (shown, section, key)))
+            raise UserError(f"{rel}: editing {name} went wrong; set it by hand")
     return text, edited
 
 
@@ -595,9 +744,25 @@ def reminders(proposal: Proposal, recipes: Recipes) -> list[str]:
     """What the index cannot tell: the AOTriton the proposed torch bundles, and prose that names
     the old release."""
     torch = next(p for p in proposal.picks if p.key == TORCH_KEY)
+    out = []
+    if proposal.channel == ORG:
+        aot = recipes.layers[ORG].aotriton
+        if torch.changed:
+            out.append(
+                f"re-check the AOTriton torch {torch.proposed} bundles: the {ORG} layer says "
+                f'aotriton: "{aot}"; after applying, `invoke pins.check --stack '
+                f"{proposal.stack}` reads it from PyTorch's release tag"
+            )
+        if proposal.expect and proposal.expect[0] != proposal.expect[1]:
+            out.append(
+                f'expect {EXPECT_TORCH}: "{proposal.expect[0]}" -> "{proposal.expect[1]}" '
+                "(in the diff)"
+            )
+        if not proposal.current:
+            out.append(f"the comments above the {ORG} layer's pins name their sources: edit them")
+        return out
     variant = recipes.layers[TORCH_LAYER].variants[proposal.channel]
     aot = recipes.layers[TORCH_LAYER].aotriton_for(proposal.channel)
-    out = []
     if proposal.channel == "stable":
         if torch.changed:
             out.append(

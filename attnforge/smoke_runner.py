@@ -65,6 +65,17 @@ def _label(version):
 
 
 _RELEASE = re.compile(r"(\d+)\.(\d+)\.(\d+)$")
+# pytorch.org's ROCm wheels carry the ROCm minor only (+rocm7.14) and require
+# rocm[libraries,device-all]==7.14.* (pytorch#190276, RFC pytorch#191688).
+_MINOR = re.compile(r"(\d+)\.(\d+)$")
+_POST = re.compile(r"\.post\d+$")
+
+
+def _sdk_release(version):
+    """An SDK-side version as the release it belongs to: a .postN republishes a release's
+    metadata (rocm 7.14.0.post1 drops 7.14.0's self-dependency, TheRock#7461, over the
+    rocm-sdk-* 7.14.0 wheels: TheRock#7362), so it counts as that release."""
+    return _POST.sub("", version)
 
 
 def _sdk_fits(version, release):
@@ -73,14 +84,32 @@ def _sdk_fits(version, release):
     Stable torch requires `rocm ~=X.Y.Z` since TheRock#7347 (merged 2026-08-13; PyTorch's CI
     followed in pytorch#194102), and TheRock's _rocm_init.py checks X.Y.*: a later patch of the
     same minor release (10.1.1 under +rocm10.1.0) is valid, another minor (10.2.0) or an
-    earlier patch is not. Pre-releases and nightlies (10.2.0a20261006) stay coupled exactly."""
+    earlier patch is not. pytorch.org's torch (+rocm7.14) takes any release of its minor
+    (==7.14.*). Pre-releases and nightlies (10.2.0a20261006) stay coupled exactly."""
+    version = _sdk_release(version)
     if version == release:
         return True
-    have, want = _RELEASE.match(version), _RELEASE.match(release)
+    have = _RELEASE.match(version)
+    minor = _MINOR.match(release)
+    if have and minor:
+        return [int(x) for x in have.groups()[:2]] == [int(x) for x in minor.groups()]
+    want = _RELEASE.match(release)
     if not have or not want:
         return False
     h, w = [int(x) for x in have.groups()], [int(x) for x in want.groups()]
     return h[:2] == w[:2] and h[2] >= w[2]
+
+
+def _sdk_rule(release):
+    """What torch built against `release` requires of the SDK, in words."""
+    if _MINOR.match(release):
+        return f"torch requires rocm=={release}.* (RFC pytorch#191688)"
+    if _RELEASE.match(release):
+        return (
+            f"torch requires rocm ~={release}, so {release[: release.rfind('.')]}.x "
+            f"from {release} on (TheRock#7347)"
+        )
+    return f"expected {release}"
 
 
 def _extra_requires(dist_name, extra):
@@ -169,12 +198,7 @@ def check_wheel_set(spec, installed):
             # The build first: a wheel of another build is named as such even where it is
             # pinned, since that is what breaks at run time.
             if _sdk_side(n) and not _sdk_fits(version, release):
-                rule = (
-                    f"torch requires rocm ~={release}, so {release[: release.rfind('.')]}.x "
-                    f"from {release} on (TheRock#7347)"
-                    if _RELEASE.match(release)
-                    else f"expected {release}"
-                )
+                rule = _sdk_rule(release)
                 problems.append(f"{n} is {version}, from another ROCm build than {ref} ({rule})")
             elif not _sdk_side(n) and _label(version) != label:
                 problems.append(
@@ -205,14 +229,16 @@ def check_wheel_set(spec, installed):
     # rocm pins its rocm-sdk-* parts exactly, so the SDK side is one release among itself even
     # where it may be a later patch than torch's label.
     fits = {n: v for n, v in members.items() if _sdk_side(n) and _sdk_fits(v, release)}
-    sdk = sorted(set(fits.values()))
+    sdk = sorted({_sdk_release(v) for v in fits.values()})
     if len(sdk) > 1:
         parts = ", ".join(f"{n} {v}" for n, v in sorted(fits.items()))
         problems.append(f"the ROCm SDK wheels are not one release ({parts})")
     if problems:
         return False, "; ".join(problems)
     note = ""
-    if sdk and sdk[0] != release:
+    if sdk and _MINOR.match(release):
+        note = f"; ROCm SDK {sdk[0]}, which torch's rocm=={release}.* takes"
+    elif sdk and sdk[0] != release:
         note = f"; ROCm SDK {sdk[0]}, a later patch that torch's rocm ~={release} allows (TheRock#7347)"
     return True, (
         f"{len(members)} wheels of ROCm build +{label} ({', '.join(sorted(members))}){note}"

@@ -110,8 +110,8 @@ def check(c, arch=None, stack=None, offline=None, python=None, engine="docker", 
         "torch_branch": text("BRANCH"),
     },
     help={
-        "channel": "the release channel to read: stable (a diff of the recipes) or nightly "
-        "(--set flags for invoke build)",
+        "channel": "the release channel to read: stable or pytorch-org (a diff of the "
+        "recipes) or nightly (--set flags for invoke build)",
         "offline": "read saved index pages from this folder (layout: docs/pins.md)",
         "python": "the image's Python, for wheel tags (default: from the stack's base image)",
         "arch": f"count only versions with this arch's device packages (default: "
@@ -161,15 +161,16 @@ def update(
     say = functools.partial(print, file=sys.stderr, flush=True)
     indexes = sorted(set(proposal.indexes.values()))
     say(f"{channel}: {', '.join(indexes)} ({mode}), Python {proposal.python}, {proposal.arch}")
-    say(f"newest complete {'release' if channel == 'stable' else 'nightly'}: ROCm {proposal.rocm}")
+    diff = channel in ("stable", pin_update.ORG)  # the channels the recipes pin
+    say(f"newest complete {'nightly' if not diff else 'release'}: ROCm {proposal.rocm}")
     for p in proposal.picks:
         now = f"{p.current} -> " if p.current is not None and p.changed else ""
         say(f"  {p.layer}.{p.key}: {now}{p.proposed}  ({p.file})")
     for note in proposal.notes:
         say(f"note: {note}")
-    if channel == "stable":
+    if diff:
         if proposal.current:
-            print("stable pins are current", flush=True)
+            print(f"{channel} pins are current", flush=True)
         else:
             print(proposal.diff, end="", flush=True)
     else:
@@ -178,6 +179,6 @@ def update(
     for line in reminders:
         say(f"check: {line}")
     done = "nothing was written"
-    if channel == "stable" and not proposal.current:
+    if diff and not proposal.current:
         done += "; review the diff, then apply it: save stdout and `git apply` it"
     say(done)

@@ -358,3 +358,29 @@ def test_an_arch_without_harmful_variants_only_reports_them(site):
     [result] = run(site, [check])
     assert result["ok"], result["detail"]
     assert "2 kernel packs for gfx1151 (variants gfx1151, gfx1151:xnack-)" in result["detail"]
+
+
+def test_the_pytorch_org_recipe_check_reads_libtorch_hip_and_the_images(tmp_path, hsaco):
+    # pytorch.org's torch has no .kpack: its own GPU code is an offload bundle per arch inside
+    # torch/lib/libtorch_hip.so, and AOTriton's images ship in the torch wheel.
+    plan = resolve(load_recipes(REPO), "gfx1151", "pytorch-org")
+    step = next(s for s in plan.steps if s.layer == "pytorch-org")
+    [check] = [c for c in step.smoke if "device_code" in c]
+    assert check["device_code"] == "torch:lib/aotriton.images torch:lib/libtorch_hip.so"
+    root = tmp_path / "site"
+    images = root / "torch/lib/aotriton.images/amd-gfx115x/flash"
+    images.mkdir(parents=True)
+    (root / "torch/__init__.py").write_text("")
+    (images / "attn_fwd.aks2").write_bytes(b"AKS2" + hsaco["gfx1151"])
+    lib = root / "torch/lib/libtorch_hip.so"
+    lib.write_bytes(host_library(bundle([(hip_id("gfx942"), hsaco["gfx942"])])))
+    [result] = run(root, [check])
+    assert not result["ok"]  # built for gfx942 only
+    assert "libtorch_hip.so holds device code for gfx942, not gfx1151" in result["detail"]
+    lib.write_bytes(
+        host_library(
+            bundle([(hip_id("gfx942"), hsaco["gfx942"]), (hip_id("gfx1151"), hsaco["gfx1151"])])
+        )
+    )
+    [result] = run(root, [check])
+    assert result["ok"], result["detail"]

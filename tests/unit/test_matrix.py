@@ -294,6 +294,15 @@ def test_a_publish_json_alone_is_a_row_with_its_verdict_and_no_backend_verdicts(
     assert failed.status == "fail"
 
 
+def test_a_pytorch_org_publish_json_reads_its_versions_from_the_one_layer():
+    doc = publish_doc()
+    doc["stack"] = "pytorch-org"
+    doc["versions"] = {"pytorch-org": {"TORCH_VERSION": "2.14.1+rocm7.14",
+                                       "ROCM_VERSION": "7.14.0.post1"}}  # fmt: skip
+    r = matrix.row(Entry(source="p/publish.json", publish=doc), Reference())
+    assert r.versions["rocm"] == "7.14.0.post1" and r.versions["torch"] == "2.14.1+rocm7.14"
+
+
 def test_the_newest_report_of_an_arch_and_stack_is_shown():
     old = Entry(source="old.json", report=fixture("h200_flash_disabled"))  # 2026-11-22T00:21
     new = Entry(source="new.json", report=fixture("h200_report"))

@@ -74,7 +74,9 @@ def test_the_source_stack_compiles_for_every_arch_of_the_set(recipes):
     assert step(plan, "pytorch-source").args["PYTORCH_ROCM_ARCH"] == "gfx90a;gfx942"
     assert step(plan, "aotriton").args["GPU_ARCH"] == "gfx90a;gfx942"
     assert step(plan, "ck").args["GPU_TARGETS"] == "gfx90a;gfx942"
-    assert step(plan, "flash-attention").variant == "ck"
+    # the fork's CK extension is C++17, which torch 2.14.1's headers refuse: Triton for both
+    assert step(plan, "flash-attention").variant == "triton"
+    assert step(plan, "flash-attention").args["GPU_ARCHS"] == "gfx90a;gfx942"
 
 
 def test_a_layer_joins_a_set_only_where_every_arch_supports_it(recipes):

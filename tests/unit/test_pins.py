@@ -377,3 +377,68 @@ def test_a_frozen_per_family_index_is_rejected_with_the_reason(world):
     assert "frozen at ROCm 7.13.0" in frozen.evidence and "rocm-cli#271" in frozen.evidence
     # its wheels are not looked up on it
     assert not [f for f in found if "whl/gfx1151" in f.source and f.pin != "pytorch-wheels index"]
+
+
+# ------------------------------------------------------------------ pytorch.org's ROCm index
+
+ORG_LAYER = """\
+name: pytorch-org
+description: torch and torchvision from pytorch.org's ROCm index, rocm pinned beside them
+dockerfile: dockerfiles/layer.Dockerfile
+follows: nothing upstream (a test fixture)
+arches: [vendor:amd]
+provides: [torch]
+needs: [python]
+wheelhouse: true
+aotriton: "0.12b"
+args:
+  AOTRITON_EXPERIMENTAL: "{aotriton_experimental}"
+hint_args:
+  TORCH_INDEX_URL: https://download.pytorch.org/whl/rocm7.14
+pins:
+"""
+
+
+def _with_org(world: World, **pins_: str) -> list[pins.Finding]:
+    """The fixture tree plus a pytorch-org layer pinned like the shipped one (or `pins_`), on
+    the saved download.pytorch.org/whl/rocm7.14 pages; PyTorch's mirror gains tag v2.14.1."""
+    shipped = load_recipes(REPO).layers["pytorch-org"].pins
+    values = {**shipped, **pins_}
+    text = ORG_LAYER + "".join(f'  {k}: "{v}"\n' for k, v in values.items())
+    (world.tree / "recipes/layers/pytorch-org.yaml").write_text(text)
+    with (world.tree / "recipes/stacks.yaml").open("a") as f:
+        f.write(
+            "  org:\n    description: pytorch.org's ROCm wheels\n    arches: [vendor:amd]\n"
+            "    base_image: ubuntu:24.04\n    layers: [base, pytorch-org]\n"
+        )
+    mirror = world.offline / "github.com" / "pytorch" / "pytorch.git"
+    _git(mirror, "tag", "-f", "v2.14.1", world.pytorch_pinned)  # names AOTriton 0.12b
+    recipes = load_recipes(world.tree)
+    return pins.check(
+        recipes, pins.targets(recipes, "gfx1151", "org"), pins.Sources(world.offline),
+        digest_of=lambda ref: None,
+    )  # fmt: skip
+
+
+def test_the_pytorch_org_pins_are_checked_on_its_index_without_device_packages(world):
+    found = _with_org(world)
+    assert not pins.failed(found), [(f.pin, f.status, f.evidence) for f in found]
+    torch = finding(found, "pytorch-org TORCH_VERSION")
+    assert torch.status == "ok" and "torch-2.14.1+rocm7.14-cp312-cp312" in torch.evidence
+    assert torch.source == "https://download.pytorch.org/whl/rocm7.14/torch/"
+    assert finding(found, "pytorch-org TORCHVISION_VERSION").status == "ok"
+    rocm = finding(found, "pytorch-org ROCM_VERSION")
+    assert rocm.status == "ok" and "rocm-7.14.0.post1.tar.gz" in rocm.evidence
+    # pytorch.org's torch has no [device-<arch>] extra: no device package is looked up
+    assert not [f for f in found if "[device-" in f.pin]
+    chain = finding(found, "pytorch-org -> AOTriton")
+    assert chain.status == "ok" and "torch v2.14.1 pins AOTriton 0.12b" in chain.evidence
+
+
+def test_a_pytorch_org_pin_its_index_does_not_serve_fails(world):
+    found = _with_org(world, ROCM_VERSION="7.14.2", TORCH_VERSION="2.14.1+rocm7.14.0")
+    assert pins.failed(found)
+    assert finding(found, "pytorch-org ROCM_VERSION").status == "missing"
+    # the label is the ROCm minor on this index: +rocm7.14.0 is another version to PEP 440
+    torch = finding(found, "pytorch-org TORCH_VERSION")
+    assert torch.status == "missing" and "serves no torch==2.14.1+rocm7.14.0" in torch.evidence

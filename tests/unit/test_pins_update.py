@@ -344,9 +344,11 @@ def _free_port() -> int:
 
 def _point_at(tree: Path, base: str) -> None:
     """The tree's channel indexes at `base` + host/path, for a server on 127.0.0.1."""
-    for rel in ("recipes/layers/rocm-sdk.yaml", "recipes/layers/pytorch-wheels.yaml"):
+    for rel in ("recipes/layers/rocm-sdk.yaml", "recipes/layers/pytorch-wheels.yaml",
+                "recipes/layers/pytorch-org.yaml"):  # fmt: skip
         path = tree / rel
-        path.write_text(path.read_text().replace("https://", base))
+        if path.exists():
+            path.write_text(path.read_text().replace("https://", base))
 
 
 def test_an_unreachable_index_is_an_error_with_exit_2(tree):
@@ -398,7 +400,8 @@ def server(offline: Path) -> Iterator[str]:
     httpd.server_close()
 
 
-def test_online_over_http_proposes_what_offline_does(tree, offline, server):
+def test_online_over_http_proposes_what_offline_does(org_tree, offline, server):
+    tree = org_tree  # with a pytorch-org layer, so every channel is asked
     expected = {ch: proposed(propose(tree, offline, ch)) for ch in pins_update.CHANNELS}
     _point_at(tree, server)
     recipes = load_recipes(tree)
@@ -416,8 +419,11 @@ def test_online_over_http_proposes_what_offline_does(tree, offline, server):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        ([], "error: --channel (not given): expected one of stable, nightly"),
-        (["--channel", "beta"], "error: --channel beta: expected one of stable, nightly"),
+        ([], "error: --channel (not given): expected one of stable, nightly, pytorch-org"),
+        (
+            ["--channel", "beta"],
+            "error: --channel beta: expected one of stable, nightly, pytorch-org",
+        ),
         (["--channel", "stable", "--python", "py3"], "error: --python 'py3': expected"),
         (["--channel", "stable", "--arch", "gfx0"], "error: unknown arch 'gfx0'"),
     ],
@@ -437,3 +443,89 @@ def test_a_channel_no_stack_uses_is_an_error(tree, offline):
         UserError, match="no stack in recipes/stacks.yaml uses pytorch-wheels:nightly"
     ):
         propose(tree, offline, "nightly")
+
+
+# ------------------------------------------------------------------ pytorch.org's ROCm index
+
+ORG_PAGES = REPO / "tests" / "pins" / "index" / "download.pytorch.org"
+ORG_LAYER = """\
+name: pytorch-org
+description: torch and torchvision from pytorch.org's ROCm index, rocm pinned beside them
+dockerfile: dockerfiles/layer.Dockerfile
+follows: nothing upstream (a test fixture)
+arches: [vendor:amd]
+provides: [torch]
+needs: [python]
+aotriton: "0.12b"
+hint_args:
+  TORCH_INDEX_URL: https://download.pytorch.org/whl/rocm7.14
+pins:
+  TORCH_VERSION: "2.14.0+rocm7.14"
+  TORCHVISION_VERSION: "0.29.0+rocm7.14"
+  ROCM_VERSION: "7.14.0"  # 7.14.0 requires itself
+expect:
+  torch.version: "2.14.0+rocm7.14"
+"""
+
+ORG_DIFF = """\
+--- a/recipes/layers/pytorch-org.yaml
++++ b/recipes/layers/pytorch-org.yaml
+@@ -9,8 +9,8 @@
+ hint_args:
+   TORCH_INDEX_URL: https://download.pytorch.org/whl/rocm7.14
+ pins:
+-  TORCH_VERSION: "2.14.0+rocm7.14"
+-  TORCHVISION_VERSION: "0.29.0+rocm7.14"
+-  ROCM_VERSION: "7.14.0"  # 7.14.0 requires itself
++  TORCH_VERSION: "2.14.1+rocm7.14"
++  TORCHVISION_VERSION: "0.29.1+rocm7.14"
++  ROCM_VERSION: "7.14.0.post1"  # 7.14.0 requires itself
+ expect:
+-  torch.version: "2.14.0+rocm7.14"
++  torch.version: "2.14.1+rocm7.14"
+"""
+
+
+@pytest.fixture
+def org_tree(tree: Path, offline: Path) -> Path:
+    (tree / "recipes/layers/pytorch-org.yaml").write_text(ORG_LAYER)
+    with (tree / "recipes/stacks.yaml").open("a") as f:
+        f.write(
+            "  org:\n    description: pytorch.org's ROCm wheels\n    arches: [vendor:amd]\n"
+            "    base_image: ubuntu:24.04\n    layers: [base, pytorch-org]\n"
+        )
+    shutil.copytree(ORG_PAGES, offline / "download.pytorch.org")
+    return tree
+
+
+def test_pytorch_org_prints_the_diff_of_the_layers_pins(org_tree, offline):
+    proc = update(org_tree, "--channel", "pytorch-org", "--offline", str(offline))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout == ORG_DIFF
+    err = proc.stderr
+    assert "newest complete release: ROCm 7.14.0.post1" in err
+    # 2.14.2 has a cp313 wheel only; +rocm7.2 builds are another channel's
+    assert "pytorch-org.TORCH_VERSION: 2.14.0+rocm7.14 -> 2.14.1+rocm7.14" in err
+    # another patch release torch's ==7.14.* would take is named, not proposed
+    assert "not proposed: rocm 7.14.1" in err
+    assert (
+        're-check the AOTriton torch 2.14.1+rocm7.14 bundles: the pytorch-org layer says aotriton: "0.12b"'
+        in err
+    )  # noqa: E501
+    assert "Traceback" not in err
+
+
+def test_pytorch_org_pins_that_are_newest_are_current(org_tree, offline):
+    layer = org_tree / "recipes/layers/pytorch-org.yaml"
+    text = layer.read_text().replace("2.14.0+", "2.14.1+").replace("0.29.0+", "0.29.1+")
+    layer.write_text(text.replace('"7.14.0"', '"7.14.0.post1"'))
+    proc = update(org_tree, "--channel", "pytorch-org", "--offline", str(offline))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "pytorch-org pins are current\n"
+
+
+def test_pytorch_org_without_its_torch_line_on_the_index_says_so(org_tree, offline):
+    page = offline / "download.pytorch.org/whl/rocm7.14/torchvision/index.html"
+    page.write_text(page.read_text().replace("0.29.", "0.28."))
+    with pytest.raises(UserError, match=r"no torchvision 0\.29\.x \+rocm7\.14 for Python 3\.12"):
+        propose(org_tree, offline, "pytorch-org")

@@ -79,11 +79,18 @@ def test_layers_are_gated_by_the_arch_data(recipes, arch, stack, expected):
 
 
 def test_variant_choice_prefers_ck_where_supported_and_falls_back_to_triton(recipes):
+    # over a torch 2.13 source build the fork's C++17 CK extension builds on CDNA; over the
+    # shipped v2.14.1 (C++20 headers) it falls back to Triton and says why
+    older = Options(
+        overrides=parse_overrides(["pytorch-source.PYTORCH_BUILD_VERSION=2.13.0"], recipes)
+    )
     fa = {
-        a: next(s for s in resolve(recipes, a, "source").steps if s.layer == "flash-attention")
+        a: resolve(recipes, a, "source", older).step("flash-attention")
         for a in ("gfx942", "gfx1151")
     }
     assert fa["gfx942"].variant == "ck" and fa["gfx1151"].variant == "triton"
+    shipped = resolve(recipes, "gfx942", "source").step("flash-attention")
+    assert shipped.variant == "triton" and "requires c++20" in shipped.reason
 
 
 def test_unsupported_layer_reason_comes_from_the_recipe(recipes):
@@ -131,6 +138,26 @@ def test_each_channel_pins_its_own_coupled_wheels_and_expects_its_torch(
         == plan.step("rocm-sdk").hint_args["ROCM_INDEX_URL"]
         == index
     )
+
+
+@pytest.mark.parametrize(("arch", "knob"), [("gfx1151", "0"), ("gfx1150", "1"), ("gfx942", "0")])
+def test_the_pytorch_org_stack_installs_pytorch_orgs_wheels_with_no_rocm_sdk_layer(
+    recipes, arch, knob
+):
+    plan = resolve(recipes, arch, "pytorch-org")
+    assert plan.blocked_by == []
+    assert [s.layer for s in plan.chain] == ["base", "pytorch-org", "flash-attention", "validate"]
+    step = plan.step("pytorch-org")
+    assert step.hint_args == {"TORCH_INDEX_URL": "https://download.pytorch.org/whl/rocm7.14"}
+    # the index's label is the ROCm minor; rocm is the republished 7.14.0 (pytorch#193979)
+    assert step.pins == {
+        "TORCH_VERSION": "2.14.1+rocm7.14",
+        "TORCHVISION_VERSION": "0.29.1+rocm7.14",
+        "ROCM_VERSION": "7.14.0.post1",
+    }
+    assert plan.expect["torch.version"] == step.pins["TORCH_VERSION"]
+    # AOTriton 0.13b (inferred for v2.14.x) calls gfx1150 experimental, gfx1151 not
+    assert step.args["AOTRITON_EXPERIMENTAL"] == knob
 
 
 def test_a_stack_for_another_arch_is_refused_with_the_stacks_that_fit(recipes):
@@ -365,6 +392,22 @@ def test_plan_json_is_what_dry_run_json_prints(recipes):
     assert "THEROCK_EXTRA=device-gfx1151" in commands["rocm-sdk"]
 
 
+def test_dry_run_plans_the_pytorch_org_stack_with_its_index_and_pins():
+    env = dict(os.environ, DOCKER_HOST="unix:///nonexistent.sock")  # no engine: nothing cached
+    proc = run_invoke(
+        REPO, "build", "--arch", "gfx1151", "--stack", "pytorch-org", "--dry-run", "--json",
+        env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    printed = json.loads(proc.stdout)
+    assert printed["final_tag"] == "attnforge/pytorch-org:gfx1151"
+    commands = {s["layer"]: s["command"] for s in printed["steps"]}
+    org = " ".join(commands["pytorch-org"])
+    assert "TORCH_INDEX_URL=https://download.pytorch.org/whl/rocm7.14" in org
+    assert "ROCM_VERSION=7.14.0.post1" in org and "TORCH_VERSION=2.14.1+rocm7.14" in org
+    assert "rocm-sdk" not in commands  # torch brings TheRock's SDK wheels itself
+
+
 # ------------------------------------------------------------------ the key is a value
 
 
@@ -529,7 +572,8 @@ def test_every_attention_line_an_arch_can_have_is_listed_with_its_gating(recipes
     assert options["cpu"].reason == "for cpu"
     gfx942 = {o.stack: o for o in stack_options(recipes, "gfx942")}
     assert gfx942["rocm-fa3"].builds and not gfx942["rdna3-minimal"].builds
-    assert gfx942["source"].attention == ("flash-attention:ck (or triton)",)
+    # torch 2.14.1's C++20 headers refuse the fork's C++17 CK extension (recipes/torch.yaml)
+    assert gfx942["source"].attention == ("flash-attention:triton",)
 
 
 @pytest.mark.parametrize(

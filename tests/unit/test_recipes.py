@@ -186,7 +186,7 @@ INJECTION = "; rm -rf / #"
         # the issue's own example: a source pin that is a shell command
         (
             "recipes/layers/aotriton.yaml",
-            "ref: 269036897bcee4292f4e928767df1e3dd0e3c8bd",
+            "ref: 6e00ef3e335b45dfb49065259533b59c68995bfe",
             f'ref: "{INJECTION}"',
             "ref: ",
             "source.ref",
@@ -219,8 +219,8 @@ INJECTION = "; rm -rf / #"
         ),
         (
             "recipes/layers/aotriton.yaml",
-            'tag: "0.12b"',
-            'tag: "0.12b..x"',
+            'tag: "0.13b"',
+            'tag: "0.13b..x"',
             "tag: ",
             "source.tag",
             "may not contain '..'",

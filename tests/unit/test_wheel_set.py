@@ -342,3 +342,105 @@ def test_sdk_wheels_of_two_patches_are_not_one_release(tmp_path, wheelhouse, che
 )
 def test_the_sdk_rule_is_pep440_compatible_release(version, release, fits):
     assert smoke_runner._sdk_fits(version, release) is fits
+
+
+# ------------------------------------------------------------------ pytorch.org's ROCm wheels
+#
+# The pytorch-org stack's shape (recipes/layers/pytorch-org.yaml): torch and torchvision carry
+# the ROCm minor only (+rocm7.14), torch requires rocm[libraries,device-all]==7.14.* and
+# triton-rocm (pytorch#190276, RFC pytorch#191688), and the rocm meta package 7.14.0.post1 is
+# 7.14.0 without its self-dependency over rocm-sdk-* 7.14.0 wheels (TheRock#7461, #7362).
+
+ORG_TORCH, ORG_VISION = "2.14.1+rocm7.14", "0.29.1+rocm7.14"
+
+
+def _org_specs(rocm: str, sdk: str, self_edge: bool = False) -> list[tuple]:
+    devices = [f"rocm-sdk-device-{a}=={sdk}" for a in ("gfx1151", "gfx942")]
+    return [
+        ("rocm", rocm, [f"rocm-sdk-core=={sdk}"] + ([f"rocm=={rocm}"] if self_edge else []), {
+            "libraries": [f"rocm-sdk-libraries=={sdk}"],
+            "device-all": devices,
+        }, {"rocm/__init__.py": b""}),
+        ("rocm-sdk-core", sdk, [], {}, {"_rocm_sdk_core/__init__.py": b""}),
+        ("rocm-sdk-libraries", sdk, [], {}, {"_rocm_sdk_libraries/__init__.py": b""}),
+        *[(d.split("==")[0], sdk, [], {}, {f"_{d.split('==')[0]}/x.kpack".replace("-", "_"): b"K"})
+          for d in devices],
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def org_wheelhouse(tmp_path_factory) -> Path:
+    where = tmp_path_factory.mktemp("org_wheelhouse")
+    specs = [
+        ("torch", ORG_TORCH, ["rocm[libraries,device-all]==7.14.*", "triton-rocm==3.8.0"], {},
+         {"torch/__init__.py": b"",
+          "torch/lib/aotriton.images/amd-gfx115x/flash/attn_fwd.aks2": b"AKS2"}),
+        ("torchvision", ORG_VISION, [f"torch=={ORG_TORCH}"], {}, {"torchvision/__init__.py": b""}),
+        ("triton-rocm", "3.8.0", [], {}, {"triton/__init__.py": b""}),
+    ]  # fmt: skip
+    specs += _org_specs("7.14.0.post1", "7.14.0")
+    specs += _org_specs("7.15.0", "7.15.0")
+    for name, version, requires, extras, files in specs:
+        make_wheel(where, name, version, requires, extras, files)
+    return where
+
+
+@pytest.fixture(scope="module")
+def org_check() -> dict:
+    """The wheel_set check pytorch-org.yaml renders for gfx1151."""
+    plan = resolve(load_recipes(REPO), "gfx1151", "pytorch-org")
+    step = next(s for s in plan.steps if s.layer == "pytorch-org")
+    return next(c for c in step.smoke if "wheel_set" in c)
+
+
+def test_the_pytorch_org_check_holds_its_own_set(org_check):
+    words = org_check["wheel_set"].split()
+    assert words[:3] == [f"torch=={ORG_TORCH}", f"torchvision=={ORG_VISION}", "rocm==7.14.0.post1"]
+    assert {"rocm-sdk-core", "rocm-sdk-libraries", "rocm-sdk-device-gfx1151"} <= set(words)
+    assert "extras" not in org_check  # pytorch.org's torch has no device extras
+    assert org_check["aotriton_arch"] == "gfx1151"
+
+
+def test_the_pytorch_org_resolver_call_installs_a_set_that_passes(
+    tmp_path, org_wheelhouse, org_check
+):
+    # The shape of dockerfiles/pytorch-org.Dockerfile's pip call, with deps resolved: torch's
+    # device-all brings every SDK device wheel, and the post1 meta package sits over 7.14.0.
+    py = _venv(tmp_path)
+    proc = _pip(py, org_wheelhouse, f"torchvision=={ORG_VISION}", f"torch=={ORG_TORCH}",
+                "rocm==7.14.0.post1")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    [result] = run_checks(py, [org_check])
+    assert result["ok"], result["detail"]
+    assert "of ROCm build +rocm7.14" in result["detail"]
+    assert "ROCm SDK 7.14.0, which torch's rocm==7.14.* takes" in result["detail"]
+
+
+def test_an_sdk_of_another_minor_under_a_pytorch_org_torch_fails(
+    tmp_path, org_wheelhouse, org_check
+):
+    py = _install(tmp_path, org_wheelhouse, f"torch=={ORG_TORCH}", f"torchvision=={ORG_VISION}",
+                  "rocm==7.15.0", "rocm-sdk-core==7.15.0", "rocm-sdk-libraries==7.15.0",
+                  "rocm-sdk-device-gfx1151==7.15.0")  # fmt: skip
+    [result] = run_checks(py, [org_check])
+    assert not result["ok"]
+    assert (
+        "rocm-sdk-core is 7.15.0, from another ROCm build than torch 2.14.1+rocm7.14 "
+        "(torch requires rocm==7.14.* (RFC pytorch#191688))" in result["detail"]
+    )
+    assert "rocm is 7.15.0" in result["detail"]
+
+
+@pytest.mark.parametrize(
+    "version, release, fits",
+    [
+        ("7.14.0", "7.14", True),  # pytorch.org's +rocm7.14 takes ==7.14.*
+        ("7.14.1", "7.14", True),
+        ("7.14.0.post1", "7.14", True),
+        ("7.15.0", "7.14", False),
+        ("7.14.0.post1", "7.14.0", True),  # a .postN is its release republished
+        ("10.2.0a20261006", "7.14", False),
+    ],
+)
+def test_the_sdk_rule_for_a_minor_label_and_post_releases(version, release, fits):
+    assert smoke_runner._sdk_fits(version, release) is fits
