@@ -43,6 +43,34 @@ def _import_check():
         return None, f"the kernels package is not importable ({type(exc).__name__}: {exc})"
 
 
+def warm_up(params: dict[str, Any]) -> None:
+    """Run ahead in the kernels checks' worker while the checks before them use the device
+    (validate/pool.py ``start_early``): the interpreter switch as the checks make it, the
+    kernels' import, the device context, Triton's driver module and the hashes Triton keys its
+    cache with. What fails here is left to the checks, which report it."""
+    import sys
+
+    import torch
+
+    gpu = torch.cuda.is_available()
+    if not gpu:
+        os.environ["TRITON_INTERPRET"] = "1"
+    importlib.import_module("kernels.check")
+    importlib.import_module("kernels.interface")
+    if not gpu or os.environ.get("TRITON_INTERPRET") == "1":
+        return
+    torch.zeros(1, device="cuda")
+    from triton.runtime import driver
+    from triton.runtime.jit import JITFunction
+
+    driver.active.get_current_target()
+    for name, module in list(sys.modules.items()):
+        if name.startswith("kernels.") and module is not None:
+            for obj in list(vars(module).values()):
+                if isinstance(obj, JITFunction):
+                    _ = obj.cache_key
+
+
 def list_cases(params: dict[str, Any], ctx) -> dict[str, Any]:
     interpreter = _interpret_without_gpu(ctx)
     ctx.progress("import kernels.check")
