@@ -46,10 +46,14 @@ def _import_check():
 def warm_up(params: dict[str, Any]) -> None:
     """Run ahead in the kernels checks' worker while the checks before them use the device
     (validate/pool.py ``start_early``): the interpreter switch as the checks make it, the
-    kernels' import, the device context, Triton's driver module and the hashes Triton keys its
-    cache with. What fails here is left to the checks, which report it."""
-    import sys
+    kernels' import, the device context and Triton's driver module. What fails here is left to
+    the checks, which report it.
 
+    Not Triton's per-kernel hashes (``JITFunction.cache_key``): for these kernels the hash
+    depends on the order in which a process first computes them (two processes that hash all
+    40 in opposite orders disagree on 9: triton 3.6, 2026-11-26), so computing them ahead
+    keyed the on-disk cache differently from every other process, and on an H100 a run after
+    an 8-worker run recompiled every kernel."""
     import torch
 
     gpu = torch.cuda.is_available()
@@ -61,14 +65,8 @@ def warm_up(params: dict[str, Any]) -> None:
         return
     torch.zeros(1, device="cuda")
     from triton.runtime import driver
-    from triton.runtime.jit import JITFunction
 
     driver.active.get_current_target()
-    for name, module in list(sys.modules.items()):
-        if name.startswith("kernels.") and module is not None:
-            for obj in list(vars(module).values()):
-                if isinstance(obj, JITFunction):
-                    _ = obj.cache_key
 
 
 def list_cases(params: dict[str, Any], ctx) -> dict[str, Any]:
