@@ -67,7 +67,7 @@ def provider(key: str) -> str:
 # one worker; flash_attn, the rocWMMA kernel and the bundled kernels each import a package whose
 # import reads environment variables (FLASH_ATTENTION_TRITON_AMD_ENABLE, TRITON_INTERPRET), so
 # each group starts a fresh worker. env runs first in a worker of its own (MAIN) while the SDPA,
-# kernels and apps workers start and warm up (their specs' ``warm_up``, early_starts()): the
+# flash_attn, kernels and apps workers start and warm up (their specs' ``warm_up``, early_starts()): the
 # imports and first-use costs of a run, about 15 s on an H100, overlap instead of adding up.
 MAIN = "main"
 SDPA = "sdpa"
@@ -162,7 +162,12 @@ def plan(command: str, quick: bool, limits: dict[str, Any] | None = None) -> lis
         )
     if "flash-attn" in groups:
         checks.append(
-            _spec("flash_attn.info", "validate.checks.flash_attn:info", "flash_attn package")
+            _spec(
+                "flash_attn.info",
+                "validate.checks.flash_attn:info",
+                "flash_attn package",
+                warm_up=[{"target": "validate.checks.flash_attn:warm_up"}],
+            )
         )
         checks.append(
             _spec("flash_attn.run", "validate.checks.flash_attn:run", "flash_attn fwd+bwd")

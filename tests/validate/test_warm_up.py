@@ -15,8 +15,9 @@ from tests.validate.conftest import REPO
 
 SCRIPT = """
 import json, os, sys
-from validate.checks import apps, kernels, sdpa
+from validate.checks import apps, flash_attn, kernels, sdpa
 sdpa.warm_up({})
+flash_attn.warm_up({})
 kernels.warm_up({})
 apps.warm_up({"models": ["llama-gqa", "vit", "unet-attn", "qwen-image"]})
 from kernels import configs
