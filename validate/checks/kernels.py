@@ -50,8 +50,9 @@ def warm_up(params: dict[str, Any]) -> None:
     the checks, which report it.
 
     Not Triton's per-kernel hashes (``JITFunction.cache_key``): for these kernels the hash
-    depends on the order in which a process first computes them (two processes that hash all
-    40 in opposite orders disagree on 9: triton 3.6, 2026-11-26), so computing them ahead
+    depends on the order in which a process first computes them (two processes that hash
+    them in opposite orders disagree on six, ``_attn_fwd`` among them: triton 3.6,
+    2026-11-26), so computing them ahead
     keyed the on-disk cache differently from every other process, and on an H100 a run after
     an 8-worker run recompiled every kernel."""
     import torch
