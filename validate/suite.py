@@ -166,7 +166,11 @@ def plan(command: str, quick: bool, limits: dict[str, Any] | None = None) -> lis
                 "flash_attn.info",
                 "validate.checks.flash_attn:info",
                 "flash_attn package",
-                warm_up=[{"target": "validate.checks.flash_attn:warm_up"}],
+                # Started early only where there is something to import: else it is a skip
+                # that the spare worker answers, and one process fewer holds memory.
+                warm_up=[{"target": "validate.checks.flash_attn:warm_up"}]
+                if importlib.util.find_spec("flash_attn") is not None
+                else [],
             )
         )
         checks.append(

@@ -3,6 +3,7 @@ costs only the check it happened in (validate/pool.py, validate/_worker.py --ser
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
@@ -279,7 +280,8 @@ def test_a_worker_started_early_warms_up_and_serves_its_keys_checks(tmp_path):
 def test_early_starts_are_the_later_keys_with_warm_up_steps():
     plan = suite.plan("all", quick=True)
     early = dict(suite.early_starts(plan))
-    assert list(early) == [suite.SDPA, "flash_attn", "kernels", "apps"]
+    fa = ["flash_attn"] if importlib.util.find_spec("flash_attn") is not None else []
+    assert list(early) == [suite.SDPA, *fa, "kernels", "apps"]
     assert early["apps"] == [
         {"target": "validate.checks.apps:warm_up", "params": {"models": [m]}}
         for m in suite.APP_MODELS_QUICK
