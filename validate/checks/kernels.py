@@ -51,8 +51,8 @@ def warm_up(params: dict[str, Any]) -> None:
 
     Not Triton's per-kernel hashes (``JITFunction.cache_key``): for these kernels the hash
     depends on the order in which a process first computes them (two processes that hash
-    them in opposite orders disagree on six, ``_attn_fwd`` among them: triton 3.6,
-    2026-11-26), so computing them ahead
+    them in opposite orders disagree on six, ``_attn_fwd`` among them: triton 3.6, 2026-11-26;
+    made order-independent upstream by triton-lang/triton#10494), so computing them ahead
     keyed the on-disk cache differently from every other process, and on an H100 a run after
     an 8-worker run recompiled every kernel."""
     import torch
