@@ -309,6 +309,20 @@ def _preload() -> None:
         pass
 
 
+def warm_up(steps: list[dict[str, Any]]) -> str | None:
+    """Run a worker's warm-up steps (``{"target", "params"}``: imports and first-use costs of the
+    checks it will get, validate/suite.py ``warm_up``) before its first check arrives. A step
+    that raises is only noted on stderr: the check that needs the same thing meets the error
+    and reports it as its result. Returns the device error a step left behind, or None."""
+    for step in steps:
+        try:
+            resolve(step["target"])(step.get("params") or {})
+        except Exception as exc:  # noqa: BLE001 - the check reports it, see above
+            first = (f"{type(exc).__name__}: {exc}".strip().splitlines() or ["?"])[0]
+            print(f"validate: warm-up {step['target']} raised {first[:300]}", file=sys.stderr)
+    return device_error()
+
+
 def serve(request_fd: int, reply_fd: int) -> None:
     os.set_inheritable(request_fd, False)
     os.set_inheritable(reply_fd, False)
@@ -327,6 +341,17 @@ def serve(request_fd: int, reply_fd: int) -> None:
         if not line.strip():
             continue
         req = json.loads(line)
+        if "warm_up" in req:
+            # Sent right after the worker starts, before its first check; no reply.
+            if prelude_error is None:
+                err = warm_up(req["warm_up"])
+                sys.stderr.flush()
+                if err is not None:
+                    print(f"validate: GPU error after the worker's warm-up: {err}", file=sys.stderr)
+                    sys.stderr.flush()
+                    os._exit(3)  # its first check reports the crash: never a poisoned context
+                guard = StateGuard()  # what the warm-up set (TRITON_INTERPRET, ...) stays
+            continue
         guard.restore()
         if prelude_error is not None:
             result = dict(prelude_error)

@@ -259,6 +259,10 @@ def cmd_run(args: argparse.Namespace, argv: list[str]) -> int:
         from validate.pool import Pool
 
         with Pool(workers=args.workers) as pool:
+            for key, steps in suite.early_starts(
+                [c for c in checks if only is None or only(c["id"])]
+            ):
+                pool.start_early(key, steps)
             records = suite.execute(
                 checks,
                 args.timeout,

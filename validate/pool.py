@@ -11,7 +11,9 @@ retired too: a poisoned CUDA/HIP context must not reach the next check.
 Which checks share a worker is the spec's business (suite.py): ``worker`` names a key, and
 consecutive checks with the same key share one; ``isolate`` gives a check a worker of its own,
 retired after it. A spare worker is started ahead of need, so a fresh worker has usually
-already imported torch when a check asks for one.
+already imported torch when a check asks for one; ``start_early`` starts the worker of a later
+sharing key at once, with warm-up steps (its checks' imports: transformers, diffusers, Triton),
+so that those run while the checks before them use the device.
 """
 
 from __future__ import annotations
@@ -169,6 +171,7 @@ class Pool:
         self._lock = threading.Lock()
         self._idle: list[Worker] = []  # live workers between checks, most recently used last
         self._spares: list[Worker] = []
+        self._early: dict[str, Worker] = {}  # started ahead for a later sharing key
         self._busy: set[Worker] = set()
         self._names = itertools.count(1)
         self._seqs = itertools.count(1)
@@ -191,6 +194,19 @@ class Pool:
             self._spares.append(self._start())
         return worker
 
+    def start_early(self, key: str, steps: list[dict[str, Any]]) -> None:
+        """Start the worker for sharing key ``key`` now and have it run ``steps`` (warm-up
+        targets, validate/_worker.py ``warm_up``) while earlier checks run; the first check
+        with that key gets it. It runs no check before then, so with one worker still only
+        one check runs at a time. Not counted against ``workers`` until it is taken."""
+        with self._lock:
+            if self._closed or key in self._early:
+                return
+            worker = self._start()
+            worker.key = key
+            worker.send({"warm_up": steps})
+            self._early[key] = worker
+
     def _take(self, key: str | None, batch: str | None) -> Worker:
         with self._lock:
             if self._closed:
@@ -206,6 +222,11 @@ class Pool:
                 keyed_busy = sum(1 for w in self._busy if w.key is not None)
                 while self._idle and len(self._idle) + keyed_busy >= self.workers:
                     self._idle.pop(0).kill()
+                early = self._early.pop(key, None)
+                if early is not None:
+                    # Handed out even when it died warming up: its check reports how.
+                    self._busy.add(early)
+                    return early
             worker = self._fresh()
             worker.key = key
             self._busy.add(worker)
@@ -223,8 +244,8 @@ class Pool:
         """Kill every worker (and what their checks left behind); remove the spool folder."""
         with self._lock:
             self._closed = True
-            everyone = self._idle + self._spares + list(self._busy)
-            self._idle, self._spares = [], []
+            everyone = self._idle + self._spares + list(self._early.values()) + list(self._busy)
+            self._idle, self._spares, self._early = [], [], {}
         for worker in everyone:
             worker.kill()
         shutil.rmtree(self.spool, ignore_errors=True)

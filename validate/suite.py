@@ -62,12 +62,15 @@ def provider(key: str) -> str:
     return PROVIDERS.get(best, "?")
 
 
-# Sharing keys. env, the SDPA flags and the SDPA cases touch nothing the others would see
+# Sharing keys. The SDPA flags and the SDPA cases touch nothing the others would see
 # (sdpa_kernel puts the backend flags back, and the worker's StateGuard does too), so they share
 # one worker; flash_attn, the rocWMMA kernel and the bundled kernels each import a package whose
 # import reads environment variables (FLASH_ATTENTION_TRITON_AMD_ENABLE, TRITON_INTERPRET), so
-# each group starts a fresh worker.
+# each group starts a fresh worker. env runs first in a worker of its own (MAIN) while the SDPA,
+# flash_attn, kernels and apps workers start and warm up (their specs' ``warm_up``, early_starts()): the
+# imports and first-use costs of a run, about 15 s on an H100, overlap instead of adding up.
 MAIN = "main"
+SDPA = "sdpa"
 # Checks that run where the kernels.list check stood, and checks that wait for another.
 DEPENDS = {"flash_attn.run": "flash_attn.info"}
 _KERNEL_SHAPE_RE = re.compile(r"-b\d+-sq\d+-sk\d+-h\d+x\d+")
@@ -117,7 +120,8 @@ def plan(command: str, quick: bool, limits: dict[str, Any] | None = None) -> lis
                 "sdpa.config",
                 "validate.checks.sdpa:config",
                 "SDPA backends compiled/enabled",
-                worker=MAIN,
+                worker=SDPA,
+                warm_up=[{"target": "validate.checks.sdpa:warm_up"}],
             )
         )
         # Alone: it sets the preferred ROCm library and runs flash under each, and a refused
@@ -137,7 +141,7 @@ def plan(command: str, quick: bool, limits: dict[str, Any] | None = None) -> lis
                     "validate.checks.sdpa:case",
                     f"SDPA {case.name}",
                     group="sdpa",
-                    worker=MAIN,
+                    worker=SDPA,
                     params={
                         "case": {k: v for k, v in case.to_json().items() if k != "gqa"},
                         "reference": case.name == grid.REFERENCE_CASE,
@@ -152,13 +156,22 @@ def plan(command: str, quick: bool, limits: dict[str, Any] | None = None) -> lis
                 "validate.checks.workloads:run",
                 "SDPA at workload shapes: fused or math",
                 group="sdpa",
-                worker=MAIN,
+                worker=SDPA,
                 params={"quick": quick},
             )
         )
     if "flash-attn" in groups:
         checks.append(
-            _spec("flash_attn.info", "validate.checks.flash_attn:info", "flash_attn package")
+            _spec(
+                "flash_attn.info",
+                "validate.checks.flash_attn:info",
+                "flash_attn package",
+                # Started early only where there is something to import: else it is a skip
+                # that the spare worker answers, and one process fewer holds memory.
+                warm_up=[{"target": "validate.checks.flash_attn:warm_up"}]
+                if importlib.util.find_spec("flash_attn") is not None
+                else [],
+            )
         )
         checks.append(
             _spec("flash_attn.run", "validate.checks.flash_attn:run", "flash_attn fwd+bwd")
@@ -175,7 +188,12 @@ def plan(command: str, quick: bool, limits: dict[str, Any] | None = None) -> lis
             )
     if "kernels" in groups:
         checks.append(
-            _spec("kernels.list", "validate.checks.kernels:list_cases", "Bundled kernels")
+            _spec(
+                "kernels.list",
+                "validate.checks.kernels:list_cases",
+                "Bundled kernels",
+                warm_up=[{"target": "validate.checks.kernels:warm_up"}],
+            )
         )
     if "apps" in groups:
         # One worker for them all: transformers and diffusers are imported once.
@@ -195,6 +213,9 @@ def plan(command: str, quick: bool, limits: dict[str, Any] | None = None) -> lis
                     f"app model {model}, every attention implementation",
                     worker="apps",
                     params={"model": model},
+                    warm_up=[
+                        {"target": "validate.checks.apps:warm_up", "params": {"models": [model]}}
+                    ],
                 )
             )
     extras = extra_checks()
@@ -204,6 +225,21 @@ def plan(command: str, quick: bool, limits: dict[str, Any] | None = None) -> lis
     for c in checks:
         c["quick"] = quick
     return checks
+
+
+def early_starts(checks: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """(sharing key, warm-up steps) of the workers to start at once, in plan order: every key
+    whose checks name ``warm_up`` steps, except the first check's (its worker starts anyway)
+    and isolated checks'. The pool runs the steps there while the checks before them run."""
+    keys: dict[str, list[dict[str, Any]]] = {}
+    first = checks[0].get("worker") if checks else None
+    for spec in checks:
+        key = spec.get("worker")
+        if spec.get("isolate") or not key or key == first or not spec.get("warm_up"):
+            continue
+        steps = keys.setdefault(key, [])
+        steps += [s for s in spec["warm_up"] if s not in steps]
+    return list(keys.items())
 
 
 def extra_checks(environ: dict[str, str] | None = None) -> list[dict[str, Any]]:

@@ -78,3 +78,19 @@ def gpu_fault_text(params, ctx):
 
 def triton_cache(params, ctx):
     return _pid({"TRITON_CACHE_DIR": os.environ.get("TRITON_CACHE_DIR")})
+
+
+# Warm-up steps (validate/_worker.py warm_up): called with params only, before any check.
+WARMED = "POOL_TEST_WARMED"
+
+
+def warm(params):
+    os.environ[WARMED] = str(os.getpid())
+
+
+def warm_fails(params):
+    raise RuntimeError("a warm-up step failing on purpose")
+
+
+def warmed(params, ctx):
+    return _pid({"warmed": os.environ.get(WARMED)})

@@ -3,6 +3,7 @@ costs only the check it happened in (validate/pool.py, validate/_worker.py --ser
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
@@ -19,6 +20,7 @@ from validate.pool import Pool
 from validate.runner import triton_cache_dir
 
 CHECKS = REPO / "tests" / "validate" / "pool_checks.py"
+WARMED = "POOL_TEST_WARMED"
 
 
 def _check(cid: str, func: str, key: str = "k", **kw) -> dict:
@@ -249,11 +251,47 @@ def test_kernel_cases_that_compile_one_kernel_share_a_batch():
 def test_on_rocm_each_sdpa_case_gets_a_worker_of_its_own():
     plan = {s["id"]: s for s in suite.plan("backends", quick=True)}
     case = plan["sdpa.case.fp16-d64-s512"]
-    assert case["worker"] == plan["env"]["worker"] == plan["sdpa.config"]["worker"]
+    assert case["worker"] == plan["sdpa.config"]["worker"] != plan["env"]["worker"]
     assert plan["sdpa.rocm"]["isolate"] is True and case["isolate"] is False
     assert suite.placement(case, {"torch.hip": True})["isolate"] is True
     assert suite.placement(case, {"torch.hip": False})["isolate"] is False
     assert suite.placement(plan["env"], {"torch.hip": True})["isolate"] is False
+
+
+@pytest.mark.slow
+def test_a_worker_started_early_warms_up_and_serves_its_keys_checks(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", WARMED)}
+    env.pop("VALIDATE_PRELUDE", None)
+    step = {"target": f"file:{CHECKS}:warm"}
+    with Pool(workers=1, env=env, spare=False) as pool:
+        pool.start_early("late", [{"target": f"file:{CHECKS}:warm_fails"}, step])
+        first = pool.run(_check("first", "warmed", key="k"), timeout=60)
+        late = [pool.run(_check(f"late{i}", "warmed", key="late"), timeout=60) for i in (1, 2)]
+        started = pool.started
+    assert first["status"] == "pass" and first["details"]["warmed"] is None
+    # The early worker ran its steps (the failing one did not stop the next) and both checks
+    # of its key ran there, the warm-up's state kept as the worker's own.
+    assert [r["status"] for r in late] == ["pass", "pass"]
+    assert late[0]["details"]["pid"] == late[1]["details"]["pid"] != first["details"]["pid"]
+    assert late[0]["details"]["warmed"] == late[1]["details"]["warmed"] == str(_pid(late[0]))
+    assert started == 2
+
+
+def test_early_starts_are_the_later_keys_with_warm_up_steps():
+    plan = suite.plan("all", quick=True)
+    early = dict(suite.early_starts(plan))
+    fa = ["flash_attn"] if importlib.util.find_spec("flash_attn") is not None else []
+    assert list(early) == [suite.SDPA, *fa, "kernels", "apps"]
+    assert early["apps"] == [
+        {"target": "validate.checks.apps:warm_up", "params": {"models": [m]}}
+        for m in suite.APP_MODELS_QUICK
+    ]
+    assert suite.early_starts(suite.plan("env", quick=True)) == []
+    # The first check's worker starts anyway; isolated checks get no early worker.
+    apps_only = [c for c in plan if c["id"].startswith("apps.")]
+    assert suite.early_starts(apps_only) == []
+    iso = [plan[0], {**plan[1], "isolate": True}]
+    assert suite.early_starts(iso) == []
 
 
 def test_several_workers_run_at_once_and_report_in_plan_order():

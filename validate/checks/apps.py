@@ -329,6 +329,42 @@ def _interpret_without_gpu(torch) -> bool:
     return True
 
 
+# What each model's builder reaches in its app (attribute access imports transformers' and
+# diffusers' lazy submodules): imported ahead by warm_up.
+WARM_UP_NAMES = {
+    "llama-gqa": ("LlamaConfig", "LlamaModel"),
+    "vit": ("ViTConfig", "ViTModel"),
+    "unet-attn": ("Transformer2DModel", "models.attention_processor"),
+    "qwen-image": ("QwenImageTransformer2DModel", "models.attention_processor"),
+}
+
+
+def warm_up(params: dict[str, Any]) -> None:
+    """Run ahead in the apps checks' worker while the checks before them use the device
+    (validate/pool.py ``start_early``): the apps' imports (several seconds each), the bundled
+    kernels' SDPA shim and the device context, set up as :func:`run` sets them up. What fails
+    here is left to the checks, which report it."""
+    for k, v in OFFLINE_ENV.items():
+        os.environ.setdefault(k, v)
+    import torch
+
+    _interpret_without_gpu(torch)
+    for name in params.get("models", []):
+        spec = BY_NAME[name]
+        if importlib.util.find_spec(spec.app) is None:
+            continue
+        app = importlib.import_module(spec.app)
+        for attr in WARM_UP_NAMES.get(name, ()):
+            if attr.startswith("models."):
+                importlib.import_module(f"{spec.app}.{attr}")
+            else:
+                getattr(app, attr)
+    if importlib.util.find_spec("kernels") is not None:
+        importlib.import_module("kernels.sdpa_shim")
+    if torch.cuda.is_available():
+        torch.zeros(1, device="cuda")
+
+
 def run(params: dict[str, Any], ctx) -> dict[str, Any]:
     """One app model under every implementation its app offers here."""
     spec = BY_NAME[params["model"]]

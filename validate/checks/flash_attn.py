@@ -28,6 +28,21 @@ def classify_backend(module_name: str, hip: bool) -> str:
     return "unknown"
 
 
+def warm_up(params: dict[str, Any]) -> None:
+    """Run ahead in the flash_attn checks' worker while the checks before them use the device
+    (validate/pool.py ``start_early``): torch, the device context and flash_attn's import where
+    it is installed (with the environment :func:`info` reads). A failed import is left to
+    :func:`info`, which reports it."""
+    import importlib.util
+
+    import torch
+
+    if torch.cuda.is_available():
+        torch.zeros(1, device="cuda")
+    if importlib.util.find_spec("flash_attn") is not None:
+        importlib.import_module("flash_attn.flash_attn_interface")
+
+
 def info(params: dict[str, Any], ctx) -> dict[str, Any]:
     import torch
 

@@ -43,6 +43,33 @@ def _import_check():
         return None, f"the kernels package is not importable ({type(exc).__name__}: {exc})"
 
 
+def warm_up(params: dict[str, Any]) -> None:
+    """Run ahead in the kernels checks' worker while the checks before them use the device
+    (validate/pool.py ``start_early``): the interpreter switch as the checks make it, the
+    kernels' import, the device context and Triton's driver module. What fails here is left to
+    the checks, which report it.
+
+    Not Triton's per-kernel hashes (``JITFunction.cache_key``): for these kernels the hash
+    depends on the order in which a process first computes them (two processes that hash
+    them in opposite orders disagree on six, ``_attn_fwd`` among them: triton 3.6, 2026-11-26;
+    made order-independent upstream by triton-lang/triton#10494), so computing them ahead
+    keyed the on-disk cache differently from every other process, and on an H100 a run after
+    an 8-worker run recompiled every kernel."""
+    import torch
+
+    gpu = torch.cuda.is_available()
+    if not gpu:
+        os.environ["TRITON_INTERPRET"] = "1"
+    importlib.import_module("kernels.check")
+    importlib.import_module("kernels.interface")
+    if not gpu or os.environ.get("TRITON_INTERPRET") == "1":
+        return
+    torch.zeros(1, device="cuda")
+    from triton.runtime import driver
+
+    driver.active.get_current_target()
+
+
 def list_cases(params: dict[str, Any], ctx) -> dict[str, Any]:
     interpreter = _interpret_without_gpu(ctx)
     ctx.progress("import kernels.check")

@@ -203,6 +203,32 @@ def profile_kernels(torch, fn, device: str) -> tuple[list[str], list[str]]:
     return kernels[:12], ops
 
 
+def warm_up(params: dict[str, Any]) -> None:
+    """Run ahead in the SDPA checks' worker while ``env`` runs (validate/pool.py
+    ``start_early``): the device context, the profiler's start-up, and on CUDA the default and
+    the cuDNN SDPA on a tiny input (cuDNN loads its engines on first use), so the first case
+    no longer carries them. Not on ROCm: PyTorch states some refusal reasons only once per
+    process, and the cases must be the ones to see them."""
+    import torch
+
+    device = _device(torch)
+    x = torch.ones(
+        1, 1, 16, 64, device=device, dtype=torch.float16 if device == "cuda" else torch.float32
+    )
+    rocm = bool(getattr(torch.version, "hip", None))
+
+    def run() -> None:
+        (x @ x.transpose(-1, -2)).sum()
+        if device == "cuda" and not rocm:
+            f = torch.nn.functional.scaled_dot_product_attention
+            f(x, x, x)
+            if torch.backends.cuda.cudnn_sdp_enabled():
+                with contextlib.suppress(RuntimeError), forced(torch, "cudnn"):
+                    f(x, x, x)  # refused here is fine: only its libraries' start-up matters
+
+    profile_kernels(torch, run, device)
+
+
 def backend_from_ops(ops: list[str]) -> str | None:
     """The backend whose aten op appears in a profile (the most specific one wins)."""
     for backend in BACKENDS:
