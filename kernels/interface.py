@@ -15,6 +15,7 @@ from . import autotune, configs
 from ._compat import patch_interpreter
 from .errors import ArgumentError, ArgumentTypeError
 from .flash import FP8_DOT, LOG2E, _attn_bwd_delta, _attn_bwd_dkdv, _attn_bwd_dq, _attn_fwd
+from .launch import run as launch_kernel
 
 __all__ = [
     "flash_attn_func",
@@ -337,7 +338,9 @@ def _forward(
         c = _tma_config(c, ("fwd",), qs.t, ks.t, vs.t)
         t = c.fwd
         grid = (triton.cdiv(max_q, t.block_m), batch * hq)
-        _attn_fwd[grid](
+        launch_kernel(
+            _attn_fwd,
+            grid,
             qs.t,
             ks.t,
             vs.t,
@@ -426,7 +429,9 @@ def _backward(
     )
     drop_args = (drop.rng, drop.scale) if drop else (None, None)
     pre_m = 64
-    _attn_bwd_delta[(triton.cdiv(max_q, pre_m), batch * hq)](
+    launch_kernel(
+        _attn_bwd_delta,
+        (triton.cdiv(max_q, pre_m), batch * hq),
         outs.t,
         dos.t,
         delta,
@@ -469,7 +474,9 @@ def _backward(
                 qs.t, ks.t, vs.t, dos.t, dk, dv, lse, delta, scale, causal=mask.right == 0
             )
         else:
-            _attn_bwd_dkdv[(triton.cdiv(max_k, tk.block_n), batch * hk)](
+            launch_kernel(
+                _attn_bwd_dkdv,
+                (triton.cdiv(max_k, tk.block_n), batch * hk),
                 qs.t,
                 ks.t,
                 vs.t,
@@ -510,7 +517,9 @@ def _backward(
             dq = dq_acc.to(q.dtype) if grads is None else grads[0].copy_(dq_acc)
         else:
             tq = c.bwd_q
-            _attn_bwd_dq[(triton.cdiv(max_q, tq.block_m), batch * hq)](
+            launch_kernel(
+                _attn_bwd_dq,
+                (triton.cdiv(max_q, tq.block_m), batch * hq),
                 qs.t,
                 ks.t,
                 vs.t,
@@ -560,12 +569,16 @@ class _FlashAttn(torch.autograd.Function):
             q, k, v, cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi, varlen, drop=drop
         )
         ctx.mark_non_differentiable(lse)
+        # No zero-filled gradient for the LSE (or an unused output): one GPU fill less a step.
+        ctx.set_materialize_grads(False)
         ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, alibi)
         ctx.meta = (max_q, max_k, batch, scale, mask, varlen, drop)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
+        if dout is None:  # only the LSE was used: no gradient flows
+            return (None,) * 13
         q, k, v, out, lse, cu_q, cu_k, alibi = ctx.saved_tensors
         max_q, max_k, batch, scale, mask, varlen, drop = ctx.meta
         dq, dk, dv = _backward(
