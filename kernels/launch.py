@@ -9,10 +9,12 @@ docs/benchmarks.md, issue 30). :func:`run` keys the compiled kernel by what Trit
 32-bit range; constexprs and launch options) and, on a hit, calls the compiled kernel's C launcher
 directly with the same arguments Triton would pass it. A miss, the interpreter, a launch hook
 (profilers) or a Triton whose launcher is not the one this was written against (3.6) take
-Triton's own path.
+Triton's own path, and so does every launch with ``ATTNFORGE_KERNELS_LAUNCH_CACHE=0``.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -23,7 +25,8 @@ from . import configs
 # versions take Triton's own path until checked.
 _CHECKED = ("3.6",)
 ENABLED = (
-    not configs.INTERPRET
+    os.environ.get("ATTNFORGE_KERNELS_LAUNCH_CACHE", "1") != "0"
+    and not configs.INTERPRET
     and triton.__version__.startswith(_CHECKED)
     and hasattr(getattr(triton, "knobs", None), "runtime")
 )
