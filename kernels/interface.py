@@ -15,7 +15,6 @@ from . import autotune, configs
 from ._compat import patch_interpreter
 from .errors import ArgumentError, ArgumentTypeError
 from .flash import FP8_DOT, LOG2E, _attn_bwd_delta, _attn_bwd_dkdv, _attn_bwd_dq, _attn_fwd
-from .launch import run as launch_kernel
 
 __all__ = [
     "flash_attn_func",
@@ -338,9 +337,7 @@ def _forward(
         c = _tma_config(c, ("fwd",), qs.t, ks.t, vs.t)
         t = c.fwd
         grid = (triton.cdiv(max_q, t.block_m), batch * hq)
-        launch_kernel(
-            _attn_fwd,
-            grid,
+        _attn_fwd[grid](
             qs.t,
             ks.t,
             vs.t,
@@ -429,9 +426,7 @@ def _backward(
     )
     drop_args = (drop.rng, drop.scale) if drop else (None, None)
     pre_m = 64
-    launch_kernel(
-        _attn_bwd_delta,
-        (triton.cdiv(max_q, pre_m), batch * hq),
+    _attn_bwd_delta[(triton.cdiv(max_q, pre_m), batch * hq)](
         outs.t,
         dos.t,
         delta,
@@ -474,9 +469,7 @@ def _backward(
                 qs.t, ks.t, vs.t, dos.t, dk, dv, lse, delta, scale, causal=mask.right == 0
             )
         else:
-            launch_kernel(
-                _attn_bwd_dkdv,
-                (triton.cdiv(max_k, tk.block_n), batch * hk),
+            _attn_bwd_dkdv[(triton.cdiv(max_k, tk.block_n), batch * hk)](
                 qs.t,
                 ks.t,
                 vs.t,
@@ -517,9 +510,7 @@ def _backward(
             dq = dq_acc.to(q.dtype) if grads is None else grads[0].copy_(dq_acc)
         else:
             tq = c.bwd_q
-            launch_kernel(
-                _attn_bwd_dq,
-                (triton.cdiv(max_q, tq.block_m), batch * hq),
+            _attn_bwd_dq[(triton.cdiv(max_q, tq.block_m), batch * hq)](
                 qs.t,
                 ks.t,
                 vs.t,

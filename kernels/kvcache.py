@@ -32,7 +32,6 @@ from ._compat import patch_interpreter
 from .configs import Tile
 from .errors import ArgumentError, ArgumentTypeError
 from .flash import _LN2, _LOG2E, LOG2E, _dot, _mm, _scores
-from .launch import run as launch_kernel
 
 __all__ = [
     "flash_attn_with_kvcache",
@@ -431,7 +430,7 @@ def _launch(
         acc_st, lacc_st = (0, 0, 0, 0), (0, 0, 0)
     dummy = seqlens_k
     grid = (triton.cdiv(max_rows, tile.block_m), batch * hk, num_splits)
-    launch_kernel(_kv_fwd, grid,
+    _kv_fwd[grid](
         q, k_cache, v_cache, out, lse, o_acc, l_acc,
         cu_q if cu_q is not None else dummy, seqlens_k,
         k_start if k_start is not None else dummy,
@@ -451,7 +450,7 @@ def _launch(
     )  # fmt: skip
     if split:
         c = kc.combine
-        launch_kernel(_kv_combine, (triton.cdiv(seqlen_q, c.block_m), batch * hq),
+        _kv_combine[(triton.cdiv(seqlen_q, c.block_m), batch * hq)](
             o_acc, l_acc, out, lse, *acc_st, *lacc_st, *ost, *lst, seqlen_q, hq, num_splits,
             HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=c.block_m, **c.launch_options(hip),
         )  # fmt: skip
