@@ -158,6 +158,19 @@ def _small_grid(base, family: str, head_dim: int):
     return [("fwd_small", fn, ptrs, c, tile)]
 
 
+def _head_dim_fwd(base, family: str, head_dim: int):
+    """The forward with the family's tile for this exact head dim (``configs.HEAD_DIM_FWD``), as
+    ``fwd_hd``, where it has one."""
+    from .configs import HEAD_DIM_FWD
+
+    tile = HEAD_DIM_FWD.get((family, head_dim))
+    if tile is None:
+        return []
+    name, fn, ptrs, consts, _ = base[0]
+    c = dict(consts, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, USE_TMA=tile.tma)
+    return [("fwd_hd", fn, ptrs, c, tile)]
+
+
 def _kernels(head_dim: int, cfg, dtype: str = "bf16"):
     """(name, jit fn, pointer types, constexprs, tile) for the fwd and the three bwd kernels."""
     from . import flash
@@ -416,6 +429,7 @@ def jobs_for(arch: str, spec: dict, head_dims, over_2gib: bool = False) -> list[
         dcfg = for_tensors(config_for(spec["family"], d, dropout=True), not over_2gib)
         variants = _variants(_kernels(d, dcfg), base, FP8_DOT.get(spec["family"]))
         variants += _small_grid(base, spec["family"], d)
+        variants += _head_dim_fwd(base, spec["family"], d)
         # The KV-cache kernels (kernels/kvcache.py: split-KV decode, paged prefill, combine).
         gluon = _gluon_kernels(d, cfg) if spec["vendor"] == "nvidia" else []
         found += [(d, job) for job in base + variants + aot_kernels(d, spec["family"]) + gluon]

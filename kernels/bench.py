@@ -5,12 +5,19 @@ causal; forward+backward 3.5x that. Times are medians of ``triton.testing.do_ben
 
     python -m kernels.bench [--quick] [--json FILE] [--variant NAME=JSON ...]
     python -m kernels.bench --workloads [--layout bshd|bhsd|both] [--mode fwd|fwd+bwd]
+    python -m kernels.bench --decode [--quick]
+    python -m kernels.bench --host
 
 The sweep shapes are made as (b, h, s, d) tensors and handed to the kernels as BSHD views (SDPA's
 layout, transposed). ``--workloads`` times the shapes of ``validate/workloads.py`` (SD 1.5, SDXL,
 Qwen-Image, LLM GQA prefill) in either storage: ``bshd`` (contiguous (b, s, h, d), what
 flash_attn callers and diffusers' projections give; SDPA gets the transposed view) or ``bhsd``
 (contiguous (b, h, s, d); the kernels get the transposed view).
+
+``--decode`` times one decoding step through ``flash_attn_with_kvcache`` (GQA 32/8 heads, d=128,
+bf16, one query token, the whole cache visible) against every SDPA backend fed the same cache:
+the (b, s, h, d) cache transposed to SDPA's (b, h, s, d) view with ``enable_gqa=True``, no copy.
+``--host`` measures the host time of one call at a tiny shape (back-to-back calls, no L2 flush).
 """
 
 from __future__ import annotations
@@ -253,6 +260,130 @@ def workload_table(result) -> str:
     return "\n".join(lines)
 
 
+DECODE_BATCHES = (1, 8, 32, 64)
+DECODE_CACHES = (4096, 16384, 65536, 131072)
+DECODE_HEADS = (32, 8, 128)  # query heads, KV heads, head dim
+
+
+def _decode_providers():
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from .kvcache import flash_attn_with_kvcache
+
+    def ours(q, kc, vc):
+        return flash_attn_with_kvcache(q, kc, vc)
+
+    def sdpa(backend):
+        def run(q, kc, vc):
+            with sdpa_kernel([backend]):
+                return F.scaled_dot_product_attention(
+                    q.transpose(1, 2), kc.transpose(1, 2), vc.transpose(1, 2), enable_gqa=True
+                )
+
+        return run
+
+    return {
+        "ours": ours,
+        "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION),
+        "sdpa-efficient": sdpa(SDPBackend.EFFICIENT_ATTENTION),
+        "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
+    }
+
+
+def run_decode(batches=DECODE_BATCHES, caches=DECODE_CACHES) -> dict:
+    """Microseconds per decoding step and the K/V read rate (GB/s), per batch and cache length."""
+    import torch
+    from triton.testing import do_bench
+
+    torch.manual_seed(0)
+    hq, hk, d = DECODE_HEADS
+    provs = _decode_providers()
+    rows = []
+    for b in batches:
+        for s in caches:
+            q = torch.randn(b, 1, hq, d, device="cuda", dtype=torch.bfloat16)
+            kc, vc = (
+                torch.randn(b, s, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2)
+            )
+            kv_bytes = 2 * kc.numel() * kc.element_size()
+            row = {"batch": b, "cache": s, "us": {}, "gbps": {}}
+            for name, fn in provs.items():
+                try:
+                    with torch.no_grad():
+                        ms = do_bench(lambda fn=fn, a=(q, kc, vc): fn(*a), warmup=25, rep=100,
+                                      return_mode="median")  # fmt: skip
+                    row["us"][name] = ms * 1e3
+                    row["gbps"][name] = kv_bytes / ms / 1e6
+                except Exception as e:  # a backend that cannot run this shape is reported
+                    row["us"][name] = row["gbps"][name] = None
+                    row.setdefault("errors", {})[name] = f"{type(e).__name__}: {str(e)[:200]}"
+            rows.append(row)
+            cells = " ".join(
+                f"{n}={t:8.1f}us" if t is not None else f"{n}=     n/a"
+                for n, t in row["us"].items()
+            )
+            print(f"decode b={b:3d} cache={s:6d} {cells}", flush=True)
+            del q, kc, vc
+            torch.cuda.empty_cache()
+    return {"decode_rows": rows, "heads": list(DECODE_HEADS)}
+
+
+def decode_table(result) -> str:
+    """Markdown table of the decode rows: µs per step, K/V GB/s, ours against the best SDPA."""
+    rows = result["decode_rows"]
+    names = list(rows[0]["us"]) if rows else []
+    lines = [
+        "| batch | cache | " + " | ".join(f"{n} µs" for n in names)
+        + " | ours GB/s | best SDPA | ours/best |",
+        "|" + "---|" * (len(names) + 5),
+    ]  # fmt: skip
+    for r in rows:
+        us = r["us"]
+        sdpa = {n: t for n, t in us.items() if n != "ours" and t is not None}
+        best = min(sdpa, key=sdpa.get) if sdpa else None
+        ratio = f"{sdpa[best] / us['ours']:.2f}" if best and us.get("ours") else "n/a"
+        cells = " | ".join(f"{us[n]:.1f}" if us[n] is not None else "n/a" for n in names)
+        gb = r["gbps"].get("ours")
+        lines.append(
+            f"| {r['batch']} | {r['cache']} | {cells} | {f'{gb:.0f}' if gb else 'n/a'} | "
+            f"{best or 'n/a'} | {ratio} |"
+        )
+    return "\n".join(lines)
+
+
+def host_time(calls: int = 2000) -> dict:
+    """Host microseconds per call at a tiny shape (1, 16, 1, 64), forward, back to back."""
+    import time
+
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from .interface import flash_attn_func
+
+    q, k, v = (torch.randn(1, 16, 1, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+
+    def sdpa():
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+            return F.scaled_dot_product_attention(qt, kt, vt)
+
+    out = {}
+    for name, fn in (("ours", lambda: flash_attn_func(q, k, v)), ("sdpa-flash", sdpa)):
+        with torch.no_grad():
+            for _ in range(50):
+                fn()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+        out[name] = (time.perf_counter() - t0) / calls * 1e6
+        print(f"host {name}: {out[name]:.1f} us per call", flush=True)
+    return out
+
+
 def breakdown(shape=(4, 16, 4096, 128), causal=False, iters=10) -> dict:
     """Average GPU time per kernel name over fwd+bwd steps (torch.profiler)."""
     import torch
@@ -378,6 +509,10 @@ def main(argv=None) -> int:
         help="--workloads: storage of q/k/v (default both)",
     )
     ap.add_argument(
+        "--decode", action="store_true", help="flash_attn_with_kvcache decoding against SDPA"
+    )
+    ap.add_argument("--host", action="store_true", help="host time per call at a tiny shape")
+    ap.add_argument(
         "--variant",
         action="append",
         default=[],
@@ -390,6 +525,21 @@ def main(argv=None) -> int:
         print("no GPU: nothing to benchmark", file=sys.stderr)
         return 2
     variants = dict(v.split("=", 1) for v in args.variant)
+    if args.host:
+        result = {"host_us": host_time()}
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=1)
+        return 0
+    if args.decode:
+        result = run_decode(batches=(1, 64), caches=(4096, 131072)) if args.quick else run_decode()
+        result["device"] = torch.cuda.get_device_name()
+        result["torch"] = torch.__version__
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=1)
+        print(decode_table(result))
+        return 0
     if args.workloads:
         layouts = ("bshd", "bhsd") if args.layout == "both" else (args.layout,)
         modes = (args.mode,) if args.mode else ("fwd", "fwd+bwd")

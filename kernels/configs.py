@@ -299,6 +299,27 @@ SMALL_GRID_FWD = {
 }
 
 
+# Forward tiles for head dims that are not a power of two (the kernels compute the padded width),
+# where one measured faster than both the default and the small-grid tile. Keys: (family,
+# unpadded head dim); the tile replaces the forward tile for every grid size. Hopper d=40 (SD 1.5's
+# first level, padded to 64): 128x64 with 4 warps and 3 stages measured 124 TFLOP/s at
+# (2, 4096, 8, 40) against 79 for the default 128x64 w8 s4 and the small-grid 64x64 w4 s3, and
+# 27 against 22 for its 77-key cross-attention (docs/benchmarks.md, issue 30 section 2). AMD has no
+# entry: untuned there; an AMD runner's ``kernels.bench --workloads --variant`` would fill it.
+HEAD_DIM_FWD = {
+    ("hopper", 40): Tile(128, 64, 4, 3),
+}
+
+
+def head_dim_fwd(family: str, head_dim: int) -> Tile | None:
+    """The HEAD_DIM_FWD tile of this family and unpadded head dim; None where there is none or
+    ATTNFORGE_KERNELS_CONFIG names a forward tile."""
+    tile = HEAD_DIM_FWD.get((family, head_dim))
+    if tile is None or _env_names_fwd():
+        return None
+    return tile
+
+
 def small_grid_fwd(cfg: AttnConfig, family: str, head_dim: int, rows: int, heads: int,
                    units: int) -> Tile | None:  # fmt: skip
     """The forward tile for a grid of ``heads`` (batch x query heads) times ``rows`` query rows
@@ -313,8 +334,19 @@ def small_grid_fwd(cfg: AttnConfig, family: str, head_dim: int, rows: int, heads
 
 
 def _env_names_fwd() -> bool:
-    spec = os.environ.get("ATTNFORGE_KERNELS_CONFIG")
+    return _names_fwd(os.environ.get("ATTNFORGE_KERNELS_CONFIG"))
+
+
+@functools.lru_cache(maxsize=16)
+def _names_fwd(spec: str | None) -> bool:
+    """Whether an override names a forward tile (cached: the entry points ask on every call)."""
     return bool(spec) and "fwd" in json.loads(spec)
+
+
+@functools.lru_cache(maxsize=256)
+def with_fwd(cfg: AttnConfig, tile: Tile) -> AttnConfig:
+    """``cfg`` running the Triton forward with ``tile`` (no Gluon forward); cached per pair."""
+    return replace(cfg, fwd=tile, gluon_fwd=False)
 
 
 def config_for(family: str, head_dim: int, dropout: bool = False) -> AttnConfig:

@@ -5,7 +5,7 @@ and flash_attn's ``_get_block_size_n`` (the S_dmask encoding)."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -304,11 +304,14 @@ def _forward(
     qs, ks, vs = _Seq(q, varlen), _Seq(k, varlen), _Seq(v, varlen)
     fp8 = descale is not None
     d, hq, hk, cfg, hip, softcap, cap_in, cap_out = _common(qs.t, ks.t, vs.t, mask, scale, fp8)
-    small = configs.small_grid_fwd(
-        cfg, configs.device_family(q.device), d, max_q, batch * hq, configs.compute_units(q.device)
-    )
-    if small is not None:  # a grid too small to fill the GPU: the smaller Triton tile
-        cfg = replace(cfg, fwd=small, gluon_fwd=False)
+    family = configs.device_family(q.device)
+    tile = configs.head_dim_fwd(family, d)
+    if tile is None:
+        tile = configs.small_grid_fwd(
+            cfg, family, d, max_q, batch * hq, configs.compute_units(q.device)
+        )
+    if tile is not None:  # a head dim's own tile, or a grid too small to fill the GPU
+        cfg = configs.with_fwd(cfg, tile)
     out = torch.empty(qs.t.shape, dtype=out_dtype or q.dtype, device=q.device)
     os_ = _Seq(out, varlen).strides
     if varlen:
@@ -557,12 +560,16 @@ class _FlashAttn(torch.autograd.Function):
             q, k, v, cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi, varlen, drop=drop
         )
         ctx.mark_non_differentiable(lse)
+        # No zero-filled gradient for the LSE (or an unused output): one GPU fill less a step.
+        ctx.set_materialize_grads(False)
         ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, alibi)
         ctx.meta = (max_q, max_k, batch, scale, mask, varlen, drop)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
+        if dout is None:  # only the LSE was used: no gradient flows
+            return (None,) * 13
         q, k, v, out, lse, cu_q, cu_k, alibi = ctx.saved_tensors
         max_q, max_k, batch, scale, mask, varlen, drop = ctx.meta
         dq, dk, dv = _backward(

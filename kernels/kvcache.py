@@ -19,6 +19,7 @@ decoding still fill the GPU.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -235,6 +236,7 @@ class KVConfig:
     combine: Tile
 
 
+@functools.lru_cache(maxsize=256)
 def kv_config(family: str, head_dim: int) -> KVConfig:
     """Default tiles per family and (padded) head dim; docs/kernels.md has the AOT figures."""
     d = configs.padded_head_dim(head_dim)
@@ -262,6 +264,7 @@ def kv_config(family: str, head_dim: int) -> KVConfig:
     return KVConfig(Tile(16, 64, 4, 2), Tile(64, 32, 8, 2), combine)
 
 
+@functools.lru_cache(maxsize=1024)
 def num_splits_heuristic(work_blocks: int, num_sms: int, num_key_blocks: int, max_splits=128):
     """flash_attn's ``num_splits_heuristic`` (csrc/flash_attn/flash_api.cpp): the fewest splits
     that reach 85% of the best wave efficiency, 1 when the grid nearly fills the GPU already."""
@@ -285,7 +288,7 @@ def num_splits_heuristic(work_blocks: int, num_sms: int, num_key_blocks: int, ma
 def _num_sms(device) -> int:
     if configs.INTERPRET or device.type != "cuda":
         return 1
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    return configs.compute_units(device)  # cached per device: decoding asks on every step
 
 
 # --------------------------------------------------------------------------------------------
@@ -551,12 +554,14 @@ def flash_attn_with_kvcache(
         q = apply_rotary(q, rotary_cos, rotary_sin, q_pos, rotary_interleaved)
     if k is not None:
         _append(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table)
-    seqlens_k = cache_seqlens + seqlen_new
+    # A decoding step without new keys reads the lengths as given (no extra GPU launch).
+    seqlens_k = cache_seqlens + seqlen_new if seqlen_new else cache_seqlens
     k_start = None
     if cache_leftpad is not None:
         k_start = _int32(cache_leftpad, "cache_leftpad", batch, device)
         seqlens_k = seqlens_k - k_start
-    seqlens_k = seqlens_k.to(torch.int32).contiguous()
+    if seqlens_k.dtype != torch.int32 or not seqlens_k.is_contiguous():
+        seqlens_k = seqlens_k.to(torch.int32).contiguous()
     if q.stride(-1) != 1:
         q = q.contiguous()
     slopes, sa_b, sa_h = _slopes(alibi_slopes, batch, hq, device)

@@ -75,3 +75,27 @@ def test_a_small_grid_launches_the_small_tile_and_stays_correct(monkeypatch, gra
     q2 = torch.randn(1, 600, 2, 32, generator=g).to(torch.bfloat16)
     flash_attn_func(q2, k, v)
     assert spy.block_m[-1] == 16
+
+
+def test_a_head_dims_own_forward_tile_wins_over_the_grid_rule(monkeypatch):
+    # Hopper d=40 has its own tile; d=64 (same padded width) and the interpreter do not.
+    assert configs.head_dim_fwd("hopper", 40) == configs.HEAD_DIM_FWD[("hopper", 40)]
+    assert configs.head_dim_fwd("hopper", 64) is None
+    assert configs.head_dim_fwd("interpreter", 40) is None
+    monkeypatch.setenv("ATTNFORGE_KERNELS_CONFIG", '{"fwd": [128, 64, 8, 3]}')
+    assert configs.head_dim_fwd("hopper", 40) is None
+
+
+def test_a_head_dim_tile_is_launched_at_that_head_dim_only(monkeypatch):
+    monkeypatch.setitem(configs.HEAD_DIM_FWD, ("interpreter", 24), Tile(32, 16, 1, 1))
+    spy = _Spy(interface._attn_fwd)
+    monkeypatch.setattr(interface, "_attn_fwd", spy)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, n, 2, 24, generator=g).to(torch.bfloat16) for n in (45, 77, 77))
+    out = flash_attn_func(q, k, v)
+    assert spy.block_m == [32]
+    ref, _ = attention_ref(q, k, v)
+    assert (out.float() - ref.float()).abs().max().item() <= 2e-2
+    q32, k32, v32 = (torch.randn(1, n, 2, 32, generator=g).to(torch.bfloat16) for n in (45, 77, 77))
+    flash_attn_func(q32, k32, v32)
+    assert spy.block_m[-1] == 16
