@@ -4,7 +4,6 @@ argument errors and the FP8 varlen and qkv-packed forms (seed 002's four-functio
 import pytest
 import torch
 
-from kernels import check_variants as cv
 from kernels import (
     flash_attn_fp8_func,
     flash_attn_func,
@@ -13,6 +12,8 @@ from kernels import (
     flash_attn_varlen_qkvpacked_fp8_func,
     flash_attn_with_kvcache,
 )
+from kernels.checks import variants
+from kernels.checks.case import fp8
 from kernels.errors import ArgumentError, ArgumentTypeError
 
 E4M3 = torch.float8_e4m3fn
@@ -101,10 +102,10 @@ def test_fp8_qkvpacked_forms_are_the_unpacked_functions():
 
 
 def test_fp8_varlen_matches_the_dequantised_reference_like_the_fixed_length_form():
-    # The fixed-length form's judge (kernels.check_variants.compare_fp8) on the varlen layout:
+    # The fixed-length form's judge (kernels.checks.variants.compare_fp8) on the varlen layout:
     # one sequence, so the varlen call must agree with it bit for bit.
-    case = cv.Fp8Case("bf16", 1, 37, 45, 4, 2, 64, "causal", "head")
-    res = cv.compare_fp8(case, torch.device("cpu"), seed=5)
+    case = fp8("bf16", 1, 37, 45, 4, 2, 64, "causal", "head")
+    res = variants.compare_fp8(case, torch.device("cpu"), seed=5)
     assert res["ok"], res["metrics"]
     q, k, v = (_quantised(1, n, h, 64, i) for i, (n, h) in enumerate(((37, 4), (45, 2), (45, 2))))
     fixed = flash_attn_fp8_func(q, k, v, causal=True)
