@@ -11,7 +11,7 @@ import torch
 import triton
 from triton.runtime import _allocation
 
-from . import autotune, configs
+from . import arguments, autotune, configs
 from ._compat import patch_interpreter
 from .errors import ArgumentError, ArgumentTypeError
 from .flash import FP8_DOT, LOG2E, _attn_bwd_delta, _attn_bwd_dkdv, _attn_bwd_dq, _attn_fwd
@@ -252,38 +252,14 @@ def _tma_scratch(size: int, alignment: int, stream):
     return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
-def _slopes(alibi_slopes, batch: int, heads: int, device):
-    if alibi_slopes is None:
-        return None, 0, 0
-    a = alibi_slopes.to(device=device, dtype=torch.float32)
-    if a.dim() == 1:
-        if a.shape[0] != heads:
-            raise ArgumentError(f"alibi_slopes has {a.shape[0]} entries, expected {heads}")
-        return a, 0, a.stride(0)
-    if tuple(a.shape) != (batch, heads):
-        raise ArgumentError(f"alibi_slopes shape {tuple(a.shape)}, expected ({batch}, {heads})")
-    return a, a.stride(0), a.stride(1)
+# The launch paths' name for the shared check.
+_slopes = arguments.alibi_slopes
 
-
-FP8_TYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+FP8_TYPES = arguments.FP8_TYPES
 
 
 def _common(q, k, v, mask: Mask, scale: float, fp8: bool = False):
-    if fp8:
-        if q.dtype not in FP8_TYPES:
-            raise ArgumentTypeError(f"q must be float8_e4m3fn or float8_e4m3fnuz, got {q.dtype}")
-    elif q.dtype not in (torch.float16, torch.bfloat16):
-        raise ArgumentTypeError(f"q must be float16 or bfloat16, got {q.dtype}")
-    if k.dtype != q.dtype or v.dtype != q.dtype:
-        raise ArgumentTypeError("q, k and v must share a dtype")
-    d = q.shape[-1]
-    if d > 256 or k.shape[-1] != d or v.shape[-1] != d:
-        raise ArgumentError(
-            f"head dims must match and be <= 256, got {q.shape[-1]}, {k.shape[-1]}, {v.shape[-1]}"
-        )
-    hq, hk = q.shape[-2], k.shape[-2]
-    if hq % hk != 0 or v.shape[-2] != hk:
-        raise ArgumentError(f"query heads ({hq}) must be a multiple of key/value heads ({hk})")
+    d, hq, hk = arguments.check_qkv(q, k, v, fp8=fp8)
     family = configs.device_family(q.device)
     cfg = configs.config_for(family, d)
     hip = configs.is_hip()

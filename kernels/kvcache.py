@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import configs
+from . import arguments, configs
 from ._compat import patch_interpreter
 from .configs import Tile
 from .errors import ArgumentError, ArgumentTypeError
@@ -342,21 +342,9 @@ def _append(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table)
 
 
 def _check_inputs(q, k_cache, v_cache):
-    if q.dtype not in (torch.float16, torch.bfloat16):
-        raise ArgumentTypeError(f"q must be float16 or bfloat16, got {q.dtype}")
-    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
-        raise ArgumentTypeError("q, k_cache and v_cache must share a dtype")
-    d = q.shape[-1]
-    if d > 256 or k_cache.shape[-1] != d or v_cache.shape[-1] != d:
-        raise ArgumentError(
-            f"head dims must match and be <= 256, got {d}, {k_cache.shape[-1]}, {v_cache.shape[-1]}"
-        )
-    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
-        raise ArgumentError("k_cache and v_cache need a contiguous last dimension (stride 1)")
-    hq, hk = q.shape[-2], k_cache.shape[-2]
-    if hq % hk != 0 or v_cache.shape[-2] != hk:
-        raise ArgumentError(f"query heads ({hq}) must be a multiple of key/value heads ({hk})")
-    return d, hq, hk
+    return arguments.check_qkv(
+        q, k_cache, v_cache, names=("q", "k_cache", "v_cache"), contiguous_kv=True
+    )
 
 
 def _int32(t, name: str, batch: int, device):
@@ -364,19 +352,6 @@ def _int32(t, name: str, batch: int, device):
     if t.dtype not in (torch.int32, torch.int64) or tuple(t.shape) != (batch,):
         raise ArgumentError(f"{name} must be an integer tensor of shape ({batch},)")
     return t.to(torch.int32).contiguous()
-
-
-def _slopes(alibi_slopes, batch: int, heads: int, device):
-    if alibi_slopes is None:
-        return None, 0, 0
-    a = alibi_slopes.to(device=device, dtype=torch.float32)
-    if a.dim() == 1 and a.shape[0] == heads:
-        return a, 0, a.stride(0)
-    if tuple(a.shape) == (batch, heads):
-        return a, a.stride(0), a.stride(1)
-    raise ArgumentError(
-        f"alibi_slopes shape {tuple(a.shape)}, expected ({heads},) or ({batch}, {heads})"
-    )
 
 
 def _window(causal: bool, window_size, softcap: float, seqlen_cache: int):
@@ -559,7 +534,7 @@ def flash_attn_with_kvcache(
     seqlens_k = seqlens_k.to(torch.int32).contiguous()
     if q.stride(-1) != 1:
         q = q.contiguous()
-    slopes, sa_b, sa_h = _slopes(alibi_slopes, batch, hq, device)
+    slopes, sa_b, sa_h = arguments.alibi_slopes(alibi_slopes, batch, hq, device)
     out = torch.empty(q.shape, dtype=q.dtype, device=device)
     lse = torch.empty((batch, hq, seqlen_q), dtype=torch.float32, device=device)
     rows = seqlen_q * (hq // hk)
@@ -616,7 +591,7 @@ def paged_varlen_forward(
     left, right, cap = _window(causal, window_size, softcap, seqlen_cache)
     if q.stride(-1) != 1:
         q = q.contiguous()
-    slopes, sa_b, sa_h = _slopes(alibi_slopes, batch, hq, device)
+    slopes, sa_b, sa_h = arguments.alibi_slopes(alibi_slopes, batch, hq, device)
     out = torch.empty(q.shape, dtype=q.dtype, device=device)
     lse = torch.empty((hq, q.shape[0]), dtype=torch.float32, device=device)
     _launch(

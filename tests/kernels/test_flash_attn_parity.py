@@ -149,3 +149,34 @@ def test_fp8_packed_and_varlen_argument_errors(call, match):
     qkv = _quantised(1, 4, 6, 32, 0).reshape(1, 4, 3, 2, 32)
     with pytest.raises(ValueError, match=match):
         call(qkv)
+
+
+@pytest.mark.parametrize(
+    "bad, error, match",
+    [
+        (dict(q_dtype=torch.float32), ArgumentTypeError, "q must be float16 or bfloat16"),
+        (dict(k_dtype=torch.bfloat16), ArgumentTypeError, "must share a dtype"),
+        (
+            dict(hk=3),
+            ArgumentError,
+            r"query heads \(4\) must be a multiple of key/value heads \(3\)",
+        ),
+        (dict(d_kv=48), ArgumentError, "head dims must match and be <= 256"),
+        (
+            dict(slopes=(3,)),
+            ArgumentError,
+            r"alibi_slopes shape \(3,\), expected \(4,\) or \(2, 4\)",
+        ),
+    ],
+)
+def test_the_fixed_length_and_kv_cache_calls_refuse_bad_inputs_in_the_same_words(bad, error, match):
+    # One check (kernels/arguments.py) behind both entry points: same type, same sentence.
+    q = torch.randn(2, 5, 4, 32).to(bad.get("q_dtype", torch.float16))
+    hk, d_kv = bad.get("hk", 2), bad.get("d_kv", 32)
+    k = torch.randn(2, 9, hk, d_kv).to(bad.get("k_dtype", torch.float16))
+    v = torch.randn(2, 9, hk, d_kv, dtype=torch.float16)
+    slopes = torch.rand(*bad["slopes"]) if "slopes" in bad else None
+    with pytest.raises(error, match=match):
+        flash_attn_func(q, k, v, alibi_slopes=slopes)
+    with pytest.raises(error, match=match):
+        flash_attn_with_kvcache(q, k, v, alibi_slopes=slopes)
