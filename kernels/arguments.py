@@ -7,6 +7,8 @@ Each raises the flash_attn-compatible types of ``kernels.errors``: a bad dtype i
 
 from __future__ import annotations
 
+from typing import TypeAlias
+
 import torch
 
 from .errors import ArgumentError, ArgumentTypeError
@@ -14,6 +16,13 @@ from .errors import ArgumentError, ArgumentTypeError
 HALF_TYPES = (torch.float16, torch.bfloat16)
 FP8_TYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 MAX_HEAD_DIM = 256
+
+# What the entry points return: flash_attn's out, or (out, softmax_lse, S_dmask or None) with
+# return_attn_probs; with_kvcache: out, or (out, softmax_lse) with return_softmax_lse.
+AttnResult: TypeAlias = "torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]"
+KVCacheResult: TypeAlias = "torch.Tensor | tuple[torch.Tensor, torch.Tensor]"
+# An FP8 descale factor: a number, or a tensor of 1, (heads_k,) or (batch, heads_k) values.
+Descale: TypeAlias = "float | torch.Tensor | None"
 
 
 def check_qkv(

@@ -13,6 +13,7 @@ from triton.runtime import _allocation
 
 from . import arguments, autotune, configs
 from ._compat import patch_interpreter
+from .arguments import AttnResult, Descale
 from .errors import ArgumentError, ArgumentTypeError
 from .flash import FP8_DOT, LOG2E, _attn_bwd_delta, _attn_bwd_dkdv, _attn_bwd_dq, _attn_fwd
 
@@ -98,7 +99,9 @@ def _dropout(q, p: float, batch: int, hq: int, max_q: int, max_k: int, sdmask: b
     return Dropout(p, rng, probs)
 
 
-def _get_block_size_n(device, head_dim: int, is_dropout: bool, is_causal: bool) -> int:
+def _get_block_size_n(
+    device: torch.device | str | None, head_dim: int, is_dropout: bool, is_causal: bool
+) -> int:
     """The width of the key blocks in which S_dmask's rows are encoded (flash_attn's
     ``flash_attn.flash_attn_interface._get_block_size_n``, same arguments, same values).
 
@@ -565,7 +568,15 @@ def _mask_from_flash_args(causal: bool, window_size, softcap: float) -> Mask:
     return Mask(left=left, right=right, softcap=float(softcap or 0.0))
 
 
-def attention(q, k, v, *, scale: float, mask: Mask, alibi_slopes=None):
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    scale: float,
+    mask: Mask,
+    alibi_slopes: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Fixed-length attention on BSHD views with an explicit :class:`Mask`; returns (out, lse)."""
     b, sq = q.shape[0], q.shape[1]
     sk = k.shape[1]
@@ -573,18 +584,18 @@ def attention(q, k, v, *, scale: float, mask: Mask, alibi_slopes=None):
 
 
 def flash_attn_func(
-    q,
-    k,
-    v,
-    dropout_p=0.0,
-    softmax_scale=None,
-    causal=False,
-    window_size=(-1, -1),
-    softcap=0.0,
-    alibi_slopes=None,
-    deterministic=False,
-    return_attn_probs=False,
-):
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dropout_p: float = 0.0,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+) -> AttnResult:
     """flash_attn.flash_attn_func: q (B, Sq, Hq, D), k/v (B, Sk, Hk, D) -> out (B, Sq, Hq, D).
 
     ``dropout_p > 0`` drops attention probabilities with a Philox mask seeded from torch's
@@ -608,23 +619,23 @@ def flash_attn_func(
 
 
 def flash_attn_varlen_func(
-    q,
-    k,
-    v,
-    cu_seqlens_q,
-    cu_seqlens_k,
-    max_seqlen_q,
-    max_seqlen_k,
-    dropout_p=0.0,
-    softmax_scale=None,
-    causal=False,
-    window_size=(-1, -1),
-    softcap=0.0,
-    alibi_slopes=None,
-    deterministic=False,
-    return_attn_probs=False,
-    block_table=None,
-):
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    dropout_p: float = 0.0,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+    block_table: torch.Tensor | None = None,
+) -> AttnResult:
     """flash_attn.flash_attn_varlen_func: q (total_q, Hq, D), k/v (total_k, Hk, D), int32 cu_seqlens.
 
     Dropout as in :func:`flash_attn_func`; S_dmask is (batch, Hq, max_seqlen_q, max_seqlen_k),
@@ -656,7 +667,7 @@ def flash_attn_varlen_func(
     return out
 
 
-def fp8_dtype_for(device) -> torch.dtype:
+def fp8_dtype_for(device: torch.device) -> torch.dtype:
     """The e4m3 type the device's matrix units multiply natively, or a NotImplementedError that
     names the arch when they have none (Triton would emulate fp8 there: RDNA3, CDNA2, Ampere)."""
     family = configs.device_family(device)
@@ -694,20 +705,20 @@ def _descale(d, name: str, batch: int, hk: int, device) -> torch.Tensor:
 
 
 def flash_attn_fp8_func(
-    q,
-    k,
-    v,
-    descale_q=None,
-    descale_k=None,
-    descale_v=None,
-    softmax_scale=None,
-    causal=False,
-    window_size=(-1, -1),
-    softcap=0.0,
-    alibi_slopes=None,
-    out_dtype=torch.bfloat16,
-    return_attn_probs=False,
-):
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    descale_q: Descale = None,
+    descale_k: Descale = None,
+    descale_v: Descale = None,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+    return_attn_probs: bool = False,
+) -> AttnResult:
     """FP8 attention forward: e4m3 q (B, Sq, Hq, D), k/v (B, Sk, Hk, D) -> out (B, Sq, Hq, D).
 
     The real inputs are ``q * descale_q`` etc.: descale factors are one number per tensor or
@@ -776,24 +787,24 @@ def _cu_seqlens(cu, name: str, device) -> torch.Tensor:
 
 
 def flash_attn_varlen_fp8_func(
-    q,
-    k,
-    v,
-    cu_seqlens_q,
-    cu_seqlens_k,
-    max_seqlen_q,
-    max_seqlen_k,
-    descale_q=None,
-    descale_k=None,
-    descale_v=None,
-    softmax_scale=None,
-    causal=False,
-    window_size=(-1, -1),
-    softcap=0.0,
-    alibi_slopes=None,
-    out_dtype=torch.bfloat16,
-    return_attn_probs=False,
-):
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    descale_q: Descale = None,
+    descale_k: Descale = None,
+    descale_v: Descale = None,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+    return_attn_probs: bool = False,
+) -> AttnResult:
     """FP8 varlen forward: e4m3 q (total_q, Hq, D), k/v (total_k, Hk, D) with int32
     ``cu_seqlens_q``/``cu_seqlens_k`` -> out (total_q, Hq, D) in ``out_dtype``.
 
@@ -822,18 +833,18 @@ def _unpack_qkv(qkv, dims: int, shape: str):
 
 
 def flash_attn_qkvpacked_fp8_func(
-    qkv,
-    descale_q=None,
-    descale_k=None,
-    descale_v=None,
-    softmax_scale=None,
-    causal=False,
-    window_size=(-1, -1),
-    softcap=0.0,
-    alibi_slopes=None,
-    out_dtype=torch.bfloat16,
-    return_attn_probs=False,
-):
+    qkv: torch.Tensor,
+    descale_q: Descale = None,
+    descale_k: Descale = None,
+    descale_v: Descale = None,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+    return_attn_probs: bool = False,
+) -> AttnResult:
     """:func:`flash_attn_fp8_func` on e4m3 qkv (B, S, 3, H, D) -> out (B, S, H, D)."""
     q, k, v = _unpack_qkv(qkv, 5, "(batch, seqlen, 3, heads, head_dim)")
     return flash_attn_fp8_func(
@@ -843,20 +854,20 @@ def flash_attn_qkvpacked_fp8_func(
 
 
 def flash_attn_varlen_qkvpacked_fp8_func(
-    qkv,
-    cu_seqlens,
-    max_seqlen,
-    descale_q=None,
-    descale_k=None,
-    descale_v=None,
-    softmax_scale=None,
-    causal=False,
-    window_size=(-1, -1),
-    softcap=0.0,
-    alibi_slopes=None,
-    out_dtype=torch.bfloat16,
-    return_attn_probs=False,
-):
+    qkv: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int,
+    descale_q: Descale = None,
+    descale_k: Descale = None,
+    descale_v: Descale = None,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+    return_attn_probs: bool = False,
+) -> AttnResult:
     """:func:`flash_attn_varlen_fp8_func` on e4m3 qkv (total, 3, H, D) with one ``cu_seqlens``
     -> out (total, H, D)."""
     q, k, v = _unpack_qkv(qkv, 4, "(total, 3, heads, head_dim)")

@@ -180,3 +180,21 @@ def test_the_fixed_length_and_kv_cache_calls_refuse_bad_inputs_in_the_same_words
         flash_attn_func(q, k, v, alibi_slopes=slopes)
     with pytest.raises(error, match=match):
         flash_attn_with_kvcache(q, k, v, alibi_slopes=slopes)
+
+
+def test_every_public_entry_point_is_typed():
+    import inspect
+    import typing
+
+    import kernels
+    from kernels import kvcache, sdpa_shim
+
+    funcs = [
+        getattr(kernels, n) for n in kernels.__all__ if inspect.isfunction(getattr(kernels, n))
+    ]
+    funcs += [kvcache.paged_varlen_forward, sdpa_shim.enable, sdpa_shim.stats]
+    assert len(funcs) >= 12
+    for f in funcs:
+        hints = typing.get_type_hints(f)  # resolvable, not just written
+        missing = [p for p in inspect.signature(f).parameters if p not in hints]
+        assert "return" in hints and not missing, (f.__name__, missing)
