@@ -46,6 +46,17 @@ def test_a_wrong_name_is_rejected(name):
         Case.parse(name)
 
 
+@pytest.mark.parametrize("mask", ["full", "causal", "window", "alibi", "softcap"])
+def test_a_masks_flash_attn_arguments_mean_the_references_left_and_right(mask):
+    from kernels.checks.reference import flash_window
+
+    case = Case("kvcache", "bf16", 1, 5, 9, 2, 2, 16, mask, "contig")
+    causal, window, softcap, alibi = case.flash_args()
+    left, right, softcap_ref, alibi_ref = case.mask_args()
+    assert flash_window(causal, window) == (left, right)
+    assert (softcap, alibi) == (softcap_ref, alibi_ref)
+
+
 def test_a_case_refuses_a_mask_or_layout_its_kind_does_not_take():
     with pytest.raises(ValueError, match="mask"):
         Case("dropout", "bf16", 1, 1, 1, 2, 2, 16, "alibi", "bshd")
@@ -131,11 +142,9 @@ def test_the_judge_fails_non_finite_outputs_and_lse_rows_that_disagree_on_seeing
 def test_cases_are_judged_by_the_validation_suites_rule(monkeypatch):
     import torch
 
-    from validate import tolerance
-
     case = Case("attn", "bf16", 1, 1, 1, 2, 2, 16, "causal", "bshd")
     assert attention.compare(case, torch.device("cpu"))["ok"]
-    monkeypatch.setattr(tolerance, "within", lambda err, *_a, **_k: (False, 0.0))
+    monkeypatch.setattr(judge.tolerance, "within", lambda err, *_a, **_k: (False, 0.0))
     assert not attention.compare(case, torch.device("cpu"))["ok"]
 
 
