@@ -19,7 +19,7 @@ Conventions shared by every kernel here:
   default kernels keep their signature and compile to the same code as without the variants.
   Dropout keeps score (b, h, i, j) iff word 0 of Philox4x32-10 with counter (j, i, b * Hq + h,
   offset) and key seed is >= ``floor(p * 2**32)`` (i, j: positions within the sequence); the
-  backward regenerates the same bits. ``kernels.dropout_ref`` is that rule in plain PyTorch.
+  backward regenerates the same bits. ``kernels.checks.dropout_ref`` is that rule in plain PyTorch.
 """
 
 from __future__ import annotations

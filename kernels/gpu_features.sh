@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 13 on one NVIDIA GPU (device tool or any CUDA box), from the repo root:
 #   bash kernels/gpu_features.sh [check] [bench]       (default: both)
-# check  the full dropout/FP8 and packed/kv-cache grids (kernels/check_variants.py,
-#        kernels/check_kvcache.py) in 4 processes (compiling is CPU work), and memcheck over their
+# check  the full dropout/FP8 and packed/kv-cache grids (kernels/checks/grids.py: variant_grid,
+#        kvcache_grid) in 4 processes (compiling is CPU work), and memcheck over their
 #        boundary shapes in 2 more, all at once; a table of what did not pass.
 # bench  the backward tile candidates for Hopper (ATTNFORGE_KERNELS_CONFIG variants) against the
 #        defaults, SDPA-flash and cuDNN on the fwd+bwd shapes, and two forward tiles.
@@ -18,9 +18,12 @@ want() { [[ " $WHAT " == *" $1 "* ]]; }
 names() {
   "$PY" - "$@" <<'PY'
 import sys
-from kernels import check_kvcache as k, check_variants as v
+from kernels.checks import grids as g
 grid, i, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-cases = v.grid(False) + k.grid(False) if grid == "grid" else v.grid_boundary() + k.grid_boundary()
+if grid == "grid":
+    cases = g.variant_grid(False) + g.kvcache_grid(False)
+else:
+    cases = g.variant_boundary() + g.kvcache_boundary()
 print(" ".join("--case " + c.name for c in cases[i::n]))
 PY
 }

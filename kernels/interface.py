@@ -11,8 +11,9 @@ import torch
 import triton
 from triton.runtime import _allocation
 
-from . import autotune, configs
+from . import arguments, autotune, configs
 from ._compat import patch_interpreter
+from .arguments import AttnResult, Descale
 from .errors import ArgumentError, ArgumentTypeError
 from .flash import FP8_DOT, LOG2E, _attn_bwd_delta, _attn_bwd_dkdv, _attn_bwd_dq, _attn_fwd
 
@@ -98,7 +99,9 @@ def _dropout(q, p: float, batch: int, hq: int, max_q: int, max_k: int, sdmask: b
     return Dropout(p, rng, probs)
 
 
-def _get_block_size_n(device, head_dim: int, is_dropout: bool, is_causal: bool) -> int:
+def _get_block_size_n(
+    device: torch.device | str | None, head_dim: int, is_dropout: bool, is_causal: bool
+) -> int:
     """The width of the key blocks in which S_dmask's rows are encoded (flash_attn's
     ``flash_attn.flash_attn_interface._get_block_size_n``, same arguments, same values).
 
@@ -252,38 +255,14 @@ def _tma_scratch(size: int, alignment: int, stream):
     return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
-def _slopes(alibi_slopes, batch: int, heads: int, device):
-    if alibi_slopes is None:
-        return None, 0, 0
-    a = alibi_slopes.to(device=device, dtype=torch.float32)
-    if a.dim() == 1:
-        if a.shape[0] != heads:
-            raise ArgumentError(f"alibi_slopes has {a.shape[0]} entries, expected {heads}")
-        return a, 0, a.stride(0)
-    if tuple(a.shape) != (batch, heads):
-        raise ArgumentError(f"alibi_slopes shape {tuple(a.shape)}, expected ({batch}, {heads})")
-    return a, a.stride(0), a.stride(1)
+# The launch paths' name for the shared check.
+_slopes = arguments.alibi_slopes
 
-
-FP8_TYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+FP8_TYPES = arguments.FP8_TYPES
 
 
 def _common(q, k, v, mask: Mask, scale: float, fp8: bool = False):
-    if fp8:
-        if q.dtype not in FP8_TYPES:
-            raise ArgumentTypeError(f"q must be float8_e4m3fn or float8_e4m3fnuz, got {q.dtype}")
-    elif q.dtype not in (torch.float16, torch.bfloat16):
-        raise ArgumentTypeError(f"q must be float16 or bfloat16, got {q.dtype}")
-    if k.dtype != q.dtype or v.dtype != q.dtype:
-        raise ArgumentTypeError("q, k and v must share a dtype")
-    d = q.shape[-1]
-    if d > 256 or k.shape[-1] != d or v.shape[-1] != d:
-        raise ArgumentError(
-            f"head dims must match and be <= 256, got {q.shape[-1]}, {k.shape[-1]}, {v.shape[-1]}"
-        )
-    hq, hk = q.shape[-2], k.shape[-2]
-    if hq % hk != 0 or v.shape[-2] != hk:
-        raise ArgumentError(f"query heads ({hq}) must be a multiple of key/value heads ({hk})")
+    d, hq, hk = arguments.check_qkv(q, k, v, fp8=fp8)
     family = configs.device_family(q.device)
     cfg = configs.config_for(family, d)
     hip = configs.is_hip()
@@ -596,7 +575,15 @@ def _mask_from_flash_args(causal: bool, window_size, softcap: float) -> Mask:
     return Mask(left=left, right=right, softcap=float(softcap or 0.0))
 
 
-def attention(q, k, v, *, scale: float, mask: Mask, alibi_slopes=None):
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    scale: float,
+    mask: Mask,
+    alibi_slopes: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Fixed-length attention on BSHD views with an explicit :class:`Mask`; returns (out, lse)."""
     b, sq = q.shape[0], q.shape[1]
     sk = k.shape[1]
@@ -604,18 +591,18 @@ def attention(q, k, v, *, scale: float, mask: Mask, alibi_slopes=None):
 
 
 def flash_attn_func(
-    q,
-    k,
-    v,
-    dropout_p=0.0,
-    softmax_scale=None,
-    causal=False,
-    window_size=(-1, -1),
-    softcap=0.0,
-    alibi_slopes=None,
-    deterministic=False,
-    return_attn_probs=False,
-):
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dropout_p: float = 0.0,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+) -> AttnResult:
     """flash_attn.flash_attn_func: q (B, Sq, Hq, D), k/v (B, Sk, Hk, D) -> out (B, Sq, Hq, D).
 
     ``dropout_p > 0`` drops attention probabilities with a Philox mask seeded from torch's
@@ -639,23 +626,23 @@ def flash_attn_func(
 
 
 def flash_attn_varlen_func(
-    q,
-    k,
-    v,
-    cu_seqlens_q,
-    cu_seqlens_k,
-    max_seqlen_q,
-    max_seqlen_k,
-    dropout_p=0.0,
-    softmax_scale=None,
-    causal=False,
-    window_size=(-1, -1),
-    softcap=0.0,
-    alibi_slopes=None,
-    deterministic=False,
-    return_attn_probs=False,
-    block_table=None,
-):
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    dropout_p: float = 0.0,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+    block_table: torch.Tensor | None = None,
+) -> AttnResult:
     """flash_attn.flash_attn_varlen_func: q (total_q, Hq, D), k/v (total_k, Hk, D), int32 cu_seqlens.
 
     Dropout as in :func:`flash_attn_func`; S_dmask is (batch, Hq, max_seqlen_q, max_seqlen_k),
@@ -687,7 +674,7 @@ def flash_attn_varlen_func(
     return out
 
 
-def fp8_dtype_for(device) -> torch.dtype:
+def fp8_dtype_for(device: torch.device) -> torch.dtype:
     """The e4m3 type the device's matrix units multiply natively, or a NotImplementedError that
     names the arch when they have none (Triton would emulate fp8 there: RDNA3, CDNA2, Ampere)."""
     family = configs.device_family(device)
@@ -725,20 +712,20 @@ def _descale(d, name: str, batch: int, hk: int, device) -> torch.Tensor:
 
 
 def flash_attn_fp8_func(
-    q,
-    k,
-    v,
-    descale_q=None,
-    descale_k=None,
-    descale_v=None,
-    softmax_scale=None,
-    causal=False,
-    window_size=(-1, -1),
-    softcap=0.0,
-    alibi_slopes=None,
-    out_dtype=torch.bfloat16,
-    return_attn_probs=False,
-):
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    descale_q: Descale = None,
+    descale_k: Descale = None,
+    descale_v: Descale = None,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+    return_attn_probs: bool = False,
+) -> AttnResult:
     """FP8 attention forward: e4m3 q (B, Sq, Hq, D), k/v (B, Sk, Hk, D) -> out (B, Sq, Hq, D).
 
     The real inputs are ``q * descale_q`` etc.: descale factors are one number per tensor or
@@ -807,24 +794,24 @@ def _cu_seqlens(cu, name: str, device) -> torch.Tensor:
 
 
 def flash_attn_varlen_fp8_func(
-    q,
-    k,
-    v,
-    cu_seqlens_q,
-    cu_seqlens_k,
-    max_seqlen_q,
-    max_seqlen_k,
-    descale_q=None,
-    descale_k=None,
-    descale_v=None,
-    softmax_scale=None,
-    causal=False,
-    window_size=(-1, -1),
-    softcap=0.0,
-    alibi_slopes=None,
-    out_dtype=torch.bfloat16,
-    return_attn_probs=False,
-):
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    descale_q: Descale = None,
+    descale_k: Descale = None,
+    descale_v: Descale = None,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+    return_attn_probs: bool = False,
+) -> AttnResult:
     """FP8 varlen forward: e4m3 q (total_q, Hq, D), k/v (total_k, Hk, D) with int32
     ``cu_seqlens_q``/``cu_seqlens_k`` -> out (total_q, Hq, D) in ``out_dtype``.
 
@@ -853,18 +840,18 @@ def _unpack_qkv(qkv, dims: int, shape: str):
 
 
 def flash_attn_qkvpacked_fp8_func(
-    qkv,
-    descale_q=None,
-    descale_k=None,
-    descale_v=None,
-    softmax_scale=None,
-    causal=False,
-    window_size=(-1, -1),
-    softcap=0.0,
-    alibi_slopes=None,
-    out_dtype=torch.bfloat16,
-    return_attn_probs=False,
-):
+    qkv: torch.Tensor,
+    descale_q: Descale = None,
+    descale_k: Descale = None,
+    descale_v: Descale = None,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+    return_attn_probs: bool = False,
+) -> AttnResult:
     """:func:`flash_attn_fp8_func` on e4m3 qkv (B, S, 3, H, D) -> out (B, S, H, D)."""
     q, k, v = _unpack_qkv(qkv, 5, "(batch, seqlen, 3, heads, head_dim)")
     return flash_attn_fp8_func(
@@ -874,20 +861,20 @@ def flash_attn_qkvpacked_fp8_func(
 
 
 def flash_attn_varlen_qkvpacked_fp8_func(
-    qkv,
-    cu_seqlens,
-    max_seqlen,
-    descale_q=None,
-    descale_k=None,
-    descale_v=None,
-    softmax_scale=None,
-    causal=False,
-    window_size=(-1, -1),
-    softcap=0.0,
-    alibi_slopes=None,
-    out_dtype=torch.bfloat16,
-    return_attn_probs=False,
-):
+    qkv: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int,
+    descale_q: Descale = None,
+    descale_k: Descale = None,
+    descale_v: Descale = None,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+    return_attn_probs: bool = False,
+) -> AttnResult:
     """:func:`flash_attn_varlen_fp8_func` on e4m3 qkv (total, 3, H, D) with one ``cu_seqlens``
     -> out (total, H, D)."""
     q, k, v = _unpack_qkv(qkv, 4, "(total, 3, heads, head_dim)")

@@ -27,8 +27,9 @@ import torch
 import triton
 import triton.language as tl
 
-from . import configs
+from . import arguments, configs
 from ._compat import patch_interpreter
+from .arguments import AttnResult, KVCacheResult
 from .configs import Tile
 from .errors import ArgumentError, ArgumentTypeError
 from .flash import _LN2, _LOG2E, LOG2E, _dot, _mm, _scores
@@ -265,7 +266,9 @@ def kv_config(family: str, head_dim: int) -> KVConfig:
 
 
 @functools.lru_cache(maxsize=1024)
-def num_splits_heuristic(work_blocks: int, num_sms: int, num_key_blocks: int, max_splits=128):
+def num_splits_heuristic(
+    work_blocks: int, num_sms: int, num_key_blocks: int, max_splits: int = 128
+) -> int:
     """flash_attn's ``num_splits_heuristic`` (csrc/flash_attn/flash_api.cpp): the fewest splits
     that reach 85% of the best wave efficiency, 1 when the grid nearly fills the GPU already."""
     if work_blocks >= 0.8 * num_sms:
@@ -296,7 +299,13 @@ def _num_sms(device) -> int:
 # --------------------------------------------------------------------------------------------
 
 
-def apply_rotary(x, cos, sin, positions, interleaved: bool):
+def apply_rotary(
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    positions: torch.Tensor,
+    interleaved: bool,
+) -> torch.Tensor:
     """flash_attn's rotary embedding (flash_attn/layers/rotary.py, ops/triton/rotary.py) of the
     first ``2 * cos.shape[1]`` dims of ``x`` (b, s, h, d) at ``positions`` (b, s).
 
@@ -345,21 +354,9 @@ def _append(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table)
 
 
 def _check_inputs(q, k_cache, v_cache):
-    if q.dtype not in (torch.float16, torch.bfloat16):
-        raise ArgumentTypeError(f"q must be float16 or bfloat16, got {q.dtype}")
-    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
-        raise ArgumentTypeError("q, k_cache and v_cache must share a dtype")
-    d = q.shape[-1]
-    if d > 256 or k_cache.shape[-1] != d or v_cache.shape[-1] != d:
-        raise ArgumentError(
-            f"head dims must match and be <= 256, got {d}, {k_cache.shape[-1]}, {v_cache.shape[-1]}"
-        )
-    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
-        raise ArgumentError("k_cache and v_cache need a contiguous last dimension (stride 1)")
-    hq, hk = q.shape[-2], k_cache.shape[-2]
-    if hq % hk != 0 or v_cache.shape[-2] != hk:
-        raise ArgumentError(f"query heads ({hq}) must be a multiple of key/value heads ({hk})")
-    return d, hq, hk
+    return arguments.check_qkv(
+        q, k_cache, v_cache, names=("q", "k_cache", "v_cache"), contiguous_kv=True
+    )
 
 
 def _int32(t, name: str, batch: int, device):
@@ -367,19 +364,6 @@ def _int32(t, name: str, batch: int, device):
     if t.dtype not in (torch.int32, torch.int64) or tuple(t.shape) != (batch,):
         raise ArgumentError(f"{name} must be an integer tensor of shape ({batch},)")
     return t.to(torch.int32).contiguous()
-
-
-def _slopes(alibi_slopes, batch: int, heads: int, device):
-    if alibi_slopes is None:
-        return None, 0, 0
-    a = alibi_slopes.to(device=device, dtype=torch.float32)
-    if a.dim() == 1 and a.shape[0] == heads:
-        return a, 0, a.stride(0)
-    if tuple(a.shape) == (batch, heads):
-        return a, a.stride(0), a.stride(1)
-    raise ArgumentError(
-        f"alibi_slopes shape {tuple(a.shape)}, expected ({heads},) or ({batch}, {heads})"
-    )
 
 
 def _window(causal: bool, window_size, softcap: float, seqlen_cache: int):
@@ -458,26 +442,26 @@ def _launch(
 
 @torch.no_grad()
 def flash_attn_with_kvcache(
-    q,
-    k_cache,
-    v_cache,
-    k=None,
-    v=None,
-    rotary_cos=None,
-    rotary_sin=None,
-    cache_seqlens=None,
-    cache_batch_idx=None,
-    cache_leftpad=None,
-    block_table=None,
-    softmax_scale=None,
-    causal=False,
-    window_size=(-1, -1),
-    softcap=0.0,
-    rotary_interleaved=True,
-    alibi_slopes=None,
-    num_splits=0,
-    return_softmax_lse=False,
-):
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor | None = None,
+    v: torch.Tensor | None = None,
+    rotary_cos: torch.Tensor | None = None,
+    rotary_sin: torch.Tensor | None = None,
+    cache_seqlens: torch.Tensor | int | None = None,
+    cache_batch_idx: torch.Tensor | None = None,
+    cache_leftpad: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    rotary_interleaved: bool = True,
+    alibi_slopes: torch.Tensor | None = None,
+    num_splits: int = 0,
+    return_softmax_lse: bool = False,
+) -> KVCacheResult:
     """flash_attn.flash_attn_with_kvcache: q (B, Sq, Hq, D) against k_cache/v_cache
     (B_cache, S_cache, Hk, D), or (num_blocks, page_size, Hk, D) with ``block_table``
     (B, max_blocks) int32. With ``k``/``v`` (B, S_new, Hk, D) the caches are updated in place at
@@ -564,7 +548,7 @@ def flash_attn_with_kvcache(
         seqlens_k = seqlens_k.to(torch.int32).contiguous()
     if q.stride(-1) != 1:
         q = q.contiguous()
-    slopes, sa_b, sa_h = _slopes(alibi_slopes, batch, hq, device)
+    slopes, sa_b, sa_h = arguments.alibi_slopes(alibi_slopes, batch, hq, device)
     out = torch.empty(q.shape, dtype=q.dtype, device=device)
     lse = torch.empty((batch, hq, seqlen_q), dtype=torch.float32, device=device)
     rows = seqlen_q * (hq // hk)
@@ -594,10 +578,13 @@ def _block_table(block_table, batch: int, device):
 
 @torch.no_grad()
 def paged_varlen_forward(
-    q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
-    softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-    return_attn_probs=False, block_table,
-):  # fmt: skip
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, *,
+    softmax_scale: float | None = None, causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None, return_attn_probs: bool = False,
+    block_table: torch.Tensor,
+) -> AttnResult:  # fmt: skip
     """``flash_attn_varlen_func(..., block_table=...)``: varlen queries (total_q, Hq, D) against a
     paged cache (num_blocks, page_size, Hk, D); sequence b's keys are its first
     ``cu_seqlens_k[b+1] - cu_seqlens_k[b]`` cache rows through ``block_table[b]``. Forward only:
@@ -621,7 +608,7 @@ def paged_varlen_forward(
     left, right, cap = _window(causal, window_size, softcap, seqlen_cache)
     if q.stride(-1) != 1:
         q = q.contiguous()
-    slopes, sa_b, sa_h = _slopes(alibi_slopes, batch, hq, device)
+    slopes, sa_b, sa_h = arguments.alibi_slopes(alibi_slopes, batch, hq, device)
     out = torch.empty(q.shape, dtype=q.dtype, device=device)
     lse = torch.empty((hq, q.shape[0]), dtype=torch.float32, device=device)
     _launch(
@@ -634,7 +621,9 @@ def paged_varlen_forward(
     return (out, lse, None) if return_attn_probs else out
 
 
-def aot_kernels(head_dim: int, family: str, dtype: str = "bf16", page_size: int = 16):
+def aot_kernels(
+    head_dim: int, family: str, dtype: str = "bf16", page_size: int = 16
+) -> list[tuple]:
     """(name, jit fn, pointer types, constexprs, tile) of the cache kernels for ``kernels.aot``:
     split-KV decoding from a paged cache (causal), paged varlen prefill, and the combine."""
     kc = kv_config(family, head_dim)

@@ -14,6 +14,7 @@ import math
 
 import torch
 
+from .arguments import AttnResult
 from .errors import ArgumentError
 from .interface import _backward, _dropout, _forward, _mask_from_flash_args
 
@@ -103,16 +104,16 @@ def _result(out, lse, drop, return_attn_probs: bool):
 
 
 def flash_attn_qkvpacked_func(
-    qkv,
-    dropout_p=0.0,
-    softmax_scale=None,
-    causal=False,
-    window_size=(-1, -1),
-    softcap=0.0,
-    alibi_slopes=None,
-    deterministic=False,
-    return_attn_probs=False,
-):
+    qkv: torch.Tensor,
+    dropout_p: float = 0.0,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+) -> AttnResult:
     """flash_attn.flash_attn_qkvpacked_func: qkv (B, S, 3, H, D) -> out (B, S, H, D).
 
     The gradient of ``qkv`` is one (B, S, 3, H, D) tensor. For MQA/GQA use the kvpacked form.
@@ -128,17 +129,17 @@ def flash_attn_qkvpacked_func(
 
 
 def flash_attn_kvpacked_func(
-    q,
-    kv,
-    dropout_p=0.0,
-    softmax_scale=None,
-    causal=False,
-    window_size=(-1, -1),
-    softcap=0.0,
-    alibi_slopes=None,
-    deterministic=False,
-    return_attn_probs=False,
-):
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    dropout_p: float = 0.0,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+) -> AttnResult:
     """flash_attn.flash_attn_kvpacked_func: q (B, Sq, Hq, D), kv (B, Sk, 2, Hk, D) -> out
     (B, Sq, Hq, D); MQA/GQA when Hk divides Hq. The gradient of ``kv`` is one pack."""
     _check_pack(kv, "kv", 5, 2, "(batch, seqlen_k, 2, heads_k, head_dim)")
@@ -152,18 +153,18 @@ def flash_attn_kvpacked_func(
 
 
 def flash_attn_varlen_qkvpacked_func(
-    qkv,
-    cu_seqlens,
-    max_seqlen,
-    dropout_p=0.0,
-    softmax_scale=None,
-    causal=False,
-    window_size=(-1, -1),
-    softcap=0.0,
-    alibi_slopes=None,
-    deterministic=False,
-    return_attn_probs=False,
-):
+    qkv: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int,
+    dropout_p: float = 0.0,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+) -> AttnResult:
     """flash_attn.flash_attn_varlen_qkvpacked_func: qkv (total, 3, H, D), int32 cu_seqlens
     (batch + 1,) -> out (total, H, D); with ``return_attn_probs`` the LSE is (H, total)."""
     _check_pack(qkv, "qkv", 4, 3, "(total, 3, heads, head_dim)")
@@ -178,21 +179,21 @@ def flash_attn_varlen_qkvpacked_func(
 
 
 def flash_attn_varlen_kvpacked_func(
-    q,
-    kv,
-    cu_seqlens_q,
-    cu_seqlens_k,
-    max_seqlen_q,
-    max_seqlen_k,
-    dropout_p=0.0,
-    softmax_scale=None,
-    causal=False,
-    window_size=(-1, -1),
-    softcap=0.0,
-    alibi_slopes=None,
-    deterministic=False,
-    return_attn_probs=False,
-):
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    dropout_p: float = 0.0,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+) -> AttnResult:
     """flash_attn.flash_attn_varlen_kvpacked_func: q (total_q, Hq, D), kv (total_k, 2, Hk, D),
     int32 cu_seqlens_q/k -> out (total_q, Hq, D); the gradient of ``kv`` is one pack."""
     _check_pack(kv, "kv", 4, 2, "(total_k, 2, heads_k, head_dim)")

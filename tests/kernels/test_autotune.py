@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from kernels import autotune, flash_attn_func
+from kernels.checks.reference import attention_ref
 from kernels.configs import config_for
-from kernels.reference import attention_ref
 
 
 @pytest.fixture

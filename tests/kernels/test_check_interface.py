@@ -1,4 +1,5 @@
-"""kernels.check as the validation suite calls it: names, verdicts, skip without a GPU."""
+"""kernels.check as the validation suite calls it (names, verdicts, skip without a GPU), and the
+harness behind it (kernels/checks/): one case type and name grammar, one judge."""
 
 import os
 import subprocess
@@ -8,34 +9,80 @@ from pathlib import Path
 import pytest
 
 from kernels import check
+from kernels.checks import attention, grids, judge
+from kernels.checks.case import KINDS, Case
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_every_case_name_round_trips():
-    for case in check._grid_full() + check._grid_quick() + check._grid_boundary():
-        assert check.Case.parse(case.name) == case
+def _every_grid() -> list[Case]:
+    return (
+        grids.attention_grid(False) + grids.attention_grid(True) + grids.attention_boundary()
+        + grids.cpu_grid() + grids.interpreter_grid()
+        + grids.variant_grid(False) + grids.variant_grid(True) + grids.variant_boundary()
+        + grids.kvcache_grid(False) + grids.kvcache_grid(True) + grids.kvcache_boundary()
+    )  # fmt: skip
+
+
+def test_every_case_name_of_every_kind_round_trips():
+    cases = _every_grid()
+    assert {c.kind for c in cases} == set(KINDS)
+    assert all(Case.parse(c.name) == c for c in cases)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "attn-bf16-nonsense",
+        "dropout-bf16-nonsense",
+        "fp8-bf16-b1-sq1-sk1-h2x2-d16-alibi-head",  # fp8 takes no alibi
+        "packed-bf16-b1-sq1-sk1-h2x2-d16-full",  # packed needs its pack
+        "kvcache-bf16-b1-sq1-sk1-h2x2-d16-causal-page-new0-rope0-s0",
+        "mystery-bf16-b1-sq1-sk1-h2x2-d16-full-bshd",
+    ],
+)
+def test_a_wrong_name_is_rejected(name):
+    with pytest.raises(ValueError, match="not a kernel check case name"):
+        Case.parse(name)
+
+
+@pytest.mark.parametrize("mask", ["full", "causal", "window", "alibi", "softcap"])
+def test_a_masks_flash_attn_arguments_mean_the_references_left_and_right(mask):
+    from kernels.checks.reference import flash_window
+
+    case = Case("kvcache", "bf16", 1, 5, 9, 2, 2, 16, mask, "contig")
+    causal, window, softcap, alibi = case.flash_args()
+    left, right, softcap_ref, alibi_ref = case.mask_args()
+    assert flash_window(causal, window) == (left, right)
+    assert (softcap, alibi) == (softcap_ref, alibi_ref)
+
+
+def test_a_case_refuses_a_mask_or_layout_its_kind_does_not_take():
+    with pytest.raises(ValueError, match="mask"):
+        Case("dropout", "bf16", 1, 1, 1, 2, 2, 16, "alibi", "bshd")
+    with pytest.raises(ValueError, match="layout"):
+        Case("attn", "bf16", 1, 1, 1, 2, 2, 16, "full", "page16")
 
 
 def test_the_suite_gets_the_short_feature_grids_and_kernels_check_the_full_ones(monkeypatch):
-    from kernels import check_kvcache, check_variants, configs
+    from kernels import configs
 
     monkeypatch.setattr(configs, "INTERPRET", False)  # the GPU lists, named without a GPU
-    short = [c.name for c in check_variants.grid(True) + check_kvcache.grid(True)]
-    full = [c.name for c in check_variants.grid(False) + check_kvcache.grid(False)]
-    attention = [c.name for c in check._grid_full()]
+    short = [c.name for c in grids.variant_grid(True) + grids.kvcache_grid(True)]
+    full = [c.name for c in grids.variant_grid(False) + grids.kvcache_grid(False)]
+    attention = [c.name for c in grids.attention_grid(False)]
     assert len(full) > len(short) > 0
     assert check.list_cases(False) == attention + short + [check.SHIM_CASE]
     assert check.list_cases(False, every_feature_grid=True) == attention + full + [check.SHIM_CASE]
-    quick = [c.name for c in check._grid_quick()] + short + [check.SHIM_CASE]
+    quick = [c.name for c in grids.attention_grid(True)] + short + [check.SHIM_CASE]
     assert check.list_cases(True) == check.list_cases(True, every_feature_grid=True) == quick
 
 
 def test_interpreter_lists_a_few_tiny_cases_covering_every_feature():
     names = check.list_cases(quick=False)
     assert names[-1] == check.SHIM_CASE
-    cases = [check.Case.parse(n) for n in names[:-1]]
-    assert cases == check.grid_interpreter()
+    cases = [Case.parse(n) for n in names[:-1]]
+    assert cases == grids.interpreter_grid()
     assert check.list_cases(quick=True) == names[:1] + [check.SHIM_CASE]
     assert {"causal", "window", "alibi", "softcap"} <= {c.mask for c in cases}
     assert "varlen" in {c.layout for c in cases} and any(c.hq != c.hk for c in cases)
@@ -44,16 +91,11 @@ def test_interpreter_lists_a_few_tiny_cases_covering_every_feature():
 
 
 def test_full_gpu_grid_covers_the_issue_seqlens_and_head_dims():
-    cases = check._grid_full()
+    cases = grids.attention_grid(False)
     assert {1, 17, 127, 128, 129, 1000, 4096, 6032, 6889} <= {c.sq for c in cases}
     assert {40, 64, 72, 80, 96, 128, 160, 256} <= {c.d for c in cases}
     assert {"varlen", "bhsd"} <= {c.layout for c in cases}
     assert any(c.hq != c.hk for c in cases)
-
-
-def test_a_wrong_name_is_rejected():
-    with pytest.raises(ValueError):
-        check.Case.parse("attn-bf16-nonsense")
 
 
 def test_run_case_returns_the_agreed_shape():
@@ -70,19 +112,40 @@ def test_shim_case_counts_routed_and_fallback_calls():
 
 
 def test_rule_fails_an_error_beyond_twice_the_reference_error():
-    assert check.tolerance.within(0.02, 0.01, 1.0, 2**-10)[0]
-    assert not check.tolerance.within(0.03, 0.01, 1.0, 2**-10)[0]
+    assert judge.tolerance.within(0.02, 0.01, 1.0, 2**-10)[0]
+    assert not judge.tolerance.within(0.03, 0.01, 1.0, 2**-10)[0]
+
+
+def test_the_judge_holds_outputs_to_twice_and_gradients_to_three_times_the_yardstick():
+    import torch
+
+    ref = torch.zeros(4)
+    pt = torch.tensor([0.01, 0, 0, 0])  # yardstick 0.01; floor eps * 1e-2 is negligible
+    j = judge.Judge(eps=2**-20)
+    assert j.tensor("out", torch.tensor([0.019, 0, 0, 0]), ref, pt)
+    assert j.tensor("dq", torch.tensor([0.029, 0, 0, 0]), ref, pt)
+    assert j.ok and j.metrics()["bound_dq"] > j.metrics()["bound_out"]
+    assert not j.tensor("out", torch.tensor([0.021, 0, 0, 0]), ref, pt) and not j.ok
+
+
+def test_the_judge_fails_non_finite_outputs_and_lse_rows_that_disagree_on_seeing_no_key():
+    import torch
+
+    j = judge.Judge(eps=2**-7)
+    assert not j.tensor("out", torch.tensor([float("nan")]), torch.zeros(1), torch.zeros(1))
+    assert j.metrics()["err_out"] == float("inf")
+    lse_ref = torch.tensor([1.0, float("inf")])
+    assert judge.Judge(eps=2**-7).lse(torch.tensor([1.005, float("inf")]), lse_ref)
+    assert not judge.Judge(eps=2**-7).lse(torch.tensor([1.0, 3.0]), lse_ref)
 
 
 def test_cases_are_judged_by_the_validation_suites_rule(monkeypatch):
     import torch
 
-    from validate import tolerance
-
-    case = check.Case("bf16", 1, 1, 1, 2, 2, 16, "causal")
-    assert check.compare(case, torch.device("cpu"))["ok"]
-    monkeypatch.setattr(tolerance, "within", lambda err, *_a, **_k: (False, 0.0))
-    assert not check.compare(case, torch.device("cpu"))["ok"]
+    case = Case("attn", "bf16", 1, 1, 1, 2, 2, 16, "causal", "bshd")
+    assert attention.compare(case, torch.device("cpu"))["ok"]
+    monkeypatch.setattr(judge.tolerance, "within", lambda err, *_a, **_k: (False, 0.0))
+    assert not attention.compare(case, torch.device("cpu"))["ok"]
 
 
 @pytest.mark.slow

@@ -5,7 +5,9 @@ import json
 import pytest
 import torch
 
-from kernels.check import Case, compare, grid_cpu
+from kernels.checks.attention import compare
+from kernels.checks.case import attn
+from kernels.checks.grids import cpu_grid
 from kernels.configs import config_for, for_tensors
 
 # Interpreter time grows with the work: the cases under this bound (length 1, one-tile heads,
@@ -14,7 +16,7 @@ from kernels.configs import config_for, for_tensors
 QUICK_WORK = 90_000
 CASES = [
     c if c.b * c.hq * c.sq * c.sk * c.d <= QUICK_WORK else pytest.param(c, marks=pytest.mark.slow)
-    for c in grid_cpu()
+    for c in cpu_grid()
 ]
 
 
@@ -40,8 +42,8 @@ def test_alternative_backward_paths_match_reference(monkeypatch, override):
     # opt-in path: all must stay correct (d=40 pads to 64: a partial and a skipped chunk).
     monkeypatch.setenv("ATTNFORGE_KERNELS_CONFIG", override)
     for case in (
-        Case("bf16", 1, 37, 45, 4, 2, 40, "causal"),
-        Case("fp16", 3, 30, 30, 2, 1, 32, "window", "varlen"),
+        attn("bf16", 1, 37, 45, 4, 2, 40, "causal"),
+        attn("fp16", 3, 30, 30, 2, 1, 32, "window", "varlen"),
     ):
         res = compare(case, torch.device("cpu"), seed=2)
         assert res["ok"], (case.name, res["metrics"])
@@ -59,9 +61,9 @@ def test_unequal_tile_shapes_keep_masks_right(monkeypatch, tiles):
     # The GPU defaults use BLOCK_M != BLOCK_N; the block-range arithmetic must not assume equal.
     monkeypatch.setenv("ATTNFORGE_KERNELS_CONFIG", tiles)
     for case in (
-        Case("bf16", 1, 45, 70, 2, 1, 32, "causal"),
-        Case("fp16", 1, 70, 45, 2, 2, 32, "window"),
-        Case("bf16", 2, 50, 33, 2, 2, 32, "sdpacausal"),
+        attn("bf16", 1, 45, 70, 2, 1, 32, "causal"),
+        attn("fp16", 1, 70, 45, 2, 2, 32, "window"),
+        attn("bf16", 2, 50, 33, 2, 2, 32, "sdpacausal"),
     ):
         res = compare(case, torch.device("cpu"), seed=3)
         assert res["ok"], (case.name, res["metrics"])
@@ -94,10 +96,10 @@ def test_rdna_d128_backward_config_matches_reference(monkeypatch, family):
     assert cfg.chunk_kv and cfg.chunk_q
     monkeypatch.setenv("ATTNFORGE_KERNELS_CONFIG", _tiles_json(cfg))
     for case in (
-        Case("bf16", 1, 45, 37, 4, 2, 128, "causal"),
-        Case("fp16", 2, 33, 40, 2, 1, 96, "window", "varlen"),
-        Case("bf16", 1, 37, 21, 2, 2, 72, "softcap"),
-        Case("fp16", 1, 21, 37, 2, 2, 128, "alibi", "bhsd"),
+        attn("bf16", 1, 45, 37, 4, 2, 128, "causal"),
+        attn("fp16", 2, 33, 40, 2, 1, 96, "window", "varlen"),
+        attn("bf16", 1, 37, 21, 2, 2, 72, "softcap"),
+        attn("fp16", 1, 21, 37, 2, 2, 128, "alibi", "bhsd"),
     ):
         res = compare(case, torch.device("cpu"), seed=4)
         assert res["ok"], (case.name, res["metrics"])
@@ -128,6 +130,6 @@ def test_launcher_drops_chunking_above_the_buffer_limit(monkeypatch):
     monkeypatch.setattr(configs, "MAX_BUFFER_BYTES", 1)
     monkeypatch.setattr(configs, "for_tensors", spy)
     monkeypatch.setenv("ATTNFORGE_KERNELS_CONFIG", _tiles_json(config_for("rdna3.5", 128)))
-    res = compare(Case("bf16", 1, 33, 33, 2, 1, 128, "causal"), torch.device("cpu"), seed=5)
+    res = compare(attn("bf16", 1, 33, 33, 2, 1, 128, "causal"), torch.device("cpu"), seed=5)
     assert res["ok"], res["metrics"]
     assert seen and all(s == (False, 0, 0) for s in seen), seen

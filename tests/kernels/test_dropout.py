@@ -1,6 +1,6 @@
 """Dropout in the bundled kernels, run in Triton's interpreter on tiny shapes.
 
-The references are independent of the kernels: ``kernels.dropout_ref`` recomputes the Philox
+The references are independent of the kernels: ``kernels.checks.dropout_ref`` recomputes the Philox
 mask with PyTorch integer arithmetic (checked against Random123's known answers below) and
 applies it to a plain PyTorch attention.
 """
@@ -8,12 +8,13 @@ applies it to a plain PyTorch attention.
 import pytest
 import torch
 
-import kernels.dropout_ref as dropout_ref
+import kernels.checks.dropout_ref as dropout_ref
 from kernels import _get_block_size_n, flash_attn_func, flash_attn_varlen_func
-from kernels import check_variants as cv
-from kernels.dropout_ref import keep_mask, philox4x32
+from kernels.checks import variants
+from kernels.checks.case import dropout
+from kernels.checks.dropout_ref import keep_mask, philox4x32
+from kernels.checks.reference import attention_ref, visible
 from kernels.interface import keep_threshold, philox_seed_offset
-from kernels.reference import attention_ref, visible
 
 CPU = torch.device("cpu")
 
@@ -47,7 +48,7 @@ def test_reference_philox_matches_random123_known_answers(counter, key, expected
 def test_kernel_keeps_exactly_the_scores_the_philox_rule_keeps():
     q, k, v = _qkv(1, 37, 45, 4, 2, 32)
     torch.manual_seed(7)
-    seed, offset = cv._peek_seed_offset(CPU, 4 * 32)
+    seed, offset = variants._peek_seed_offset(CPU, 4 * 32)
     _, _, sdm = flash_attn_func(q, k, v, dropout_p=0.25, causal=True, return_attn_probs=True)
     keep = keep_mask(seed, offset, keep_threshold(0.25), 1, 4, 37, 45)
     vis = visible(37, 45, None, 0)
@@ -100,20 +101,18 @@ def test_get_block_size_n_is_flash_attns_table_off_sm8x():
 @pytest.mark.parametrize(
     "case",
     [
-        cv.DropoutCase("bf16", 0.5, 1, 45, 20, 2, 2, 16, "full"),
+        dropout("bf16", 0.5, 1, 45, 20, 2, 2, 16, "full"),
         # 12-20 s each in the interpreter on 2 cores:
+        pytest.param(dropout("bf16", 0.17, 2, 37, 45, 4, 2, 32, "causal"), marks=pytest.mark.slow),
         pytest.param(
-            cv.DropoutCase("bf16", 0.17, 2, 37, 45, 4, 2, 32, "causal"), marks=pytest.mark.slow
-        ),
-        pytest.param(
-            cv.DropoutCase("fp16", 0.3, 3, 30, 40, 2, 1, 40, "window", "varlen"),
+            dropout("fp16", 0.3, 3, 30, 40, 2, 1, 40, "window", "varlen"),
             marks=pytest.mark.slow,
         ),
     ],
     ids=lambda c: c.name,
 )
 def test_forward_and_backward_match_the_reference_with_the_same_mask(case):
-    res = cv.compare_dropout(case, CPU, seed=3)
+    res = variants.compare_dropout(case, CPU, seed=3)
     assert res["ok"], res["metrics"]
     assert res["metrics"]["mask_mismatch"] == 0
 
@@ -127,7 +126,7 @@ def test_a_mask_one_score_off_fails_the_check(monkeypatch):
         return keep
 
     monkeypatch.setattr(dropout_ref, "keep_mask", one_flipped)
-    res = cv.compare_dropout(cv.DropoutCase("bf16", 0.17, 1, 17, 19, 2, 2, 16, "full"), CPU)
+    res = variants.compare_dropout(dropout("bf16", 0.17, 1, 17, 19, 2, 2, 16, "full"), CPU)
     assert not res["ok"] and res["metrics"]["mask_mismatch"] == 1
 
 
@@ -203,7 +202,7 @@ def test_varlen_sdmask_puts_each_sequence_at_its_own_origin():
     cu_q = torch.tensor([0, 5, 22], dtype=torch.int32)
     cu_k = torch.tensor([0, 9, 12], dtype=torch.int32)
     torch.manual_seed(3)
-    seed, offset = cv._peek_seed_offset(CPU, 2 * 2 * 32)
+    seed, offset = variants._peek_seed_offset(CPU, 2 * 2 * 32)
     _, _, sdm = flash_attn_varlen_func(
         q[0], k[0], v[0], cu_q, cu_k, 17, 9, dropout_p=0.4, return_attn_probs=True
     )
@@ -227,13 +226,6 @@ def test_dropout_with_paged_kv_is_refused():
         )  # fmt: skip
 
 
-def test_dropout_case_names_round_trip():
-    cases = [c for c in cv.grid(True) + cv.grid(False) + cv.grid_boundary()]
-    assert cases and all(cv.parse(c.name) == c for c in cases)
-    with pytest.raises(ValueError):
-        cv.parse("dropout-bf16-nonsense")
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "override",
@@ -243,5 +235,5 @@ def test_alternative_backward_paths_regenerate_the_same_mask(monkeypatch, overri
     # RDNA3's re-read and head-dim-chunked backward, and the opt-in atomic dQ, each apply the
     # mask in their own code.
     monkeypatch.setenv("ATTNFORGE_KERNELS_CONFIG", override)
-    res = cv.compare_dropout(cv.DropoutCase("bf16", 0.2, 1, 37, 45, 4, 2, 40, "causal"), CPU)
+    res = variants.compare_dropout(dropout("bf16", 0.2, 1, 37, 45, 4, 2, 40, "causal"), CPU)
     assert res["ok"], res["metrics"]

@@ -4,7 +4,6 @@ argument errors and the FP8 varlen and qkv-packed forms (seed 002's four-functio
 import pytest
 import torch
 
-from kernels import check_variants as cv
 from kernels import (
     flash_attn_fp8_func,
     flash_attn_func,
@@ -13,6 +12,8 @@ from kernels import (
     flash_attn_varlen_qkvpacked_fp8_func,
     flash_attn_with_kvcache,
 )
+from kernels.checks import variants
+from kernels.checks.case import fp8
 from kernels.errors import ArgumentError, ArgumentTypeError
 
 E4M3 = torch.float8_e4m3fn
@@ -101,10 +102,10 @@ def test_fp8_qkvpacked_forms_are_the_unpacked_functions():
 
 
 def test_fp8_varlen_matches_the_dequantised_reference_like_the_fixed_length_form():
-    # The fixed-length form's judge (kernels.check_variants.compare_fp8) on the varlen layout:
+    # The fixed-length form's judge (kernels.checks.variants.compare_fp8) on the varlen layout:
     # one sequence, so the varlen call must agree with it bit for bit.
-    case = cv.Fp8Case("bf16", 1, 37, 45, 4, 2, 64, "causal", "head")
-    res = cv.compare_fp8(case, torch.device("cpu"), seed=5)
+    case = fp8("bf16", 1, 37, 45, 4, 2, 64, "causal", "head")
+    res = variants.compare_fp8(case, torch.device("cpu"), seed=5)
     assert res["ok"], res["metrics"]
     q, k, v = (_quantised(1, n, h, 64, i) for i, (n, h) in enumerate(((37, 4), (45, 2), (45, 2))))
     fixed = flash_attn_fp8_func(q, k, v, causal=True)
@@ -148,3 +149,52 @@ def test_fp8_packed_and_varlen_argument_errors(call, match):
     qkv = _quantised(1, 4, 6, 32, 0).reshape(1, 4, 3, 2, 32)
     with pytest.raises(ValueError, match=match):
         call(qkv)
+
+
+@pytest.mark.parametrize(
+    "bad, error, match",
+    [
+        (dict(q_dtype=torch.float32), ArgumentTypeError, "q must be float16 or bfloat16"),
+        (dict(k_dtype=torch.bfloat16), ArgumentTypeError, "must share a dtype"),
+        (
+            dict(hk=3),
+            ArgumentError,
+            r"query heads \(4\) must be a multiple of key/value heads \(3\)",
+        ),
+        (dict(d_kv=48), ArgumentError, "head dims must match and be <= 256"),
+        (
+            dict(slopes=(3,)),
+            ArgumentError,
+            r"alibi_slopes shape \(3,\), expected \(4,\) or \(2, 4\)",
+        ),
+    ],
+)
+def test_the_fixed_length_and_kv_cache_calls_refuse_bad_inputs_in_the_same_words(bad, error, match):
+    # One check (kernels/arguments.py) behind both entry points: same type, same sentence.
+    q = torch.randn(2, 5, 4, 32).to(bad.get("q_dtype", torch.float16))
+    hk, d_kv = bad.get("hk", 2), bad.get("d_kv", 32)
+    k = torch.randn(2, 9, hk, d_kv).to(bad.get("k_dtype", torch.float16))
+    v = torch.randn(2, 9, hk, d_kv, dtype=torch.float16)
+    slopes = torch.rand(*bad["slopes"]) if "slopes" in bad else None
+    with pytest.raises(error, match=match):
+        flash_attn_func(q, k, v, alibi_slopes=slopes)
+    with pytest.raises(error, match=match):
+        flash_attn_with_kvcache(q, k, v, alibi_slopes=slopes)
+
+
+def test_every_public_entry_point_is_typed():
+    import inspect
+    import typing
+
+    import kernels
+    from kernels import kvcache, sdpa_shim
+
+    funcs = [
+        getattr(kernels, n) for n in kernels.__all__ if inspect.isfunction(getattr(kernels, n))
+    ]
+    funcs += [kvcache.paged_varlen_forward, sdpa_shim.enable, sdpa_shim.stats]
+    assert len(funcs) >= 12
+    for f in funcs:
+        hints = typing.get_type_hints(f)  # resolvable, not just written
+        missing = [p for p in inspect.signature(f).parameters if p not in hints]
+        assert "return" in hints and not missing, (f.__name__, missing)

@@ -4,7 +4,7 @@ Triton 3.6's interpreter multiplies float8_e4m3fn tiles (it has no FNUZ types, s
 float8_e4m3fnuz is covered by the GPU check only) but truncates when it converts fp32 to fp8;
 the kernel rounds P to nearest there itself (``flash._rne_e4m3``), tested first. The numerics
 are judged against the fp32 reference on the de-quantised inputs, with the same math rounding P
-to e4m3 as the yardstick (``kernels.check_variants``).
+to e4m3 as the yardstick (``kernels.checks.variants``).
 """
 
 import os
@@ -15,8 +15,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import check_variants as cv
 from kernels import configs, flash, flash_attn_fp8_func, interface
+from kernels.checks import variants
+from kernels.checks.case import fp8
 
 CPU = torch.device("cpu")
 E4M3 = torch.float8_e4m3fn
@@ -44,16 +45,16 @@ def test_interpreter_fp8_operands_round_to_nearest_even_like_torch():
 
 
 CASES = [
-    cv.Fp8Case("bf16", 2, 37, 45, 4, 2, 64, "causal", "head"),
-    cv.Fp8Case("fp16", 1, 20, 33, 2, 2, 40, "full", "tensor"),
-    cv.Fp8Case("bf16", 1, 45, 17, 2, 1, 16, "window", "head"),  # d=16 runs with a 32-wide tile
-    cv.Fp8Case("bf16", 1, 1, 30, 2, 2, 32, "causal", "tensor"),
+    fp8("bf16", 2, 37, 45, 4, 2, 64, "causal", "head"),
+    fp8("fp16", 1, 20, 33, 2, 2, 40, "full", "tensor"),
+    fp8("bf16", 1, 45, 17, 2, 1, 16, "window", "head"),  # d=16 runs with a 32-wide tile
+    fp8("bf16", 1, 1, 30, 2, 2, 32, "causal", "tensor"),
 ]
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_fp8_forward_matches_the_dequantised_fp32_reference(case):
-    res = cv.compare_fp8(case, CPU, seed=5)
+    res = variants.compare_fp8(case, CPU, seed=5)
     assert res["ok"], res["metrics"]
 
 
@@ -170,17 +171,12 @@ def test_the_gpu_check_skips_fp8_cases_where_the_arch_has_no_fp8(monkeypatch):
         raise NotImplementedError("FP8 attention needs fp8 matrix instructions, gfx1151 ...")
 
     monkeypatch.setattr(interface, "fp8_dtype_for", refuse)
-    res = cv.run(cv.Fp8Case("bf16", 1, 17, 17, 2, 2, 64).name, CPU)
+    res = variants.run(fp8("bf16", 1, 17, 17, 2, 2, 64), CPU)
     assert res["status"] == "skip" and "gfx1151" in res["message"]
 
 
 def test_a_kernel_that_ignores_the_descale_fails_the_check(monkeypatch):
     real = interface._descale
     monkeypatch.setattr(interface, "_descale", lambda t, *a: real(None, *a))
-    res = cv.compare_fp8(cv.Fp8Case("bf16", 1, 17, 19, 2, 2, 32, "full", "head"), CPU)
+    res = variants.compare_fp8(fp8("bf16", 1, 17, 19, 2, 2, 32, "full", "head"), CPU)
     assert not res["ok"]
-
-
-def test_fp8_case_names_round_trip():
-    cases = [c for c in cv.grid(False) + cv.grid_boundary() if isinstance(c, cv.Fp8Case)]
-    assert cases and all(cv.parse(c.name) == c for c in cases)

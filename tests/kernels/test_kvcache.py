@@ -1,9 +1,10 @@
-"""flash_attn_with_kvcache and paged-KV prefill (CPU interpreter) against a reference written here.
+"""flash_attn_with_kvcache and paged-KV prefill (CPU interpreter) against the checks' reference.
 
-The reference follows flash-attention's tests/test_flash_attn.py::test_flash_attn_kvcache: the
-cache after the append is built by hand, keys are the rows [leftpad, cache_seqlens + seqlen_new),
-causal masks and windows are aligned bottom-right on that length, rotary as flash_attn's
-apply_rotary_emb (rotate_half form), the error rule flash-attention's.
+As flash-attention's tests/test_flash_attn.py::test_flash_attn_kvcache: the cache after the
+append is built by hand, keys are the rows [leftpad, cache_seqlens + seqlen_new), causal masks
+and windows are aligned bottom-right on that length, rotary as flash_attn's apply_rotary_emb
+(rotate_half form); attention, rotary and the error rule are kernels.checks' one reference and
+judge.
 """
 
 from dataclasses import dataclass
@@ -12,59 +13,23 @@ import pytest
 import torch
 
 from kernels import flash_attn_varlen_func, flash_attn_with_kvcache
+from kernels.checks import judge
+from kernels.checks.reference import attention_ref, flash_window, rotary_ref
 from kernels.kvcache import num_splits_heuristic
-from validate import tolerance
 
 
 def _rand(*shape, dtype, g):
     return torch.randn(*shape, generator=g).to(dtype)
 
 
-def _rotary_ref(x, cos, sin, pos, interleaved):
-    """flash_attn.layers.rotary.apply_rotary_emb_torch at per-row positions ``pos`` (b, s)."""
-    rd = cos.shape[1] * 2
-    c, s = cos[pos].float(), sin[pos].float()  # (b, s, rd/2)
-    if interleaved:
-        c, s = c.repeat_interleave(2, -1), s.repeat_interleave(2, -1)
-    else:
-        c, s = torch.cat((c, c), -1), torch.cat((s, s), -1)
-    xr = x[..., :rd].float()
-    if interleaved:
-        half = torch.stack((-xr[..., 1::2], xr[..., 0::2]), -1).flatten(-2)
-    else:
-        x1, x2 = xr.chunk(2, -1)
-        half = torch.cat((-x2, x1), -1)
-    rot = xr * c[:, :, None] + half * s[:, :, None]
-    return torch.cat((rot.to(x.dtype), x[..., rd:]), -1)
-
-
 def _attn_ref(q, k, v, *, scale, causal, window, softcap, slopes, upcast):
     """One sequence: q (sq, hq, d), k/v (sk, hk, d) -> (out (sq, hq, d), lse (hq, sq))."""
-    dtype = q.dtype
-    if upcast:
-        q, k, v = q.float(), k.float(), v.float()
-    sq, hq, _ = q.shape
-    sk, hk = k.shape[0], k.shape[1]
-    k = k.repeat_interleave(hq // hk, 1)
-    v = v.repeat_interleave(hq // hk, 1)
-    s = torch.einsum("qhd,khd->hqk", q, k).float() * scale
-    if softcap:
-        s = softcap * torch.tanh(s / softcap)
-    rel = torch.arange(sk)[None, :] - torch.arange(sq)[:, None] - (sk - sq)
-    if slopes is not None:
-        s = s - slopes.float()[:, None, None] * rel.abs()
-    ok = torch.ones(sq, sk, dtype=torch.bool)
-    if causal:
-        ok &= rel <= 0
-    if window[0] >= 0:
-        ok &= rel >= -window[0]
-    if window[1] >= 0:
-        ok &= rel <= window[1]
-    s = s.masked_fill(~ok, float("-inf"))
-    lse = torch.logsumexp(s, -1)
-    p = torch.softmax(s, -1).nan_to_num(0.0)
-    out = torch.einsum("hqk,khd->qhd", p.to(v.dtype), v).to(dtype)
-    return out, torch.where(torch.isneginf(lse), float("inf"), lse)
+    left, right = flash_window(causal, window)
+    out, lse = attention_ref(
+        q[None], k[None], v[None], scale=scale, left=left, right=right, softcap=softcap,
+        alibi_slopes=slopes, upcast=upcast,
+    )  # fmt: skip
+    return out[0], lse[0]
 
 
 @dataclass(frozen=True)
@@ -170,10 +135,10 @@ def _run(case: KVCase, seed=0):
         k_ro = k
         if case.rotary:
             pos = lens.long()[:, None] + torch.arange(case.new)
-            k_ro = _rotary_ref(k, cos, sin, pos, case.interleaved)
+            k_ro = rotary_ref(k, cos, sin, pos, case.interleaved)
             moving = case.causal or case.window != (-1, -1)
             q_pos = lens.long()[:, None] + torch.arange(case.sq) * int(moving)
-            q_ro = _rotary_ref(q, cos, sin, q_pos, case.interleaved)
+            q_ro = rotary_ref(q, cos, sin, q_pos, case.interleaved)
         for i in range(b):
             n = case.lens[i]
             k_exp[rows[i], n : n + case.new] = k_ro[i]
@@ -242,16 +207,11 @@ def _run(case: KVCase, seed=0):
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_kvcache_matches_the_reference(case):
     out, lse, refs, _, _ = _run(case)
-    eps = torch.finfo(case.dtype).eps
     for i, ((ref, ref_lse), (pt, _)) in enumerate(refs):
-        err = (out[i].float() - ref.float()).abs().max().item()
-        pt_err = (pt.float() - ref.float()).abs().max().item()
-        ok, bound = tolerance.within(err, pt_err, ref.float().abs().max().item(), eps)
-        assert ok, (case.name, i, err, bound)
-        fin = torch.isfinite(ref_lse)  # (hq, sq), like lse[i]
-        assert torch.equal(fin, torch.isfinite(lse[i])), (case.name, i)
-        if fin.any():
-            assert (lse[i][fin] - ref_lse[fin]).abs().max().item() <= 1e-2, (case.name, i)
+        j = judge.Judge(torch.finfo(case.dtype).eps)
+        j.tensor("out", out[i], ref, pt)
+        j.lse(lse[i], ref_lse)  # (hq, sq)
+        assert j.ok, (case.name, i, j.metrics())
 
 
 def test_causal_rows_that_see_no_key_give_zero_and_infinite_lse():
@@ -317,14 +277,10 @@ def test_paged_varlen_prefill_matches_the_reference():
             )
             ref, ref_lse = _attn_ref(q[a:z], ks, vs, upcast=True, **args)
             pt, _ = _attn_ref(q[a:z], ks, vs, upcast=False, **args)
-            err = (out[a:z].float() - ref.float()).abs().max().item()
-            pt_err = (pt.float() - ref.float()).abs().max().item()
-            assert tolerance.within(err, pt_err, ref.float().abs().max().item(), 2**-10)[0], (
-                kw,
-                i,
-                err,
-            )
-            assert (lse[:, a:z] - ref_lse).abs().max().item() <= 1e-2
+            j = judge.Judge(2**-10)
+            j.tensor("out", out[a:z], ref, pt)
+            j.lse(lse[:, a:z], ref_lse)
+            assert j.ok, (kw, i, j.metrics())
 
 
 @pytest.mark.parametrize(
@@ -388,36 +344,26 @@ def test_append_past_the_cache_raises_instead_of_writing_elsewhere():
     assert not kc[1].any()  # the next sequence's rows were not written
 
 
-# The GPU check grid's packed / kv-cache cases (kernels/check_kvcache.py), run here on tiny shapes.
-
-
-def test_check_case_names_round_trip():
-    from kernels import check_kvcache
-
-    cases = check_kvcache.grid(False) + check_kvcache.grid(True) + check_kvcache.grid_boundary()
-    assert all(check_kvcache.parse(c.name) == c for c in cases)
-    with pytest.raises(ValueError):
-        check_kvcache.parse("kvcache-bf16-nonsense")
+# The GPU check grid's packed / kv-cache cases (kernels/checks/kvcache.py), run here on tiny shapes.
 
 
 def test_gpu_grid_lists_the_new_cases_and_boundary_covers_every_layout(monkeypatch):
-    from kernels import check, check_kvcache, configs
+    from kernels import check, configs
+    from kernels.checks import grids
 
     monkeypatch.setattr(configs, "INTERPRET", False)
     names = check.list_cases(quick=True)
-    assert all(c.name in names for c in check_kvcache.grid(True))
-    full = check_kvcache.grid(False)
-    kinds = {c.kind for c in full if isinstance(c, check_kvcache.PackedCase)}
-    assert kinds == {"qkv", "kv", "varqkv", "varkv"}
-    kv = [c for c in full if isinstance(c, check_kvcache.KVCacheCase)]
+    assert all(c.name in names for c in grids.kvcache_grid(True))
+    full = grids.kvcache_grid(False)
+    packs = {c.layout for c in full if c.kind == "packed"}
+    assert packs == {"qkv", "kv", "varqkv", "varkv"}
+    kv = [c for c in full if c.kind == "kvcache"]
     assert {"contig", "page16", "page256", "leftpad", "bidx"} <= {c.layout for c in kv}
     assert {0, 1, 2} <= {c.rope for c in kv} and {0, 1, 7} <= {c.splits for c in kv}
     assert any(c.sq == 1 and c.new == 0 for c in kv) and any(c.hk == 1 for c in kv)
-    bnd = check_kvcache.grid_boundary()
-    assert {"contig", "page16", "leftpad", "bidx"} <= {
-        c.layout for c in bnd if isinstance(c, check_kvcache.KVCacheCase)
-    }
-    assert any(isinstance(c, check_kvcache.PagedVarlenCase) for c in bnd)
+    bnd = grids.kvcache_boundary()
+    assert {"contig", "page16", "leftpad", "bidx"} <= {c.layout for c in bnd if c.kind == "kvcache"}
+    assert any(c.kind == "pagedvarlen" for c in bnd)
 
 
 CHECK_NAMES = [
@@ -442,11 +388,13 @@ def test_check_cases_pass_in_the_interpreter(name):
 
 
 def test_a_check_case_fails_when_the_rule_does(monkeypatch):
-    from kernels import check_kvcache
+    from kernels.checks import kvcache
+    from kernels.checks.case import Case
 
-    monkeypatch.setattr(tolerance, "within", lambda err, *_a, **_k: (False, 0.0))
-    res = check_kvcache.run(
-        "kvcache-fp16-b2-sq1-sk17-h2x2-d16-causal-contig-new0-rope0-s1", torch.device("cpu")
+    monkeypatch.setattr(judge.tolerance, "within", lambda err, *_a, **_k: (False, 0.0))
+    res = kvcache.run(
+        Case.parse("kvcache-fp16-b2-sq1-sk17-h2x2-d16-causal-contig-new0-rope0-s1"),
+        torch.device("cpu"),
     )
     assert res["status"] == "fail"
 

@@ -12,7 +12,8 @@ from kernels import (
     flash_attn_varlen_qkvpacked_func,
 )
 from kernels import packed as packed_mod
-from validate import tolerance
+from kernels.checks.case import packed
+from kernels.checks.kvcache import compare_packed
 
 
 def _rand(*shape, dtype=torch.float16, seed=0):
@@ -20,52 +21,20 @@ def _rand(*shape, dtype=torch.float16, seed=0):
     return torch.randn(*shape, generator=g).to(dtype)
 
 
-def _reference(q, k, v, causal=False, window=(-1, -1)):
-    """fp32 attention of one sequence, q (sq, hq, d), k/v (sk, hk, d), bottom-right masks."""
-    sq, hq, d = q.shape
-    sk, hk = k.shape[0], k.shape[1]
-    k = k.float().repeat_interleave(hq // hk, 1)
-    v = v.float().repeat_interleave(hq // hk, 1)
-    s = torch.einsum("qhd,khd->hqk", q.float() * d**-0.5, k)
-    rel = torch.arange(sk)[None, :] - torch.arange(sq)[:, None] - (sk - sq)
-    ok = torch.ones(sq, sk, dtype=torch.bool)
-    if causal:
-        ok &= rel <= 0
-    if window[0] >= 0:
-        ok &= rel >= -window[0]
-    if window[1] >= 0:
-        ok &= rel <= window[1]
-    p = torch.softmax(s.masked_fill(~ok, float("-inf")), -1).nan_to_num(0.0)
-    return torch.einsum("hqk,khd->qhd", p, v)
-
-
-def _fwd_bwd_reference(q, k, v, do, **mask):
-    """(out, dq, dk, dv) of the fp32 reference for one sequence."""
-    q, k, v = (t.detach().float().requires_grad_() for t in (q, k, v))
-    out = _reference(q, k, v, **mask)
-    out.backward(do.float())
-    return out.detach(), q.grad, k.grad, v.grad
-
-
-def _assert_close(mine, ref, pt_err=0.0, factor=tolerance.GRAD_FACTOR):
-    err = (mine.float() - ref).abs().max().item()
-    ok, bound = tolerance.within(err, pt_err, ref.abs().max().item(), 2**-10, factor)
-    assert ok, (err, bound)
-
-
-def test_qkvpacked_matches_the_reference_forward_and_backward():
-    b, s, h, d = 2, 21, 2, 32
-    qkv = _rand(b, s, 3, h, d).requires_grad_()
-    do = _rand(b, s, h, d, seed=1)
-    out = flash_attn_qkvpacked_func(qkv, causal=True)
-    out.backward(do)
-    assert qkv.grad.shape == qkv.shape
-    for i in range(b):
-        q, k, v = qkv[i].detach().unbind(1)
-        ref = _fwd_bwd_reference(q, k, v, do[i], causal=True)
-        _assert_close(out[i], ref[0], factor=tolerance.FACTOR)
-        for j in range(3):
-            _assert_close(qkv.grad[i, :, j], ref[j + 1])
+@pytest.mark.parametrize(
+    "case",
+    [
+        packed("fp16", "qkv", 2, 21, 21, 2, 2, 32, "causal"),
+        packed("fp16", "kv", 1, 13, 30, 4, 2, 32, "causal"),  # GQA
+        packed("fp16", "varqkv", 3, 20, 20, 2, 2, 16, "causal"),  # lengths 20, 1, 13
+    ],
+    ids=lambda c: c.name,
+)
+def test_packed_forms_match_the_reference_forward_and_backward(case):
+    # The packed gradient is one tensor of the pack's shape; out and each part of it are judged
+    # against the checks' fp32 reference of every sequence.
+    res = compare_packed(case, torch.device("cpu"), seed=1)
+    assert res["ok"], res["metrics"]
 
 
 def test_qkvpacked_equals_the_unpacked_call_exactly():
@@ -111,38 +80,6 @@ def test_packed_gradient_is_the_buffer_the_kernels_wrote(monkeypatch):
     assert dk_st == dv_st == kv.grad.untyped_storage().data_ptr()
     assert (dk_ptr, dv_ptr) == (kv.grad[:, :, 0].data_ptr(), kv.grad[:, :, 1].data_ptr())
     assert q.grad.data_ptr() == dq_ptr
-
-
-def test_kvpacked_gqa_matches_the_reference():
-    q = _rand(1, 13, 4, 32).requires_grad_()
-    kv = _rand(1, 30, 2, 2, 32, seed=4).requires_grad_()
-    do = _rand(1, 13, 4, 32, seed=5)
-    out = flash_attn_kvpacked_func(q, kv, causal=True)
-    out.backward(do)
-    k, v = kv[0].detach().unbind(1)
-    ref = _fwd_bwd_reference(q[0].detach(), k, v, do[0], causal=True)
-    _assert_close(out[0], ref[0], factor=tolerance.FACTOR)
-    _assert_close(q.grad[0], ref[1])
-    _assert_close(kv.grad[0, :, 0], ref[2])
-    _assert_close(kv.grad[0, :, 1], ref[3])
-
-
-def test_varlen_qkvpacked_equals_each_sequence_alone():
-    lens = [7, 20, 1]
-    cu = torch.tensor([0, 7, 27, 28], dtype=torch.int32)
-    qkv = _rand(28, 3, 2, 16).requires_grad_()
-    do = _rand(28, 2, 16, seed=6)
-    out, lse, _ = flash_attn_varlen_qkvpacked_func(
-        qkv, cu, max(lens), causal=True, return_attn_probs=True
-    )
-    out.backward(do)
-    assert lse.shape == (2, 28) and qkv.grad.shape == qkv.shape
-    for a, b in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
-        q, k, v = qkv[a:b].detach().unbind(1)
-        ref = _fwd_bwd_reference(q, k, v, do[a:b], causal=True)
-        _assert_close(out[a:b], ref[0], factor=tolerance.FACTOR)
-        for j in range(3):
-            _assert_close(qkv.grad[a:b, j], ref[j + 1])
 
 
 def test_varlen_kvpacked_equals_the_unpacked_varlen_call():

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from kernels import configs, flash_attn_func, interface
+from kernels.checks.reference import attention_ref
 from kernels.configs import Tile
-from kernels.reference import attention_ref
 
 
 def test_small_grids_take_the_small_tile_and_large_ones_keep_the_default():

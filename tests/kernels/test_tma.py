@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from kernels import configs, interface
-from kernels.check import Case, compare
+from kernels.checks.attention import compare
+from kernels.checks.case import attn
 from kernels.configs import Tile, config_for, override
 
 
@@ -64,12 +65,12 @@ def _spy(monkeypatch):
     return seen
 
 
-QUICK = [Case("bf16", 1, 37, 45, 4, 2, 40, "causal")]  # padded head dim, partial tiles, GQA
+QUICK = [attn("bf16", 1, 37, 45, 4, 2, 40, "causal")]  # padded head dim, partial tiles, GQA
 SLOW = [
-    Case("fp16", 3, 30, 30, 2, 1, 64, "window", "varlen"),  # each sequence bounds its descriptor
-    Case("bf16", 1, 45, 21, 2, 2, 72, "softcap"),
-    Case("fp16", 1, 21, 37, 2, 2, 128, "alibi", "bhsd"),
-    Case("bf16", 2, 50, 33, 2, 2, 32, "sdpacausal"),
+    attn("fp16", 3, 30, 30, 2, 1, 64, "window", "varlen"),  # each sequence bounds its descriptor
+    attn("bf16", 1, 45, 21, 2, 2, 72, "softcap"),
+    attn("fp16", 1, 21, 37, 2, 2, 128, "alibi", "bhsd"),
+    attn("bf16", 2, 50, 33, 2, 2, 32, "sdpacausal"),
 ]
 
 
@@ -89,7 +90,7 @@ def test_tma_tiles_match_the_reference(monkeypatch, case):
 def test_unaligned_tensors_fall_back_to_pointer_loads(monkeypatch):
     seen = _spy(monkeypatch)
     monkeypatch.setenv("ATTNFORGE_KERNELS_CONFIG", '{"tma": true}')
-    res = compare(Case("fp16", 1, 20, 20, 2, 2, 36, "causal"), torch.device("cpu"), seed=7)
+    res = compare(attn("fp16", 1, 20, 20, 2, 2, 36, "causal"), torch.device("cpu"), seed=7)
     assert res["ok"], res["metrics"]
     assert sorted(set(seen)) == [(False,), (False, False)], seen
     assert configs.INTERPRET

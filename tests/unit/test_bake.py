@@ -20,7 +20,6 @@ import pytest
 from attnforge.bake import bake_document, build_cache_ref
 from attnforge.build import build_requests, labels_for
 from attnforge.plan import Options, Plan, cache_ref, resolve
-from attnforge.recipes import load_recipes
 from attnforge.workspace import Workspace
 from tests.conftest import REPO, run_invoke
 
@@ -32,11 +31,6 @@ PROVENANCE = {
     "org.opencontainers.image.created": "2026-11-24T00:00:00Z",
     "org.opencontainers.image.revision": "0" * 40,
 }
-
-
-@pytest.fixture(scope="module")
-def recipes():
-    return load_recipes(REPO)
 
 
 def plan_for(recipes, arch: str, stack: str, **opts) -> Plan:

@@ -561,7 +561,7 @@ def _prober(tmp_path, engine, layer="triton", key="TRITON_VERSION", check="cmd:e
 
 
 def _engine(exit_code=0, **script):
-    from tests.unit.test_executor import RecordingEngine
+    from tests.unit.conftest import RecordingEngine
 
     class CheckingEngine(RecordingEngine):
         def run_streaming(self, req, log, on_line=None) -> int:

@@ -19,10 +19,8 @@ import pytest
 from attnforge.build import BuildState, Invocation, build_requests, execute, plan_build
 from attnforge.engine import BuildFailed, BuildRequest, DockerEngine
 from attnforge.errors import UserError
-from attnforge.recipes import load_recipes
-from attnforge.workspace import Workspace
 from tests.conftest import REPO, run_invoke
-from tests.unit.test_executor import RecordingEngine
+from tests.unit.conftest import RecordingEngine
 
 
 def request(**kw) -> BuildRequest:
@@ -92,16 +90,6 @@ def test_buildctl_with_push_sends_the_result_to_the_registry():
 def test_podman_cannot_use_a_buildkit_builder():
     with pytest.raises(UserError, match="podman cannot use"):
         request(builder="k8s").argv(["podman"], "podman")
-
-
-@pytest.fixture
-def ws(tmp_path: Path) -> Workspace:
-    return Workspace(REPO, tmp_path / "build", tmp_path / "reports")
-
-
-@pytest.fixture(scope="module")
-def recipes():
-    return load_recipes(REPO)
 
 
 def _plan(ws, recipes, engine=None, **inv):

@@ -8,11 +8,8 @@ tests/e2e; here each one is pinned down without one.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 
@@ -27,101 +24,10 @@ from attnforge.build import (
     staging_for,
     sweep_staging,
 )
-from attnforge.engine import BuildFailed, BuildRequest, RegistryUnavailable, RunRequest
 from attnforge.errors import UserError
 from attnforge.plan import UNCHANGED
-from attnforge.recipes import load_recipes
 from attnforge.workspace import Workspace
-from tests.conftest import REPO
-
-
-@dataclass
-class RecordingEngine:
-    """Records every call; `fail_build`/`fail_smoke`/`interrupt` script what a layer does."""
-
-    images: dict[str, str] = field(default_factory=dict)  # ref -> image id
-    fail_build: set[str] = field(default_factory=set)
-    fail_smoke: set[str] = field(default_factory=set)
-    interrupt: set[str] = field(default_factory=set)
-    calls: list[tuple] = field(default_factory=list)
-    name: str = "recording"
-    registry: dict[str, str] | None = None  # ref -> image id; None: the registry does not answer
-
-    def describe(self) -> str:
-        return "recording engine"
-
-    def build_argv(self, req: BuildRequest) -> list[str]:
-        return req.argv(["docker"], "buildx")
-
-    def build(self, req, log, on_line=None) -> str:
-        layer = req.labels["org.attnforge.layer"]
-        # the context is staged before the engine is called: what the build would send
-        assert (req.context / "Dockerfile").is_file()
-        self.calls.append(("build", layer, req))
-        if layer in self.interrupt:
-            raise KeyboardInterrupt
-        if layer in self.fail_build:
-            log.write(
-                "#7 0.1 ERROR: no matching distribution\n#7 ERROR: process did not complete\n"
-            )
-            raise BuildFailed(1)
-        return f"sha256:{layer}-image"
-
-    def image_id(self, ref: str) -> str | None:
-        return self.images.get(ref)
-
-    def existing(self, refs) -> set[str]:
-        return {r for r in refs if r in self.images}
-
-    def tag(self, image: str, ref: str) -> None:
-        self.calls.append(("tag", image, ref))
-        self.images[ref] = image
-
-    def run(self, req: RunRequest, input=None, timeout=None):
-        self.calls.append(("run", req.image))
-        layer = req.image.split(":")[1].removesuffix("-image")
-        checks = json.loads(req.command[-1])
-        ok = layer not in self.fail_smoke
-        lines = [json.dumps({"name": c["name"], "ok": ok, "detail": "scripted"}) for c in checks]
-        return subprocess.CompletedProcess(
-            req.argv(["docker"]), 0 if ok else 1, "\n".join(lines), ""
-        )
-
-    def run_streaming(self, req, log, on_line=None) -> int:
-        raise AssertionError("the executor streams no runs")
-
-    def push(self, ref, log) -> None:
-        raise AssertionError("the executor pushes nothing")
-
-    def labels(self, ref: str) -> dict[str, str]:
-        return {}
-
-    def remote_has(self, ref: str) -> bool:
-        self.calls.append(("lookup", ref))
-        if self.registry is None:
-            raise RegistryUnavailable(f"registry 127.0.0.9:5000 did not answer for {ref}: refused")
-        return ref in self.registry
-
-    def pull(self, ref: str, log) -> str:
-        self.calls.append(("pull", ref))
-        self.images[ref] = self.registry[ref]
-        return self.registry[ref]
-
-    def tags_moved(self) -> list[str]:
-        return [c[2] for c in self.calls if c[0] == "tag"]
-
-    def built(self) -> list[str]:
-        return [c[1] for c in self.calls if c[0] == "build"]
-
-
-@pytest.fixture
-def ws(tmp_path: Path) -> Workspace:
-    return Workspace(REPO, tmp_path / "build", tmp_path / "reports")
-
-
-@pytest.fixture(scope="module")
-def recipes():
-    return load_recipes(REPO)
+from tests.unit.conftest import RecordingEngine
 
 
 def run(ws: Workspace, recipes, engine: RecordingEngine, notes=None, **inv):

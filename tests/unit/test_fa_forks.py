@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from attnforge.plan import Options, parse_overrides, resolve
-from attnforge.recipes import load_recipes
 from tests.conftest import REPO, run_invoke
 from validate.expect import KNOWN_KEYS
 
@@ -39,11 +38,6 @@ CASES = [
     for arch, status in zip(ARCHES, row, strict=True)
 ]
 NEW_LAYERS = ("flash-attention-dao", "flash-attention-rocm-fa3", "flash-attention-rdna3-minimal")
-
-
-@pytest.fixture(scope="module")
-def recipes():
-    return load_recipes(REPO)
 
 
 def _plan(recipes, arch, stack, layer, variant):

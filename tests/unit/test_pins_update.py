@@ -21,9 +21,10 @@ from packaging.version import Version
 from attnforge import pins, pins_update
 from attnforge.errors import UserError
 from attnforge.recipes import load_recipes
-from tests.conftest import REPO, outputs_env, run_invoke
+from tests.conftest import REPO, outputs_env
+from tests.unit.conftest import pins_update_cmd as update
+from tests.unit.conftest import propose, proposed
 
-FIXTURES = REPO / "tests" / "pins" / "update"
 STABLE = "stable.repo.amd.com/rocm/whl-next"
 NIGHTLY = "nightly.repo.amd.com/rocm/whl-next"
 
@@ -68,33 +69,6 @@ invoke build --stack nightly --arch gfx1151 \\
     --set pytorch-wheels.TORCHVISION_VERSION=0.30.0a0+rocm10.2.0a20261119 \\
     --set pytorch-wheels.TORCHAUDIO_VERSION=2.11.0a0+rocm10.2.0a20261119
 """
-
-
-@pytest.fixture
-def tree(tmp_path: Path) -> Path:
-    dest = tmp_path / "tree"
-    shutil.copytree(FIXTURES / "tree", dest)
-    return dest
-
-
-@pytest.fixture
-def offline(tmp_path: Path) -> Path:
-    dest = tmp_path / "offline"
-    shutil.copytree(FIXTURES / "index", dest)
-    return dest
-
-
-def update(tree: Path, *args: str, env=None) -> subprocess.CompletedProcess[str]:
-    return run_invoke(tree, "--search-root", str(REPO), "pins.update", *args, env=env)
-
-
-def propose(tree: Path, offline: Path, channel: str, **kwargs) -> pins_update.Proposal:
-    index = pins.IndexSource(offline)
-    return pins_update.propose(load_recipes(tree), channel, index, **kwargs)
-
-
-def proposed(proposal: pins_update.Proposal) -> dict[str, str]:
-    return {p.key: p.proposed for p in proposal.picks}
 
 
 def drop_files(offline: Path, page: str, needle: str) -> None:

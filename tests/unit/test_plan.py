@@ -29,11 +29,6 @@ from attnforge.recipes import load_recipes
 from tests.conftest import REPO, run_invoke
 
 
-@pytest.fixture(scope="module")
-def recipes():
-    return load_recipes(REPO)
-
-
 def statuses(plan):
     return {s.layer: s.status for s in plan.steps}
 

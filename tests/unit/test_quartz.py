@@ -9,30 +9,16 @@ per-leaf test variants, leaves named for an arch (gfx1151) or a family (gfx94X-d
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
 from attnforge import pins_update, quartz
 from attnforge.errors import UserError
-from tests.unit.test_pins_update import FIXTURES, propose, proposed, update
+from tests.unit.conftest import pins_update_cmd as update
+from tests.unit.conftest import propose, proposed
 
 FEED = "raw.githubusercontent.com/ROCm/Quartz/main/release-nightly"
-
-
-@pytest.fixture
-def tree(tmp_path: Path) -> Path:
-    """pins.update's fixture tree: stable torch 2.13, a nightly variant taking --set."""
-    shutil.copytree(FIXTURES / "tree", tmp_path / "tree")
-    return tmp_path / "tree"
-
-
-@pytest.fixture
-def offline(tmp_path: Path) -> Path:
-    """pins.update's saved index pages (complete nightlies: 20261118 and 20261119)."""
-    shutil.copytree(FIXTURES / "index", tmp_path / "offline")
-    return tmp_path / "offline"
 
 
 def status(date: str, leaves: dict[str, str], branch: str = "nightly", build: str = "success"):
