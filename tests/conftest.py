@@ -7,6 +7,7 @@ own output folders anyway.
 
 from __future__ import annotations
 
+import base64
 import os
 import shutil
 import subprocess
@@ -77,3 +78,34 @@ def run_invoke(
         [sys.executable, "-m", "invoke", *args],
         cwd=cwd, capture_output=True, text=True, env=env, timeout=timeout,
     )  # fmt: skip
+
+
+# --- Signing keys: the cosign key-based signature tests (tests/unit/test_signature.py and
+# tests/e2e/test_verify_signature.py) sign with ECDSA P-256 keys that the host's openssl makes.
+# One pair per name per session, in a temporary folder.
+
+
+@pytest.fixture(scope="session")
+def signing_key(tmp_path_factory):
+    """``signing_key(name) -> (private PEM, public PEM)`` paths, made by openssl on first use."""
+    folder = tmp_path_factory.mktemp("signing-keys")
+    made: dict[str, tuple[Path, Path]] = {}
+
+    def pair(name: str) -> tuple[Path, Path]:
+        if name not in made:
+            private, public = folder / f"{name}.key", folder / f"{name}.pub"
+            subprocess.run(["openssl", "ecparam", "-genkey", "-name", "prime256v1", "-noout",
+                            "-out", str(private)], check=True, capture_output=True)  # fmt: skip
+            subprocess.run(["openssl", "ec", "-in", str(private), "-pubout", "-out", str(public)],
+                           check=True, capture_output=True)  # fmt: skip
+            made[name] = (private, public)
+        return made[name]
+
+    return pair
+
+
+def openssl_sign(private: Path, payload: bytes) -> str:
+    """The base64 DER ECDSA signature of ``payload``'s SHA-256, as cosign stores it."""
+    der = subprocess.run(["openssl", "dgst", "-sha256", "-sign", str(private)], input=payload,
+                         check=True, capture_output=True).stdout  # fmt: skip
+    return base64.b64encode(der).decode()

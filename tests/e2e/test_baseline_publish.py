@@ -15,15 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_cpu_stack import (
-    REGISTRY,
-    _need_registry,
-    build_args,
-    copy_tree,
-    invoke,
-    remove_images,
-    require_engine,
-)
+from tests.e2e.conftest import cpu_stack_tree
+from tests.e2e.test_cpu_stack import REGISTRY, invoke
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -31,12 +24,7 @@ NAMESPACE = f"attnforge-e2e-baseline-{uuid.uuid4().hex[:8]}"
 BENCH = ["--quick", "--bench", "--bench-backend", "sdpa.math"]
 
 
-@pytest.fixture(scope="module")
-def tree(tmp_path_factory) -> Path:
-    require_engine()
-    _need_registry()
-    yield copy_tree(tmp_path_factory, "e2e-baseline")
-    remove_images(NAMESPACE)
+tree = cpu_stack_tree("e2e-baseline", NAMESPACE, registry=True)
 
 
 def validate(tree: Path, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -45,8 +33,6 @@ def validate(tree: Path, *extra: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_publish_keeps_the_validated_report_and_bench_by_digest(tree):
-    built = invoke(tree, *build_args(namespace=NAMESPACE))
-    assert built.returncode == 0, built.stdout + built.stderr
     first = validate(tree)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     reports = tree / "reports/cpu/cpu"

@@ -26,27 +26,15 @@ import pytest
 from attnforge import export as core
 from attnforge import ociregistry
 from attnforge.ociregistry import Ref
-from tests.e2e.test_cpu_stack import (
-    CPU_LAYERS,
-    REGISTRY,
-    _need_registry,
-    build_args,
-    copy_tree,
-    invoke,
-    remove_images,
-    require_engine,
-)
+from tests.e2e.conftest import cpu_stack_tree
+from tests.e2e.test_cpu_stack import CPU_LAYERS, REGISTRY, _need_registry, invoke
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 NAMESPACE = f"attnforge-e2e-export-{uuid.uuid4().hex[:8]}"
 
 
-@pytest.fixture(scope="module")
-def tree(tmp_path_factory) -> Path:
-    require_engine()
-    yield copy_tree(tmp_path_factory, "e2e-export")
-    remove_images(NAMESPACE)
+tree = cpu_stack_tree("e2e-export", NAMESPACE)
 
 
 def said(proc: subprocess.CompletedProcess[str]) -> str:
@@ -67,8 +55,6 @@ def verify(tree: Path, venv: Path, export: Path, *extra: str) -> subprocess.Comp
 
 
 def test_export_refuses_an_image_that_was_not_validated(tree):
-    built = invoke(tree, *build_args(namespace=NAMESPACE))
-    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
     refused = invoke(tree, "export", "--arch", "cpu", "--namespace", NAMESPACE)
     assert refused.returncode == 2  # a user's error, as for every task
     assert f"{NAMESPACE}/cpu:cpu was never validated here; it is not exported" in said(refused)

@@ -1,7 +1,7 @@
 """End to end: `python -m validate stress` inside the built cpu image, on a real Docker engine.
 
-The cpu stack is built (in its own copy of the tree and image namespace) by the fixtures of
-test_cpu_stack.py; the stress run then happens in a container of that image, as a user runs it,
+The cpu stack is built (in its own copy of the tree and image namespace) by the `tree` fixture
+(tests/e2e/conftest.py); the stress run then happens in a container of that image, as a user runs it,
 with a crash planted mid-run through the VALIDATE_STRESS_FAULT testing hook.
 """
 
@@ -9,23 +9,19 @@ from __future__ import annotations
 
 import json
 import subprocess
+import uuid
 
 import pytest
 
-from tests.e2e.test_cpu_stack import (  # noqa: F401 - engine_ready and tree are fixtures
-    NAMESPACE,
-    build_args,
-    engine_ready,
-    invoke,
-    tree,
-)
+from tests.e2e.conftest import cpu_stack_tree
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
+NAMESPACE = f"attnforge-e2e-stress-{uuid.uuid4().hex[:8]}"
+tree = cpu_stack_tree("e2e-stress", NAMESPACE)
 
-def test_stress_in_the_cpu_image_reports_a_planted_crash_at_its_iteration(tree, tmp_path):  # noqa: F811
-    built = invoke(tree, *build_args())
-    assert built.returncode == 0, built.stdout + built.stderr
+
+def test_stress_in_the_cpu_image_reports_a_planted_crash_at_its_iteration(tree, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     proc = subprocess.run(

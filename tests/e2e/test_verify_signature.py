@@ -5,8 +5,9 @@ registry (ATTNFORGE_E2E_REGISTRY, started by tools/setup.sh). The test then writ
 attnforge.ociregistry, a signature in cosign's layout (specs/SIGNATURE_SPEC.md of
 github.com/sigstore/cosign: a manifest tagged sha256-<hex>.sig whose layer is a simple-signing
 payload with the base64 signature in the `dev.cosignproject.cosign/signature` annotation), signed
-with an ECDSA P-256 key that openssl makes in a tmp dir. So this tests our reader against the
-spec's layout, not against signatures cosign itself made (cosign is not installed here).
+with an ECDSA P-256 key that openssl makes in a tmp dir (tests/conftest.py's signing_key). So this
+tests our reader against the spec's layout, not against signatures cosign itself made (cosign is
+not installed here).
 
 The registry may not allow deletes (docker-registry's default): the test deletes the manifests it
 pushed where the registry lets it and removes its local image tag in any case.
@@ -14,7 +15,6 @@ pushed where the registry lets it and removes its local image tag in any case.
 
 from __future__ import annotations
 
-import base64
 import json
 import subprocess
 import urllib.error
@@ -25,7 +25,7 @@ import pytest
 
 from attnforge import attest, ociregistry, signature
 from attnforge.ociregistry import Ref
-from tests.conftest import REPO, run_invoke
+from tests.conftest import REPO, openssl_sign, run_invoke
 from tests.e2e.test_cpu_stack import BASE, REGISTRY, _need_registry, require_engine
 
 pytestmark = pytest.mark.e2e
@@ -33,29 +33,17 @@ pytestmark = pytest.mark.e2e
 CONFIG = b'{"architecture":"","os":"","config":{}}'
 
 
-def keypair(tmp_path, name):
-    private, public = tmp_path / f"{name}.key", tmp_path / f"{name}.pub"
-    subprocess.run(["openssl", "ecparam", "-genkey", "-name", "prime256v1", "-noout", "-out",
-                    str(private)], check=True, capture_output=True)  # fmt: skip
-    subprocess.run(["openssl", "ec", "-in", str(private), "-pubout", "-out", str(public)],
-                   check=True, capture_output=True)  # fmt: skip
-    return private, public
-
-
-def write_signature(ref: Ref, signed_digest: str, about: str, private, tmp_path) -> None:
+def write_signature(ref: Ref, signed_digest: str, about: str, private) -> None:
     """Tag sha256-<hex of signed_digest>.sig with one cosign signature layer whose payload names
     `about` (normally the same digest), signed with `private`."""
     payload = signature.simple_signing(about, str(ref))
-    (tmp_path / "payload").write_bytes(payload)
-    der = subprocess.run(["openssl", "dgst", "-sha256", "-sign", str(private),
-                          str(tmp_path / "payload")], check=True, capture_output=True).stdout  # fmt: skip
     manifest = {
         "schemaVersion": 2, "mediaType": ociregistry.OCI_MANIFEST,
         "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
                    "digest": ociregistry.put_blob(ref, CONFIG), "size": len(CONFIG)},
         "layers": [{"mediaType": signature.SIMPLE_SIGNING, "size": len(payload),
                     "digest": ociregistry.put_blob(ref, payload),
-                    "annotations": {signature.SIG_ANNOTATION: base64.b64encode(der).decode()}}],
+                    "annotations": {signature.SIG_ANNOTATION: openssl_sign(private, payload)}}],
     }  # fmt: skip
     tag = f"{signed_digest.replace(':', '-')}.{signature.SIG_SUFFIX}"
     ociregistry.put_manifest(ref.with_reference(tag), json.dumps(manifest).encode(),
@@ -98,10 +86,10 @@ def verify(*args):
     return run_invoke(REPO, "verify", *args, timeout=300)
 
 
-def test_verify_key_reads_a_cosign_layout_signature_from_the_registry(pushed, tmp_path):
+def test_verify_key_reads_a_cosign_layout_signature_from_the_registry(pushed, signing_key):
     ref, digest, tags = pushed
-    private, public = keypair(tmp_path, "k")
-    _, other_public = keypair(tmp_path, "other")
+    private, public = signing_key("k")
+    _, other_public = signing_key("other")
     image = str(ref.with_reference(digest))
     sig_tag = f"{digest.replace(':', '-')}.sig"
 
@@ -114,7 +102,7 @@ def test_verify_key_reads_a_cosign_layout_signature_from_the_registry(pushed, tm
 
     # signed: the signature is reported beside the attachments still missing
     tags.append(sig_tag)
-    write_signature(ref, digest, digest, private, tmp_path)
+    write_signature(ref, digest, digest, private)
     proc = verify("--image", str(ref), "--key", str(public))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "signed by the given key: the image" in proc.stdout
@@ -133,7 +121,7 @@ def test_verify_key_reads_a_cosign_layout_signature_from_the_registry(pushed, tm
                                            json.dumps(doc).encode())  # fmt: skip
         if suffix == "sbom":
             tags.append(f"{att_digest.replace(':', '-')}.sig")
-            write_signature(ref, att_digest, att_digest, private, tmp_path)
+            write_signature(ref, att_digest, att_digest, private)
     proc = verify("--image", str(ref), "--key", str(public))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"verified {image}" in proc.stdout
@@ -155,7 +143,7 @@ def test_verify_key_reads_a_cosign_layout_signature_from_the_registry(pushed, tm
 
     # a good signature, by the key, over another digest, put where this image's signature goes
     other = "sha256:" + "0" * 64
-    write_signature(ref, digest, other, private, tmp_path)
+    write_signature(ref, digest, other, private)
     proc = verify("--image", str(ref), "--key", str(public))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert f"a signature payload names {other}, not {digest}" in proc.stdout

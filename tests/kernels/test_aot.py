@@ -10,6 +10,7 @@ import pytest
 
 from kernels import aot
 from kernels.configs import ACCEPTED_SPILLS, config_for
+from tests.conftest import outputs_env, run_invoke
 
 REPO = Path(__file__).resolve().parents[2]
 ARCHES = {n: s for n, s in aot.load_arches().items() if s.get("vendor") in ("amd", "nvidia")}
@@ -21,20 +22,19 @@ MATRIX = {"wmma": "v_wmma_", "mfma": "v_mfma_", "wgmma": "wgmma.mma_async", "mma
 KNOWN_SPILLS = {(a.arch, a.head_dim, a.kernel) for a in ACCEPTED_SPILLS}
 
 
+# The README's command, which tests/unit/test_readme.py leaves to this module (README_COMMAND).
+README_COMMAND = "invoke kernels.aot --all"
+
+
 @pytest.fixture(scope="module")
 def aot_run(tmp_path_factory):
-    """One ``python -m kernels.aot --all --json`` run (default head dims), as CI runs it, with an
-    empty compile cache: every kernel is compiled."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    cache = tmp_path_factory.mktemp("aot-cache")
-    proc = subprocess.run(
-        [sys.executable, "-m", "kernels.aot", "--all", "--json", "--cache-dir", str(cache)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    """One run of the README's ``invoke kernels.aot --all`` (default head dims), with --json, as
+    CI runs it, with an empty compile cache (a fresh build folder): every kernel is compiled."""
+    out = tmp_path_factory.mktemp("aot-run")
+    proc = run_invoke(REPO, *README_COMMAND.split()[1:], "--json", env=outputs_env(out),
+                      timeout=900)  # fmt: skip
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert " 0 from the cache" in proc.stderr, proc.stderr[-3000:]
     return proc.returncode, json.loads(proc.stdout)
 
 

@@ -38,7 +38,10 @@ NOT_RUN_HERE = {
 }
 # Builds of ROCm stacks need AMD's package index and hours: their plans are made instead.
 PLANNED_ONLY = re.compile(r"^invoke build (?!.*--dry-run)(?!--continue)")
-SLOW = {"invoke kernels.aot --all"}
+# Commands another test runs as the README shows them (it checks their output too), so running
+# them here again would only repeat minutes of work: command -> that test's module, which names
+# the command in README_COMMAND.
+RUN_ELSEWHERE = {"invoke kernels.aot --all": "tests/kernels/test_aot.py"}
 # Commands whose non-zero exit is a verdict, not an error: doctor exits 1 where nothing can be
 # built (no engine answers, as in `make test-unit` on a machine without Docker).
 VERDICT_EXITS = {"invoke doctor": {0, 1}}
@@ -61,14 +64,17 @@ COMMANDS = readme_commands()
 def test_the_readme_shows_the_commands_this_test_knows_about():
     assert "make demo" in COMMANDS and "make test" in COMMANDS
     assert set(NOT_RUN_HERE) <= set(COMMANDS), set(NOT_RUN_HERE) - set(COMMANDS)
+    assert set(RUN_ELSEWHERE) <= set(COMMANDS), set(RUN_ELSEWHERE) - set(COMMANDS)
+    for command, module in RUN_ELSEWHERE.items():
+        assert f'README_COMMAND = "{command}"' in (REPO / module).read_text(), module
 
 
 @pytest.mark.parametrize(
     "command",
     [
-        pytest.param(c, marks=[pytest.mark.slow] if c in SLOW else [])
+        c
         for c in COMMANDS
-        if c.startswith("invoke ") and c not in NOT_RUN_HERE
+        if c.startswith("invoke ") and c not in NOT_RUN_HERE and c not in RUN_ELSEWHERE
     ],
 )
 def test_a_readme_command_runs_without_error(command, tmp_path):
