@@ -348,7 +348,7 @@ class Stack(Strict):
     expect: dict[str, Any] = Field(default_factory=dict)
     fused: dict[str, list[str]] = Field(
         default_factory=dict,
-        description="workloads (validate/workloads.py) whose every shape must run a fused SDPA "
+        description="workloads (contract/workloads.py) whose every shape must run a fused SDPA "
         "backend, not math, each with the arch selectors it is promised for; becomes the "
         "expectation sdpa.workload.<name>.fused: true on those arches",
     )
@@ -693,12 +693,10 @@ def _check_templates(values: dict[str, Any], file: str, src: yamlsrc.Source, loc
 
 
 def known_bench_backends() -> tuple[str, ...] | None:
-    """The benchmark's backends, when the validate package is importable (stdlib at top level)."""
-    try:
-        from validate.bench import BACKENDS
-    except Exception:  # noqa: BLE001 - absent or broken: skip this check, the bench reports it
-        return None
-    return tuple(BACKENDS)
+    """The benchmark's backends (contract/names.py)."""
+    from contract.names import BACKEND_NAMES
+
+    return BACKEND_NAMES
 
 
 def _check_bench_gates(gates: BenchGates | None, file: str, src: yamlsrc.Source, loc: tuple) -> None:  # fmt: skip

@@ -1,10 +1,12 @@
 # attnforge layer: validate
-# Follows: attnforge's validate/ and kernels/ packages, which need only Python, torch and triton.
+# Follows: attnforge's validate/ and kernels/ packages, which need only Python, torch and triton,
+# and the contract/ package both import (standard library only).
 ARG BASE_IMAGE
 FROM ${BASE_IMAGE}
 
 COPY validate /opt/attnforge/src/validate
 COPY kernels /opt/attnforge/src/kernels
+COPY contract /opt/attnforge/src/contract
 ENV PYTHONPATH=/opt/attnforge/src
 WORKDIR /opt/attnforge/src
 

@@ -7,8 +7,8 @@ subprocess). ``python -m kernels.check [--quick|--boundary] [--json FILE]`` runs
 
 The rule is flash-attention's: the kernel's max error against an fp32 reference is at most twice
 the error of the same computation in the input dtype (three times for gradients), plus a small
-floor (perf.md section 6). It lives in ``validate.tolerance``, shared with the validation suite's
-SDPA and flash_attn checks; the two packages always travel together.
+floor (perf.md section 6). It lives in ``contract.tolerance``, shared with the validation suite's
+SDPA and flash_attn checks; the contract package travels with both.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from validate import tolerance
+from contract import tolerance
 
 from . import check_variants
 

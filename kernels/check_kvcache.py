@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from validate import tolerance
+from contract import tolerance
 
 PACKED_RE = re.compile(
     r"^packed-(?P<dtype>fp16|bf16)-(?P<kind>qkv|kv|varqkv|varkv)-b(?P<b>\d+)-sq(?P<sq>\d+)"

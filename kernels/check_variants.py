@@ -23,7 +23,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from validate import tolerance
+from contract import tolerance
 
 DROP_RE = re.compile(
     r"^dropout-(?P<dtype>fp16|bf16)-p(?P<p>0\.\d+)-b(?P<b>\d+)-sq(?P<sq>\d+)-sk(?P<sk>\d+)"

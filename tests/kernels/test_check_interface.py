@@ -77,7 +77,7 @@ def test_rule_fails_an_error_beyond_twice_the_reference_error():
 def test_cases_are_judged_by_the_validation_suites_rule(monkeypatch):
     import torch
 
-    from validate import tolerance
+    from contract import tolerance
 
     case = check.Case("bf16", 1, 1, 1, 2, 2, 16, "causal")
     assert check.compare(case, torch.device("cpu"))["ok"]

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from contract import tolerance
 from kernels import flash_attn_varlen_func, flash_attn_with_kvcache
 from kernels.kvcache import num_splits_heuristic
-from validate import tolerance
 
 
 def _rand(*shape, dtype, g):

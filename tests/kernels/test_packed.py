@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from contract import tolerance
 from kernels import (
     flash_attn_func,
     flash_attn_kvpacked_func,
@@ -12,7 +13,6 @@ from kernels import (
     flash_attn_varlen_qkvpacked_func,
 )
 from kernels import packed as packed_mod
-from validate import tolerance
 
 
 def _rand(*shape, dtype=torch.float16, seed=0):
