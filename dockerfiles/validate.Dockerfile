@@ -1,6 +1,7 @@
 # attnforge layer: validate
 # Follows: attnforge's validate/ and kernels/ packages, which need only Python, torch and triton,
-# and the contract/ package both import (standard library only).
+# and the contract/ package both import (standard library only; the build context adds
+# contract/arches.json, recipes/arches.yaml rendered as JSON, so the image needs no PyYAML).
 ARG BASE_IMAGE
 FROM ${BASE_IMAGE}
 

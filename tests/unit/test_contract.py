@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from contract import documents, names
+from contract import arches, documents, names
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA = json.loads((REPO / "validate" / "report.schema.json").read_text())
@@ -150,3 +150,52 @@ def test_backends_are_named_once_with_a_label():
     assert names.backend("kernels").label == "bundled kernels"
     with pytest.raises(KeyError):
         names.backend("sdpa.nope")
+
+
+# ---------------------------------------------------------------------------- arch facts
+
+
+@pytest.fixture(scope="module")
+def arch_yaml() -> dict:
+    import yaml
+
+    return yaml.safe_load((REPO / "recipes" / "arches.yaml").read_text())
+
+
+def test_families_come_from_the_arch_entries_and_their_neighbours(arch_yaml):
+    facts = arches.from_mapping(arch_yaml)
+    for name, entry in arch_yaml["arches"].items():
+        assert facts.family(name) == entry["family"]
+    assert facts.family("gfx942:sramecc+:xnack-") == "cdna3"
+    assert facts.family("GFX1151") == "rdna3.5"
+    assert facts.family("gfx1103") == "rdna3" and facts.family("gfx1036") == "rdna2"
+    assert facts.family("gfx1153") == "rdna3.5" and facts.family("gfx1200") == "rdna4"
+    assert facts.family("gfx1199") is None  # no guess from the name
+
+
+def test_the_rendering_the_images_carry_is_what_the_contract_reads(
+    tmp_path, monkeypatch, arch_yaml
+):
+    from attnforge.build import render_arch_facts
+
+    ctx = tmp_path / "context"
+    (ctx / "recipes").mkdir(parents=True)
+    (ctx / "contract").mkdir()
+    (ctx / "recipes" / "arches.yaml").write_text((REPO / "recipes" / "arches.yaml").read_text())
+    tree = tmp_path / "tree.json"  # a staged file may be a hard link into the source tree
+    tree.write_text("{}")
+    (ctx / "contract" / arches.JSON_NAME).hardlink_to(tree)
+    rendered = render_arch_facts(ctx)
+    assert rendered == ctx / "contract" / arches.JSON_NAME and tree.read_text() == "{}"
+    monkeypatch.setenv(arches.ENV, str(rendered))
+    assert arches.load() == arches.from_mapping(arch_yaml)
+    monkeypatch.setenv(arches.ENV, str(tmp_path / "absent.json"))
+    assert arches.load() is None
+    assert render_arch_facts(tmp_path / "no-contract") is None
+
+
+def test_the_validate_layer_carries_the_contract_and_the_arch_facts():
+    layer = (REPO / "recipes" / "layers" / "validate.yaml").read_text()
+    dockerfile = (REPO / "dockerfiles" / "validate.Dockerfile").read_text()
+    assert "contract" in layer and "recipes/arches.yaml" in layer
+    assert "COPY contract /opt/attnforge/src/contract" in dockerfile
