@@ -1,7 +1,9 @@
 """Names that the documents, the command lines and the checks share (standard library only).
 
-Adding a backend is one ``Backend`` row here (its tests are the grid's, the bench's and the
-stress runs'); adding a status is one constant and its place in the sets below.
+Adding a backend is one ``Backend`` row here, plus the code that runs it (the bench's and the
+stress child's dispatch on its name); the command lines, documents, plots and the stacks' matrix
+take it from here. Adding a status is one constant and its place in the sets below (and, for a
+check status, in validate/report.schema.json, which tests/unit/test_contract.py holds equal).
 """
 
 from __future__ import annotations
