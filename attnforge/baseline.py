@@ -25,13 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from contract import documents, names
+
 from . import files
 
-KIND = "attnforge.baseline_compare"
-VERSION = 1
-BENCH_KIND = "attnforge.bench"
+KIND = names.BASELINE_COMPARE
+VERSION = names.KIND_VERSIONS[KIND]
 DEFAULT_MIN_RATIO = 0.9
-MODES = ("fwd", "bwd", "fwd_bwd")
+MODES = names.MODES
 ANY_MODE = "all"
 # verdicts: pass/fail for gated rows timed on both sides; ungated for the others timed on both;
 # no-baseline when the baseline has no time for it; not-run when this run has none.
@@ -123,21 +124,9 @@ def gate_for(gates: Sequence[Gate], backend: str, shape: str, mode: str) -> Gate
 # ---------------------------------------------------------------------------- documents
 
 
-def check_bench(doc: Any, where: str) -> dict[str, Any]:
-    """The document, if it is an attnforge.bench version 1 with a results list."""
-    kind = doc.get("kind") if isinstance(doc, dict) else None
-    if kind != BENCH_KIND:
-        what = f"a document of kind {kind!r}" if kind else "not an attnforge document"
-        raise BaselineError(f"{where}: expected a benchmark ({BENCH_KIND}) but it is {what}")
-    if doc.get("version") != 1 or not isinstance(doc.get("results"), list):
-        raise BaselineError(f"{where}: {BENCH_KIND} version {doc.get('version')!r} without a "
-                            "results list is not supported (version 1 is)")  # fmt: skip
-    return doc
-
-
 def median_ms(result: Mapping[str, Any] | None) -> float | None:
     """A result's time: the median of its repeats, else its recorded `ms`; None unless ok."""
-    if not result or result.get("status") != "ok":
+    if not result or result.get("status") != names.OK:
         return None
     repeats = [float(x) for x in result.get("ms_all") or [] if x is not None]
     if repeats:
@@ -367,14 +356,11 @@ def bench_file(path: str | Path) -> Path:
 
 
 def load_bench(path: str | Path) -> dict[str, Any]:
-    p = bench_file(path)
+    """The benchmark document a user means (bench_file), read by the one reader of bench.json."""
     try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise BaselineError(f"cannot read {p}: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise BaselineError(f"{p}:{exc.lineno}: not valid JSON ({exc.msg})") from None
-    return check_bench(doc, str(p))
+        return documents.load_sibling(bench_file(path), names.BENCH)
+    except documents.DocumentError as exc:
+        raise BaselineError(str(exc).rstrip(".")) from None
 
 
 def write_aside(path: Path, text: str) -> None:

@@ -27,6 +27,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from contract import names
+
 from .baseline import (
     DEFAULT_MIN_RATIO,
     BaselineError,
@@ -41,7 +43,8 @@ from .files import write_aside
 
 GOOD, BAD, SKIP = "good", "bad", "skip"
 VERDICTS = (GOOD, BAD, SKIP)
-STATE_KIND, STATE_VERSION = "attnforge.bisect", 1
+STATE_KIND = names.BISECT
+STATE_VERSION = names.KIND_VERSIONS[STATE_KIND]
 
 
 class BisectError(UserError):
@@ -337,7 +340,7 @@ def parse_check(text: str, **opts: Any) -> CheckSpec:
 
 # ---------------------------------------------------------------------------- verdicts
 
-FAILED_STATUSES = ("fail", "crash", "timeout")
+FAILED_STATUSES = names.FAILING  # what a check must not end as (contract/names.py)
 CMD_SKIP = 125  # `git bisect run`: "the current source code cannot be tested"; docker run's own
 CMD_TIMEOUT = 124  # timeout(1)
 

@@ -20,6 +20,8 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
+from contract import names
+
 from .baseline import bench_file, load_bench
 from .bisect import (
     BAD,
@@ -284,7 +286,7 @@ class Prober:
                            round(time.monotonic() - started, 1),
                            time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))  # fmt: skip
             (work / "probe.json").write_text(json.dumps(
-                {"kind": "attnforge.bisect_probe", "version": 1, "layer": self.layer,
+                {"kind": names.BISECT_PROBE, "version": names.KIND_VERSIONS[names.BISECT_PROBE], "layer": self.layer,
                  "key": self.key, "pin": pin, "check": self.check.selector,
                  "command": list(self.check.argv), "image": image, **result.__dict__},
                 indent=2) + "\n")  # fmt: skip

@@ -19,6 +19,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from contract import arches
+
 from . import smoke_runner
 from .engine import BuildFailed, BuildRequest, Engine, RegistryUnavailable, RunRequest
 from .errors import UserError
@@ -38,6 +42,7 @@ from .recipes import Recipes
 from .workspace import Workspace
 
 MANIFEST_NAME = "attnforge-manifest.json"
+ARCHES_YAML = "recipes/arches.yaml"
 SMOKE_TIMEOUT_S = 600
 
 
@@ -291,6 +296,21 @@ def _link_or_copy(src: Path, dst: Path) -> None:
         shutil.copy2(src, dst)
 
 
+def render_arch_facts(ctx: Path) -> Path | None:
+    """A context with the contract package and recipes/arches.yaml gets the facts as JSON
+    (contract/arches.json), which the image reads without PyYAML (contract/arches.py)."""
+    src, dest = ctx / ARCHES_YAML, ctx / "contract" / arches.JSON_NAME
+    if not (src.is_file() and dest.parent.is_dir()):
+        return None
+    dest.unlink(
+        missing_ok=True
+    )  # a staged file may be a hard link into the tree: never write through
+    dest.write_text(
+        arches.render(yaml.safe_load(src.read_text(encoding="utf-8"))), encoding="utf-8"
+    )
+    return dest
+
+
 def stage_context(step: Step, root: Path, dest: Path, wheelhouse: Path | None) -> Path:
     """Lay out exactly the hashed files (plus the derived manifest and offered wheels) in dest."""
     if dest.exists():
@@ -303,6 +323,7 @@ def stage_context(step: Step, root: Path, dest: Path, wheelhouse: Path | None) -
     for cf in step.context:
         _link_or_copy(root / cf.path, ctx / cf.path)
     (ctx / MANIFEST_NAME).write_text(json.dumps(step.manifest, indent=2, sort_keys=True) + "\n")
+    render_arch_facts(ctx)
     wh = ctx / "wheelhouse"
     wh.mkdir(exist_ok=True)  # always there: Dockerfiles bind-mount it
     if step.wheelhouse and wheelhouse:

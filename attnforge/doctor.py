@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .errors import UserError
-from .recipes import Recipes
+from .recipes import Neighbour, Recipes
 
 Status = Literal["ok", "warn", "fail", "info"]
 GIB = 1024**3
@@ -59,6 +59,7 @@ class RecipeFacts:
 
     arches: dict[str, ArchInfo]
     host_rules: list[dict[str, Any]]
+    neighbours: tuple[Neighbour, ...] = ()  # arches the recipes lack (arches.yaml)
 
     @classmethod
     def of(cls, recipes: Recipes) -> RecipeFacts:
@@ -75,7 +76,7 @@ class RecipeFacts:
                 tuple(o.stack for o in options if not o.builds),
             )  # fmt: skip
         rules = [r.model_dump(exclude_none=True) for r in recipes.host_rules]
-        return cls(arches, rules)
+        return cls(arches, rules, recipes.neighbours)
 
 
 @dataclass(frozen=True)
@@ -128,60 +129,11 @@ class Facts:
 
 # ---------------------------------------------------------------------------- arches & overrides
 
-# Arches the recipes lack, and what is documented about running them. An override is suggested
-# only where a documented neighbour exists *and* the recipes build for it; everywhere else the
-# honest answer is "unsupported", with what would add support.
+# Arches the recipes lack, and what is documented about running them: recipes/arches.yaml's
+# `neighbours:`. Where none documents an override, AMD's own wheels are the way (_NATIVE_EXTRA).
 _NATIVE_EXTRA = (
     "AMD publishes device-{arch} wheels (recipes/arches.yaml header), so the fix is adding {arch} "
     "to recipes/arches.yaml with its facts, not an override"
-)
-
-
-@dataclass(frozen=True)
-class Neighbour:
-    arches: frozenset[str]
-    family: str
-    note: str
-    source: str
-    override: str | None = None  # HSA_OVERRIDE_GFX_VERSION value documented for these arches
-    target: str | None = None  # the arch that value makes the runtime load code for
-
-
-NEIGHBOURS = (
-    Neighbour(
-        frozenset({"gfx1031", "gfx1032", "gfx1033", "gfx1034", "gfx1035", "gfx1036"}),
-        family="rdna2",
-        override="10.3.0",
-        target="gfx1030",
-        note="RDNA2 GPUs other than gfx1030 are documented to run gfx1030 code with "
-        "HSA_OVERRIDE_GFX_VERSION=10.3.0",
-        source="ollama/ollama docs/gpu.md (Overrides on Linux); ROCm/ROCm#2353",
-    ),
-    Neighbour(
-        frozenset({"gfx1102"}),
-        family="rdna3",
-        note="no override to gfx1100 is documented as safe; " + _NATIVE_EXTRA,
-        source="recipes/arches.yaml (therock_extra)",
-    ),
-    Neighbour(
-        frozenset({"gfx1103"}),
-        family="rdna3",
-        note="HSA_OVERRIDE_GFX_VERSION=11.0.0 (gfx1100 code) is reported to page-fault and hang "
-        "gfx1103; " + _NATIVE_EXTRA,
-        source="ROCm/TheRock#1184; ROCm/rocm-libraries#6335; recipes/arches.yaml (therock_extra)",
-    ),
-    Neighbour(
-        frozenset({"gfx1152", "gfx1153"}),
-        family="rdna3.5",
-        note="no override to gfx1150/gfx1151 is documented; " + _NATIVE_EXTRA,
-        source="recipes/arches.yaml (therock_extra)",
-    ),
-    Neighbour(
-        frozenset({"gfx1200"}),
-        family="rdna4",
-        note="no override to gfx1201 is documented; " + _NATIVE_EXTRA,
-        source="recipes/arches.yaml (therock_extra)",
-    ),
 )
 
 
@@ -194,15 +146,15 @@ def gfx_of_override(value: str) -> str | None:
     return f"gfx{major}{minor}{step:x}"
 
 
-def neighbour_of(arch: str) -> Neighbour | None:
-    return next((n for n in NEIGHBOURS if arch in n.arches), None)
+def neighbour_of(arch: str, recipes: RecipeFacts) -> Neighbour | None:
+    return next((n for n in recipes.neighbours if arch in n.arches), None)
 
 
 def needed_override(arch: str, recipes: RecipeFacts) -> str | None:
     """The override value an unknown arch needs to run a stack the recipes build, if documented."""
     if arch in recipes.arches:
         return None
-    n = neighbour_of(arch)
+    n = neighbour_of(arch, recipes)
     if n and n.override and n.target in recipes.arches and recipes.arches[n.target].stacks:
         return n.override
     return None
@@ -221,7 +173,7 @@ def arch_row(arch: str, recipes: RecipeFacts, *, label: str) -> Row:
             found += f" (not as they stand: {', '.join(known.blocked)}; --dry-run says why)"
         fix = "" if status != "fail" else "no stack of the recipes fits it"
         return Row(check, status, found, fix)
-    n = neighbour_of(arch)
+    n = neighbour_of(arch, recipes)
     if n is None:
         return Row(
             check, "fail",
@@ -242,7 +194,7 @@ def arch_row(arch: str, recipes: RecipeFacts, *, label: str) -> Row:
     if n.override:
         why = f"{n.note}, but the recipes build no stack for {n.target} either"
     else:
-        why = n.note.format(arch=arch)
+        why = f"{n.note}; {_NATIVE_EXTRA.format(arch=arch)}"
     return Row(
         check, "fail", f"{label}: unsupported: {why} ({n.source})",
         f"add {arch} to recipes/arches.yaml with sourced facts" if not n.override

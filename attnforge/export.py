@@ -27,8 +27,10 @@ from pathlib import Path
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-EXPORT_KIND = "attnforge.export"
-EXPORT_VERSION = 1
+from contract import names
+
+EXPORT_KIND = names.EXPORT
+EXPORT_VERSION = names.KIND_VERSIONS[EXPORT_KIND]
 MANIFEST = "export.json"
 REQUIREMENTS = "requirements.txt"
 PYLOCK = "pylock.toml"
@@ -229,15 +231,16 @@ def _sh_quote(value: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# The kernels wheel: the validated image's kernels/ and validate/ packages as one pure wheel.
+# The kernels wheel: the validated image's kernels/, validate/ and contract/ packages as one
+# pure wheel.
 
 
 def kernels_wheel(src: Path, out_dir: Path, base_version: str = "0.1.0") -> Path:
-    """Build a deterministic pure-Python wheel of the `kernels` and `validate` packages under
-    src; its local label is the first 12 hex digits of the sources' sha256."""
+    """Build a deterministic pure-Python wheel of the `kernels`, `validate` and `contract`
+    packages under src; its local label is the first 12 hex digits of the sources' sha256."""
     files = sorted(
         p
-        for pkg in ("kernels", "validate")
+        for pkg in ("kernels", "validate", "contract")
         for p in (src / pkg).rglob("*")
         if p.is_file() and "__pycache__" not in p.parts
     )

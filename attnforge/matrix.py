@@ -17,23 +17,17 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from contract import names
+
 from .errors import UserError
 
-# (key, heading): SDPA's backends as validate/grid.py names them, then flash_attn and kernels.
-SDPA_BACKENDS = ("flash", "efficient", "cudnn", "math")
-COLUMNS = (
-    ("flash", "SDPA flash"),
-    ("efficient", "SDPA efficient"),
-    ("cudnn", "SDPA cuDNN"),
-    ("math", "SDPA math"),
-    ("flash_attn", "flash_attn"),
-    ("kernels", "bundled kernels"),
-)
+# (key, heading): SDPA's backends as validate/grid.py names them, then flash_attn and kernels;
+# SDPA's own pick has the column "pick" before them (contract/names.py says which has a column).
+SDPA_BACKENDS = names.SDPA_BACKENDS
+PICK = "pick"
+COLUMNS = tuple((b.column, b.label) for b in names.BACKENDS if b.column and b.column != PICK)
 # Column -> the backend name bench.json uses (docs/validation.md, the bench document).
-BENCH_NAMES = {
-    "flash": "sdpa.flash", "efficient": "sdpa.efficient", "cudnn": "sdpa.cudnn",
-    "math": "sdpa.math", "flash_attn": "flash_attn", "kernels": "kernels", "pick": "sdpa.default",
-}  # fmt: skip
+BENCH_NAMES = {b.column: b.name for b in names.BACKENDS if b.column}
 VERSIONS = (
     ("rocm", "ROCm"),
     ("torch", "torch"),
@@ -47,8 +41,8 @@ ICON = {"works": "✅", "partial": "◐", "fails": "❌", "refused": "—", "abs
         "pick": ""}  # fmt: skip
 NOTED = ("works", "partial", "fails", "refused")  # states whose reason is shown (else a tooltip)
 RUN_BAD = ("fail", "crash", "deferred-fault")
-CHECK_BAD = ("fail", "crash", "timeout")
-DTYPE_PREFERENCE = ("bf16", "fp16", "fp32")
+CHECK_BAD = names.FAILING
+DTYPE_PREFERENCE = names.DTYPES  # the contract lists them in the order a row prefers them
 NO_REPORT = "publish.json holds the validation verdict only; the full report was not given"
 
 
@@ -652,7 +646,7 @@ def speed_chart(m: Matrix) -> str:
     (inline SVG drawn by matplotlib, validate/plots.py's colours), or a sentence why not."""
     from validate import plots  # the suite's own plotting: stdlib at import, matplotlib to draw
 
-    keys = [("pick", "SDPA default"), *COLUMNS]
+    keys = [(PICK, names.backend(BENCH_NAMES[PICK]).label), *COLUMNS]
     rows = [r for r in m.rows
             if any(c.tflops for c in (r.pick, *r.cells.values()))]  # fmt: skip
     if not rows:

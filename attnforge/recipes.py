@@ -76,6 +76,27 @@ class SdpaLimits(Strict):
     source: str = Field(description="the upstream change or report, with its date")
 
 
+class Registers(Strict):
+    """An AMD arch's register file as occupancy counts it (LLVM's AMDGPU target)."""
+
+    vgprs: int = Field(gt=0, description="VGPRs per SIMD lane (CDNA: VGPR+AGPR unified)")
+    granule: int = Field(gt=0, description="the allocation granule of VGPRs")
+    max_waves: int = Field(gt=0, description="the most waves a SIMD holds")
+
+
+class Neighbour(Strict):
+    """Arches the recipes lack, their family and what is documented about running them."""
+
+    arches: list[str] = Field(min_length=1)
+    family: str
+    note: str
+    source: str
+    override: str | None = Field(None, description="HSA_OVERRIDE_GFX_VERSION value documented "
+                                 "for these arches")  # fmt: skip
+    target: str | None = Field(None, description="the arch that value makes the runtime load "
+                               "code for")  # fmt: skip
+
+
 class Arch(Strict):
     name: str = ""
     description: str
@@ -84,6 +105,7 @@ class Arch(Strict):
     wave_size: int | None = None
     matrix_unit: str | None = None
     lds_bytes: int | None = None
+    registers: Registers | None = None
     therock_extra: str | None = None
     aotriton: AotritonSupport | None = None
     harmful_code_variants: HarmfulVariants | None = None
@@ -348,7 +370,7 @@ class Stack(Strict):
     expect: dict[str, Any] = Field(default_factory=dict)
     fused: dict[str, list[str]] = Field(
         default_factory=dict,
-        description="workloads (validate/workloads.py) whose every shape must run a fused SDPA "
+        description="workloads (contract/workloads.py) whose every shape must run a fused SDPA "
         "backend, not math, each with the arch selectors it is promised for; becomes the "
         "expectation sdpa.workload.<name>.fused: true on those arches",
     )
@@ -367,6 +389,7 @@ class Stack(Strict):
 
 class ArchesFile(Strict):
     arches: dict[str, Arch]
+    neighbours: list[Neighbour] = Field(default_factory=list)
 
 
 class HostRule(Strict):
@@ -418,6 +441,7 @@ class Recipes:
     layer_files: dict[str, str]
     host_rules: tuple[HostRule, ...] = ()
     torch_cxx: tuple[TorchCxxRule, ...] = ()  # recipes/torch.yaml
+    neighbours: tuple[Neighbour, ...] = ()  # arches.yaml: arches the recipes lack
 
 
 # ---------------------------------------------------------------------------- pin formats
@@ -693,12 +717,10 @@ def _check_templates(values: dict[str, Any], file: str, src: yamlsrc.Source, loc
 
 
 def known_bench_backends() -> tuple[str, ...] | None:
-    """The benchmark's backends, when the validate package is importable (stdlib at top level)."""
-    try:
-        from validate.bench import BACKENDS
-    except Exception:  # noqa: BLE001 - absent or broken: skip this check, the bench reports it
-        return None
-    return tuple(BACKENDS)
+    """The benchmark's backends (contract/names.py)."""
+    from contract.names import BACKEND_NAMES
+
+    return BACKEND_NAMES
 
 
 def _check_bench_gates(gates: BenchGates | None, file: str, src: yamlsrc.Source, loc: tuple) -> None:  # fmt: skip
@@ -754,6 +776,13 @@ def load_recipes(root: Path) -> Recipes:
     arches_file: ArchesFile = _validate(ArchesFile, arches_src)
     arches = {n: a.model_copy(update={"name": n}) for n, a in arches_file.arches.items()}
     _check_arches(arches, arches_src)
+    for i, n in enumerate(arches_file.neighbours):
+        known = sorted(set(n.arches) & set(arches))
+        if known:
+            raise RecipeError("recipes/arches.yaml", f"neighbours lists {', '.join(known)}, which "
+                              "arches: describes; a neighbour is an arch the recipes lack",
+                              line=arches_src.line_of(("neighbours", i, "arches")),
+                              field=f"neighbours.{i}.arches")  # fmt: skip
 
     layers: dict[str, Layer] = {}
     layer_files: dict[str, str] = {}
@@ -798,7 +827,8 @@ def load_recipes(root: Path) -> Recipes:
                 raise RecipeError("recipes/torch.yaml", f"{rule.torch!r} is not a version "
                                   "specifier such as '>=2.14'", field="cxx_standard.torch",
                                   line=torch_src.line_of(("cxx_standard", i, "torch"))) from None  # fmt: skip
-    return Recipes(root, arches, layers, stacks, layer_files, hosts, torch_rules)
+    return Recipes(root, arches, layers, stacks, layer_files, hosts, torch_rules,
+                   tuple(arches_file.neighbours))  # fmt: skip
 
 
 def _check_layer(

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from contract import names
+
 from . import baseline as gate
 from . import baseline_store, hostinfo, multiarch
 from .engine import Engine, RunRequest
@@ -361,7 +363,7 @@ def keep_baseline(v: Validation, engine: Engine) -> Path:
     """A passing --bench run's report and bench become the kept baseline (swapped in whole)."""
     bench_doc = json.loads((v.reports / "bench.json").read_text())
     return baseline_store.keep(v.reports, {
-        "kind": "attnforge.baseline", "version": 1, "kept": gate.now_iso(),
+        "kind": names.BASELINE, "version": names.KIND_VERSIONS[names.BASELINE], "kept": gate.now_iso(),
         "bench_created": bench_doc.get("created"), "local": v.image is None, "image": v.image,
         "image_id": engine.image_id(v.image) if v.image else None,
         "compared_with": v.base.source if v.base else None,

@@ -29,7 +29,7 @@ limit and an LDS limit:
   LLVM's AMDGPU target (AMDGPUBaseInfo.cpp getTotalNumVGPRs / getVGPRAllocGranule /
   getMaxWavesPerEU): CDNA (gfx90a/gfx942/gfx950) 512 unified VGPR+AGPR per lane (the
   metadata's ``.vgpr_count`` already counts both), granule 8, 8 waves; RDNA3/3.5/4 wave32 1536 VGPRs with granule 24 on parts with the full register file
-  (gfx1100, gfx1101, gfx1151, gfx1200, gfx1201) and 1024 / granule 16 otherwise, 16 waves.
+  and 1024 / granule 16 otherwise, 16 waves: recipes/arches.yaml's ``registers`` of each arch.
 * AMD LDS: ``floor(lds_pool / lds_per_workgroup) * waves_per_workgroup / 4`` where the pool is
   what the 4 SIMDs that share it have: one CDNA CU (``lds_bytes``: 64 KiB, 160 KiB on gfx950) or
   one RDNA WGP in WGP mode (2 x ``lds_bytes`` = 128 KiB).
@@ -57,8 +57,6 @@ ALL_HEAD_DIMS = (40, 64, 72, 80, 96, 128, 160, 256)
 REPO = Path(__file__).resolve().parent.parent
 ARCHES_YAML = REPO / "recipes" / "arches.yaml"
 
-FULL_VGPR_RDNA = {"gfx1100", "gfx1101", "gfx1151", "gfx1200", "gfx1201"}
-
 
 @dataclass
 class KernelReport:
@@ -81,12 +79,10 @@ class KernelReport:
 
 
 def load_arches(path: Path = ARCHES_YAML) -> dict:
-    """The ``arches:`` mapping of recipes/arches.yaml (PyYAML is imported here: host-only tool)."""
-    import yaml
+    """The ``arches:`` mapping of recipes/arches.yaml (read as the kernels read it: configs)."""
+    from .configs import read_arches_yaml
 
-    with open(path) as f:
-        data = yaml.safe_load(f)
-    return data["arches"]
+    return dict(read_arches_yaml(path).arches)
 
 
 def _signature(fn, ptr_types: dict, constexprs: dict, pointer_range: bool = False):
@@ -305,16 +301,14 @@ def _meta_int(asm: str, key: str) -> int:
 
 def _amd_occupancy(arch: str, spec: dict, vgprs: int, agprs: int, lds: int, waves_per_wg: int):
     family = spec["family"]
+    # arches.yaml's registers; on gfx90a+ the metadata's .vgpr_count is already the unified
+    # VGPR+AGPR total (NumVGPRsForWavesPerEU in LLVM's metadata streamer).
+    regs = spec["registers"]
+    total, granule, max_waves = regs["vgprs"], regs["granule"], regs["max_waves"]
+    used = vgprs
     if family.startswith("cdna"):
-        # On gfx90a+ the metadata's .vgpr_count is already the unified VGPR+AGPR total
-        # (NumVGPRsForWavesPerEU in LLVM's metadata streamer).
-        total, granule, max_waves = 512, 8, 8
-        used = vgprs
         pool = spec["lds_bytes"]
     else:
-        full = arch in FULL_VGPR_RDNA
-        total, granule, max_waves = (1536, 24, 16) if full else (1024, 16, 16)
-        used = vgprs
         pool = 2 * spec["lds_bytes"]
     used = max(granule, -(-used // granule) * granule)
     by_regs = min(max_waves, total // used)

@@ -9,7 +9,7 @@ causal; forward+backward 3.5x that. Times are medians of ``triton.testing.do_ben
     python -m kernels.bench --host
 
 The sweep shapes are made as (b, h, s, d) tensors and handed to the kernels as BSHD views (SDPA's
-layout, transposed). ``--workloads`` times the shapes of ``validate/workloads.py`` (SD 1.5, SDXL,
+layout, transposed). ``--workloads`` times the shapes of ``contract/workloads.py`` (SD 1.5, SDXL,
 Qwen-Image, LLM GQA prefill) in either storage: ``bshd`` (contiguous (b, s, h, d), what
 flash_attn callers and diffusers' projections give; SDPA gets the transposed view) or ``bhsd``
 (contiguous (b, h, s, d); the kernels get the transposed view).
@@ -150,8 +150,8 @@ WORKLOADS = ("sd15", "sdxl", "qwen-image", "llm")
 
 
 def workload_shapes() -> list[dict]:
-    """Every default shape of the workloads (validate.workloads), in their dtypes."""
-    from validate import workloads
+    """Every default shape of the workloads (contract.workloads), in their dtypes."""
+    from contract import workloads
 
     return [sh for name in WORKLOADS for sh in workloads.shapes(name, None)]
 
@@ -500,7 +500,7 @@ def main(argv=None) -> int:
     ap.add_argument("--mode", choices=("fwd", "fwd+bwd"), help="only shapes of this mode")
     ap.add_argument("--breakdown", action="store_true", help="per-kernel times at (4,16,4096,128)")
     ap.add_argument(
-        "--workloads", action="store_true", help="the shapes of validate/workloads.py instead"
+        "--workloads", action="store_true", help="the shapes of contract/workloads.py instead"
     )
     ap.add_argument(
         "--layout",

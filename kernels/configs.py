@@ -20,6 +20,9 @@ import functools
 import json
 import os
 from dataclasses import dataclass, replace
+from pathlib import Path
+
+from contract import arches
 
 # Triton decides at decoration time whether kernels run in its CPU interpreter; remember that
 # mode here so that later changes of the environment cannot split the two.
@@ -411,24 +414,49 @@ def override(cfg: AttnConfig, spec: str | None) -> AttnConfig:
     return replace(cfg, **changes)
 
 
-def amd_family(gfx: str) -> str:
-    """Family of an AMD gfx name (``gfx1151``, ``gfx942:sramecc+:xnack-``)."""
-    name = gfx.split(":")[0].lower()
-    if name.startswith("gfx115"):
-        return "rdna3.5"
-    if name.startswith("gfx11"):
-        return "rdna3"
-    if name.startswith("gfx12"):
-        return "rdna4"
-    if name.startswith("gfx10"):
-        return "rdna3"  # closest wave32 config; RDNA1/2 have no WMMA, small tiles suit them too
-    if name == "gfx90a" or name.startswith("gfx908"):
-        return "cdna2"
-    if name.startswith("gfx94"):
-        return "cdna3"
-    if name.startswith("gfx95"):
-        return "cdna4"
-    return "cdna3"
+# recipes/arches.yaml in a source tree (images carry its JSON rendering: contract/arches.py).
+ARCHES_YAML = Path(__file__).resolve().parent.parent / "recipes" / "arches.yaml"
+# A family the facts give that has no config of its own: RDNA1/2 have no WMMA, and the rdna3
+# config (wave32, small tiles) is the closest.
+CONFIG_FAMILY = {"rdna2": "rdna3"}
+# An AMD arch the facts do not know at all.
+UNKNOWN_AMD_FAMILY = "cdna3"
+
+
+def read_arches_yaml(path: Path = ARCHES_YAML) -> arches.ArchFacts:
+    """The facts of an arches.yaml (PyYAML is imported here: a source tree on a host)."""
+    try:
+        import yaml
+    except ImportError:
+        raise RuntimeError(
+            f"reading {path} needs PyYAML (pip install pyyaml); or set ${arches.ENV} to its JSON "
+            "rendering, as the images carry it"
+        ) from None
+    with open(path, encoding="utf-8") as f:
+        return arches.from_mapping(yaml.safe_load(f))
+
+
+@functools.lru_cache(maxsize=1)
+def arch_facts() -> arches.ArchFacts:
+    """recipes/arches.yaml's facts: the rendering an image carries, else the source tree's YAML."""
+    facts = arches.load()
+    if facts is not None:
+        return facts
+    if not ARCHES_YAML.is_file():
+        raise RuntimeError(
+            f"no arch facts: neither {arches.rendered_path()} (the images carry it) nor "
+            f"{ARCHES_YAML} (a source tree) exists"
+        )
+    return read_arches_yaml()
+
+
+def amd_family(gfx: str, facts: arches.ArchFacts | None = None) -> str:
+    """Config family of an AMD target id (``gfx1151``, ``gfx942:sramecc+:xnack-``), from
+    recipes/arches.yaml (the arch's entry or its neighbour's)."""
+    family = (facts or arch_facts()).family(gfx)
+    if family is None:
+        return UNKNOWN_AMD_FAMILY
+    return CONFIG_FAMILY.get(family, family)
 
 
 def _index(device) -> int:

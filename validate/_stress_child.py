@@ -23,6 +23,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from contract import names
 from validate.runner import is_device_fault, watch_parent
 
 # Testing hook (not user interface): plant a fault, e.g. "segfault@3", "nan@2:sdpa.math",
@@ -42,12 +43,7 @@ FAULT_KINDS = (
 )
 # Bytes of fp32 scores one reference chunk may hold; the reference runs per batch and head group.
 REFERENCE_CHUNK_BYTES = 1 << 30
-SDPA_FORCED = {
-    "sdpa.math": "math",
-    "sdpa.flash": "flash",
-    "sdpa.efficient": "efficient",
-    "sdpa.cudnn": "cudnn",
-}
+SDPA_FORCED = {b.name: b.sdpa for b in names.BACKENDS if b.sdpa}
 GPU_ONLY_SDPA = ("efficient", "cudnn")
 
 

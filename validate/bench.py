@@ -19,7 +19,8 @@ import sys
 import time
 from typing import Any
 
-from validate import item_runner, workloads
+from contract import names, workloads
+from validate import item_runner
 from validate.argtypes import positive_int, seconds
 
 HELP = "time every attention backend: fwd, bwd, fwd+bwd over flash-attention's sweep and workloads"
@@ -37,20 +38,11 @@ torch.cuda.max_memory_allocated over the repeats (inputs included); on a CPU wal
 exit status: 0 every item ran or was refused; 1 an item errored, crashed or timed out;
 2 usage error."""
 
-BACKENDS = (
-    "sdpa.math",
-    "sdpa.flash",
-    "sdpa.efficient",
-    "sdpa.cudnn",
-    "sdpa.default",
-    "flash_attn",
-    "kernels",
-    "kernels.sdpa_shim",
-)
-MODES = ("fwd", "bwd", "fwd_bwd")
-DTYPES = ("bf16", "fp16", "fp32")
-STATUSES = ("ok", "unsupported", "error", "crash", "timeout")
-FAILING = ("error", "crash", "timeout")
+BACKENDS = names.BACKEND_NAMES
+MODES = names.MODES
+DTYPES = names.DTYPES
+STATUSES = names.BENCH_STATUSES
+FAILING = names.FAILING
 
 # flash-attention benchmarks/benchmark_flash_attention.py: bs_seqlen_vals, headdim_vals, dim.
 SWEEP_BATCH_SEQLEN = ((32, 512), (16, 1024), (8, 2048), (4, 4096), (2, 8192), (1, 16384))
@@ -237,9 +229,9 @@ def probe_env(timeout: float = 120.0) -> tuple[dict[str, Any] | None, str]:
 def workload_shapes(
     names: list[str] | None, resolution: str | None, tiny: bool, quick: bool = False
 ) -> list[dict[str, Any]]:
-    """Shapes of the named workloads (validate.workloads; default all but custom, none with
+    """Shapes of the named workloads (contract.workloads; default all but custom, none with
     ``tiny``), shrunk with ``tiny``, only each one's first with ``quick``."""
-    from validate import workloads
+    from contract import workloads
     from validate.cli import UsageError
 
     flat = [n.strip() for v in names or [] for n in v.split(",") if n.strip()]
@@ -349,7 +341,7 @@ def main(args: argparse.Namespace) -> int:
         )
         results.extend(got[i] for i in sorted(got))
     doc = {
-        "kind": "attnforge.bench",
+        "kind": names.BENCH,
         "version": 1,
         "run_id": current_run_id(),
         "created": created,

@@ -20,6 +20,7 @@ import sys
 import time
 from typing import Any
 
+from contract import names
 from validate import bench, item_runner
 from validate.argtypes import positive_int
 
@@ -38,10 +39,10 @@ figure there). Without a GPU the tiny model is used (--tiny).
 exit status: 0 every backend ran or was refused and the first losses agree; 1 a backend
 errored, crashed or timed out, or the losses disagree; 2 usage error."""
 
-DTYPES = ("bf16", "fp16", "fp32")
+DTYPES = names.DTYPES
 TOLERANCE = {"bf16": 1e-2, "fp16": 1e-2, "fp32": 1e-4}
-STATUSES = bench.STATUSES
-FAILING = bench.FAILING
+STATUSES = names.BENCH_STATUSES
+FAILING = names.FAILING
 CONFIG_KEYS = ("width", "heads", "layers", "seq", "batch", "dtype", "steps", "warmup", "seed")
 PRESETS: dict[str, dict[str, Any]] = {
     # head dim 128, 8 layers, 16k tokens a step: about 110M parameters
@@ -258,7 +259,7 @@ def main(args: argparse.Namespace) -> int:
         )
     check = loss_check(results, cfg["dtype"], args.tolerance)
     doc = {
-        "kind": "attnforge.bench_train",
+        "kind": names.BENCH_TRAIN,
         "version": 1,
         "run_id": current_run_id(),
         "created": created,

@@ -276,7 +276,7 @@ def cmd_run(args: argparse.Namespace, argv: list[str]) -> int:
     broken = 0
     if spec is not None:
         results = evaluate(spec.expect, obs, suite.missing_reasons(records, args.command),
-                           in_image=spec.in_image)  # fmt: skip
+                           in_image=spec.in_image, aotriton=spec.aotriton)  # fmt: skip
         broken = sum(not r.met for r in results)
         expectations = {
             "file": spec.name,

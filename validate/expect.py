@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from validate import workloads
+from contract import workloads
 
 KNOWN_KEYS: dict[str, str] = {
     "torch.version": "torch version string (prefix match: '2.9' matches '2.9.1+rocm7.1')",
@@ -228,8 +228,24 @@ def _reasons(context: dict[str, Any], backend: str) -> str:
     return f" PyTorch says: {text}."
 
 
-# A context key (not an observation): False when the suite runs on the host (`--local`).
+# Context keys (not observations): False when the suite runs on the host (`--local`); what the
+# recipes say of this torch's AOTriton on this arch (ExpectSpec.aotriton).
 IN_IMAGE = "run.in_image"
+AOTRITON = "recipes.aotriton"
+
+
+def _experimental(context: dict[str, Any]) -> str:
+    """The AOTriton-experimental advice, from the recipes' facts (recipes/arches.yaml
+    aotriton.experimental) where the expect file carries them."""
+    facts = context.get(AOTRITON) or {}
+    knob, where = "TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL=1", "(recipes/arches.yaml)"
+    if facts.get("experimental") is True:
+        return f"AOTriton {facts.get('version')} is experimental on this arch {where}: set {knob}"
+    if facts.get("experimental") is False:
+        return (f"AOTriton {facts.get('version')} is not experimental on this arch {where}, so "
+                f"{knob} is not the cause")  # fmt: skip
+    return (f"On an arch that recipes/arches.yaml marks AOTriton-experimental for this torch's "
+            f"AOTriton, set {knob}")  # fmt: skip
 
 
 def likely_fix(key: str, expected: Any, observed: Any, context: dict[str, Any]) -> str:
@@ -271,9 +287,8 @@ def likely_fix(key: str, expected: Any, observed: Any, context: dict[str, Any]) 
             )
         if hip:
             parts.append(
-                "On an AOTriton-experimental arch (gfx1151 with AOTriton < 0.12b, gfx1150, gfx110[1-3], "
-                "gfx1200, ...) set TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL=1; check that "
-                "PYTORCH_ROCM_ARCH at build time included this GPU's arch."
+                _experimental(context) + "; check that PYTORCH_ROCM_ARCH at build time included "
+                "this GPU's arch."
             )
         return " ".join(p for p in parts if p)
     if key.startswith("sdpa.workload.") and key.endswith(".fused") and exp is True:
@@ -367,8 +382,8 @@ def _workload_fix(key: str, context: dict[str, Any], hip: bool) -> str:
         fix.append("Flash SDPA is disabled in this process (torch.backends.cuda.enable_flash_sdp).")
     if hip:
         fix.append(
-            "On an AOTriton-experimental arch set TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL=1; a head "
-            "dim AOTriton does not serve on this arch (ViT's 72 on gfx1151: ROCm/ATOM#1357) needs "
+            _experimental(context)
+            + "; a head dim AOTriton does not serve on this arch (ViT's 72 on gfx1151: ROCm/ATOM#1357) needs "
             "a kernel that does (aiter#4065) or the bundled kernels through the SDPA shim "
             "(ATTNFORGE_SDPA_SHIM=1)."
         )
@@ -385,11 +400,13 @@ def evaluate(
     observations: dict[str, Any],
     sources: dict[str, str] | None = None,
     in_image: bool | None = None,
+    aotriton: dict[str, Any] | None = None,
 ) -> list[ExpectationResult]:
     """Compare each promise with the observations; ``sources`` explains missing keys;
-    ``in_image`` False words the fixes for a suite run on the host itself."""
+    ``in_image`` False words the fixes for a suite run on the host itself; ``aotriton``: what the
+    recipes say of the torch's AOTriton on this arch (its fixes name the facts)."""
     sources = sources or {}
-    context = {**observations, IN_IMAGE: in_image}
+    context = {**observations, IN_IMAGE: in_image, AOTRITON: aotriton}
     results = []
     for key, expected in expect.items():
         if key not in observations:

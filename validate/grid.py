@@ -5,8 +5,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from contract.names import SDPA_BACKENDS
+
 # SDPA's backends, most specific first (a profile showing several ops names the first).
-BACKENDS = ("flash", "efficient", "cudnn", "math")
+BACKENDS = SDPA_BACKENDS
 
 
 # How a case's tensors are laid out in memory (validate.checks.numerics.make_inputs).

@@ -13,16 +13,17 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-# Fixed colours so a backend looks the same in every plot of a page (matplotlib's tab10).
-KNOWN_BACKENDS = [
-    "sdpa.flash", "sdpa.cudnn", "sdpa.efficient", "sdpa.math", "sdpa.default",
-    "flash_attn", "kernels", "kernels.sdpa_shim",
-]  # fmt: skip
+from contract import names
+
+# Fixed colours so a backend looks the same in every plot of a page (matplotlib's tab10, in the
+# contract's backend order: sdpa.flash blue, sdpa.efficient green, sdpa.cudnn orange, sdpa.math
+# grey, ...; a new backend takes the next unused one).
+KNOWN_BACKENDS = list(names.BACKEND_NAMES)
 PALETTE = [
-    "#1f77b4", "#ff7f0e", "#2ca02c", "#7f7f7f", "#9467bd",
+    "#1f77b4", "#2ca02c", "#ff7f0e", "#7f7f7f", "#9467bd",
     "#d62728", "#8c564b", "#e377c2", "#bcbd22", "#17becf",
 ]  # fmt: skip
-MODES = ["fwd", "bwd", "fwd_bwd"]
+MODES = list(names.MODES)
 
 
 class PlotsUnavailable(Exception):
@@ -203,7 +204,7 @@ def _sweep_grid(panels: dict[tuple, list[dict[str, Any]]], col: dict[str, str], 
                             ms=2.5, lw=1.2, color=col[b], label=b,
                             gid=f"line-{i}-{j}-{_slug(b)}")  # the page's tests find each line  # fmt: skip
                 failed = [_seq(r["shape"]) for r in rows
-                          if r["backend"] == b and r["status"] in ("error", "crash", "timeout")]  # fmt: skip
+                          if r["backend"] == b and r["status"] in names.FAILING]  # fmt: skip
                 if failed and what == "tflops":  # an x on the axis where a backend failed
                     ax.plot(failed, [0.04] * len(failed), "x", ms=6, mew=2, color=col[b],
                             transform=ax.get_xaxis_transform(), clip_on=False)  # fmt: skip

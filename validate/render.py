@@ -7,10 +7,9 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from contract.names import FAILING, SDPA_BACKENDS
 from validate import plots
-from validate.grid import BACKENDS
 from validate.plots import PlotsUnavailable
-from validate.runner import FAILING
 
 __all__ = ["PlotsUnavailable", "to_html", "to_markdown"]
 
@@ -168,11 +167,11 @@ def to_markdown(report: dict[str, Any]) -> str:
             "same-dtype math error + rounding floor); — = refused; 💥 = GPU fault; 💥 deferred = "
             "the run returned, but the checked op after it failed.",
             "",
-            "| case | default pick | profiler | " + " | ".join(BACKENDS) + " |",
-            "|---|---|---|" + "---|" * len(BACKENDS),
+            "| case | default pick | profiler | " + " | ".join(SDPA_BACKENDS) + " |",
+            "|---|---|---|" + "---|" * len(SDPA_BACKENDS),
         ]
         for row in matrix:
-            cells = [backend_cell(row["backends"].get(b)) for b in BACKENDS]
+            cells = [backend_cell(row["backends"].get(b)) for b in SDPA_BACKENDS]
             out.append(
                 f"| {row['case']} | {row.get('default_backend') or '?'} | "
                 f"{row.get('profiler_backend') or ''} | " + " | ".join(cells) + " |"
@@ -408,15 +407,15 @@ def _backends(report: dict[str, Any]) -> list[str]:
         return _section("backends", ["<p>No SDPA case ran.</p>"])
     rows = [
         [_h(row["case"]), _h(row.get("default_backend") or "?"), _h(row.get("profiler_backend"))]
-        + [_backend_td(row["backends"].get(b)) for b in BACKENDS]
+        + [_backend_td(row["backends"].get(b)) for b in SDPA_BACKENDS]
         for row in matrix
     ]
     return _section("backends", [
         "<p>Each backend forced on each case and judged against an fp32 reference: green passed "
         "(max|err| / tolerance, flash-attention's rule), red failed or faulted, grey refused "
         "— open <i>why</i> for PyTorch's own reasons.</p>",
-        *_draw(lambda: plots.grid_heatmap(matrix, BACKENDS)),
-        _table(["case", "default pick", "profiler", *BACKENDS], rows, raw=True),
+        *_draw(lambda: plots.grid_heatmap(matrix, SDPA_BACKENDS)),
+        _table(["case", "default pick", "profiler", *SDPA_BACKENDS], rows, raw=True),
     ])  # fmt: skip
 
 
@@ -840,12 +839,12 @@ def layouts_markdown(report: dict[str, Any]) -> list[str]:
     out = [
         "### Layouts, masks and values apps pass",
         "",
-        "| case | inputs | why | " + " | ".join(BACKENDS) + " |",
-        "|---|---|---|" + "---|" * len(BACKENDS),
+        "| case | inputs | why | " + " | ".join(SDPA_BACKENDS) + " |",
+        "|---|---|---|" + "---|" * len(SDPA_BACKENDS),
     ]
     for row in rows:
         p = row.get("params") or {}
-        cells = [backend_cell(row["backends"].get(b)) for b in BACKENDS]
+        cells = [backend_cell(row["backends"].get(b)) for b in SDPA_BACKENDS]
         out.append(
             f"| {row['case']} | {_md(_inputs_text(p))} | {_md(p.get('why'), 200)} | "
             + " | ".join(cells) + " |"
@@ -863,7 +862,7 @@ def layouts_html(report: dict[str, Any]) -> list[str]:
     body = [
         [_h(row["case"]), _h(_inputs_text(row.get("params") or {})),
          _h((row.get("params") or {}).get("why"))]
-        + [_backend_td(row["backends"].get(b)) for b in BACKENDS]
+        + [_backend_td(row["backends"].get(b)) for b in SDPA_BACKENDS]
         for row in rows
     ]  # fmt: skip
     notes = "".join(f"<li>{_h(n)}</li>" for n in _notes(rows))
@@ -871,7 +870,7 @@ def layouts_html(report: dict[str, Any]) -> list[str]:
         "<section id='layouts'><h2>Layouts, masks and values apps pass</h2>",
         "<p>Strided views, masks, head dim 512 and large bf16 magnitudes, each backend forced and "
         "judged like the grid above; NaN/Inf fails naming the backend.</p>",
-        _table(["case", "inputs", "why", *BACKENDS], body, raw=True),
+        _table(["case", "inputs", "why", *SDPA_BACKENDS], body, raw=True),
         f"<ul>{notes}</ul>" if notes else "",
         "</section>",
     ]

@@ -10,9 +10,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from contract import documents
+from contract.names import CHECK_STATUSES, FAILING, SDPA_BACKENDS
 from validate import SCHEMA_VERSION, __version__
-from validate.grid import BACKENDS
-from validate.runner import FAILING, STATUSES
 
 
 def now() -> str:
@@ -54,7 +54,7 @@ def backend_matrix(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "default_kernels": d.get("default_kernels", []),
             "backends": {},
         }
-        for b in BACKENDS:
+        for b in SDPA_BACKENDS:
             e = (d.get("backends") or {}).get(b)
             if e is None:
                 continue
@@ -121,7 +121,7 @@ def build(
 ) -> dict[str, Any]:
     """Assemble the report document. `host`: the fingerprint and the known-bad rules it matched
     (validate/host.py); a crash or timeout on such a host is marked host_suspect."""
-    counts = {s: 0 for s in STATUSES}
+    counts = {s: 0 for s in CHECK_STATUSES}
     for r in records:
         counts[r["status"]] = counts.get(r["status"], 0) + 1
     env_rec = next((r for r in records if r["id"] == "env"), None)
@@ -177,120 +177,14 @@ def aotriton_knob(facts: dict[str, Any] | None, env_details: dict[str, Any]) -> 
     return found
 
 
-class ReportError(Exception):
-    """A report file is unusable; the message is a sentence for the user."""
-
-
-def load(path: str | Path) -> dict[str, Any]:
-    """Read a report.json, checking that it is one this renderer understands."""
-    p = Path(path)
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ReportError(f"cannot read report {p}: {exc.strerror or exc}.") from None
-    except json.JSONDecodeError as exc:
-        raise ReportError(f"{p}:{exc.lineno}:{exc.colno}: not valid JSON ({exc.msg}).") from None
-    if not isinstance(data, dict) or "schema_version" not in data:
-        raise ReportError(f"{p}: not a validate report (no schema_version).")
-    major = str(data["schema_version"]).split(".")[0]
-    if major != SCHEMA_VERSION.split(".")[0]:
-        raise ReportError(
-            f"{p}: schema_version {data['schema_version']} is not supported; "
-            f"this renderer reads {SCHEMA_VERSION.split('.')[0]}.x."
-        )
-    return data
+# One reader of the report and of the documents beside it, shared with the host (contract/).
+ReportError = documents.DocumentError
+load = documents.load_report
+load_sibling, load_siblings, other_run = (
+    documents.load_sibling, documents.load_siblings, documents.other_run)  # fmt: skip
 
 
 def write_json(report: dict[str, Any], path: str | Path) -> None:
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps(report, indent=2, sort_keys=False) + "\n", encoding="utf-8")
-
-
-# Documents other tools write next to report.json (docs/validation.md, "Report"): file name
-# pattern -> the "kind" each must declare. They are separate documents with their own version.
-SIBLINGS = {
-    "bench": ("bench.json", "attnforge.bench"),
-    "bench_train": ("bench_train.json", "attnforge.bench_train"),
-    "stress": ("stress-*.json", "attnforge.stress"),
-    # written on the host by `invoke validate --bench` (attnforge/baseline.py)
-    "baseline_compare": ("baseline-compare.json", "attnforge.baseline_compare"),
-}
-SIBLING_VERSION = 1
-SIBLING_LISTS = {"attnforge.bench": "results", "attnforge.bench_train": "results",
-                 "attnforge.stress": "runs", "attnforge.baseline_compare": "rows"}  # fmt: skip
-# what writes each again ({name}: the file's name)
-SIBLING_TOOLS = {"attnforge.bench": "python -m validate bench --json {name}",
-                 "attnforge.bench_train": "python -m validate bench-train --json {name}",
-                 "attnforge.stress": "python -m validate stress --json {name}",
-                 "attnforge.baseline_compare": "invoke validate --bench"}  # fmt: skip
-
-
-def load_sibling(path: str | Path, kind: str) -> dict[str, Any]:
-    """Read one sibling document, checking that it is the `kind` its file name promises."""
-    p = Path(path)
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ReportError(f"cannot read {p}: {exc.strerror or exc}.") from None
-    except json.JSONDecodeError as exc:
-        raise ReportError(f"{p}:{exc.lineno}:{exc.colno}: not valid JSON ({exc.msg}).") from None
-    found = data.get("kind") if isinstance(data, dict) else None
-    if found != kind:
-        what = f"a document of kind {found!r}" if found else "not an attnforge document (no kind)"
-        raise ReportError(
-            f"{p}: expected kind {kind!r} but it is {what}; move it away or write it again "
-            f"with `{SIBLING_TOOLS[kind].format(name=p.name)}`."
-        )
-    if data.get("version") != SIBLING_VERSION:
-        raise ReportError(
-            f"{p}: {kind} version {data.get('version')!r} is not supported; this renderer "
-            f"reads version {SIBLING_VERSION}."
-        )
-    if not isinstance(data.get(SIBLING_LISTS[kind]), list):
-        raise ReportError(f"{p}: {kind} document without a {SIBLING_LISTS[kind]!r} list.")
-    return data
-
-
-def _stamp_time(text: Any) -> datetime | None:
-    """A document's UTC time ("2026-11-24T10:12:00Z" or with +00:00), or None."""
-    try:
-        found = datetime.fromisoformat(str(text).replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return found if found.tzinfo else found.replace(tzinfo=timezone.utc)
-
-
-def other_run(report: dict[str, Any], doc: dict[str, Any]) -> str | None:
-    """Why a sibling document is not of the report's run (None: it is). Both stamped: the ids
-    must be equal. A document without an id (written by hand with `python -m validate bench`,
-    or before run ids) belongs when it was made after the report's run started."""
-    mine, theirs = report.get("run_id"), doc.get("run_id")
-    if mine and theirs:
-        return None if mine == theirs else f"it is of run {theirs}, the report of run {mine}"
-    started, created = _stamp_time(report.get("started_at")), _stamp_time(doc.get("created"))
-    if started and created and created < started:
-        return (f"it was written {doc.get('created')}, before this report's run started "
-                f"({report.get('started_at')})")  # fmt: skip
-    return None
-
-
-def load_siblings(report_path: str | Path, report: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The bench, training, stress and baseline documents next to a report.json (absent ones:
-    None/[]). With `report`, those of another run are left out and listed in "left_out" as
-    (file name, why) pairs, so that a page never mixes two runs without saying so."""
-    folder = Path(report_path).parent
-    found: dict[str, Any] = {"left_out": []}
-    for key, (pattern, kind) in SIBLINGS.items():
-        docs = []
-        for p in sorted(folder.glob(pattern)):
-            if not p.is_file():
-                continue
-            doc = load_sibling(p, kind)
-            why = other_run(report, doc) if report is not None else None
-            if why:
-                found["left_out"].append((p.name, why))
-            else:
-                docs.append(doc)
-        found[key] = docs if "*" in pattern else (docs[0] if docs else None)
-    return found

@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-STATUSES = ("pass", "fail", "skip", "crash", "timeout")
-FAILING = ("fail", "crash", "timeout")  # what a required check must not end as
+from contract.names import CHECK_STATUSES, FAILING
+
+STATUSES = CHECK_STATUSES
 STDERR_TAIL_LINES = 20
 
 # Text that means the device faulted, even when torch turned it into a Python exception

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from validate import workloads
+from contract import names, workloads
 from validate.argtypes import positive_int, seconds
 from validate.report import current_run_id
 from validate.runner import Outcome, child_env, classify, signal_name, tail
@@ -41,22 +41,13 @@ on); one that cannot run here is 'unsupported' with the reason.
 exit status: 0 every run passed (or was unsupported); 1 a run failed, crashed or timed out,
 or nothing could run; 2 usage error."""
 
-BACKENDS = (
-    "sdpa.default",
-    "sdpa.math",
-    "sdpa.flash",
-    "sdpa.efficient",
-    "sdpa.cudnn",
-    "flash_attn",
-    "kernels",
-    "kernels.sdpa_shim",
-)
+BACKENDS = names.BACKEND_NAMES
 ALL = "all"
 PIPELINES = ("qwen-image",)
 PIPELINE_REPO = "Qwen/Qwen-Image"
 SERIALIZE_ENV = {"AMD_SERIALIZE_KERNEL": "3", "CUDA_LAUNCH_BLOCKING": "1"}
-RUN_STATUSES = ("pass", "fail", "crash", "timeout", "unsupported")
-FAILING = ("fail", "crash", "timeout")
+RUN_STATUSES = names.RUN_STATUSES
+FAILING = names.FAILING
 POLL_S = 0.2
 
 
@@ -281,7 +272,7 @@ def document(
     env: dict[str, Any], workload: str, resolution: str | None, shapes: list[dict], runs
 ) -> dict:
     return {
-        "kind": "attnforge.stress",
+        "kind": names.STRESS,
         "version": 1,
         "run_id": current_run_id(),
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

@@ -16,8 +16,9 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
+from contract.names import FAILING
 from validate import grid
-from validate.runner import FAILING, run_isolated
+from validate.runner import run_isolated
 
 COMMANDS = ("env", "backends", "flash-attn", "kernels", "apps", "all")
 GROUPS = {

@@ -13,6 +13,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from contract import documents, names
+
 from .. import baseline_store, matrix
 from ..console import out, user_errors
 from ..errors import UserError
@@ -45,26 +47,22 @@ def is_publish(doc: Any) -> bool:
 
 
 def load_report(path: Path) -> dict[str, Any]:
-    from validate.report import ReportError, load  # the suite's own reader: stdlib only
-
     try:
-        return load(path)
-    except ReportError as exc:
+        return documents.load_report(path)
+    except documents.DocumentError as exc:
         raise UserError(str(exc).rstrip("."), hint=WHAT) from None
 
 
 def load_bench(folder: Path, report: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """The bench.json beside a report, if it is of the report's run (else said, and None)."""
-    from validate.report import ReportError, load_sibling, other_run
-
     path = folder / "bench.json"
     if not path.is_file():
         return None
     try:
-        doc = load_sibling(path, "attnforge.bench")
-    except ReportError as exc:
+        doc = documents.load_sibling(path, names.BENCH)
+    except documents.DocumentError as exc:
         raise UserError(str(exc).rstrip(".")) from None
-    why = other_run(report, doc) if report is not None else None
+    why = documents.other_run(report, doc) if report is not None else None
     if why:
         out.print(f"left out {path}: {why}", style="yellow", markup=False, highlight=False)
         return None
@@ -183,8 +181,10 @@ def summary_line(r: matrix.Row) -> str:
 
 
 def reference(shape: str | None, mode: str) -> matrix.Reference:
-    if mode not in ("fwd", "bwd", "fwd_bwd"):
-        raise UserError(f"--mode {mode!r}: choose fwd, bwd or fwd_bwd")
+    if mode not in names.MODES:
+        raise UserError(
+            f"--mode {mode!r}: choose {', '.join(names.MODES[:-1])} or {names.MODES[-1]}"
+        )
     return matrix.Reference(mode=mode, name=shape or None)
 
 
@@ -202,7 +202,7 @@ def write(output: Path, page: str, markdown: str, staged_reports: Path | None) -
         "reports": text("FILE", positional=True, repeatable=True),
         "output": OUT_DIR,
         "shape": text("SHAPE"),
-        "mode": choice("MODE", ("fwd", "bwd", "fwd_bwd")),
+        "mode": choice("MODE", names.MODES),
     },  # fmt: skip
     help={
         "reports": "report.json files, folders holding them (searched recursively) or publish.json "

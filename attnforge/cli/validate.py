@@ -40,9 +40,9 @@ from . import (
 
 
 def workload_names(root: Path) -> list[str]:
-    """The stress workloads, read from the tree's validate/workloads.py (standard library only;
-    the validate package is not installed on the host)."""
-    path = root / "validate" / "workloads.py"
+    """The stress workloads, read from the tree's contract/workloads.py (standard library only),
+    so that the names are the ones the tree's images carry."""
+    path = root / "contract" / "workloads.py"
     spec = importlib.util.spec_from_file_location("_attnforge_workloads", path)
     if spec is None or spec.loader is None:
         raise UserError(f"{path}: cannot be loaded, so --stress cannot check workload names")

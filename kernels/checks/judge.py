@@ -8,7 +8,7 @@ else in the harness.
 
 from __future__ import annotations
 
-from validate import tolerance
+from contract import tolerance
 
 FACTOR = tolerance.FACTOR
 GRAD_FACTOR = tolerance.GRAD_FACTOR

@@ -224,7 +224,9 @@ def test_a_baseline_is_a_bench_file_or_what_lies_beside_a_report(tmp_path):
     with pytest.raises(bl.BaselineError, match="no benchmark there"):
         bl.bench_file(tmp_path / "nothing")
     stress = write(tmp_path / "s" / "bench.json", {"kind": "attnforge.stress", "version": 1})
-    with pytest.raises(bl.BaselineError, match="expected a benchmark .* kind 'attnforge.stress'"):
+    with pytest.raises(
+        bl.BaselineError, match="expected kind 'attnforge.bench' .* kind 'attnforge.stress'"
+    ):
         bl.load_bench(stress)
 
 

@@ -97,8 +97,8 @@ def test_backend_lists_take_repeats_commas_and_all():
         bench._names(["sdpa.fast"], known, "backend")
 
 
-def test_workload_shapes_come_from_validate_workloads():
-    from validate import workloads
+def test_workload_shapes_come_from_contract_workloads():
+    from contract import workloads
 
     full = bench.workload_shapes(None, None, tiny=False)
     names = [n for n in workloads.names() if n != workloads.CUSTOM]

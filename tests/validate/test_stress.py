@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from validate import cli, stress, workloads
+from contract import workloads
+from validate import cli, stress
 from validate._stress_child import FAULT_KINDS, parse_faults
 from validate.runner import Outcome
 

@@ -195,3 +195,21 @@ def test_cpu_recipe_shape_round_trips(tmp_path):
     )
     spec = load_expect(p)
     assert (spec.stack, spec.arch, spec.expect["sdpa.default_backend"]) == ("cpu", "cpu", "flash")
+
+
+@pytest.mark.parametrize(
+    "aotriton, fragment",
+    [
+        ({"version": "0.11.2b", "experimental": True},
+         "AOTriton 0.11.2b is experimental on this arch (recipes/arches.yaml): set "
+         "TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL=1"),
+        ({"version": "0.12b", "experimental": False},
+         "AOTriton 0.12b is not experimental on this arch (recipes/arches.yaml), so "
+         "TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL=1 is not the cause"),
+        (None, "On an arch that recipes/arches.yaml marks AOTriton-experimental"),
+    ],
+)  # fmt: skip
+def test_the_experimental_advice_follows_the_recipes_facts_not_a_list_of_arches(aotriton, fragment):
+    obs = {"torch.hip": True, "sdpa.default_backend": "math"}
+    msg = evaluate({"sdpa.default_backend": "flash"}, obs, aotriton=aotriton)[0].message
+    assert fragment in msg and "gfx" not in msg

@@ -5,7 +5,8 @@ import os
 import pytest
 import torch
 
-from validate import grid, suite, tolerance
+from contract import tolerance
+from validate import grid, suite
 from validate.checks import env, flash_attn, numerics, sdpa
 from validate.checks import kernels as kernels_check
 

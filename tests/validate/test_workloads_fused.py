@@ -14,7 +14,7 @@ import torch
 from attnforge.plan import resolve
 from attnforge.recipes import load_recipes
 from attnforge.validation import expect_document
-from validate import workloads
+from contract import workloads
 from validate.checks import workloads as fused_check
 from validate.expect import ExpectError, evaluate, parse_expect
 

@@ -16,7 +16,7 @@ import importlib
 import os
 from typing import Any
 
-CASE_STATUSES = ("pass", "fail", "skip")
+from contract.names import CASE_STATUSES
 
 
 def _interpret_without_gpu(ctx) -> bool:

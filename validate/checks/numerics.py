@@ -1,4 +1,4 @@
-"""Attention references and the flash-attention error rule (``validate.tolerance``) on tensors."""
+"""Attention references and the flash-attention error rule (``contract.tolerance``) on tensors."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from validate import tolerance
+from contract import tolerance
 from validate.grid import Case
 
 __all__ = ["Case", "attention_math", "fwd_bwd_case", "judge", "make_inputs", "make_mask"]

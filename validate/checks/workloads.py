@@ -2,7 +2,7 @@
 sees, and whether it is fused (issue 25 §2).
 
 A silent fallback to the math path is the slow-down users report most (ViT head dim 72 on gfx1151
-about 21x slower: ROCm/ATOM#1357, aiter#4065). For each shape of validate/workloads.py this records
+about 21x slower: ROCm/ATOM#1357, aiter#4065). For each shape of contract/workloads.py this records
 ``torch._fused_sdp_choice``, ``can_use_*`` with PyTorch's reasons, and one default call under the
 profiler; a stack's recipe promises ``sdpa.workload.<name>.fused`` per arch (recipes/stacks.yaml
 ``fused:``), and a promise that breaks says which shape fell back and why (validate/expect.py).
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from validate import workloads
+from contract import workloads
 from validate.checks.sdpa import (
     CAN_USE,
     backend_from_ops,

@@ -13,7 +13,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-DTYPES = ("bf16", "fp16", "fp32")
+from contract.names import DTYPES
+
 SHAPE_KEYS = ("name", "family", "b", "h", "hkv", "sq", "sk", "d", "causal", "dtype")
 
 # Qwen-Image's text stream: the prompt wrapped in the pipeline's chat template, minus the 34

@@ -1,9 +1,10 @@
 """flash-attention's error rule, said once (standard library only).
 
 The validation suite's SDPA and flash_attn checks (``validate.checks.numerics.judge``) and the
-bundled kernels' checks (``kernels.check.compare``) both judge with it; the kernels import it
-from here because the validate and kernels packages travel together (validate.Dockerfile copies
-both), while validate must work where ``import kernels`` fails (no triton).
+bundled kernels' checks (``kernels.checks.judge.Judge``) both judge with it, from this package that
+travels beside both (validate.Dockerfile copies all three), so that neither imports the other
+for it: validate must work where ``import kernels`` fails (no triton), and kernels never
+import validate.
 
 With ``ref`` the attention computed in fp32 from the same inputs (rounded to the input dtype, as
 flash-attention's ``attention_ref`` returns it) and ``pt`` the same math in the input dtype:
