@@ -12,7 +12,6 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from contract import tolerance
 from kernels import flash_attn_varlen_func, flash_attn_with_kvcache
 from kernels.checks import judge
 from kernels.checks.reference import attention_ref, flash_window, rotary_ref
