@@ -14,9 +14,10 @@ demo: setup
 	$(BIN)/invoke build --arch cpu
 	$(BIN)/invoke validate --arch cpu
 
-## test: set up (engine, base image, wheels, registry, buildx tools image, Podman), then every test, end-to-end included
+## test: set up (engine, base image, wheels, registry, buildx tools image, Podman, the stacks'
+## other Tritons), then every test, end-to-end included
 test:
-	tools/setup.sh all registry buildx-tools podman
+	tools/setup.sh all registry buildx-tools podman tritons
 	ATTNFORGE_REQUIRE_E2E=1 ATTNFORGE_E2E_BASE_IMAGE=$(BASE_IMAGE) \
 	ATTNFORGE_E2E_WHEELHOUSE=$(abspath $(WHEELHOUSE)) ATTNFORGE_E2E_CA_CERT=$(CA_CERT) \
 	ATTNFORGE_E2E_REGISTRY=127.0.0.1:5000 $(BIN)/python -m pytest
