@@ -333,10 +333,17 @@ def _compile_amd(
     return r
 
 
-def _ptxas() -> str:
+def _ptxas(cc: int = 90) -> str:
+    """The ptxas Triton itself assembles for ``cc`` with: Triton 3.9 emits PTX 9.x for sm90,
+    which only its newer bundled ptxas (``ptxas-blackwell``) reads."""
     import triton
 
-    return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas")
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas
+
+        return get_ptxas(cc).path
+    except (ImportError, AttributeError, RuntimeError):
+        return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas")
 
 
 def _compile_nvidia(arch: str, spec: dict, name, fn, ptrs, consts, tile) -> KernelReport:
@@ -362,10 +369,12 @@ def _compile_nvidia(arch: str, spec: dict, name, fn, ptrs, consts, tile) -> Kern
         src_ptx = Path(tmp) / "k.ptx"
         src_ptx.write_text(ptx)
         res = subprocess.run(
-            [_ptxas(), f"-arch={gpu}", "-v", str(src_ptx), "-o", str(Path(tmp) / "k.o")],
+            [_ptxas(cc), f"-arch={gpu}", "-v", str(src_ptx), "-o", str(Path(tmp) / "k.o")],
             capture_output=True,
             text=True,
         )
+    if res.returncode:  # no registers to read: a failure of the check, not 0 registers
+        raise RuntimeError(f"ptxas: {' '.join(res.stderr.split())[:200]}")
     info = res.stderr
     m = re.search(r"Used (\d+) registers", info)
     r.vgprs = int(m.group(1)) if m else 0
