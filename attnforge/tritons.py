@@ -34,10 +34,31 @@ class TorchTriton:
 
 
 @dataclass(frozen=True)
+class KnownProblem:
+    """What one Triton line does to one kernel that the tiles do not fix (``known:``)."""
+
+    triton: str  # a line, "3.9"
+    arch: str
+    head_dim: int
+    kernel: str
+    happens: str
+    reason: str
+    fallback: str
+
+    def covers(self, triton: str) -> bool:
+        """Whether a release (3.9.0, 3.9.1+rocm10.2.0) is of this line."""
+        return Version(triton).release[:2] == Version(self.triton).release[:2]
+
+
+@dataclass(frozen=True)
 class TritonTable:
     torch: tuple[TorchTriton, ...]
     newest: str
     newest_source: str
+    known: tuple[KnownProblem, ...] = ()
+
+    def known_on(self, triton: str) -> list[KnownProblem]:
+        return [k for k in self.known if k.covers(triton)]
 
     def for_torch(self, version: str) -> TorchTriton | None:
         """The row of a torch version (2.14.0+rocm10.1.0 -> the 2.14 row), or None."""
@@ -69,10 +90,17 @@ def load_table(root: Path) -> TritonTable:
             for r in data["torch"]
         )
         newest, newest_source = str(data["newest"]["triton"]), str(data["newest"]["source"])
-    except (OSError, yaml.YAMLError, KeyError, TypeError) as e:
-        raise UserError(f"{TABLE}: expected torch: [{{torch, triton, source}}] and newest: "
-                        f"{{triton, source}} ({type(e).__name__}: {e})") from None  # fmt: skip
-    for value in [r.triton for r in rows] + [newest] + [r.torch + ".0" for r in rows]:
+        known = tuple(
+            KnownProblem(str(k["triton"]), str(k["arch"]), int(k["head_dim"]), str(k["kernel"]),
+                         *(" ".join(str(k[f]).split()) for f in ("happens", "reason", "fallback")))
+            for k in data.get("known") or ()
+        )  # fmt: skip
+    except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError) as e:
+        raise UserError(f"{TABLE}: expected torch: [{{torch, triton, source}}], newest: "
+                        f"{{triton, source}} and known: [{{triton, arch, head_dim, kernel, happens, "
+                        f"reason, fallback}}] ({type(e).__name__}: {e})") from None  # fmt: skip
+    lines_ = [r.torch + ".0" for r in rows] + [k.triton + ".0" for k in known]
+    for value in [r.triton for r in rows] + [newest] + lines_:
         try:
             Version(value)
         except InvalidVersion:
@@ -80,7 +108,7 @@ def load_table(root: Path) -> TritonTable:
     lines = [r.torch for r in rows]
     if len(set(lines)) != len(lines):
         raise UserError(f"{TABLE}: torch {sorted({x for x in lines if lines.count(x) > 1})} twice")
-    return TritonTable(rows, newest, newest_source)
+    return TritonTable(rows, newest, newest_source, known)
 
 
 def _an_arch(recipes: Recipes, stack: str) -> str:
@@ -133,6 +161,13 @@ def render_markdown(rows: list[StackTriton], table: TritonTable) -> str:
     lines += ["", "| torch | Triton | source |", "|---|---|---|"]
     lines += [f"| {r.torch} | {r.triton} | {r.source} |" for r in table.torch]
     lines += [f"| newest | {table.newest} | {table.newest_source} |"]
+    lines += [
+        "",
+        "| Triton | arch | d | kernel | what happens | why | what runs |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    lines += [f"| {k.triton} | {k.arch} | {k.head_dim} | {k.kernel} | {k.happens} | {k.reason} | "
+              f"{k.fallback} |" for k in table.known]  # fmt: skip
     return "\n".join(lines)
 
 

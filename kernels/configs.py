@@ -312,6 +312,44 @@ def small_grid_fwd(cfg: AttnConfig, family: str, head_dim: int, rows: int, heads
     return tile if programs < SMALL_GRID_WAVES * units else None
 
 
+# Tiles for newer Tritons. Triton 3.8's and 3.9's AMD backends keep more values live in RDNA3/3.5
+# (wave32 WMMA) kernels than 3.6's: the tiles above spill there (gfx1151, `python -m kernels.aot`,
+# 2026-11-26: 3.8 fwd_dropout 40/57 VGPRs at d=64/128, bwd_dq_dropout 6 at d=64, kv_prefill 14 at
+# d=128; 3.9 also the plain forward, 31/78 at d=64/128, and bwd_dq 48 at d=64). These replace them
+# from the Triton release named on, for (family, padded head dim), the newest matching row
+# winning; Triton 3.6 (the dev extra's and the cpu stack's) keeps the tiles above, unchanged.
+# Spill-free and at no lower occupancy on gfx1151 (docs/kernels.md, "On every Triton a stack
+# ships"); compile-checked only, untimed on AMD hardware. Keys of each row: AttnConfig tile
+# fields (fwd, bwd_kv, bwd_q) and ``kv_prefill`` (kernels/kvcache.py).
+NEWER_TRITON_TILES = {
+    ((3, 8), "rdna3", 64): {"fwd": Tile(64, 32, 4, 1, 2), "bwd_q": Tile(32, 16, 4, 1, 1)},
+    ((3, 8), "rdna3.5", 64): {"fwd": Tile(64, 32, 4, 1, 2), "bwd_q": Tile(32, 16, 4, 1, 1)},
+    ((3, 8), "rdna3", 128): {"fwd": Tile(32, 16, 4, 1, 2), "kv_prefill": Tile(32, 32, 4, 1, 2)},
+    ((3, 8), "rdna3.5", 128): {"fwd": Tile(32, 16, 4, 1, 2), "kv_prefill": Tile(32, 32, 4, 1, 2)},
+    # 3.9: the d=64 dropout dQ spills 2 VGPRs with 4 warps; 8 do not.
+    ((3, 9), "rdna3", 64): {"fwd": Tile(64, 32, 4, 1, 2), "bwd_q": Tile(32, 16, 8, 1, 1)},
+    ((3, 9), "rdna3.5", 64): {"fwd": Tile(64, 32, 4, 1, 2), "bwd_q": Tile(32, 16, 8, 1, 1)},
+}
+
+
+def triton_release(version: str | None = None) -> tuple[int, int]:
+    """(major, minor) of a Triton version, by default the one in use: 3.8.0+rocm10.1.0 -> (3, 8)."""
+    if version is None:
+        import triton
+
+        version = triton.__version__
+    major, minor = version.split(".")[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
+def newer_triton_tiles(family: str, head_dim: int, release: tuple[int, int] | None = None) -> dict:
+    """The NEWER_TRITON_TILES row for a family and (padded) head dim on this Triton, or {}."""
+    release = triton_release() if release is None else release
+    rows = [(since, t) for (since, fam, d), t in NEWER_TRITON_TILES.items()
+            if fam == family and d == head_dim and since <= release]  # fmt: skip
+    return max(rows, key=lambda r: r[0])[1] if rows else {}
+
+
 def _env_names_fwd() -> bool:
     spec = os.environ.get("ATTNFORGE_KERNELS_CONFIG")
     return bool(spec) and "fwd" in json.loads(spec)
@@ -339,6 +377,8 @@ def _config_for(family: str, d: int, dropout: bool, spec: str | None) -> AttnCon
         cfg = _interpreter(d)
     else:
         raise ValueError(f"unknown family {family!r}; valid: {', '.join(FAMILIES)}")
+    newer = newer_triton_tiles(family, d) if family != "interpreter" else {}
+    cfg = replace(cfg, **{k: t for k, t in newer.items() if k in TILE_KEYS})
     if dropout:
         group = "ampere" if family == "nvidia" else family
         cfg = replace(cfg, **_DROPOUT_BWD.get((group, d), {}))
