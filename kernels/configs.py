@@ -312,23 +312,33 @@ def small_grid_fwd(cfg: AttnConfig, family: str, head_dim: int, rows: int, heads
     return tile if programs < SMALL_GRID_WAVES * units else None
 
 
-# Tiles for newer Tritons. Triton 3.8's and 3.9's AMD backends keep more values live in RDNA3/3.5
-# (wave32 WMMA) kernels than 3.6's: the tiles above spill there (gfx1151, `python -m kernels.aot`,
-# 2026-11-26: 3.8 fwd_dropout 40/57 VGPRs at d=64/128, bwd_dq_dropout 6 at d=64, kv_prefill 14 at
-# d=128; 3.9 also the plain forward, 31/78 at d=64/128, and bwd_dq 48 at d=64). These replace them
-# from the Triton release named on, for (family, padded head dim), the newest matching row
-# winning; Triton 3.6 (the dev extra's and the cpu stack's) keeps the tiles above, unchanged.
-# Spill-free and at no lower occupancy on gfx1151 (docs/kernels.md, "On every Triton a stack
-# ships"); compile-checked only, untimed on AMD hardware. Keys of each row: AttnConfig tile
-# fields (fwd, bwd_kv, bwd_q) and ``kv_prefill`` (kernels/kvcache.py).
+# Tiles for newer Tritons. Triton 3.7's, 3.8's and 3.9's AMD backends keep more values live than
+# 3.6's: some tiles above spill there (`python -m kernels.aot`, 2026-11-26; gfx1151: 3.7 the d=128
+# dropout forward, 72 VGPRs; 3.8 the dropout forward, 40/57 at d=64/128, the d=64 dropout dQ 6
+# and the d=128 paged prefill 14; 3.9 also the plain forward, 31/78, and the d=64 dQ 48. gfx942
+# and gfx90a: 3.7 the d=128 dK/dV, 4 and 1). A row replaces them on one Triton line, for (family, padded head dim);
+# Triton 3.6 (the dev extra's and the cpu stack's) and lines without rows keep the tiles above.
+# Spill-free and at no lower occupancy than 3.6's figures where measured (docs/kernels.md, "On
+# every Triton a stack ships"); compile-checked only, untimed on AMD hardware. Keys of a row:
+# AttnConfig tile fields (fwd, bwd_kv, bwd_q) and ``kv_prefill`` (kernels/kvcache.py).
+_RDNA3 = ("rdna3", "rdna3.5")
 NEWER_TRITON_TILES = {
-    ((3, 8), "rdna3", 64): {"fwd": Tile(64, 32, 4, 1, 2), "bwd_q": Tile(32, 16, 4, 1, 1)},
-    ((3, 8), "rdna3.5", 64): {"fwd": Tile(64, 32, 4, 1, 2), "bwd_q": Tile(32, 16, 4, 1, 1)},
-    ((3, 8), "rdna3", 128): {"fwd": Tile(32, 16, 4, 1, 2), "kv_prefill": Tile(32, 32, 4, 1, 2)},
-    ((3, 8), "rdna3.5", 128): {"fwd": Tile(32, 16, 4, 1, 2), "kv_prefill": Tile(32, 32, 4, 1, 2)},
+    **{((3, 7), f, 128): {"fwd": Tile(32, 16, 4, 1, 2)} for f in _RDNA3},
+    **{((3, 7), f, 128): {"bwd_kv": Tile(16, 64, 4, 1, 1)} for f in ("cdna2", "cdna3")},
+    **{
+        ((3, 8), f, 64): {"fwd": Tile(64, 32, 4, 1, 2), "bwd_q": Tile(32, 16, 4, 1, 1)}
+        for f in _RDNA3
+    },
     # 3.9: the d=64 dropout dQ spills 2 VGPRs with 4 warps; 8 do not.
-    ((3, 9), "rdna3", 64): {"fwd": Tile(64, 32, 4, 1, 2), "bwd_q": Tile(32, 16, 8, 1, 1)},
-    ((3, 9), "rdna3.5", 64): {"fwd": Tile(64, 32, 4, 1, 2), "bwd_q": Tile(32, 16, 8, 1, 1)},
+    **{
+        ((3, 9), f, 64): {"fwd": Tile(64, 32, 4, 1, 2), "bwd_q": Tile(32, 16, 8, 1, 1)}
+        for f in _RDNA3
+    },
+    **{
+        (line, f, 128): {"fwd": Tile(32, 16, 4, 1, 2), "kv_prefill": Tile(32, 32, 4, 1, 2)}
+        for line in ((3, 8), (3, 9))
+        for f in _RDNA3
+    },
 }
 
 
@@ -343,11 +353,9 @@ def triton_release(version: str | None = None) -> tuple[int, int]:
 
 
 def newer_triton_tiles(family: str, head_dim: int, release: tuple[int, int] | None = None) -> dict:
-    """The NEWER_TRITON_TILES row for a family and (padded) head dim on this Triton, or {}."""
+    """The NEWER_TRITON_TILES row for a family and (padded) head dim on this Triton line, or {}."""
     release = triton_release() if release is None else release
-    rows = [(since, t) for (since, fam, d), t in NEWER_TRITON_TILES.items()
-            if fam == family and d == head_dim and since <= release]  # fmt: skip
-    return max(rows, key=lambda r: r[0])[1] if rows else {}
+    return NEWER_TRITON_TILES.get((release, family, head_dim), {})
 
 
 def _env_names_fwd() -> bool:

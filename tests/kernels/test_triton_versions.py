@@ -152,7 +152,7 @@ def on_triton(monkeypatch):
     configs._config_for.cache_clear()
 
 
-def test_newer_tritons_get_their_rows_the_newest_winning(on_triton):
+def test_each_triton_line_gets_its_own_rows(on_triton):
     from kernels.kvcache import kv_config
 
     on_triton((3, 6))
@@ -164,8 +164,13 @@ def test_newer_tritons_get_their_rows_the_newest_winning(on_triton):
     assert kv_config("rdna3", 128).prefill == configs.Tile(32, 32, 4, 1, 2) != old_prefill
     on_triton((3, 9))
     assert configs.config_for("rdna3.5", 64, dropout=True).bwd_q == configs.Tile(32, 16, 8, 1, 1)
-    assert configs.config_for("rdna3.5", 128).fwd == configs.Tile(32, 16, 4, 1, 2)  # 3.8's row
+    assert configs.config_for("rdna3.5", 128).fwd == configs.Tile(32, 16, 4, 1, 2)
     assert configs.config_for("rdna3.5", 128).bwd_kv == old["rdna3.5", 128].bwd_kv
     assert {d: configs.config_for("cdna3", d) for d in (64, 128)} == {
         d: old["cdna3", d] for d in (64, 128)
     }
+    on_triton((3, 7))  # a row for one line only: 3.7's dK/dV tile is not 3.8's or 3.9's
+    assert configs.config_for("cdna3", 128).bwd_kv == configs.Tile(16, 64, 4, 1, 1)
+    assert configs.config_for("rdna3.5", 64) == old["rdna3.5", 64]
+    on_triton((3, 10))  # a line without rows keeps the tiles 3.6 measured
+    assert configs.config_for("rdna3.5", 128) == old["rdna3.5", 128]
