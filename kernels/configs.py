@@ -326,12 +326,13 @@ NEWER_TRITON_TILES = {
     **{((3, 7), f, 128): {"fwd": Tile(32, 16, 4, 1, 2)} for f in _RDNA3},
     **{((3, 7), f, 128): {"bwd_kv": Tile(16, 64, 4, 1, 1)} for f in ("cdna2", "cdna3")},
     **{
-        ((3, 8), f, 64): {"fwd": Tile(64, 32, 4, 1, 2), "bwd_q": Tile(32, 16, 4, 1, 1)}
+        ((3, 8), f, 64): {"fwd": Tile(128, 32, 8, 1, 2), "bwd_q": Tile(32, 16, 4, 1, 1)}
         for f in _RDNA3
     },
-    # 3.9: the d=64 dropout dQ spills 2 VGPRs with 4 warps; 8 do not.
+    # 3.9: the d=64 dropout dQ spills 2 VGPRs with 4 warps; 8 do not. The d=64 forward keeps the
+    # 64x64 tile's area (8 warps), so SMALL_GRID_FWD's 32x64 tile stays the smaller one.
     **{
-        ((3, 9), f, 64): {"fwd": Tile(64, 32, 4, 1, 2), "bwd_q": Tile(32, 16, 8, 1, 1)}
+        ((3, 9), f, 64): {"fwd": Tile(128, 32, 8, 1, 2), "bwd_q": Tile(32, 16, 8, 1, 1)}
         for f in _RDNA3
     },
     **{
