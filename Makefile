@@ -18,15 +18,15 @@ demo: setup
 	$(BIN)/invoke build --arch cpu
 	$(BIN)/invoke validate --arch cpu
 
-## test: set up (engine, base image, wheels, registry, buildx tools image, Podman), then every test,
-## end-to-end included, on every core
+## test: set up (engine, base image, wheels, registry, buildx tools image, Podman, the stacks'
+## other Tritons), then every test, end-to-end included, on every core
 test:
-	tools/setup.sh all registry buildx-tools podman
+	tools/setup.sh all registry buildx-tools podman tritons
 	ATTNFORGE_REQUIRE_E2E=1 ATTNFORGE_E2E_BASE_IMAGE=$(BASE_IMAGE) \
 	ATTNFORGE_E2E_WHEELHOUSE=$(abspath $(WHEELHOUSE)) ATTNFORGE_E2E_CA_CERT=$(CA_CERT) \
 	ATTNFORGE_E2E_REGISTRY=127.0.0.1:5000 $(BIN)/python -m pytest $(PYTEST_PARALLEL)
 
-## test-unit: the tests that need no engine and are not marked slow (3-4 minutes on 2 cores)
+## test-unit: the tests that need no engine and are not marked slow (about 2-4 minutes on 2 cores)
 test-unit: venv
 	$(BIN)/python -m pytest $(PYTEST_PARALLEL) -m "not e2e and not slow"
 

@@ -1,7 +1,7 @@
 """Ahead-of-time compile check: build the kernels for every arch in recipes/arches.yaml on the CPU.
 
     python -m kernels.aot --arch gfx1151 | --all [--head-dims 64,128 | --all-head-dims] [--json]
-                          [--over-2gib] [--cache-dir DIR | --no-cache]
+                          [--over-2gib] [--cache-dir DIR | --no-cache] [--kernel NAME ...]
 
 For each arch, head dim and kernel (forward; backward delta, dK/dV and dQ; the KV-cache decode,
 paged prefill and split-KV combine) it compiles the family's default config with Triton's HIP
@@ -340,10 +340,17 @@ def _compile_amd(
     return r
 
 
-def _ptxas() -> str:
+def _ptxas(cc: int = 90) -> str:
+    """The ptxas Triton itself assembles for ``cc`` with: Triton 3.9 emits PTX 9.x for sm90,
+    which only its newer bundled ptxas (``ptxas-blackwell``) reads."""
     import triton
 
-    return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas")
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas
+
+        return get_ptxas(cc).path
+    except (ImportError, AttributeError, RuntimeError):
+        return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas")
 
 
 def _compile_nvidia(arch: str, spec: dict, name, fn, ptrs, consts, tile) -> KernelReport:
@@ -369,10 +376,12 @@ def _compile_nvidia(arch: str, spec: dict, name, fn, ptrs, consts, tile) -> Kern
         src_ptx = Path(tmp) / "k.ptx"
         src_ptx.write_text(ptx)
         res = subprocess.run(
-            [_ptxas(), f"-arch={gpu}", "-v", str(src_ptx), "-o", str(Path(tmp) / "k.o")],
+            [_ptxas(cc), f"-arch={gpu}", "-v", str(src_ptx), "-o", str(Path(tmp) / "k.o")],
             capture_output=True,
             text=True,
         )
+    if res.returncode:  # no registers to read: a failure of the check, not 0 registers
+        raise RuntimeError(f"ptxas: {' '.join(res.stderr.split())[:200]}")
     info = res.stderr
     m = re.search(r"Used (\d+) registers", info)
     r.vgprs = int(m.group(1)) if m else 0
@@ -501,8 +510,10 @@ Progress = Callable[[str, int, str, "float | None"], None]
 def check_arch(
     arch: str, spec: dict, head_dims, over_2gib: bool = False,
     cache: CompileCache | None = None, progress: Progress | None = None,
+    only: frozenset[str] = frozenset(),
 ) -> list[KernelReport]:  # fmt: skip
-    """Compile every kernel of the family's default config for one arch.
+    """Compile every kernel of the family's default config for one arch (those named in
+    ``only``, when it names any).
 
     AMD kernels are compiled as the HIP JIT specializes them for tensors of at most 2 GiB
     (buffer loads with 32-bit offsets); ``over_2gib`` compiles the 64-bit-address variant that
@@ -512,6 +523,8 @@ def check_arch(
     reports = []
     for d, job in jobs_for(arch, spec, head_dims, over_2gib):
         name, fn, ptrs, consts, tile = job
+        if only and name not in only:
+            continue
         key = cache.key(arch, spec, d, job, over_2gib) if cache else None
         r = cache.get(key) if cache else None
         started = time.monotonic()
@@ -638,6 +651,12 @@ def main(argv=None, progress: Callable[[int], Progress] = line_progress) -> int:
     )
     ap.add_argument("--no-cache", action="store_true", help="compile every kernel again")
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    ap.add_argument(
+        "--kernel",
+        action="append",
+        default=[],
+        help="only this kernel, e.g. fwd_gluon (repeatable)",
+    )
     args = ap.parse_args(argv)
     arches = load_arches(Path(args.arches_file))
     if args.all:
@@ -673,7 +692,13 @@ def main(argv=None, progress: Callable[[int], Progress] = line_progress) -> int:
         Path(args.cache_dir) if args.cache_dir else default_cache_dir()
     )  # fmt: skip
     os.environ.pop("TRITON_INTERPRET", None)
-    total = sum(len(jobs_for(n, arches[n], dims, args.over_2gib)) for n in names)
+    only = frozenset(args.kernel)
+    jobs = [job[0] for n in names for _, job in jobs_for(n, arches[n], dims, args.over_2gib)]
+    if only - set(jobs):
+        print(f"--kernel {', '.join(sorted(only - set(jobs)))}: no such kernel on these arches "
+              f"and head dims (they have: {', '.join(sorted(set(jobs)))})", file=sys.stderr)  # fmt: skip
+        return 2
+    total = sum(1 for j in jobs if not only or j in only)
     shown, from_cache = progress(total), []
 
     def tick(arch: str, d: int, kernel: str, seconds: float | None) -> None:
@@ -684,7 +709,7 @@ def main(argv=None, progress: Callable[[int], Progress] = line_progress) -> int:
     reports = []
     try:
         for name in names:
-            reports += check_arch(name, arches[name], dims, args.over_2gib, cache, tick)
+            reports += check_arch(name, arches[name], dims, args.over_2gib, cache, tick, only)
     finally:
         getattr(shown, "close", lambda: None)()  # a live progress line ends before the table
     where = f" (cache: {cache.folder})" if cache else " (no cache)"

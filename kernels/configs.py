@@ -336,6 +336,53 @@ def small_grid_fwd(cfg: AttnConfig, family: str, head_dim: int, rows: int, heads
     return tile if programs < SMALL_GRID_WAVES * units else None
 
 
+# Tiles for newer Tritons. Triton 3.7's, 3.8's and 3.9's AMD backends keep more values live than
+# 3.6's: some tiles above spill there (`python -m kernels.aot`, 2026-11-26; gfx1151: 3.7 the d=128
+# dropout forward, 72 VGPRs; 3.8 the dropout forward, 40/57 at d=64/128, the d=64 dropout dQ 6
+# and the d=128 paged prefill 14; 3.9 also the plain forward, 31/78, and the d=64 dQ 48. gfx942
+# and gfx90a: 3.7 the d=128 dK/dV, 4 and 1). A row replaces them on one Triton line, for (family, padded head dim);
+# Triton 3.6 (the dev extra's and the cpu stack's) and lines without rows keep the tiles above.
+# Spill-free and at no lower occupancy than 3.6's figures where measured (docs/kernels.md, "On
+# every Triton a stack ships"); compile-checked only, untimed on AMD hardware. Keys of a row:
+# AttnConfig tile fields (fwd, bwd_kv, bwd_q) and ``kv_prefill`` (kernels/kvcache.py).
+_RDNA3 = ("rdna3", "rdna3.5")
+NEWER_TRITON_TILES = {
+    **{((3, 7), f, 128): {"fwd": Tile(32, 16, 4, 1, 2)} for f in _RDNA3},
+    **{((3, 7), f, 128): {"bwd_kv": Tile(16, 64, 4, 1, 1)} for f in ("cdna2", "cdna3")},
+    **{
+        ((3, 8), f, 64): {"fwd": Tile(128, 32, 8, 1, 2), "bwd_q": Tile(32, 16, 4, 1, 1)}
+        for f in _RDNA3
+    },
+    # 3.9: the d=64 dropout dQ spills 2 VGPRs with 4 warps; 8 do not. The d=64 forward keeps the
+    # 64x64 tile's area (8 warps), so SMALL_GRID_FWD's 32x64 tile stays the smaller one.
+    **{
+        ((3, 9), f, 64): {"fwd": Tile(128, 32, 8, 1, 2), "bwd_q": Tile(32, 16, 8, 1, 1)}
+        for f in _RDNA3
+    },
+    **{
+        (line, f, 128): {"fwd": Tile(32, 16, 4, 1, 2), "kv_prefill": Tile(32, 32, 4, 1, 2)}
+        for line in ((3, 8), (3, 9))
+        for f in _RDNA3
+    },
+}
+
+
+def triton_release(version: str | None = None) -> tuple[int, int]:
+    """(major, minor) of a Triton version, by default the one in use: 3.8.0+rocm10.1.0 -> (3, 8)."""
+    if version is None:
+        import triton
+
+        version = triton.__version__
+    major, minor = version.split(".")[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
+def newer_triton_tiles(family: str, head_dim: int, release: tuple[int, int] | None = None) -> dict:
+    """The NEWER_TRITON_TILES row for a family and (padded) head dim on this Triton line, or {}."""
+    release = triton_release() if release is None else release
+    return NEWER_TRITON_TILES.get((release, family, head_dim), {})
+
+
 def _env_names_fwd() -> bool:
     return _names_fwd(os.environ.get("ATTNFORGE_KERNELS_CONFIG"))
 
@@ -374,6 +421,8 @@ def _config_for(family: str, d: int, dropout: bool, spec: str | None) -> AttnCon
         cfg = _interpreter(d)
     else:
         raise ValueError(f"unknown family {family!r}; valid: {', '.join(FAMILIES)}")
+    newer = newer_triton_tiles(family, d) if family != "interpreter" else {}
+    cfg = replace(cfg, **{k: t for k, t in newer.items() if k in TILE_KEYS})
     if dropout:
         group = "ampere" if family == "nvidia" else family
         cfg = replace(cfg, **_DROPOUT_BWD.get((group, d), {}))

@@ -50,6 +50,12 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from .configs import GLUON_BWD_TILES, GLUON_FWD_HEAD_DIM
 
+# TMA copies by the names each Triton has: 3.6 and 3.7 only async_copy_global_to_shared /
+# async_copy_shared_to_global, 3.8 adds async_load / async_store beside them, 3.9 keeps only the
+# new names (the old ones raise "has been removed").
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+_tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+
 _LN2 = gl.constexpr(0.6931471805599453)
 _LOG2E_C = gl.constexpr(1.4426950408889634)
 
@@ -110,8 +116,8 @@ def _ws_loader(k_desc, v_desc, k_smem, v_smem, ready, empty, n_blocks,
         if j >= STAGES:
             mbarrier.wait(empty.index(st), ((j // STAGES) - 1) & 1)
         mbarrier.expect(ready.index(st), k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [j * BLOCK_N, 0], ready.index(st), k_smem.index(st))
-        tma.async_copy_global_to_shared(v_desc, [j * BLOCK_N, 0], ready.index(st), v_smem.index(st))
+        _tma_load(k_desc, [j * BLOCK_N, 0], ready.index(st), k_smem.index(st))
+        _tma_load(v_desc, [j * BLOCK_N, 0], ready.index(st), v_smem.index(st))
 
 
 @gluon.jit
@@ -164,7 +170,7 @@ def _ws_consumer(q_smem, k_smem, v_smem, ready, empty, o_desc, lse_ptr, n_blocks
     gl.store(lse_ptr + offs_m, lse, mask=offs_m < seqlen_q)
     q_smem.store(out.to(dtype))
     fence_async_shared()
-    tma.async_copy_shared_to_global(o_desc, [r0, 0], q_smem)
+    _tma_store(o_desc, [r0, 0], q_smem)
     tma.store_wait(0)
 
 
@@ -212,8 +218,8 @@ def _attn_fwd_sm90(
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
     q_bar, ready, empty = _barriers(STAGES, 1)
     mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [m0, 0], q_bar, q0)
-    tma.async_copy_global_to_shared(q_desc, [m0 + HALF_M, 0], q_bar, q1)
+    _tma_load(q_desc, [m0, 0], q_bar, q0)
+    _tma_load(q_desc, [m0 + HALF_M, 0], q_bar, q1)
     mbarrier.wait(q_bar, 0)
     lse_ptr = LSE + b64 * sl_b + h.to(gl.int64) * sl_h
     gl.warp_specialize([
@@ -254,8 +260,8 @@ def _bwd_loader(Q, DO, LSE, Delta, q_smem, do_smem, stats, ready, empty, b64, hk
                 mbarrier.wait(empty.index(st), ((t // STAGES) - 1) & 1)
             mbarrier.expect(ready.index(st), 2 * q_desc.block_type.nbytes)
             m0 = lo + i * BLOCK_M
-            tma.async_copy_global_to_shared(q_desc, [m0, 0], ready.index(st), q_smem.index(st))
-            tma.async_copy_global_to_shared(do_desc, [m0, 0], ready.index(st), do_smem.index(st))
+            _tma_load(q_desc, [m0, 0], ready.index(st), q_smem.index(st))
+            _tma_load(do_desc, [m0, 0], ready.index(st), do_smem.index(st))
             # Rows past the end, which TMA zero-fills, read LSE = +inf (P = 0) and delta = 0.
             offs = m0 + gl.arange(0, BLOCK_M, layout=stat_layout)
             ok = offs < seqlen_q
@@ -319,8 +325,8 @@ def _bwd_consumer(k_smem, v_smem, q_smem, do_smem, stats, ready, empty, dk_desc,
     k_smem.store(dk.to(dtype))
     v_smem.store(dv.to(dtype))
     fence_async_shared()
-    tma.async_copy_shared_to_global(dk_desc, [n0, 0], k_smem)
-    tma.async_copy_shared_to_global(dv_desc, [n0, 0], v_smem)
+    _tma_store(dk_desc, [n0, 0], k_smem)
+    _tma_store(dv_desc, [n0, 0], v_smem)
     tma.store_wait(0)
 
 
@@ -369,10 +375,10 @@ def _attn_bwd_dkdv_sm90(
     # A stage is ready after its TMA bytes and the loader's arrival (after its stats stores).
     kv_bar, ready, empty = _barriers(STAGES, 2)
     mbarrier.expect(kv_bar, 4 * k_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(k_desc, [n0, 0], kv_bar, k0)
-    tma.async_copy_global_to_shared(k_desc, [n0 + HALF_N, 0], kv_bar, k1)
-    tma.async_copy_global_to_shared(v_desc, [n0, 0], kv_bar, v0)
-    tma.async_copy_global_to_shared(v_desc, [n0 + HALF_N, 0], kv_bar, v1)
+    _tma_load(k_desc, [n0, 0], kv_bar, k0)
+    _tma_load(k_desc, [n0 + HALF_N, 0], kv_bar, k1)
+    _tma_load(v_desc, [n0, 0], kv_bar, v0)
+    _tma_load(v_desc, [n0 + HALF_N, 0], kv_bar, v1)
     mbarrier.wait(kv_bar, 0)
     gl.warp_specialize([
         (_bwd_consumer, (k0, v0, q_smem, do_smem, stats, ready, empty, dk_desc, dv_desc,

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -241,6 +241,12 @@ class KVConfig:
 def kv_config(family: str, head_dim: int) -> KVConfig:
     """Default tiles per family and (padded) head dim; docs/kernels.md has the AOT figures."""
     d = configs.padded_head_dim(head_dim)
+    kc = _kv_config(family, d)
+    newer = configs.newer_triton_tiles(family, d) if family != "interpreter" else {}
+    return replace(kc, prefill=newer["kv_prefill"]) if "kv_prefill" in newer else kc
+
+
+def _kv_config(family: str, d: int) -> KVConfig:
     combine = Tile(16, 16, 4, 1)
     if family == "interpreter":
         t = Tile(16, 16, 1, 1)

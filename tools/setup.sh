@@ -3,7 +3,7 @@
 # reachable Docker engine, a local base image, a wheelhouse for the cpu stack and (for the
 # tests) a local registry. Safe to run again: every step checks before it acts.
 #
-#   tools/setup.sh STEP [STEP ...]    steps: venv engine base-image wheelhouse registry buildx-tools podman all
+#   tools/setup.sh STEP [STEP ...]    steps: venv engine base-image wheelhouse registry buildx-tools podman tritons all
 #
 # Nothing here needs the network beyond the distro's package mirror and PyPI; no registry is
 # pulled from: the base image is made with debootstrap and `docker import`.
@@ -21,6 +21,7 @@ BUILDX_IMAGE=${BUILDX_IMAGE:-attnforge-local/buildx-tools:trixie}
 # lock, dockerfiles/scripts/apps-lock.txt); images run Debian 12's Python 3.11.
 WHEELS=("torch==2.13.0+cpu" "triton==3.6.0" "numpy==2.4.6" "transformers==5.23.0" "diffusers==0.42.1")
 APPS_LOCK=dockerfiles/scripts/apps-lock.txt
+TRITONS_DIR=${TRITONS_DIR:-build/tritons}
 
 say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
 die() { printf '\033[31merror:\033[0m %s\n' "$*" >&2; exit 1; }
@@ -135,6 +136,23 @@ wheelhouse() {
     || die "could not download ${want[*]}"
 }
 
+# The Tritons the stacks ship besides the venv's (recipes/tritons.yaml, `python -m attnforge.tritons
+# --versions`), one folder each (pip --target, no dependencies) that tests/kernels/
+# test_triton_versions.py puts first on PYTHONPATH over the venv's torch. Each is written aside and
+# renamed when complete, so an interrupted install is redone, not used.
+tritons() {
+  local have v dir
+  have=$("$VENV/bin/python" -c 'import triton; print(triton.__version__)')
+  for v in $("$VENV/bin/python" -m attnforge.tritons --versions); do
+    dir=$TRITONS_DIR/triton-$v
+    [ "$v" = "$have" ] || [ -d "$dir" ] && continue
+    say "triton $v into $dir"
+    rm -rf "$dir.tmp"
+    "$VENV/bin/pip" install -q --no-deps --target "$dir.tmp" "triton==$v" || die "could not install triton==$v into $dir.tmp"
+    mv "$dir.tmp" "$dir"
+  done
+}
+
 registry() {
   # htpasswd (apache2-utils): tests/e2e/test_registry_login_e2e.py starts a second registry with a
   # login; openssl: `invoke verify --key` checks cosign signatures with it (tests/e2e/test_verify_signature.py).
@@ -203,8 +221,9 @@ run_step() {
     registry) registry; apt_install chromium fonts-dejavu-core ;;  # + the report's browser test
     buildx-tools) engine; buildx_tools ;;
     podman) engine; base_image; podman_engine ;;
+    tritons) venv; tritons ;;
     all) venv; engine; base_image; wheelhouse ;;
-    *) die "unknown step $1; valid: venv engine base-image wheelhouse registry buildx-tools podman all" ;;
+    *) die "unknown step $1; valid: venv engine base-image wheelhouse registry buildx-tools podman tritons all" ;;
   esac
 }
 

@@ -272,3 +272,20 @@ def test_a_cached_result_is_read_back_whole_and_a_torn_one_is_compiled_again(tmp
 def test_the_default_cache_is_under_the_build_folder_else_xdg(tmp_path):
     assert aot.default_cache_dir({"ATTNFORGE_BUILD_DIR": "/b"}) == Path("/b/aot-cache")
     assert aot.default_cache_dir({"XDG_CACHE_HOME": "/x"}) == Path("/x/attnforge/aot")
+
+
+def test_kernel_picks_the_kernels_to_compile(tmp_path):
+    # A process of its own: this session's kernels are the interpreter's (conftest.py).
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    args = ["--arch", "gfx942", "--head-dims", "64", "--json", "--cache-dir", str(tmp_path)]
+    proc = subprocess.run([sys.executable, "-m", "kernels.aot", *args, "--kernel", "kv_combine"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert [(r["arch"], r["kernel"]) for r in json.loads(proc.stdout)] == [("gfx942", "kv_combine")]
+
+
+def test_an_unknown_kernel_is_one_sentence_naming_the_valid_ones(monkeypatch, capsys):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # main() drops it; the session's kernels need it
+    assert aot.main(["--arch", "gfx942", "--kernel", "fwd_nope", "--no-cache"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("--kernel fwd_nope: no such kernel") and "bwd_dkdv, " in err

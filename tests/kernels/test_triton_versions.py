@@ -1,0 +1,176 @@
+"""The kernels on every Triton a stack ships (recipes/tritons.yaml; docs/kernels.md, "On every
+Triton a stack ships").
+
+Each Triton besides the venv's own is installed by `tools/setup.sh tritons` under
+build/tritons/triton-<version> and goes first on PYTHONPATH over the venv's torch. On each, the
+AOT check compiles every kernel at its default config for one RDNA and one CDNA arch (and the
+Hopper Gluon kernels), and the CPU interpreter runs the kernels' correctness cases. The venv's
+Triton gets the full sweep (test_aot.py) and the whole kernels suite instead.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from attnforge.recipes import load_recipes
+from attnforge.tritons import load_table, stack_tritons, versions_to_check
+from kernels import configs
+
+REPO = Path(__file__).resolve().parents[2]
+TRITONS_DIR = Path(os.environ.get("ATTNFORGE_TRITONS_DIR", REPO / "build" / "tritons"))
+# One RDNA and one CDNA arch: Strix Halo (RDNA3.5, wave32 WMMA) and MI300X (CDNA3, wave64 MFMA).
+SUBSET = ("gfx1151", "gfx942")
+
+
+def _versions() -> list[str]:
+    table = load_table(REPO)
+    return versions_to_check(stack_tritons(load_recipes(REPO), table), table.newest)
+
+
+def _venv_triton() -> str:
+    from importlib.metadata import version
+
+    return version("triton")
+
+
+OTHERS = [v for v in _versions() if v != _venv_triton()]
+
+
+def _triton_dir(version: str) -> Path:
+    folder = TRITONS_DIR / f"triton-{version}"
+    if not (folder / "triton" / "__init__.py").is_file():
+        why = f"triton {version} is not installed in {folder}; run tools/setup.sh tritons"
+        if os.environ.get("ATTNFORGE_REQUIRE_E2E") == "1" or os.environ.get("CI") == "true":
+            pytest.fail(why)
+        pytest.skip(why)
+    return folder
+
+
+def _run(version: str, args: list[str], interpret: bool, tmp: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "PYTHONPATH")}
+    env["PYTHONPATH"] = os.pathsep.join([str(_triton_dir(version)), str(REPO)])
+    env["TRITON_CACHE_DIR"] = str(tmp / "triton-cache")
+    if interpret:
+        env["TRITON_INTERPRET"] = "1"
+    return subprocess.run(
+        [sys.executable, *args], cwd=tmp, env=env, capture_output=True, text=True, timeout=900
+    )
+
+
+@pytest.fixture(scope="module", params=OTHERS)
+def aot_subset(request, tmp_path_factory):
+    """(triton version, reports) of the AOT check on SUBSET plus the Gluon kernels, on one Triton."""
+    version = request.param
+    tmp = tmp_path_factory.mktemp(f"triton-{version}")
+    cache = ["--cache-dir", str(tmp / "aot-cache"), "--json"]
+    arches = [a for arch in SUBSET for a in ("--arch", arch)]
+    runs = [
+        _run(version, ["-m", "kernels.aot", *arches, *cache], False, tmp),
+        _run(version, ["-m", "kernels.aot", "--arch", "sm90", "--head-dims", "64,128",
+                       "--kernel", "fwd_gluon", "--kernel", "bwd_dkdv_gluon", *cache], False, tmp),
+    ]  # fmt: skip
+    reports = []
+    for proc in runs:
+        assert proc.stdout.startswith("["), proc.stderr[-3000:]
+        reports += json.loads(proc.stdout)
+    return version, reports
+
+
+def test_the_venv_triton_is_one_a_stack_ships():
+    """The dev extra's Triton is the cpu stack's, so test_aot.py's full sweep covers one of them."""
+    assert _venv_triton() in _versions()
+
+
+@pytest.mark.slow
+def test_every_kernel_compiles_on_the_arches(aot_subset):
+    version, reports = aot_subset
+    failed = [(r["arch"], r["head_dim"], r["kernel"], r["problems"]) for r in reports
+              if any("compile failed" in p for p in r["problems"])]  # fmt: skip
+    assert not failed, f"triton {version}: {failed}"
+    seen = {(r["arch"], r["kernel"]) for r in reports}
+    for arch in SUBSET:
+        assert {(arch, "fwd"), (arch, "bwd_dkdv"), (arch, "kv_decode")} <= seen
+    assert {("sm90", "fwd_gluon"), ("sm90", "bwd_dkdv_gluon")} <= seen
+
+
+@pytest.mark.slow
+def test_the_only_problems_are_the_known_ones_and_the_matrix_unit_is_used(aot_subset):
+    """Spills beyond ACCEPTED_SPILLS (or LDS overflows) are exactly recipes/tritons.yaml's
+    ``known:`` rows for that Triton line on these arches: a fix must remove its row."""
+    version, reports = aot_subset
+    compiled = {(r["arch"], r["kernel"]) for r in reports}
+    known = {(k.arch, k.head_dim, k.kernel) for k in load_table(REPO).known_on(version)
+             if (k.arch, k.kernel) in compiled}  # fmt: skip
+    problems = {(r["arch"], r["head_dim"], r["kernel"]) for r in reports if r["problems"]}
+    assert problems == known, f"triton {version}: {[r for r in reports if r['problems']]}"
+    for r in reports:
+        if r["kernel"] != "kv_combine":  # an LSE-weighted sum: no matmul
+            assert any(k.startswith(("v_wmma_", "v_mfma_", "wgmma", "mma.sync"))
+                       for k in r["matrix_instrs"]), (version, r["arch"], r["kernel"])  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", OTHERS)
+def test_the_interpreter_cases_pass(version, tmp_path):
+    """`python -m kernels.check`: the correctness cases (fwd+bwd against the fp32 reference, with
+    varlen, a window, ALiBi, softcap, GQA) and the SDPA shim's routing, in Triton's interpreter."""
+    proc = _run(version, ["-m", "kernels.check", "--json", "cases.json"], True, tmp_path)
+    results = json.loads((tmp_path / "cases.json").read_text())
+    assert proc.returncode == 0 and results, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert {r["status"] for r in results.values()} == {"pass"}, (version, results)
+    found = _run(version, ["-c", "import triton; print(triton.__version__)"], True, tmp_path)
+    assert found.stdout.strip() == version  # the cases ran on that Triton, not the venv's
+
+
+@pytest.mark.parametrize(
+    "version, release",
+    [("3.6.0", (3, 6)), ("3.8.0+rocm10.1.0", (3, 8)), ("3.10.0+git12345678", (3, 10))],
+)
+def test_triton_release(version, release):
+    assert configs.triton_release(version) == release
+
+
+def test_the_dev_triton_keeps_the_tiles_docs_kernels_md_measured():
+    for family in configs.FAMILIES:
+        for d in (16, 32, 64, 128, 256):
+            assert configs.newer_triton_tiles(family, d, (3, 6)) == {}
+
+
+@pytest.fixture
+def on_triton(monkeypatch):
+    """config_for/kv_config as on another Triton release."""
+
+    def use(release):
+        monkeypatch.setattr(configs, "triton_release", lambda version=None: release)
+        configs._config_for.cache_clear()
+
+    yield use
+    configs._config_for.cache_clear()
+
+
+def test_each_triton_line_gets_its_own_rows(on_triton):
+    from kernels.kvcache import kv_config
+
+    on_triton((3, 6))
+    old = {(f, d): configs.config_for(f, d) for f in ("rdna3.5", "cdna3") for d in (64, 128)}
+    old_prefill = kv_config("rdna3", 128).prefill
+    on_triton((3, 8))
+    assert configs.config_for("rdna3.5", 64).bwd_q == configs.Tile(32, 16, 4, 1, 1)
+    assert configs.config_for("rdna3.5", 128).fwd == configs.Tile(32, 16, 4, 1, 2)
+    assert kv_config("rdna3", 128).prefill == configs.Tile(32, 32, 4, 1, 2) != old_prefill
+    on_triton((3, 9))
+    assert configs.config_for("rdna3.5", 64, dropout=True).bwd_q == configs.Tile(32, 16, 8, 1, 1)
+    assert configs.config_for("rdna3.5", 128).fwd == configs.Tile(32, 16, 4, 1, 2)
+    assert configs.config_for("rdna3.5", 128).bwd_kv == old["rdna3.5", 128].bwd_kv
+    assert {d: configs.config_for("cdna3", d) for d in (64, 128)} == {
+        d: old["cdna3", d] for d in (64, 128)
+    }
+    on_triton((3, 7))  # a row for one line only: 3.7's dK/dV tile is not 3.8's or 3.9's
+    assert configs.config_for("cdna3", 128).bwd_kv == configs.Tile(16, 64, 4, 1, 1)
+    assert configs.config_for("rdna3.5", 64) == old["rdna3.5", 64]
+    on_triton((3, 10))  # a line without rows keeps the tiles 3.6 measured
+    assert configs.config_for("rdna3.5", 128) == old["rdna3.5", 128]
