@@ -145,8 +145,11 @@ def on_triton(monkeypatch):
     """config_for/kv_config as on another Triton release."""
 
     def use(release):
+        from kernels.kvcache import kv_config
+
         monkeypatch.setattr(configs, "triton_release", lambda version=None: release)
         configs._config_for.cache_clear()
+        kv_config.cache_clear()  # cached per process, where the Triton release cannot change
 
     yield use
     configs._config_for.cache_clear()
