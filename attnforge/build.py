@@ -23,10 +23,10 @@ import yaml
 
 from contract import arches
 
-from . import smoke_runner
 from .engine import BuildFailed, BuildRequest, Engine, RegistryUnavailable, RunRequest
 from .errors import UserError
 from .files import write_aside
+from .image import smoke_runner
 from .plan import (
     Options,
     Plan,

@@ -1,7 +1,7 @@
 """A validated stack outside containers: the export manifest, the files an installer reads, and
 the comparison of an environment with it.
 
-Pure: the inputs are what attnforge/envprobe.py printed (for the image or a user's Python), wheel
+Pure: the inputs are what attnforge/image/envprobe.py printed (for the image or a user's Python), wheel
 files on disk and the validation stamp; the engine and subprocess work is in attnforge/cli/export.py.
 
 Why the wheel hashes are honest: pip records no hash of the wheel it installed from an index or a

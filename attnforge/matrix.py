@@ -442,7 +442,7 @@ def _started(entry: Entry) -> str:
     return str((entry.report or {}).get("started_at") or "")
 
 
-# Copies of a report that attnforge keeps beside the current one (attnforge/baseline_store.py):
+# Copies of a report that attnforge keeps beside the current one (attnforge/baseline/store.py):
 # reports/<arch>/<stack>/baseline/ (the last passing --bench run) and published/<digest>/.
 COPY_FOLDERS = ("baseline", "published")
 

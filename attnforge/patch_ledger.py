@@ -32,7 +32,7 @@ from typing import Any
 
 from . import patches as patch_series
 from .errors import UserError, unknown
-from .pins import GitRepo, Sources, Unavailable, _run_git
+from .pins.upstream import GitRepo, Sources, Unavailable, _run_git
 from .recipes import Recipes
 
 NEEDED, DROPPABLE, UNKNOWN = "still needed", "droppable", "unknown"

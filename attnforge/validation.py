@@ -28,8 +28,9 @@ from typing import Any
 
 from contract import names
 
-from . import baseline as gate
-from . import baseline_store, hostinfo, multiarch
+from . import hostinfo, multiarch
+from .baseline import gate
+from .baseline import store as baseline_store
 from .engine import Engine, RunRequest
 from .errors import UserError
 from .plan import Plan, aotriton_facts

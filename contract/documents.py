@@ -26,7 +26,7 @@ SIBLINGS = {
     "bench": ("bench.json", names.BENCH),
     "bench_train": ("bench_train.json", names.BENCH_TRAIN),
     "stress": ("stress-*.json", names.STRESS),
-    # written on the host by `invoke validate --bench` (attnforge/baseline.py)
+    # written on the host by `invoke validate --bench` (attnforge/baseline/gate.py)
     "baseline_compare": ("baseline-compare.json", names.BASELINE_COMPARE),
 }
 # The list each sibling kind carries its rows in.

@@ -1,5 +1,5 @@
-"""invoke bisect: argument handling and printing only; the search is attnforge/bisect.py and the
-probes attnforge/bisect_run.py."""
+"""invoke bisect: argument handling and printing only; the search is attnforge/bisection/search.py and the
+probes attnforge/bisection/probe.py."""
 
 from __future__ import annotations
 
@@ -10,15 +10,15 @@ from pathlib import Path
 from invoke.exceptions import Exit
 from rich.table import Table
 
-from .. import bisect as bs
-from ..baseline import BaselineError, load_bench
-from ..baseline_store import kept_dir
-from ..bisect_run import GitHistory, Prober, read_doc, wheel_candidates
+from ..baseline.gate import BaselineError, load_bench
+from ..baseline.store import kept_dir
+from ..bisection import search as bs
+from ..bisection.probe import GitHistory, Prober, read_doc, wheel_candidates
 from ..build import Invocation
 from ..console import LayerProgress, err, out, user_errors
 from ..engine import connect
 from ..errors import UserError
-from ..pins import IndexSource, Sources, Unavailable, _distro_python, _indexes, project_of
+from ..pins.upstream import IndexSource, Sources, Unavailable, _distro_python, _indexes, project_of
 from ..plan import Options, Step, parse_overrides, resolve
 from ..recipes import Recipes, load_recipes, pin_kind
 from ..validation import device_flags, expect_document

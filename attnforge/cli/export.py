@@ -15,11 +15,11 @@ from pathlib import Path
 from invoke.exceptions import Exit
 from packaging.utils import parse_wheel_filename
 
-from .. import envprobe
 from .. import export as core
 from ..console import out, user_errors
 from ..engine import RunRequest, connect
 from ..errors import UserError
+from ..image import envprobe
 from ..multiarch import ArchSet
 from ..plan import Options, resolve
 from ..recipes import load_recipes

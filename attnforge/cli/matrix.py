@@ -15,7 +15,8 @@ from typing import Any
 
 from contract import documents, names
 
-from .. import baseline_store, matrix
+from .. import matrix
+from ..baseline import store as baseline_store
 from ..console import out, user_errors
 from ..errors import UserError
 from ..files import swap_folder, write_aside
@@ -77,7 +78,7 @@ def _hidden(path: Path, base: Path) -> bool:
 def kept_copy(path: Path) -> bool:
     """A report or publish record that attnforge keeps as a copy beside the current one: the
     kept baseline (baseline/ with its baseline.json) or a published snapshot
-    (published/<digest>/ inside a report folder); see attnforge/baseline_store.py."""
+    (published/<digest>/ inside a report folder); see attnforge/baseline/store.py."""
     folder = path.parent
     if folder.name == baseline_store.KEPT and (folder / baseline_store.KEPT_META).is_file():
         return True

@@ -140,7 +140,7 @@ def ledger(c, layer=None, ref=None, offline=None, json=False, debug=False):
     import json as jsonlib
 
     from attnforge import patch_ledger
-    from attnforge.pins import Sources
+    from attnforge.pins.upstream import Sources
     from attnforge.recipes import load_recipes
 
     if offline and not Path(offline).is_dir():

@@ -1,5 +1,5 @@
 """invoke pins.check and pins.update: argument handling and printing only; the work is in
-attnforge/pins.py and attnforge/pins_update.py."""
+attnforge/pins/upstream.py and attnforge/pins/update.py."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from invoke.exceptions import Exit
 from rich.markup import escape
 from rich.table import Table
 
-from .. import pins as pinlib
-from .. import pins_update as pin_update
 from ..console import out, user_errors
 from ..engine import check_engine_name
 from ..errors import UserError
+from ..pins import update as pin_update
+from ..pins import upstream as pinlib
 from ..recipes import load_recipes
 from ..workspace import Workspace
 from . import ARCH, ENGINE, IN_DIR, STACK, command, text

@@ -7,14 +7,15 @@ import json
 import os
 import socket
 
-from .. import attest, multiarch, ociregistry
-from ..baseline_store import sha256_file, snapshot_published
+from .. import multiarch
+from ..baseline.store import sha256_file, snapshot_published
 from ..console import out, user_errors
 from ..engine import RunRequest, connect
 from ..errors import UserError
 from ..files import write_aside
-from ..ociregistry import Ref
 from ..plan import Options, resolve
+from ..publish import attest, ociregistry
+from ..publish.ociregistry import Ref
 from ..recipes import load_recipes
 from ..workspace import VALIDATED, Workspace
 from . import ARCH, ENGINE, NAMESPACE, STACK, Opt, choose_target, command
@@ -108,7 +109,7 @@ def publish(c, to=None, arch=None, stack=None, namespace="attnforge", engine="do
     write_aside(where / "publish.json", json.dumps(manifest, indent=2) + "\n")
     write_aside(where / "publish.md", pull_lines(manifest))
     # The report published with this image, kept by its digest: `invoke validate --bench
-    # --baseline IMAGE` reads it (attnforge/baseline_store.py says why it is kept here).
+    # --baseline IMAGE` reads it (attnforge/baseline/store.py says why it is kept here).
     final_digest = next((r["digest"] for r in refs if r["ref"].endswith(f"/{stack}:{arch}")), "")
     kept = snapshot_published(where, manifest, final_digest)
     out.print(pull_lines(manifest), markup=False, highlight=False)

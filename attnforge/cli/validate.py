@@ -9,8 +9,8 @@ from pathlib import Path
 
 from invoke.exceptions import Exit
 
-from .. import baseline as gate
-from .. import baseline_store
+from ..baseline import gate
+from ..baseline import store as baseline_store
 from ..console import out, user_errors
 from ..engine import LocalEngine, check_engine_name, connect
 from ..errors import UserError

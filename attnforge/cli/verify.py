@@ -6,10 +6,10 @@ from pathlib import Path
 
 from invoke.exceptions import Exit
 
-from .. import attest, ociregistry, signature
 from ..console import out, user_errors
 from ..errors import UserError
-from ..ociregistry import Ref
+from ..publish import attest, ociregistry, signature
+from ..publish.ociregistry import Ref
 from . import IN_FILE, command, text
 
 NOT_CHECKED = ("signatures not checked: give --key cosign.pub for key-based ones, or run "

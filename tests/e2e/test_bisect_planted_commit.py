@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from attnforge.bisect import BisectState, state_path
+from attnforge.bisection.search import BisectState, state_path
 from tests.conftest import COPY_IGNORE, REPO
 from tests.e2e.test_cpu_stack import BASE, CA_CERT, engine_ready, image_id, invoke  # noqa: F401
 

@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 
 from attnforge import export as core
-from attnforge import ociregistry
-from attnforge.ociregistry import Ref
+from attnforge.publish import ociregistry
+from attnforge.publish.ociregistry import Ref
 from tests.e2e.conftest import cpu_stack_tree
 from tests.e2e.test_cpu_stack import CPU_LAYERS, REGISTRY, _need_registry, invoke
 

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from attnforge import ociregistry
 from attnforge.errors import UserError
-from attnforge.ociregistry import Ref
+from attnforge.publish import ociregistry
+from attnforge.publish.ociregistry import Ref
 from tests.conftest import REPO, run_invoke
 from tests.e2e.test_cpu_stack import unavailable
 

@@ -2,7 +2,7 @@
 
 A tiny image (the local base image plus a label) is pushed with `docker push` to the local
 registry (ATTNFORGE_E2E_REGISTRY, started by tools/setup.sh). The test then writes, through
-attnforge.ociregistry, a signature in cosign's layout (specs/SIGNATURE_SPEC.md of
+attnforge.publish.ociregistry, a signature in cosign's layout (specs/SIGNATURE_SPEC.md of
 github.com/sigstore/cosign: a manifest tagged sha256-<hex>.sig whose layer is a simple-signing
 payload with the base64 signature in the `dev.cosignproject.cosign/signature` annotation), signed
 with an ECDSA P-256 key that openssl makes in a tmp dir (tests/conftest.py's signing_key). So this
@@ -23,8 +23,8 @@ import uuid
 
 import pytest
 
-from attnforge import attest, ociregistry, signature
-from attnforge.ociregistry import Ref
+from attnforge.publish import attest, ociregistry, signature
+from attnforge.publish.ociregistry import Ref
 from tests.conftest import REPO, openssl_sign, run_invoke
 from tests.e2e.test_cpu_stack import BASE, REGISTRY, _need_registry, require_engine
 

@@ -10,7 +10,7 @@ import pytest
 
 from attnforge import patch_ledger
 from attnforge.errors import UserError
-from attnforge.pins import Sources
+from attnforge.pins.upstream import Sources
 from attnforge.recipes import load_recipes
 from tests.conftest import REPO, run_invoke
 from tests.patches.patch_helpers import diff_of, git, make_series

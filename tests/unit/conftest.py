@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from attnforge import pins, pins_update
 from attnforge.engine import BuildFailed, BuildRequest, RegistryUnavailable, RunRequest
+from attnforge.pins import update as pins_update
+from attnforge.pins import upstream as pins
 from attnforge.recipes import load_recipes
 from attnforge.workspace import Workspace
 from tests.conftest import REPO, run_invoke

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from attnforge import attest
-from attnforge.ociregistry import Ref, sha256_digest
+from attnforge.publish import attest
+from attnforge.publish.ociregistry import Ref, sha256_digest
 
 DIGEST = "sha256:" + "c" * 64
 STATUS = """Package: libc6

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from attnforge import baseline as bl
-from attnforge import baseline_store as store
-from attnforge import bisect as bs
+from attnforge.baseline import gate as bl
+from attnforge.baseline import store
+from attnforge.bisection import search as bs
 from attnforge.errors import RecipeError, UserError
 from attnforge.recipes import load_recipes
 

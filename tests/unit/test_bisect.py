@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from attnforge import bisect as bs
 from attnforge import files
-from attnforge.bisect_run import GitHistory, wheel_candidates
+from attnforge.bisection import search as bs
+from attnforge.bisection.probe import GitHistory, wheel_candidates
 from attnforge.errors import UserError
-from attnforge.pins import IndexSource
+from attnforge.pins.upstream import IndexSource
 from tests.conftest import REPO, run_invoke
 
 
@@ -401,7 +401,7 @@ def test_refs_resolve_in_a_local_repository(history, tmp_path):
 def test_a_remote_history_is_fetched_shallow_until_the_good_commit_is_in(history, tmp_path, monkeypatch):  # fmt: skip
     repo, shas = history
     # file:// with a path that is not read in place: the fetch path a remote repository takes
-    monkeypatch.setattr("attnforge.bisect_run.DEEPEN", (2, 4))
+    monkeypatch.setattr("attnforge.bisection.probe.DEEPEN", (2, 4))
     h = GitHistory(f"file://{repo}", cache_dir=tmp_path / "cache")
     h.local = None
     h.repo = tmp_path / "cache" / "src.git"
@@ -549,7 +549,7 @@ def test_a_source_layers_commit_can_be_set_and_changes_its_key():
 
 
 def _prober(tmp_path, engine, layer="triton", key="TRITON_VERSION", check="cmd:exit 1"):
-    from attnforge.bisect_run import Prober
+    from attnforge.bisection.probe import Prober
     from attnforge.build import Invocation
     from attnforge.recipes import load_recipes
     from attnforge.workspace import Workspace

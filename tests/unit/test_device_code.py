@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from attnforge import smoke_runner
+from attnforge.image import smoke_runner
 from attnforge.plan import resolve
 from attnforge.recipes import load_recipes
 

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from attnforge import doctor, engine, pins
+from attnforge import doctor, engine
+from attnforge.pins import upstream as pins
 from tests.conftest import REPO
 
 # a docker/podman command line, the Docker SDK, or a look for either client on PATH

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from attnforge import envprobe
 from attnforge import export as core
+from attnforge.image import envprobe
 from tests.conftest import REPO
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from attnforge import smoke_runner
+from attnforge.image import smoke_runner
 from attnforge.recipes import SmokeCheck
 
 CXX = shutil.which("c++") or shutil.which("g++")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from attnforge import pins
+from attnforge.pins import upstream as pins
 from attnforge.recipes import load_recipes
 from tests.conftest import REPO, run_invoke
 

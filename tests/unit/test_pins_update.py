@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from attnforge import pins, pins_update
 from attnforge.errors import UserError
+from attnforge.pins import update as pins_update
+from attnforge.pins import upstream as pins
 from attnforge.recipes import load_recipes
 from tests.conftest import REPO, outputs_env
 from tests.unit.conftest import pins_update_cmd as update

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from attnforge import pins_update, quartz
 from attnforge.errors import UserError
+from attnforge.pins import quartz
+from attnforge.pins import update as pins_update
 from tests.unit.conftest import pins_update_cmd as update
 from tests.unit.conftest import propose, proposed
 

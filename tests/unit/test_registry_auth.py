@@ -1,5 +1,5 @@
 """Registry logins: WWW-Authenticate parsing, the Docker client config and credential helpers,
-and the Bearer token flow of attnforge/ociregistry.py."""
+and the Bearer token flow of attnforge/publish/ociregistry.py."""
 
 from __future__ import annotations
 
@@ -12,10 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from attnforge import ociregistry, registry_auth
 from attnforge.errors import UserError
-from attnforge.ociregistry import Ref
-from attnforge.registry_auth import Challenge, Credentials, find_credentials, parse_challenges
+from attnforge.publish import ociregistry, registry_auth
+from attnforge.publish.ociregistry import Ref
+from attnforge.publish.registry_auth import (
+    Challenge,
+    Credentials,
+    find_credentials,
+    parse_challenges,
+)
 
 
 @pytest.mark.parametrize(

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from attnforge import signature
 from attnforge.errors import UserError
+from attnforge.publish import signature
 from tests.conftest import openssl_sign as sign
 
 DIGEST = "sha256:" + "a" * 64

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from attnforge import baseline as gate
-from attnforge import baseline_store, hostinfo, multiarch
+from attnforge import hostinfo, multiarch
+from attnforge.baseline import gate
+from attnforge.baseline import store as baseline_store
 from attnforge.engine import LocalEngine, RunRequest
 from attnforge.errors import UserError
 from attnforge.plan import Options, resolve

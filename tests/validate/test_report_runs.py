@@ -211,7 +211,7 @@ def test_workloads_are_shown_fused_or_not_from_the_report_or_the_bench():
 
 
 def test_the_baseline_comparison_is_a_bar_chart_with_the_gate_line():
-    from attnforge import baseline as gate
+    from attnforge.baseline import gate
 
     pytest.importorskip("matplotlib", reason="the dev extra brings matplotlib")
     now = json.loads((SIBLINGS / "bench.json").read_text())

@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import UserError
+from ..errors import UserError
 
 FEED = "https://raw.githubusercontent.com/ROCm/Quartz/main/release-nightly/"
 SUCCESS = "success"

@@ -29,9 +29,10 @@ from typing import Any
 import yaml
 from packaging.version import InvalidVersion, Version
 
-from . import yamlsrc
-from .errors import UserError, unknown
-from .pins import (
+from .. import yamlsrc
+from ..errors import UserError, unknown
+from ..recipes import Recipes, Variant
+from .upstream import (
     DEVICE_PACKAGES,
     DistFile,
     IndexSource,
@@ -42,7 +43,6 @@ from .pins import (
     project_of,
     url_path,
 )
-from .recipes import Recipes, Variant
 
 CHANNELS = ("stable", "nightly", "pytorch-org")
 ROCM_LAYER, TORCH_LAYER = "rocm-sdk", "pytorch-wheels"
@@ -374,7 +374,7 @@ def propose(
     device_of = {TORCH_KEY: device(torch_layer, "torch")}
 
     # nightly: only dates whose Quartz record says the PyTorch build and the arch's tests of the
-    # stack's torch branch passed (attnforge/quartz.py), and only that branch's torch
+    # stack's torch branch passed (attnforge/pins/quartz.py), and only that branch's torch
     trusted: dict[Version, str] = {}
     refused: dict[Version, str] = {}
     torch_release = None

@@ -9,7 +9,7 @@ carries the OCI 1.1 `subject` and `artifactType` fields, so a registry with the 
 it under the image too.
 
 A registry that wants a login is answered as Docker's clients answer it, with the credentials of
-the Docker client config (attnforge/registry_auth.py): a `Basic` challenge with those credentials,
+the Docker client config (attnforge/publish/registry_auth.py): a `Basic` challenge with those credentials,
 a `Bearer` challenge with a token from its realm (fetched with them, or anonymously without), one
 token per registry and scope for the process (the token flow: distribution/distribution
 docs/spec/auth/token.md and oauth.md, read 2026-11-25).
@@ -24,8 +24,8 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 
+from ..errors import UserError
 from . import registry_auth
-from .errors import UserError
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"

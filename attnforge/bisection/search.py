@@ -29,7 +29,7 @@ from typing import Any
 
 from contract import names
 
-from .baseline import (
+from ..baseline.gate import (
     DEFAULT_MIN_RATIO,
     BaselineError,
     Gate,
@@ -38,8 +38,8 @@ from .baseline import (
     parse_gate,
     ratio_text,
 )
-from .errors import UserError
-from .files import write_aside
+from ..errors import UserError
+from ..files import write_aside
 
 GOOD, BAD, SKIP = "good", "bad", "skip"
 VERDICTS = (GOOD, BAD, SKIP)

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .baseline import BaselineError, bench_file, load_bench
-from .errors import UserError
+from ..errors import UserError
+from .gate import BaselineError, bench_file, load_bench
 
 KEPT = "baseline"
 KEPT_FILES = ("report.json", "bench.json")

@@ -1,7 +1,7 @@
 """`invoke bisect`, the part that touches the world: reading candidates from a git repository or
 a package index, and probing one pin (build the stack with it, run the check in the image).
 
-The search itself, the selectors, the verdicts and the state are pure (attnforge/bisect.py).
+The search itself, the selectors, the verdicts and the state are pure (attnforge/bisection/search.py).
 """
 
 from __future__ import annotations
@@ -22,8 +22,25 @@ from packaging.version import InvalidVersion, Version
 
 from contract import names
 
-from .baseline import bench_file, load_bench
-from .bisect import (
+from ..baseline.gate import bench_file, load_bench
+from ..build import (
+    BuildState,
+    Invocation,
+    LayerFailed,
+    Outcome,
+    build_requests,
+    execute,
+    plan_build,
+)
+from ..engine import Engine, RunRequest
+from ..errors import UserError
+from ..files import swap_folder
+from ..pins.update import _by_version, _fitting
+from ..pins.upstream import IndexSource, Unavailable, _run_git, url_path
+from ..plan import Plan
+from ..recipes import Recipes
+from ..workspace import Workspace
+from .search import (
     BAD,
     GOOD,
     SKIP,
@@ -35,23 +52,6 @@ from .bisect import (
     verdict_of_exit,
     verdict_of_report,
 )
-from .build import (
-    BuildState,
-    Invocation,
-    LayerFailed,
-    Outcome,
-    build_requests,
-    execute,
-    plan_build,
-)
-from .engine import Engine, RunRequest
-from .errors import UserError
-from .files import swap_folder
-from .pins import IndexSource, Unavailable, _run_git, url_path
-from .pins_update import _by_version, _fitting
-from .plan import Plan
-from .recipes import Recipes
-from .workspace import Workspace
 
 _SHA = re.compile(r"[0-9a-f]{40}")
 # How far back a shallow fetch reaches for the good commit before it fetches the whole history.

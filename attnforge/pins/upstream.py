@@ -44,10 +44,10 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion, Version
 
-from . import aotriton_pin
-from .errors import UserError
-from .plan import Options, Plan, Step, resolve
-from .recipes import Recipes, pin_kind, selector_matches
+from .. import aotriton_pin
+from ..errors import UserError
+from ..plan import Options, Plan, Step, resolve
+from ..recipes import Recipes, pin_kind, selector_matches
 
 OK, FLOATING, UNKNOWN, MISSING, MISMATCH = "ok", "floating", "unknown", "missing", "mismatch"
 FAILING = (MISSING, MISMATCH)
@@ -765,7 +765,7 @@ def engine_digest(engine: str = "docker") -> Callable[[str], str | None]:
     """The repo digest of a base image the engine has pulled (no network), if any: asked through
     engine.py (so DOCKER_HOST, the docker context and --engine podman count), connecting at the
     first question; no reachable engine knows no digest."""
-    from .engine import connect
+    from ..engine import connect
 
     connected: dict[str, object] = {}
 

@@ -48,7 +48,7 @@ def sbom(image: str, digest: str, probe: dict, dpkg_status: str, lineage: list,
     from cyclonedx.output.json import JsonV1Dot6
     from packageurl import PackageURL
 
-    from .export import TOOLING, dists_of
+    from ..export import TOOLING, dists_of
 
     bom = Bom()
     name = image.rsplit(":", 1)[0] if "@" not in image else image.split("@")[0]

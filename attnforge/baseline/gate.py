@@ -8,7 +8,7 @@ baseline's speed), and a gate fails when that median ratio is below its `min_rat
 
 Where the gates come from (a stack's `bench_gates:` in recipes/stacks.yaml), where the baseline
 comes from (a report folder, the kept last passing run, a published image) and what is written
-is attnforge/baseline_store.py and attnforge/validation.py. Standard library only, so that
+is attnforge/baseline/store.py and attnforge/validation.py. Standard library only, so that
 `python -m attnforge.baseline BASELINE NOW --gate ...` runs on a bare GPU host with nothing but
 Python (docs/validation.md, "Baselines").
 """
@@ -27,7 +27,7 @@ from typing import Any
 
 from contract import documents, names
 
-from . import files
+from .. import files
 
 KIND = names.BASELINE_COMPARE
 VERSION = names.KIND_VERSIONS[KIND]

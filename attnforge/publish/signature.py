@@ -25,7 +25,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from .errors import UserError
+from ..errors import UserError
 
 SIG_SUFFIX = "sig"
 SIG_ANNOTATION = "dev.cosignproject.cosign/signature"
