@@ -179,11 +179,15 @@ FAKE_CHECK = textwrap.dedent(
 FAKE_SHIM = "def stats():\n    return {'routed': 3, 'fallback': 1, 'reasons': {'dtype': 1}}\n"
 
 
+def _image_tree(tmp_path, repo):
+    """What validate.Dockerfile copies beside each other, less kernels/."""
+    for pkg in ("validate", "contract"):
+        shutil.copytree(repo / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+
+
 def _fake_tree(tmp_path, repo, check_src=FAKE_CHECK):
-    """validate/ beside a stand-in kernels package, as in an image."""
-    shutil.copytree(
-        repo / "validate", tmp_path / "validate", ignore=shutil.ignore_patterns("__pycache__")
-    )
+    """validate/ and contract/ beside a stand-in kernels package, as in an image."""
+    _image_tree(tmp_path, repo)
     (tmp_path / "kernels").mkdir()
     (tmp_path / "kernels" / "__init__.py").write_text("")
     (tmp_path / "kernels" / "check.py").write_text(check_src)
@@ -216,9 +220,7 @@ def test_kernels_cases_report_their_own_status_and_a_segfault_is_that_cases_cras
 
 @pytest.mark.slow
 def test_kernels_absent_is_a_skip(tmp_path, repo, run_validate):
-    shutil.copytree(
-        repo / "validate", tmp_path / "validate", ignore=shutil.ignore_patterns("__pycache__")
-    )
+    _image_tree(tmp_path, repo)
     proc = run_validate("kernels", "--json", "r.json", cwd=tmp_path)
     report = json.loads((tmp_path / "r.json").read_text())
     rec = next(c for c in report["checks"] if c["id"] == "kernels.list")
