@@ -294,6 +294,26 @@ def test_early_starts_are_the_later_keys_with_warm_up_steps():
     assert suite.early_starts(iso) == []
 
 
+@pytest.mark.parametrize("installed", [True, False])
+def test_flash_attn_info_starts_no_process_only_to_find_flash_attn_missing(monkeypatch, installed):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec",
+        lambda name, *a: (real("json") if installed else None) if name == "flash_attn" else real(name, *a),
+    )  # fmt: skip
+    plan = {c["id"]: c for c in suite.plan("all", quick=True)}
+    info = plan["flash_attn.info"]
+    # Installed: its own worker (flash_attn reads its environment variables as it loads),
+    # started early; missing: the warm SDPA worker answers the ModuleNotFoundError.
+    assert info["worker"] == ("flash_attn" if installed else suite.SDPA)
+    assert bool(info["warm_up"]) is installed
+    assert ("flash_attn" in dict(suite.early_starts(list(plan.values())))) is installed
+    kernels_warm_up = plan["kernels.list"]["warm_up"]
+    assert kernels_warm_up == [
+        {"target": "validate.checks.kernels:warm_up", "params": {"quick": True}}
+    ]
+
+
 def test_several_workers_run_at_once_and_report_in_plan_order():
     lock = threading.Lock()
     now, most, ran = [0], [0], []
