@@ -42,6 +42,7 @@ RUN --mount=type=bind,source=.,target=/ctx \\
  && if [ -e /opt/probe/BREAKS_THE_BUILD ]; then echo "this commit does not build" >&2; exit 1; fi
 # the validation suite, and the repository's own check for it (check:probe.*)
 COPY validate /opt/attnforge/validate
+COPY contract /opt/attnforge/contract
 ENV PYTHONPATH=/opt/attnforge VALIDATE_EXTRA_CHECKS=/opt/probe/checks.py
 COPY attnforge-manifest.json /opt/attnforge/versions.json
 """
@@ -120,7 +121,7 @@ def workspace(tmp_path_factory, engine_ready):  # noqa: F811
         "needs: [python]\n"
         "arches: [cpu]\n"
         f"source: {{repo: 'file://{tree / 'bisect-src.git'}', ref: {shas[0]}}}\n"
-        "context: [bisect-src.bundle, validate]\n"
+        "context: [bisect-src.bundle, validate, contract]\n"
         "smoke:\n"
         "  - name: the probe module is there\n"
         "    python: \"import os; assert os.path.isfile('/opt/probe/probe.py')\"\n"
