@@ -100,6 +100,23 @@ def _providers(variants: dict):
     return provs
 
 
+def _time_each(provs: dict, time_ms, work: float) -> tuple[dict, dict, dict]:
+    """``time_ms(fn)`` for every provider, and the rate ``work / ms`` (work in the rate's unit
+    times a millisecond: TFLOP/s from flops / 1e9, GB/s from bytes / 1e6): (ms, rate and error,
+    each by name). A backend that cannot run a shape gets None and its error, never fatal."""
+    times: dict = {}
+    rates: dict = {}
+    errors: dict = {}
+    for name, fn in provs.items():
+        try:
+            ms = time_ms(fn)
+            times[name], rates[name] = ms, work / ms
+        except Exception as e:  # reported, not fatal
+            times[name] = rates[name] = None
+            errors[name] = f"{type(e).__name__}: {str(e)[:200]}"
+    return times, rates, errors
+
+
 def _time(fn, q, k, v, causal, mode):
     spec = getattr(fn, "config_override", None)
     if spec is None:
@@ -221,15 +238,13 @@ def run_workloads(layouts, modes, variants: dict) -> dict:
                 _make(b, n, heads, d, dt, layout) for n, heads in ((sq, h), (sk, hkv), (sk, hkv))
             )
             for mode in modes:
-                row = {"name": sh["name"], "layout": layout, "mode": mode, "tflops": {}, "ms": {}}
-                for name, fn in provs.items():
-                    try:
-                        ms = _time(fn, q, k, v, sh["causal"], mode)
-                        row["ms"][name] = ms
-                        row["tflops"][name] = workload_flops(sh, mode) / ms / 1e9
-                    except Exception as e:  # reported, not fatal
-                        row["ms"][name] = row["tflops"][name] = None
-                        row.setdefault("errors", {})[name] = f"{type(e).__name__}: {str(e)[:200]}"
+                times, rates, errors = _time_each(
+                    provs,
+                    lambda fn, a=(q, k, v, sh["causal"], mode): _time(fn, *a),
+                    workload_flops(sh, mode) / 1e9,
+                )
+                row = {"name": sh["name"], "layout": layout, "mode": mode, "tflops": rates,
+                       "ms": times, **({"errors": errors} if errors else {})}  # fmt: skip
                 rows.append(row)
                 cells = " ".join(
                     f"{n}={t:7.1f}" if t is not None else f"{n}=   n/a"
@@ -307,24 +322,22 @@ def run_decode(batches=DECODE_BATCHES, caches=DECODE_CACHES) -> dict:
                 torch.randn(b, s, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2)
             )
             kv_bytes = 2 * kc.numel() * kc.element_size()
-            row = {"batch": b, "cache": s, "us": {}, "gbps": {}}
-            for name, fn in provs.items():
-                try:
-                    with torch.no_grad():
-                        ms = do_bench(lambda fn=fn, a=(q, kc, vc): fn(*a), warmup=25, rep=100,
-                                      return_mode="median")  # fmt: skip
-                    row["us"][name] = ms * 1e3
-                    row["gbps"][name] = kv_bytes / ms / 1e6
-                except Exception as e:  # a backend that cannot run this shape is reported
-                    row["us"][name] = row["gbps"][name] = None
-                    row.setdefault("errors", {})[name] = f"{type(e).__name__}: {str(e)[:200]}"
+
+            def step_ms(fn, a=(q, kc, vc)):
+                with torch.no_grad():
+                    return do_bench(lambda: fn(*a), warmup=25, rep=100, return_mode="median")
+
+            times, rates, errors = _time_each(provs, step_ms, kv_bytes / 1e6)
+            row = {"batch": b, "cache": s,
+                   "us": {n: None if ms is None else ms * 1e3 for n, ms in times.items()},
+                   "gbps": rates, **({"errors": errors} if errors else {})}  # fmt: skip
             rows.append(row)
             cells = " ".join(
                 f"{n}={t:8.1f}us" if t is not None else f"{n}=     n/a"
                 for n, t in row["us"].items()
             )
             print(f"decode b={b:3d} cache={s:6d} {cells}", flush=True)
-            del q, kc, vc
+            del q, kc, vc, step_ms  # step_ms holds the cache too: free it before the next
             torch.cuda.empty_cache()
     return {"decode_rows": rows, "heads": list(DECODE_HEADS)}
 
@@ -420,16 +433,13 @@ def run(shapes, variants: dict, memory: bool = True) -> dict:
     rows = []
     for b, h, s, d, causal, mode in shapes:
         q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        row = {"shape": [b, h, s, d], "causal": causal, "mode": mode, "tflops": {}, "ms": {}}
-        for name, fn in provs.items():
-            try:
-                ms = _time(fn, q, k, v, causal, mode)
-                row["ms"][name] = ms
-                row["tflops"][name] = flops(b, h, s, d, causal, mode) / ms / 1e9
-            except Exception as e:  # a backend that cannot run this shape is reported, not fatal
-                row["ms"][name] = None
-                row["tflops"][name] = None
-                row.setdefault("errors", {})[name] = f"{type(e).__name__}: {str(e)[:200]}"
+        times, rates, errors = _time_each(
+            provs,
+            lambda fn, a=(q, k, v, causal, mode): _time(fn, *a),
+            flops(b, h, s, d, causal, mode) / 1e9,
+        )
+        row = {"shape": [b, h, s, d], "causal": causal, "mode": mode, "tflops": rates,
+               "ms": times, **({"errors": errors} if errors else {})}  # fmt: skip
         rows.append(row)
         print(_fmt_row(row), flush=True)
         del q, k, v
