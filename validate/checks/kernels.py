@@ -65,7 +65,7 @@ def warm_up(params: dict[str, Any]) -> None:
     gpu = torch.cuda.is_available()
     if not gpu:
         os.environ["TRITON_INTERPRET"] = "1"
-    importlib.import_module("kernels.check")
+    check = importlib.import_module("kernels.check")
     importlib.import_module("kernels.interface")
     if not gpu or os.environ.get("TRITON_INTERPRET") == "1":
         return
@@ -73,7 +73,6 @@ def warm_up(params: dict[str, Any]) -> None:
     from triton.runtime import driver
 
     driver.active.get_current_target()
-    check = importlib.import_module("kernels.check")
     if getattr(check, "unavailable", lambda: "")():
         return
     cases = [str(c) for c in check.list_cases(bool(params.get("quick")))]
