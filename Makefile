@@ -26,7 +26,7 @@ test:
 	ATTNFORGE_E2E_WHEELHOUSE=$(abspath $(WHEELHOUSE)) ATTNFORGE_E2E_CA_CERT=$(CA_CERT) \
 	ATTNFORGE_E2E_REGISTRY=127.0.0.1:5000 $(BIN)/python -m pytest $(PYTEST_PARALLEL)
 
-## test-unit: the tests that need no engine and are not marked slow (about 2-4 minutes on 2 cores)
+## test-unit: the tests that need no engine and are not marked slow (about 2.5 minutes on 2 cores)
 test-unit: venv
 	$(BIN)/python -m pytest $(PYTEST_PARALLEL) -m "not e2e and not slow"
 
