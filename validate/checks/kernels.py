@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from typing import Any
 
 from contract.names import CASE_STATUSES
@@ -77,6 +78,10 @@ def warm_up(params: dict[str, Any]) -> None:
         return
     cases = [str(c) for c in check.list_cases(bool(params.get("quick")))]
     if cases and cases[0].startswith("attn-"):
+        # Named first: should the case crash the worker, the crash is reported against the
+        # first kernels check, whose stderr tail then says which case did it.
+        print(f"validate: kernels warm-up runs {cases[0]} (its result is dropped)", file=sys.stderr)
+        sys.stderr.flush()
         check.run_case(cases[0])
 
 
