@@ -84,6 +84,9 @@ class AttnConfig:
     # (kernels.interface.gluon_forward_ok, gluon_backward_ok); fwd / bwd_kv are then unused.
     gluon_fwd: bool = False
     gluon_bwd: bool = False
+    # The forward's single-block path (``SHORT_KV``) where every key of every sequence fits one
+    # key block of the forward tile; off only to measure the loop against it.
+    short_kv: bool = True
 
     def gluon_fwd_at(self, head_dim: int) -> bool:
         """Whether the config runs the Gluon forward at this (unpadded) head dim."""
@@ -314,6 +317,24 @@ HEAD_DIM_FWD = {
 }
 
 
+# Forward tiles for short key sequences: cross-attention to CLIP's 77 text tokens (SD 1.5, SDXL)
+# and self-attention at the smallest latent levels. When the longest key sequence fits one key block
+# of the tile (max_k <= block_n), the forward runs it through the kernel's single-block path
+# (SHORT_KV: one K/V load, no loop, no rescale of the accumulator), whatever the grid size; it
+# takes precedence over HEAD_DIM_FWD and SMALL_GRID_FWD. Keys: (family, padded head dim).
+SHORT_KV_FWD: dict[tuple[str, int], Tile] = {}
+
+
+def short_kv_fwd(family: str, head_dim: int, max_k: int) -> Tile | None:
+    """The SHORT_KV_FWD tile of this family and (unpadded) head dim when ``max_k`` keys fit its
+    key block; None otherwise, where there is none, or when ATTNFORGE_KERNELS_CONFIG names a
+    forward tile."""
+    tile = SHORT_KV_FWD.get((family, padded_head_dim(head_dim)))
+    if tile is None or max_k > tile.block_n or _env_names_fwd():
+        return None
+    return tile
+
+
 def head_dim_fwd(family: str, head_dim: int) -> Tile | None:
     """The HEAD_DIM_FWD tile of this family and unpadded head dim; None where there is none or
     ATTNFORGE_KERNELS_CONFIG names a forward tile."""
@@ -434,8 +455,9 @@ def override(cfg: AttnConfig, spec: str | None) -> AttnConfig:
 
     Tiles are ``[block_m, block_n, num_warps, num_stages(, waves_per_eu)]`` or objects with
     Tile's field names; keys fwd, bwd_kv, bwd_q, atomic_dq, reload, gluon_fwd, gluon_bwd,
-    chunk_kv, chunk_q (head-dim chunk: 0 or a power of two >= 16), and ``tma``: true/false for
-    every tile or a list of the tiles (``["bwd_kv", "bwd_q"]``) that use TMA, the others not.
+    short_kv, chunk_kv, chunk_q (head-dim chunk: 0 or a power of two >= 16), and ``tma``:
+    true/false for every tile or a list of the tiles (``["bwd_kv", "bwd_q"]``) that use TMA, the
+    others not.
     Set through ``ATTNFORGE_KERNELS_CONFIG`` for one-off experiments.
     """
     if not spec:
@@ -451,7 +473,7 @@ def override(cfg: AttnConfig, spec: str | None) -> AttnConfig:
         for key in TILE_KEYS:
             use = key in on if isinstance(on, list) else bool(on)
             changes[key] = replace(changes.get(key, getattr(cfg, key)), tma=use)
-    for key in ("atomic_dq", "reload", "gluon_fwd", "gluon_bwd"):
+    for key in ("atomic_dq", "reload", "gluon_fwd", "gluon_bwd", "short_kv"):
         if key in data:
             changes[key] = bool(data[key])
     for key in ("chunk_kv", "chunk_q"):

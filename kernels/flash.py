@@ -336,46 +336,76 @@ def _seq_bounds(CuQ, CuK, b, seqlen_q, seqlen_k, IS_VARLEN: tl.constexpr):
 
 
 @triton.jit
+def _fwd_step(acc, l_i, m_i, q, k_base, v_base, sk_s, sv_s, n0, offs_m, offs_d, seqlen_k, diag,
+              qk_scale, cap_in, cap_out, alibi2, left, right, k0, k1, c3, thresh, bh,
+              HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr,
+              HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr,
+              HAS_RIGHT: tl.constexpr, MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+              USE_TMA: tl.constexpr, FIRST: tl.constexpr):
+    """One key block [n0, n0 + BLOCK_N) of the online softmax. FIRST: the block is the first
+    one this program reads (acc and l_i are 0, m_i is -inf), so nothing is rescaled."""
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    if USE_TMA:
+        k = k_base.load([n0, 0])  # a tensor descriptor: rows past seqlen_k read as zeros
+    else:
+        k = _load_tile(k_base, offs_n, sk_s, seqlen_k, offs_d, HEAD_DIM, MASK, EVEN_D)
+    qk = _mm(q, tl.trans(k))
+    rel = offs_n[None, :] - offs_m[:, None] - diag
+    s = _scores(qk, rel, offs_n[None, :] < seqlen_k, qk_scale, cap_in, cap_out, alibi2, left,
+                right, HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, MASK)
+    if FIRST:
+        m_new = tl.max(s, 1)
+    else:
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+    if MASK:
+        # A row with nothing visible yet keeps m = -inf; shift by 0 to avoid inf - inf.
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_use = m_new
+    p = tl.exp2(s - m_use[:, None])
+    if FIRST:
+        alpha = 0.0  # unused
+    else:
+        alpha = tl.exp2(m_i - m_use)
+        acc = acc * alpha[:, None]
+    if USE_TMA:
+        v = v_base.load([n0, 0])
+    else:
+        v = _load_tile(v_base, offs_n, sv_s, seqlen_k, offs_d, HEAD_DIM, MASK, EVEN_D)
+    if HAS_DROPOUT:
+        # The softmax sum counts every score; only the product with V sees the dropped ones
+        # as 0 (the 1/(1-p) scale is applied to the output once).
+        l_i = _row_sum(l_i, alpha, p, FIRST)
+        keep = _keep(k0, k1, c3, thresh, bh, offs_m[:, None], offs_n[None, :])
+        acc = _dot(tl.where(keep, p, 0.0).to(v.dtype), v, acc)
+    else:
+        acc = _dot(_to_operand(p, v.dtype), v, acc)
+        l_i = _row_sum(l_i, alpha, p, FIRST)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _row_sum(l_i, alpha, p, FIRST: tl.constexpr):
+    """The softmax denominator after a block: rescaled and summed, or only summed for the first."""
+    if FIRST:
+        return tl.sum(p, 1)
+    else:
+        return l_i * alpha + tl.sum(p, 1)
+
+
+@triton.jit
 def _fwd_loop(acc, l_i, m_i, q, k_base, v_base, sk_s, sv_s, start, end, offs_m, offs_d, seqlen_k,
               diag, qk_scale, cap_in, cap_out, alibi2, left, right, k0, k1, c3, thresh, bh,
               HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr,
               HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr,
               HAS_RIGHT: tl.constexpr, MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
               USE_TMA: tl.constexpr):
-    offs_n0 = tl.arange(0, BLOCK_N)
     for n0 in tl.range(start, end, BLOCK_N):
-        offs_n = n0 + offs_n0
-        if USE_TMA:
-            k = k_base.load([n0, 0])  # a tensor descriptor: rows past seqlen_k read as zeros
-        else:
-            k = _load_tile(k_base, offs_n, sk_s, seqlen_k, offs_d, HEAD_DIM, MASK, EVEN_D)
-        qk = _mm(q, tl.trans(k))
-        rel = offs_n[None, :] - offs_m[:, None] - diag
-        s = _scores(qk, rel, offs_n[None, :] < seqlen_k, qk_scale, cap_in, cap_out, alibi2, left,
-                    right, HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, MASK)
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        if MASK:
-            # A row with nothing visible yet keeps m = -inf; shift by 0 to avoid inf - inf.
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        else:
-            m_use = m_new
-        p = tl.exp2(s - m_use[:, None])
-        alpha = tl.exp2(m_i - m_use)
-        acc = acc * alpha[:, None]
-        if USE_TMA:
-            v = v_base.load([n0, 0])
-        else:
-            v = _load_tile(v_base, offs_n, sv_s, seqlen_k, offs_d, HEAD_DIM, MASK, EVEN_D)
-        if HAS_DROPOUT:
-            # The softmax sum counts every score; only the product with V sees the dropped ones
-            # as 0 (the 1/(1-p) scale is applied to the output once).
-            l_i = l_i * alpha + tl.sum(p, 1)
-            keep = _keep(k0, k1, c3, thresh, bh, offs_m[:, None], offs_n[None, :])
-            acc = _dot(tl.where(keep, p, 0.0).to(v.dtype), v, acc)
-        else:
-            acc = _dot(_to_operand(p, v.dtype), v, acc)
-            l_i = l_i * alpha + tl.sum(p, 1)
-        m_i = m_new
+        acc, l_i, m_i = _fwd_step(acc, l_i, m_i, q, k_base, v_base, sk_s, sv_s, n0, offs_m, offs_d,
+                                  seqlen_k, diag, qk_scale, cap_in, cap_out, alibi2, left, right,
+                                  k0, k1, c3, thresh, bh, HEAD_DIM, BLOCK_N, EVEN_D, HAS_SOFTCAP,
+                                  HAS_ALIBI, HAS_LEFT, HAS_RIGHT, MASK, HAS_DROPOUT, USE_TMA,
+                                  False)
     return acc, l_i, m_i
 
 
@@ -413,12 +443,14 @@ def _attn_fwd(
     IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, REVERSE: tl.constexpr,
     HAS_DROPOUT: tl.constexpr, RETURN_SDMASK: tl.constexpr, IS_FP8: tl.constexpr,
-    USE_TMA: tl.constexpr = False,
+    USE_TMA: tl.constexpr = False, SHORT_KV: tl.constexpr = False,
 ):
     """Rng/drop_scale (dropout), SDMask (S_dmask) and DescQ/K/V (FP8: fp32 (batch, Hk) descale
     factors, Q's per KV head as flash_attn 3 has them) are None when their variant is off.
     USE_TMA (Hopper): K and V stream through tensor descriptors (TMA) bounded by this sequence's
-    rows and HEAD_DIM, whose zero fill replaces the masked loads."""
+    rows and HEAD_DIM, whose zero fill replaces the masked loads.
+    SHORT_KV: every sequence has at most BLOCK_N keys (the launcher checks the longest), as in
+    cross-attention to 77 text tokens: one masked K/V block, no loop, no rescale."""
     pid_m = tl.program_id(0)
     if REVERSE:
         # Causal: the longest rows first, so the tail of the grid is short blocks.
@@ -458,24 +490,33 @@ def _attn_fwd(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     k_src, v_src = _streams(k_base, sk_s, v_base, sv_s, seqlen_k, USE_TMA, HEAD_DIM, BLOCK_N,
                             BLOCK_D)
-    lo, full_lo, full_hi, hi = _key_ranges(m0, seqlen_q, seqlen_k, left, right, BLOCK_M, BLOCK_N,
-                                           HAS_LEFT, HAS_RIGHT)
-    if HAS_LEFT:
-        acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, k_src, v_src, sk_s, sv_s, lo, full_lo,
-                                  offs_m, offs_d, seqlen_k, diag, qk_scale, cap_in, cap_out, alibi2,
-                                  left, right, k0, k1, c3, thresh, pid_bh, HEAD_DIM, BLOCK_N,
-                                  EVEN_D, HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, True,
-                                  HAS_DROPOUT, USE_TMA)
-    acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, k_src, v_src, sk_s, sv_s, full_lo, full_hi,
-                              offs_m, offs_d, seqlen_k, diag, qk_scale, cap_in, cap_out, alibi2,
-                              left, right, k0, k1, c3, thresh, pid_bh, HEAD_DIM, BLOCK_N, EVEN_D,
-                              HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, False, HAS_DROPOUT,
-                              USE_TMA)
-    acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, k_src, v_src, sk_s, sv_s, full_hi, hi,
-                              offs_m, offs_d, seqlen_k, diag, qk_scale, cap_in, cap_out, alibi2,
-                              left, right, k0, k1, c3, thresh, pid_bh, HEAD_DIM, BLOCK_N, EVEN_D,
-                              HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, True, HAS_DROPOUT,
-                              USE_TMA)
+    if SHORT_KV:
+        lo = 0
+        hi = seqlen_k
+        acc, l_i, m_i = _fwd_step(acc, l_i, m_i, q, k_src, v_src, sk_s, sv_s, 0, offs_m, offs_d,
+                                  seqlen_k, diag, qk_scale, cap_in, cap_out, alibi2, left, right,
+                                  k0, k1, c3, thresh, pid_bh, HEAD_DIM, BLOCK_N, EVEN_D,
+                                  HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, True, HAS_DROPOUT,
+                                  USE_TMA, True)
+    else:
+        lo, full_lo, full_hi, hi = _key_ranges(m0, seqlen_q, seqlen_k, left, right, BLOCK_M,
+                                               BLOCK_N, HAS_LEFT, HAS_RIGHT)
+        if HAS_LEFT:
+            acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, k_src, v_src, sk_s, sv_s, lo, full_lo,
+                                      offs_m, offs_d, seqlen_k, diag, qk_scale, cap_in, cap_out,
+                                      alibi2, left, right, k0, k1, c3, thresh, pid_bh, HEAD_DIM,
+                                      BLOCK_N, EVEN_D, HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT,
+                                      True, HAS_DROPOUT, USE_TMA)
+        acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, k_src, v_src, sk_s, sv_s, full_lo, full_hi,
+                                  offs_m, offs_d, seqlen_k, diag, qk_scale, cap_in, cap_out,
+                                  alibi2, left, right, k0, k1, c3, thresh, pid_bh, HEAD_DIM,
+                                  BLOCK_N, EVEN_D, HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT,
+                                  False, HAS_DROPOUT, USE_TMA)
+        acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, k_src, v_src, sk_s, sv_s, full_hi, hi,
+                                  offs_m, offs_d, seqlen_k, diag, qk_scale, cap_in, cap_out,
+                                  alibi2, left, right, k0, k1, c3, thresh, pid_bh, HEAD_DIM,
+                                  BLOCK_N, EVEN_D, HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT,
+                                  True, HAS_DROPOUT, USE_TMA)
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
     if HAS_DROPOUT:

@@ -284,12 +284,14 @@ def _forward(
     fp8 = descale is not None
     d, hq, hk, cfg, hip, softcap, cap_in, cap_out = _common(qs.t, ks.t, vs.t, mask, scale, fp8)
     family = configs.device_family(q.device)
-    tile = configs.head_dim_fwd(family, d)
+    tile = configs.short_kv_fwd(family, d, max_k)
+    if tile is None:
+        tile = configs.head_dim_fwd(family, d)
     if tile is None:
         tile = configs.small_grid_fwd(
             cfg, family, d, max_q, batch * hq, configs.compute_units(q.device)
         )
-    if tile is not None:  # a head dim's own tile, or a grid too small to fill the GPU
+    if tile is not None:  # short keys, a head dim's own tile, or a grid too small to fill it
         cfg = configs.with_fwd(cfg, tile)
     out = torch.empty(qs.t.shape, dtype=out_dtype or q.dtype, device=q.device)
     os_ = _Seq(out, varlen).strides
@@ -361,6 +363,7 @@ def _forward(
             RETURN_SDMASK=drop is not None and drop.sdmask is not None,
             IS_FP8=fp8,
             USE_TMA=t.tma,
+            SHORT_KV=c.short_kv and max_k <= t.block_n,
             **t.launch_options(hip),
         )
 
