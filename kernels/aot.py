@@ -95,6 +95,9 @@ def _signature(fn, ptr_types: dict, constexprs: dict, pointer_range: bool = Fals
     sig, attrs = {}, {}
     ptr_attrs = [["tt.divisibility", 16]] + ([["tt.pointer_range", 32]] if pointer_range else [])
     floats = {"qk_scale", "cap_in", "cap_out", "sm_scale", "drop_scale"}
+    # The forward's q/k/v/out strides arrive divided by STRIDE_ALIGN where one of them is not a
+    # multiple of 16 (kernels.flash.stride_align): the quotients get no divisibility hint.
+    divided = constexprs.get("STRIDE_ALIGN", 1) > 1
     for i, name in enumerate(fn.arg_names):
         if name in constexprs:
             sig[name] = "constexpr"
@@ -107,7 +110,8 @@ def _signature(fn, ptr_types: dict, constexprs: dict, pointer_range: bool = Fals
             sig[name] = "i32"
             # Strides of contiguous BSHD tensors are multiples of 16 for the usual head counts.
             if re.match(r"^s[a-z]*_[bsh]$", name) and not name.startswith("sa_"):
-                attrs[(i,)] = [["tt.divisibility", 16]]
+                if not (divided and re.match(r"^s[qkvo]_[bsh]$", name)):
+                    attrs[(i,)] = [["tt.divisibility", 16]]
     return sig, attrs
 
 
@@ -210,6 +214,8 @@ def _kernels(head_dim: int, cfg, dtype: str = "bf16"):
                 BLOCK_N=cfg.fwd.block_n,
                 REVERSE=True,
                 USE_TMA=cfg.fwd.tma,
+                # As the launcher passes contiguous tensors of this head dim (d=40: 8).
+                STRIDE_ALIGN=flash.stride_align(head_dim),
                 **_FWD_OFF,
             ),
             cfg.fwd,

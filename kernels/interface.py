@@ -11,7 +11,7 @@ import torch
 import triton
 from triton.runtime import _allocation
 
-from . import arguments, autotune, configs
+from . import arguments, autotune, configs, flash
 from ._compat import patch_interpreter
 from .arguments import AttnResult, Descale
 from .errors import ArgumentError, ArgumentTypeError
@@ -314,6 +314,11 @@ def _forward(
         flash_sm90.launch(qs.t, ks.t, vs.t, out, lse, scale * LOG2E, causal=mask.right == 0)
         return out, lse
 
+    strides = (*qs.strides, *ks.strides, *vs.strides, *os_)
+    align = flash.stride_align(*strides)
+    if align > 1:
+        strides = tuple(s // align for s in strides)
+
     def launch(c: configs.AttnConfig):
         c = _tma_config(c, ("fwd",), qs.t, ks.t, vs.t)
         t = c.fwd
@@ -327,10 +332,7 @@ def _forward(
             cu_q if varlen else dummy,
             cu_k if varlen else dummy,
             slopes if slopes is not None else lse,
-            *qs.strides,
-            *ks.strides,
-            *vs.strides,
-            *os_,
+            *strides,
             *lse_strides,
             sa_b,
             sa_h,
@@ -364,6 +366,7 @@ def _forward(
             IS_FP8=fp8,
             USE_TMA=t.tma,
             SHORT_KV=c.short_kv and max_k <= t.block_n,
+            STRIDE_ALIGN=align,
             **t.launch_options(hip),
         )
 
