@@ -171,6 +171,19 @@ def _head_dim_fwd(base, family: str, head_dim: int):
     return [("fwd_hd", fn, ptrs, c, tile)]
 
 
+def _short_kv(base, family: str, head_dim: int):
+    """The forward's single-block path with the family's short-key tile
+    (``configs.SHORT_KV_FWD``), as ``fwd_short``, where it has one."""
+    from .configs import SHORT_KV_FWD, padded_head_dim
+
+    tile = SHORT_KV_FWD.get((family, padded_head_dim(head_dim)))
+    if tile is None:
+        return []
+    name, fn, ptrs, consts, _ = base[0]
+    c = dict(consts, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, USE_TMA=tile.tma, SHORT_KV=True)
+    return [("fwd_short", fn, ptrs, c, tile)]
+
+
 def _kernels(head_dim: int, cfg, dtype: str = "bf16"):
     """(name, jit fn, pointer types, constexprs, tile) for the fwd and the three bwd kernels."""
     from . import flash
@@ -439,6 +452,7 @@ def jobs_for(arch: str, spec: dict, head_dims, over_2gib: bool = False) -> list[
         variants = _variants(_kernels(d, dcfg), base, FP8_DOT.get(spec["family"]))
         variants += _small_grid(base, spec["family"], d)
         variants += _head_dim_fwd(base, spec["family"], d)
+        variants += _short_kv(base, spec["family"], d)
         # The KV-cache kernels (kernels/kvcache.py: split-KV decode, paged prefill, combine).
         gluon = _gluon_kernels(d, cfg) if spec["vendor"] == "nvidia" else []
         found += [(d, job) for job in base + variants + aot_kernels(d, spec["family"]) + gluon]

@@ -322,7 +322,15 @@ HEAD_DIM_FWD = {
 # of the tile (max_k <= block_n), the forward runs it through the kernel's single-block path
 # (SHORT_KV: one K/V load, no loop, no rescale of the accumulator), whatever the grid size; it
 # takes precedence over HEAD_DIM_FWD and SMALL_GRID_FWD. Keys: (family, padded head dim).
-SHORT_KV_FWD: dict[tuple[str, int], Tile] = {}
+# Hopper: from one sweep at the workload shapes with 77 keys on an H100 (kernel time by CUDA
+# graph, docs/benchmarks.md "Short keys and d=40"): SDXL cross-attention 14.1 against 16.7 us
+# (4096 queries, d=64) and 8.1 against 10.0 (1024), SD 1.5 d=80 6.1 against 6.7, d=160 6.4 against
+# 7.7 for the loop with the default or small-grid tile.
+SHORT_KV_FWD: dict[tuple[str, int], Tile] = {
+    ("hopper", 64): Tile(64, 128, 4, 1),
+    ("hopper", 128): Tile(64, 128, 4, 1),
+    ("hopper", 256): Tile(32, 128, 4, 1),
+}
 
 
 def short_kv_fwd(family: str, head_dim: int, max_k: int) -> Tile | None:
@@ -355,6 +363,22 @@ def small_grid_fwd(cfg: AttnConfig, family: str, head_dim: int, rows: int, heads
         return None
     programs = -(-rows // cfg.fwd.block_m) * heads
     return tile if programs < SMALL_GRID_WAVES * units else None
+
+
+def forward_config(cfg: AttnConfig, family: str, head_dim: int, max_q: int, max_k: int,
+                   heads: int, device) -> AttnConfig:  # fmt: skip
+    """``cfg`` with the forward tile of one call: SHORT_KV_FWD's where the longest key sequence
+    fits its key block, else HEAD_DIM_FWD's, else SMALL_GRID_FWD's for a grid of ``heads``
+    (batch x query heads) x ``max_q`` rows too small for ``device``, else cfg's own (also
+    whenever ATTNFORGE_KERNELS_CONFIG names a forward tile)."""
+    if _env_names_fwd():
+        return cfg
+    tile = SHORT_KV_FWD.get((family, padded_head_dim(head_dim)))
+    if tile is None or max_k > tile.block_n:
+        tile = HEAD_DIM_FWD.get((family, head_dim))
+    if tile is None:
+        tile = small_grid_fwd(cfg, family, head_dim, max_q, heads, compute_units(device))
+    return cfg if tile is None else with_fwd(cfg, tile)
 
 
 # Tiles for newer Tritons. Triton 3.7's, 3.8's and 3.9's AMD backends keep more values live than

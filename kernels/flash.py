@@ -50,11 +50,8 @@ def stride_align(*strides: int) -> int:
     """The factor ``_attn_fwd`` gets its q/k/v/out strides divided by (STRIDE_ALIGN, see
     ``_aligned``): 1 where every stride is a multiple of 16 elements (Triton proves those
     itself), else the largest power of two dividing all of them (8 for d=40's strides)."""
-    strides = [s for s in strides if s]
-    if all(s % 16 == 0 for s in strides):
-        return 1
-    g = math.gcd(*strides)
-    return g & -g
+    g = math.gcd(*strides)  # zeros (varlen's batch stride) leave it unchanged
+    return 1 if g % 16 == 0 else g & -g
 
 
 # Triton 3.6's interpreter multiplies bf16 tiles wrongly; fp32 operands are exact there (a product

@@ -284,15 +284,8 @@ def _forward(
     fp8 = descale is not None
     d, hq, hk, cfg, hip, softcap, cap_in, cap_out = _common(qs.t, ks.t, vs.t, mask, scale, fp8)
     family = configs.device_family(q.device)
-    tile = configs.short_kv_fwd(family, d, max_k)
-    if tile is None:
-        tile = configs.head_dim_fwd(family, d)
-    if tile is None:
-        tile = configs.small_grid_fwd(
-            cfg, family, d, max_q, batch * hq, configs.compute_units(q.device)
-        )
-    if tile is not None:  # short keys, a head dim's own tile, or a grid too small to fill it
-        cfg = configs.with_fwd(cfg, tile)
+    # Short keys, a head dim's own tile, or a grid too small to fill the GPU.
+    cfg = configs.forward_config(cfg, family, d, max_q, max_k, batch * hq, q.device)
     out = torch.empty(qs.t.shape, dtype=out_dtype or q.dtype, device=q.device)
     os_ = _Seq(out, varlen).strides
     if varlen:

@@ -168,3 +168,17 @@ def test_the_aot_check_compiles_the_forward_as_the_launcher_passes_d40():
     _, attrs64 = aot._signature(fn, ptrs, consts64)
     assert consts64["STRIDE_ALIGN"] == 1
     assert {"sq_s", "sk_h", "so_b"} <= {fn.arg_names[i] for (i,) in attrs64}
+
+
+def test_every_short_key_tile_takes_clips_77_tokens_in_one_block():
+    for (family, d), tile in configs.SHORT_KV_FWD.items():
+        assert tile.block_n >= 77, (family, d)
+        assert configs.short_kv_fwd(family, d, 77) == tile
+
+
+def test_short_keys_take_precedence_over_a_head_dims_own_tile():
+    cfg = configs.config_for("hopper", 40)
+    short, own = configs.SHORT_KV_FWD[("hopper", 64)], configs.HEAD_DIM_FWD[("hopper", 40)]
+    # SD 1.5's first level: cross-attention to 77 tokens, self-attention over 4096.
+    assert configs.forward_config(cfg, "hopper", 40, 4096, 77, 16, None).fwd == short
+    assert configs.forward_config(cfg, "hopper", 40, 4096, 4096, 16, None).fwd == own
