@@ -229,6 +229,7 @@ def _kernels(head_dim: int, cfg, dtype: str = "bf16"):
                 USE_TMA=cfg.fwd.tma,
                 # As the launcher passes contiguous tensors of this head dim (d=40: 8).
                 STRIDE_ALIGN=flash.stride_align(head_dim),
+                SHORT_KV=False,  # a constexpr: left out, it would compile as a runtime argument
                 **_FWD_OFF,
             ),
             cfg.fwd,
