@@ -326,18 +326,18 @@ HEAD_DIM_FWD = {
 # graph, docs/benchmarks.md "Short keys and d=40"): SDXL cross-attention 14.1 against 16.7 us
 # (4096 queries, d=64) and 8.1 against 10.0 (1024), SD 1.5 d=80 6.1 against 6.7, d=160 6.3 against
 # 7.7 for the loop with the default or small-grid tile (d=256: 8 warps, as 4 spill 8 bytes).
-# CDNA: 64x128 where it compiles without spills at no lower occupancy than the default forward
-# (python -m kernels.aot; not cdna4 at d=64, whose default has one wave more, nor d=256 anywhere);
-# RDNA: every 128-key tile tried spills (gfx1100/gfx1151 40-843 VGPRs, gfx1201 27-344 above d=64)
-# or lowers occupancy (gfx1201 d=64: 8 -> 5), so RDNA keeps the loop. The AMD rows are
-# compile-checked only: untimed on AMD hardware, they are for an AMD runner's
-# `kernels.bench --workloads --variant 'NAME={"fwd": [...]}'` to confirm or replace.
+# CDNA3/CDNA4: 64x128 where it compiles without spills at no lower occupancy than the default
+# forward on Triton 3.6 to 3.9 (python -m kernels.aot, gfx942/gfx950); not cdna4 at d=64, whose
+# default has one wave more, nor d=256 anywhere, nor CDNA2 (gfx90a d=128 spills 2-6 VGPRs on
+# Triton 3.7/3.9, d=64 loses a wave on 3.8/3.9). RDNA: every 128-key tile tried spills
+# (gfx1100/gfx1151 40-843 VGPRs, gfx1201 27-344 above d=64) or lowers occupancy (gfx1201 d=64:
+# 8 -> 5), so RDNA keeps the loop. The AMD rows are compile-checked only: untimed on AMD
+# hardware, they are for an AMD runner's `kernels.bench --workloads --variant 'NAME={"fwd":
+# [...]}'` to confirm or replace.
 SHORT_KV_FWD: dict[tuple[str, int], Tile] = {
     ("hopper", 64): Tile(64, 128, 4, 1),
     ("hopper", 128): Tile(64, 128, 4, 1),
     ("hopper", 256): Tile(32, 128, 8, 1),
-    ("cdna2", 64): Tile(64, 128, 4, 1, 2),
-    ("cdna2", 128): Tile(64, 128, 4, 1, 2),
     ("cdna3", 64): Tile(64, 128, 4, 1, 2),
     ("cdna3", 128): Tile(64, 128, 4, 1, 2),
     ("cdna4", 128): Tile(64, 128, 4, 1, 2),
