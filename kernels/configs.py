@@ -310,7 +310,9 @@ SMALL_GRID_FWD = {
 # unpadded head dim); the tile replaces the forward tile for every grid size. Hopper d=40 (SD 1.5's
 # first level, padded to 64): 128x64 with 4 warps and 3 stages measured 124 TFLOP/s at
 # (2, 4096, 8, 40) against 79 for the default 128x64 w8 s4 and the small-grid 64x64 w4 s3, and
-# 27 against 22 for its 77-key cross-attention (docs/benchmarks.md, issue 30 section 2). AMD has no
+# 27 against 22 for its 77-key cross-attention (docs/benchmarks.md, issue 30 section 2); measured
+# before the forward's strides were aligned (STRIDE_ALIGN), which took it to 221-231 TFLOP/s (the
+# d=64 default 128x64 w8 s4 then ran 4% faster in kernel time: not yet adopted). AMD has no
 # entry: untuned there; an AMD runner's ``kernels.bench --workloads --variant`` would fill it.
 HEAD_DIM_FWD = {
     ("hopper", 40): Tile(128, 64, 4, 3),
