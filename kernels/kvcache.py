@@ -39,6 +39,7 @@ __all__ = [
     "paged_varlen_forward",
     "apply_rotary",
     "num_splits_heuristic",
+    "auto_num_splits",
 ]
 
 patch_interpreter()
@@ -55,7 +56,7 @@ def _kv_fwd(
     PAGE_SIZE: tl.constexpr, IS_VARLEN_Q: tl.constexpr, PAGED: tl.constexpr,
     HAS_BATCH_IDX: tl.constexpr, HAS_KSTART: tl.constexpr, HAS_LEFT: tl.constexpr,
     HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-    SPLIT: tl.constexpr, STORE_LSE: tl.constexpr,
+    SPLIT: tl.constexpr, STORE_LSE: tl.constexpr, MERGE_D: tl.constexpr,
 ):
     """One program per (row block of a GQA group, batch, kv head, key split). Split, the last
     program of a (row block, batch, kv head) to finish merges every split's partial."""
@@ -192,36 +193,45 @@ def _kv_fwd(
         count = Count + tile
         if tl.atomic_add(count, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
             tl.store(count, 0)
-            # One pass with a running maximum; each split's loads are issued one split ahead
-            # of their use, so the chain of L2 round trips is overlapped rather than summed.
-            m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-            acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-            total = tl.zeros([BLOCK_M], dtype=tl.float32)
-            lse_n = tl.load(Part + l_at + t_rows, mask=row_ok, other=float("-inf"))
-            o_n = tl.load(Part + o_at + o_offs, mask=o_mask, other=0.0)
-            for s in range(1, num_splits + 1):
-                lse_s = lse_n
-                o_s = o_n
-                more = s < num_splits
-                l_at += l_step
-                o_at += o_step
-                lse_n = tl.load(Part + l_at + t_rows, mask=row_ok & more, other=float("-inf"))
-                o_n = tl.load(Part + o_at + o_offs, mask=o_mask & more, other=0.0)
-                m_new = tl.maximum(m, lse_s)
-                m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-                alpha = tl.exp2((m - m_use) * _LOG2E)
-                w = tl.exp2((lse_s - m_use) * _LOG2E)
-                acc = acc * alpha[:, None] + w[:, None] * o_s
-                total = total * alpha + w
-                m = m_new
-            m_use = tl.where(m == float("-inf"), 0.0, m)
-            empty = total == 0.0
-            t_safe = tl.where(empty, 1.0, total)
-            tl.store(Out + o_rows[:, None] + offs_d[None, :],
-                     (acc / t_safe[:, None]).to(Out.dtype.element_ty), mask=o_mask)
-            if STORE_LSE:
-                lse = tl.where(empty, float("inf"), m_use + tl.log(t_safe))
-                tl.store(LSE + b64 * sl_b + h * sl_h + q_start + qi, lse, mask=row_ok)
+            # MERGE_D columns at a time (the merge's tiles stay small beside the main loop's),
+            # one pass with a running maximum; each split's loads are issued one split ahead
+            # of their use, so the L2 round trips overlap instead of adding up.
+            for d0 in range(0, BLOCK_D, MERGE_D):
+                offs_m = d0 + tl.arange(0, MERGE_D)
+                m_offs = t_rows[:, None] * BLOCK_D + offs_m[None, :]
+                m_mask = row_ok[:, None] & (offs_m[None, :] < HEAD_DIM)
+                o_at_s = o_at
+                l_at_s = l_at
+                m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+                macc = tl.zeros([BLOCK_M, MERGE_D], dtype=tl.float32)
+                total = tl.zeros([BLOCK_M], dtype=tl.float32)
+                lse_n = tl.load(Part + l_at_s + t_rows, mask=row_ok, other=float("-inf"))
+                o_n = tl.load(Part + o_at_s + m_offs, mask=m_mask, other=0.0)
+                for s in range(1, num_splits + 1):
+                    lse_s = lse_n
+                    o_s = o_n
+                    more = s < num_splits
+                    l_at_s += l_step
+                    o_at_s += o_step
+                    lse_n = tl.load(Part + l_at_s + t_rows, mask=row_ok & more,
+                                    other=float("-inf"))
+                    o_n = tl.load(Part + o_at_s + m_offs, mask=m_mask & more, other=0.0)
+                    m_new = tl.maximum(m, lse_s)
+                    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+                    alpha = tl.exp2((m - m_use) * _LOG2E)
+                    w = tl.exp2((lse_s - m_use) * _LOG2E)
+                    macc = macc * alpha[:, None] + w[:, None] * o_s
+                    total = total * alpha + w
+                    m = m_new
+                m_use = tl.where(m == float("-inf"), 0.0, m)
+                none = total == 0.0
+                t_safe = tl.where(none, 1.0, total)
+                tl.store(Out + o_rows[:, None] + offs_m[None, :],
+                         (macc / t_safe[:, None]).to(Out.dtype.element_ty), mask=m_mask)
+                if STORE_LSE:
+                    lse = tl.where(none, float("inf"), m_use + tl.log(t_safe))
+                    tl.store(LSE + b64 * sl_b + h * sl_h + q_start + qi, lse,
+                             mask=row_ok & (d0 == 0))
     else:
         tl.store(Out + o_rows[:, None] + offs_d[None, :], out.to(Out.dtype.element_ty),
                  mask=o_mask)
@@ -241,10 +251,15 @@ def _kv_fwd(
 @dataclass(frozen=True)
 class KVConfig:
     """Tiles of the cache kernel: ``decode`` when a GQA group's rows (seqlen_q x group) fit 16
-    rows, ``prefill`` otherwise."""
+    rows, ``prefill`` otherwise; ``merge_d``: head-dim columns the last split merges at a time
+    (0: all at once)."""
 
     decode: Tile
     prefill: Tile
+    merge_d: int = 0
+
+    def merge_columns(self, padded_head_dim: int) -> int:
+        return min(self.merge_d or padded_head_dim, padded_head_dim)
 
 
 @functools.lru_cache(maxsize=256)
@@ -259,18 +274,23 @@ def kv_config(family: str, head_dim: int) -> KVConfig:
 def _kv_config(family: str, d: int) -> KVConfig:
     if family == "interpreter":
         t = Tile(16, 16, 1, 1)
-        return KVConfig(t, t)
+        return KVConfig(t, t, merge_d=16)  # several merge chunks in the CPU tests
+    # AMD: the split merge 64 columns at a time; whole 16 x 256 fp32 tiles (three live) cost
+    # gfx1150 spills and gfx942/gfx1201 a wave of occupancy at d=256 (kernels.aot).
     if family in ("rdna3", "rdna3.5", "rdna4"):
         # d=128 decoding with 64-key tiles spills 93 VGPRs on gfx1151; 32-key tiles do not.
         if d <= 64:
-            return KVConfig(Tile(16, 64, 4, 1, 2), Tile(64, 32, 4, 1, 2))
+            return KVConfig(Tile(16, 64, 4, 1, 2), Tile(64, 32, 4, 1, 2), 64)
         if d <= 128:
-            return KVConfig(Tile(16, 32, 4, 1, 2), Tile(64, 32, 4, 1, 2))
-        return KVConfig(Tile(16, 16, 4, 1, 1), Tile(16, 16, 4, 1, 1))
+            return KVConfig(Tile(16, 32, 4, 1, 2), Tile(64, 32, 4, 1, 2), 64)
+        return KVConfig(Tile(16, 16, 4, 1, 1), Tile(16, 16, 4, 1, 1), 64)
     if family in ("cdna2", "cdna3", "cdna4"):
+        if d <= 64:
+            # waves_per_eu 5 keeps gfx942's split decode at 94 VGPRs (5 waves; 99 and 4 without)
+            return KVConfig(Tile(16, 64, 4, 1, 5), Tile(128, 32, 4, 1, 2), 64)
         if d <= 128:
-            return KVConfig(Tile(16, 64, 4, 1, 2), Tile(128, 32, 4, 1, 2))
-        return KVConfig(Tile(16, 32, 4, 1, 1), Tile(64, 16, 4, 1, 1))
+            return KVConfig(Tile(16, 64, 4, 1, 2), Tile(128, 32, 4, 1, 2), 64)
+        return KVConfig(Tile(16, 32, 4, 1, 1), Tile(64, 16, 4, 1, 1), 64)
     if family == "hopper":
         if d <= 128:
             return KVConfig(Tile(16, 128, 4, 3), Tile(128, 64, 8, 3))
@@ -301,6 +321,21 @@ def num_splits_heuristic(
         if eff[n] >= 0.85 * best:
             return n
     return 1
+
+
+# Keys a split reads at least when the count is picked for the caller: the last split merges
+# every split's partial in turn (about 0.5 µs a split on an H100), so a split should carry
+# several times that in reads. On an H100 (docs/benchmarks.md, issue 30 decode), batch 1 with
+# 4096 keys: 16 splits of 256 keys 21.8 µs, 8 of 512 18.3 µs, 4 of 1024 19.7 µs.
+MIN_SPLIT_KEYS = 512
+
+
+@functools.lru_cache(maxsize=1024)
+def auto_num_splits(work_blocks: int, num_sms: int, seqlen_cache: int, block_n: int) -> int:
+    """Splits for ``num_splits=0``: flash_attn's heuristic over the cache's key tiles, at most
+    one split per ``MIN_SPLIT_KEYS`` keys."""
+    n = num_splits_heuristic(work_blocks, num_sms, -(-seqlen_cache // block_n))
+    return max(1, min(n, seqlen_cache // MIN_SPLIT_KEYS))
 
 
 def _num_sms(device) -> int:
@@ -455,7 +490,7 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def _launch(
-    q, k_cache, v_cache, out, lse, *, tile, cu_q, seqlens_k, k_start, block_table, batch_idx,
+    q, k_cache, v_cache, out, lse, *, tile, merge_d, cu_q, seqlens_k, k_start, block_table, batch_idx,
     slopes, sa, batch, seqlen_q, max_rows, kv_rows, scale, left, right, softcap, num_splits,
     varlen,
 ):  # fmt: skip
@@ -494,7 +529,7 @@ def _launch(
         IS_VARLEN_Q=varlen, PAGED=block_table is not None, HAS_BATCH_IDX=batch_idx is not None,
         HAS_KSTART=k_start is not None, HAS_LEFT=left is not None, HAS_RIGHT=right is not None,
         HAS_SOFTCAP=softcap > 0, HAS_ALIBI=slopes is not None, SPLIT=part is not None,
-        STORE_LSE=lse is not None, **_launch_options(tile),
+        STORE_LSE=lse is not None, MERGE_D=min(merge_d or bd, bd), **_launch_options(tile),
     )  # fmt: skip
 
 
@@ -631,10 +666,10 @@ def flash_attn_with_kvcache(
     n_key_blocks = _cdiv(seqlen_cache, tile.block_n)
     if num_splits is None or num_splits < 1:
         work = batch * hk * _cdiv(rows, tile.block_m)
-        num_splits = num_splits_heuristic(work, _num_sms(device), n_key_blocks)
+        num_splits = auto_num_splits(work, _num_sms(device), seqlen_cache, tile.block_n)
     num_splits = max(1, min(int(num_splits), 128, n_key_blocks))
     _launch(
-        q, k_cache, v_cache, out, lse, tile=tile, cu_q=None, seqlens_k=seqlens_k, k_start=k_start,
+        q, k_cache, v_cache, out, lse, tile=tile, merge_d=kc.merge_d, cu_q=None, seqlens_k=seqlens_k, k_start=k_start,
         block_table=block_table, batch_idx=cache_batch_idx, slopes=slopes, sa=(sa_b, sa_h),
         batch=batch, seqlen_q=seqlen_q, max_rows=rows, kv_rows=seqlen_cache, scale=scale, left=left, right=right,
         softcap=cap, num_splits=num_splits, varlen=False,
@@ -691,7 +726,7 @@ def paged_varlen_forward(
     max_rows = int(max_seqlen_q) * (hq // hk)
     _launch(
         q, k_cache, v_cache, out, lse, cu_q=cu_q, seqlens_k=seqlens_k, k_start=None,
-        tile=kc.decode if max_rows <= kc.decode.block_m else kc.prefill,
+        tile=kc.decode if max_rows <= kc.decode.block_m else kc.prefill, merge_d=kc.merge_d,
         block_table=block_table, batch_idx=None, slopes=slopes, sa=(sa_b, sa_h), batch=batch,
         seqlen_q=int(max_seqlen_q), max_rows=max_rows,
         kv_rows=seqlen_cache, scale=scale,
@@ -716,7 +751,7 @@ def aot_kernels(
     flags = dict(
         HEAD_DIM=head_dim, BLOCK_D=bd, PAGE_SIZE=page_size, PAGED=True, HAS_BATCH_IDX=False,
         HAS_KSTART=False, HAS_LEFT=False, HAS_RIGHT=True, HAS_SOFTCAP=False, HAS_ALIBI=False,
-        STORE_LSE=True,
+        STORE_LSE=True, MERGE_D=kc.merge_columns(bd),
     )  # fmt: skip
 
     def tiles(t):

@@ -15,7 +15,7 @@ import torch
 from kernels import flash_attn_varlen_func, flash_attn_with_kvcache
 from kernels.checks import judge
 from kernels.checks.reference import attention_ref, flash_window, rotary_ref
-from kernels.kvcache import num_splits_heuristic
+from kernels.kvcache import auto_num_splits, num_splits_heuristic
 
 
 def _rand(*shape, dtype, g):
@@ -294,6 +294,21 @@ def test_paged_varlen_prefill_matches_the_reference():
 )
 def test_num_splits_heuristic_follows_flash_attn(work, sms, key_blocks, expected):
     assert num_splits_heuristic(work, sms, key_blocks) == expected
+
+
+@pytest.mark.parametrize(
+    "work, cache, expected",
+    [
+        (8, 4096, 8),  # flash_attn's 16 splits would read 256 keys each: 8 of 512
+        (8, 16384, 15),  # 1092 keys a split: flash_attn's count stands
+        (8, 131072, 14),
+        (64, 4096, 2),
+        (8, 700, 1),  # under 2 x 512 keys: no split
+    ],
+)
+def test_auto_num_splits_keeps_512_keys_a_split(work, cache, expected):
+    # One decoding step of GQA 32/8 (work = batch x 8 KV heads) on a 132-SM GPU, 128-key tiles.
+    assert auto_num_splits(work, 132, cache, 128) == expected
 
 
 def _small():
