@@ -452,7 +452,7 @@ def _keep(key, value, nbytes: int):
     ):
         return value
     if len(_SCRATCH) >= _SCRATCH_ENTRIES:
-        del _SCRATCH[next(iter(_SCRATCH))]
+        _SCRATCH.pop(next(iter(_SCRATCH), None), None)  # the oldest; threads may race here
     _SCRATCH[key] = value
     return value
 

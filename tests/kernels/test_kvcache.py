@@ -311,6 +311,24 @@ def test_auto_num_splits_keeps_512_keys_a_split(work, cache, expected):
     assert auto_num_splits(work, 132, cache, 128) == expected
 
 
+def test_split_steps_reuse_their_scratch_and_leave_the_counters_at_zero():
+    # The last split of a tile merges and resets its counter; a counter left at 1 would make the
+    # next step's merge wait for a split that never comes (and leave the output unwritten).
+    from kernels import kvcache
+
+    g = torch.Generator().manual_seed(5)
+    q = _rand(2, 1, 4, 32, dtype=torch.float16, g=g)
+    kc, vc = (_rand(2, 80, 2, 32, dtype=torch.float16, g=g) for _ in range(2))
+    lens = torch.tensor([80, 41], dtype=torch.int32)
+    one = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, num_splits=1)
+    kvcache._SCRATCH.clear()
+    outs = [flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, num_splits=3) for _ in range(3)]
+    (entry,) = [v for k, v in kvcache._SCRATCH.items() if "split" in k]
+    assert torch.count_nonzero(entry[1]) == 0
+    assert all(torch.equal(o, outs[0]) for o in outs[1:])
+    assert (outs[0].float() - one.float()).abs().max().item() <= 2**-9
+
+
 def _small():
     q = torch.zeros(1, 1, 2, 16, dtype=torch.float16)
     kc = torch.zeros(1, 32, 2, 16, dtype=torch.float16)
