@@ -267,8 +267,29 @@ def kv_config(family: str, head_dim: int) -> KVConfig:
     """Default tiles per family and (padded) head dim; docs/kernels.md has the AOT figures."""
     d = configs.padded_head_dim(head_dim)
     kc = _kv_config(family, d)
-    newer = configs.newer_triton_tiles(family, d) if family != "interpreter" else {}
-    return replace(kc, prefill=newer["kv_prefill"]) if "kv_prefill" in newer else kc
+    if family == "interpreter":
+        return kc
+    newer = configs.newer_triton_tiles(family, d)
+    if "kv_prefill" in newer:
+        kc = replace(kc, prefill=newer["kv_prefill"])
+    decode = DECODE_ON_NEWER_TRITON.get((configs.triton_release(), family, d))
+    return replace(kc, decode=decode) if decode is not None else kc
+
+
+# Decode tiles where a newer Triton line (recipes/tritons.yaml) compiles the split decode with
+# the merge in the last split to more registers than the two-launch kernel it replaced: each row
+# keeps that line's spills at 0 and its occupancy at the old kernel's or above (kernels.aot,
+# 2026-11-26; the old kernel's waves in the comments).
+DECODE_ON_NEWER_TRITON = {
+    ((3, 7), "cdna4", 64): Tile(16, 32, 4, 1, 2),  # gfx950: 8 waves (7; 16x64: 6)
+    ((3, 8), "cdna4", 64): Tile(16, 32, 4, 1, 2),  # gfx950: 7 waves (7; 16x64: 6)
+    ((3, 8), "cdna3", 64): Tile(16, 64, 4, 1, 2),  # gfx942: 4 waves (4; wpe5 spills 54)
+    ((3, 8), "cdna2", 64): Tile(16, 64, 4, 1, 2),  # gfx90a: 4 waves (4; wpe5 spills 5)
+    ((3, 8), "cdna2", 128): Tile(16, 64, 4, 1, 3),  # gfx90a: 3 waves (3; wpe2: 2)
+    ((3, 9), "cdna3", 128): Tile(16, 64, 4, 1, 3),  # gfx942: 3 waves (3; wpe2: 2)
+    ((3, 9), "rdna4", 64): Tile(16, 64, 4, 1, 8),  # gfx1201: 9 waves (8; wpe2: 7)
+    ((3, 9), "rdna4", 128): Tile(16, 16, 4, 1, 2),  # gfx1201: 10 waves (9; 16x32: 8)
+}
 
 
 def _kv_config(family: str, d: int) -> KVConfig:
