@@ -210,12 +210,12 @@ def _kv_fwd(
                 for s in range(1, num_splits + 1):
                     lse_s = lse_n
                     o_s = o_n
-                    more = s < num_splits
+                    more = t_rows < (num_splits - s) * BLOCK_M  # all rows while splits remain
                     l_at_s += l_step
                     o_at_s += o_step
                     lse_n = tl.load(Part + l_at_s + t_rows, mask=row_ok & more,
                                     other=float("-inf"))
-                    o_n = tl.load(Part + o_at_s + m_offs, mask=m_mask & more, other=0.0)
+                    o_n = tl.load(Part + o_at_s + m_offs, mask=m_mask & more[:, None], other=0.0)
                     m_new = tl.maximum(m, lse_s)
                     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
                     alpha = tl.exp2((m - m_use) * _LOG2E)
@@ -315,10 +315,11 @@ def _kv_config(family: str, d: int) -> KVConfig:
     if family == "hopper":
         if d <= 128:
             return KVConfig(Tile(16, 128, 4, 3), Tile(128, 64, 8, 3))
-        return KVConfig(Tile(16, 64, 4, 2), Tile(64, 64, 8, 2))
+        return KVConfig(Tile(16, 64, 4, 2), Tile(64, 64, 8, 2), 64)
     if d <= 128:  # ampere and other NVIDIA; 4-warp 64x64 prefill spills 32 bytes at d=128
         return KVConfig(Tile(16, 128, 4, 2), Tile(64, 64, 8, 2))
-    return KVConfig(Tile(16, 64, 4, 2), Tile(64, 32, 8, 2))
+    # d=256: whole-row merging spills 4 bytes on sm80; 64 columns at a time does not.
+    return KVConfig(Tile(16, 64, 4, 2), Tile(64, 32, 8, 2), 64)
 
 
 @functools.lru_cache(maxsize=1024)
