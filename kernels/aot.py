@@ -454,7 +454,7 @@ def jobs_for(arch: str, spec: dict, head_dims, over_2gib: bool = False) -> list[
         variants += _small_grid(base, spec["family"], d)
         variants += _head_dim_fwd(base, spec["family"], d)
         variants += _short_kv(base, spec["family"], d)
-        # The KV-cache kernels (kernels/kvcache.py: split-KV decode, paged prefill, combine).
+        # The KV-cache kernels (kernels/kvcache.py: split-KV decode with its merge, paged prefill).
         gluon = _gluon_kernels(d, cfg) if spec["vendor"] == "nvidia" else []
         found += [(d, job) for job in base + variants + aot_kernels(d, spec["family"]) + gluon]
     return found

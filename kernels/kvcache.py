@@ -12,9 +12,9 @@ The kernel (``_kv_fwd``) packs the query heads of one KV head's GQA group into t
 (seqlen_q = 1) still fills 16-row matrix tiles, and reads K/V either from a contiguous cache row
 or, paged, through the block table one key row at a time (any page size). Split-KV: with
 ``num_splits > 1`` each program handles one slice of the keys and writes an fp32 partial output
-and its LSE; ``_kv_combine`` merges the slices. ``num_splits=0`` picks the count with
-flash_attn's heuristic (``num_splits_heuristic`` in flash_api.cpp) so that short batches of
-decoding still fill the GPU.
+and its LSE; the last program of a tile to finish (an atomic counter) merges the slices in the
+same launch. ``num_splits=0`` picks the count with flash_attn's heuristic
+(``num_splits_heuristic`` in flash_api.cpp) so that short batches of decoding still fill the GPU.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ __all__ = [
     "paged_varlen_forward",
     "apply_rotary",
     "num_splits_heuristic",
+    "auto_num_splits",
 ]
 
 patch_interpreter()
@@ -48,17 +49,17 @@ patch_interpreter()
 
 @triton.jit(do_not_specialize=["seqlen_q", "kv_rows", "left", "right", "num_splits"])
 def _kv_fwd(
-    Q, K, V, Out, LSE, OAcc, LAcc, CuQ, SeqlensK, KStart, BlockTable, BatchIdx, Slopes,
+    Q, K, V, Out, LSE, Part, Count, CuQ, SeqlensK, KStart, BlockTable, BatchIdx, Slopes,
     sq_b, sq_s, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, so_b, so_s, so_h, sl_b, sl_h,
-    sbt_b, sa_b, sa_h, sacc_p, sacc_b, sacc_h, sacc_s, slacc_p, slacc_b, slacc_h,
-    seqlen_q, kv_rows, num_heads_k, group, qk_scale, cap_in, cap_out, left, right, num_splits,
+    sbt_b, sa_b, sa_h, seqlen_q, kv_rows, num_heads_k, group, qk_scale, cap_in, cap_out, left, right, num_splits,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGE_SIZE: tl.constexpr, IS_VARLEN_Q: tl.constexpr, PAGED: tl.constexpr,
     HAS_BATCH_IDX: tl.constexpr, HAS_KSTART: tl.constexpr, HAS_LEFT: tl.constexpr,
     HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-    SPLIT: tl.constexpr,
+    SPLIT: tl.constexpr, STORE_LSE: tl.constexpr, MERGE_D: tl.constexpr,
 ):
-    """One program per (row block of a GQA group, batch, kv head, key split)."""
+    """One program per (row block of a GQA group, batch, kv head, key split). Split, the last
+    program of a (row block, batch, kv head) to finish merges every split's partial."""
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     split = tl.program_id(2)
@@ -166,57 +167,77 @@ def _kv_fwd(
         o_mask = row_ok[:, None]
     else:
         o_mask = row_ok[:, None] & d_ok
+    o_rows = b64 * so_b + (q_start + qi).to(tl.int64) * so_s + h * so_h
     if SPLIT:
-        # Partial result of this slice; an empty slice has LSE -inf and weighs nothing.
-        acc_rows = split.to(tl.int64) * sacc_p + b64 * sacc_b + h * sacc_h + qi * sacc_s
-        tl.store(OAcc + acc_rows[:, None] + offs_d[None, :], out, mask=o_mask)
-        l_rows = split.to(tl.int64) * slacc_p + b64 * slacc_b + h * slacc_h + qi
-        tl.store(LAcc + l_rows, tl.where(empty, float("-inf"), lse_ln), mask=row_ok)
+        # Partial result of this slice (an empty slice has LSE -inf and weighs nothing), as
+        # the tile's rows: split s of tile t at Part[s][t] (BLOCK_M x BLOCK_D), its LSEs after
+        # all of those. One buffer, 32-bit offsets (the host keeps it under 2**31 values) and
+        # no strides: AMD's scalar registers run out first in the merge below (a buffer
+        # resource is 4 SGPRs a base pointer).
+        n_tiles = tl.num_programs(0) * tl.num_programs(1)
+        tile = pid_bh * tl.num_programs(0) + pid_m
+        o_step = n_tiles * (BLOCK_M * BLOCK_D)
+        l_step = n_tiles * BLOCK_M
+        t_rows = tl.arange(0, BLOCK_M)
+        o_offs = t_rows[:, None] * BLOCK_D + offs_d[None, :]
+        o_at = tile * (BLOCK_M * BLOCK_D)
+        l_at = num_splits * o_step + tile * BLOCK_M  # the LSE partials follow the outputs
+        tl.store(Part + (o_at + split * o_step) + o_offs, out, mask=o_mask)
+        tl.store(Part + (l_at + split * l_step) + t_rows, tl.where(empty, float("-inf"), lse_ln),
+                 mask=row_ok)
+        # One launch instead of a second, combine kernel ("split-K with a semaphore"): every
+        # thread's stores come before the barrier, the barrier before one acquire-release
+        # increment of this row block's counter; the program that counts last sees every
+        # partial, merges them with LSE weights, and resets the counter for the next call.
+        tl.debug_barrier()
+        count = Count + tile
+        if tl.atomic_add(count, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
+            tl.store(count, 0)
+            # MERGE_D columns at a time (the merge's tiles stay small beside the main loop's),
+            # one pass with a running maximum; each split's loads are issued one split ahead
+            # of their use, so the L2 round trips overlap instead of adding up.
+            for d0 in range(0, BLOCK_D, MERGE_D):
+                offs_m = d0 + tl.arange(0, MERGE_D)
+                m_offs = t_rows[:, None] * BLOCK_D + offs_m[None, :]
+                m_mask = row_ok[:, None] & (offs_m[None, :] < HEAD_DIM)
+                o_at_s = o_at
+                l_at_s = l_at
+                m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+                macc = tl.zeros([BLOCK_M, MERGE_D], dtype=tl.float32)
+                total = tl.zeros([BLOCK_M], dtype=tl.float32)
+                lse_n = tl.load(Part + l_at_s + t_rows, mask=row_ok, other=float("-inf"))
+                o_n = tl.load(Part + o_at_s + m_offs, mask=m_mask, other=0.0)
+                for s in range(1, num_splits + 1):
+                    lse_s = lse_n
+                    o_s = o_n
+                    more = t_rows < (num_splits - s) * BLOCK_M  # all rows while splits remain
+                    l_at_s += l_step
+                    o_at_s += o_step
+                    lse_n = tl.load(Part + l_at_s + t_rows, mask=row_ok & more,
+                                    other=float("-inf"))
+                    o_n = tl.load(Part + o_at_s + m_offs, mask=m_mask & more[:, None], other=0.0)
+                    m_new = tl.maximum(m, lse_s)
+                    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+                    alpha = tl.exp2((m - m_use) * _LOG2E)
+                    w = tl.exp2((lse_s - m_use) * _LOG2E)
+                    macc = macc * alpha[:, None] + w[:, None] * o_s
+                    total = total * alpha + w
+                    m = m_new
+                m_use = tl.where(m == float("-inf"), 0.0, m)
+                none = total == 0.0
+                t_safe = tl.where(none, 1.0, total)
+                tl.store(Out + o_rows[:, None] + offs_m[None, :],
+                         (macc / t_safe[:, None]).to(Out.dtype.element_ty), mask=m_mask)
+                if STORE_LSE:
+                    lse = tl.where(none, float("inf"), m_use + tl.log(t_safe))
+                    tl.store(LSE + b64 * sl_b + h * sl_h + q_start + qi, lse,
+                             mask=row_ok & (d0 == 0))
     else:
-        o_rows = b64 * so_b + (q_start + qi).to(tl.int64) * so_s + h * so_h
         tl.store(Out + o_rows[:, None] + offs_d[None, :], out.to(Out.dtype.element_ty),
                  mask=o_mask)
-        lse = tl.where(empty, float("inf"), lse_ln)
-        tl.store(LSE + b64 * sl_b + h * sl_h + q_start + qi, lse, mask=row_ok)
-
-
-@triton.jit(do_not_specialize=["seqlen_q", "num_splits"])
-def _kv_combine(
-    OAcc, LAcc, Out, LSE,
-    sacc_p, sacc_b, sacc_h, sacc_s, slacc_p, slacc_b, slacc_h, so_b, so_s, so_h, sl_b, sl_h,
-    seqlen_q, num_heads, num_splits,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-):
-    """Merge the split-KV partials of one (query block, batch, head): LSE-weighted sum."""
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = pid_bh // num_heads
-    h = pid_bh % num_heads
-    b64 = b.to(tl.int64)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = offs_m < seqlen_q
-    offs_d = tl.arange(0, BLOCK_D)
-    l_base = LAcc + b64 * slacc_b + h * slacc_h + offs_m
-    m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    for s in range(0, num_splits):
-        m = tl.maximum(m, tl.load(l_base + s * slacc_p, mask=row_ok, other=float("-inf")))
-    m_use = tl.where(m == float("-inf"), 0.0, m)
-    o_base = OAcc + b64 * sacc_b + h * sacc_h + offs_m[:, None] * sacc_s + offs_d[None, :]
-    o_mask = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    total = tl.zeros([BLOCK_M], dtype=tl.float32)
-    for s in range(0, num_splits):
-        w = tl.exp2((tl.load(l_base + s * slacc_p, mask=row_ok, other=float("-inf")) - m_use)
-                    * _LOG2E)
-        acc += w[:, None] * tl.load(o_base + s * sacc_p, mask=o_mask, other=0.0)
-        total += w
-    empty = total == 0.0
-    t_safe = tl.where(empty, 1.0, total)
-    out = acc / t_safe[:, None]
-    lse = tl.where(empty, float("inf"), m_use + tl.log(t_safe))
-    o_ptrs = Out + b64 * so_b + offs_m[:, None].to(tl.int64) * so_s + h * so_h + offs_d[None, :]
-    tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=o_mask)
-    tl.store(LSE + b64 * sl_b + h * sl_h + offs_m, lse, mask=row_ok)
+        if STORE_LSE:
+            lse = tl.where(empty, float("inf"), lse_ln)
+            tl.store(LSE + b64 * sl_b + h * sl_h + q_start + qi, lse, mask=row_ok)
 
 
 # fmt: on
@@ -230,11 +251,15 @@ def _kv_combine(
 @dataclass(frozen=True)
 class KVConfig:
     """Tiles of the cache kernel: ``decode`` when a GQA group's rows (seqlen_q x group) fit 16
-    rows, ``prefill`` otherwise; ``combine`` merges split-KV partials (block_m rows)."""
+    rows, ``prefill`` otherwise; ``merge_d``: head-dim columns the last split merges at a time
+    (0: all at once)."""
 
     decode: Tile
     prefill: Tile
-    combine: Tile
+    merge_d: int = 0
+
+    def merge_columns(self, padded_head_dim: int) -> int:
+        return min(self.merge_d or padded_head_dim, padded_head_dim)
 
 
 @functools.lru_cache(maxsize=256)
@@ -242,33 +267,59 @@ def kv_config(family: str, head_dim: int) -> KVConfig:
     """Default tiles per family and (padded) head dim; docs/kernels.md has the AOT figures."""
     d = configs.padded_head_dim(head_dim)
     kc = _kv_config(family, d)
-    newer = configs.newer_triton_tiles(family, d) if family != "interpreter" else {}
-    return replace(kc, prefill=newer["kv_prefill"]) if "kv_prefill" in newer else kc
+    if family == "interpreter":
+        return kc
+    newer = configs.newer_triton_tiles(family, d)
+    if "kv_prefill" in newer:
+        kc = replace(kc, prefill=newer["kv_prefill"])
+    decode = DECODE_ON_NEWER_TRITON.get((configs.triton_release(), family, d))
+    return replace(kc, decode=decode) if decode is not None else kc
+
+
+# Decode tiles where a newer Triton line (recipes/tritons.yaml) compiles the split decode with
+# the merge in the last split to more registers than the two-launch kernel it replaced: each row
+# keeps that line's spills at 0 and its occupancy at the old kernel's or above (kernels.aot,
+# 2026-11-26; the old kernel's waves in the comments).
+DECODE_ON_NEWER_TRITON = {
+    ((3, 7), "cdna4", 64): Tile(16, 32, 4, 1, 2),  # gfx950: 8 waves (7; 16x64: 6)
+    ((3, 8), "cdna4", 64): Tile(16, 32, 4, 1, 2),  # gfx950: 7 waves (7; 16x64: 6)
+    ((3, 8), "cdna3", 64): Tile(16, 64, 4, 1, 2),  # gfx942: 4 waves (4; wpe5 spills 54)
+    ((3, 8), "cdna2", 64): Tile(16, 64, 4, 1, 2),  # gfx90a: 4 waves (4; wpe5 spills 5)
+    ((3, 8), "cdna2", 128): Tile(16, 64, 4, 1, 3),  # gfx90a: 3 waves (3; wpe2: 2)
+    ((3, 9), "cdna3", 128): Tile(16, 64, 4, 1, 3),  # gfx942: 3 waves (3; wpe2: 2)
+    ((3, 9), "rdna4", 64): Tile(16, 64, 4, 1, 8),  # gfx1201: 9 waves (8; wpe2: 7)
+    ((3, 9), "rdna4", 128): Tile(16, 16, 4, 1, 2),  # gfx1201: 10 waves (9; 16x32: 8)
+}
 
 
 def _kv_config(family: str, d: int) -> KVConfig:
-    combine = Tile(16, 16, 4, 1)
     if family == "interpreter":
         t = Tile(16, 16, 1, 1)
-        return KVConfig(t, t, t)
+        return KVConfig(t, t, merge_d=16)  # several merge chunks in the CPU tests
+    # AMD: the split merge 64 columns at a time; whole 16 x 256 fp32 tiles (three live) cost
+    # gfx1150 spills and gfx942/gfx1201 a wave of occupancy at d=256 (kernels.aot).
     if family in ("rdna3", "rdna3.5", "rdna4"):
         # d=128 decoding with 64-key tiles spills 93 VGPRs on gfx1151; 32-key tiles do not.
         if d <= 64:
-            return KVConfig(Tile(16, 64, 4, 1, 2), Tile(64, 32, 4, 1, 2), combine)
+            return KVConfig(Tile(16, 64, 4, 1, 2), Tile(64, 32, 4, 1, 2), 64)
         if d <= 128:
-            return KVConfig(Tile(16, 32, 4, 1, 2), Tile(64, 32, 4, 1, 2), combine)
-        return KVConfig(Tile(16, 16, 4, 1, 1), Tile(16, 16, 4, 1, 1), combine)
+            return KVConfig(Tile(16, 32, 4, 1, 2), Tile(64, 32, 4, 1, 2), 64)
+        return KVConfig(Tile(16, 16, 4, 1, 1), Tile(16, 16, 4, 1, 1), 64)
     if family in ("cdna2", "cdna3", "cdna4"):
+        if d <= 64:
+            # waves_per_eu 5 keeps gfx942's split decode at 94 VGPRs (5 waves; 99 and 4 without)
+            return KVConfig(Tile(16, 64, 4, 1, 5), Tile(128, 32, 4, 1, 2), 64)
         if d <= 128:
-            return KVConfig(Tile(16, 64, 4, 1, 2), Tile(128, 32, 4, 1, 2), combine)
-        return KVConfig(Tile(16, 32, 4, 1, 1), Tile(64, 16, 4, 1, 1), combine)
+            return KVConfig(Tile(16, 64, 4, 1, 2), Tile(128, 32, 4, 1, 2), 64)
+        return KVConfig(Tile(16, 32, 4, 1, 1), Tile(64, 16, 4, 1, 1), 64)
     if family == "hopper":
         if d <= 128:
-            return KVConfig(Tile(16, 128, 4, 3), Tile(128, 64, 8, 3), combine)
-        return KVConfig(Tile(16, 64, 4, 2), Tile(64, 64, 8, 2), combine)
+            return KVConfig(Tile(16, 128, 4, 3), Tile(128, 64, 8, 3))
+        return KVConfig(Tile(16, 64, 4, 2), Tile(64, 64, 8, 2), 64)
     if d <= 128:  # ampere and other NVIDIA; 4-warp 64x64 prefill spills 32 bytes at d=128
-        return KVConfig(Tile(16, 128, 4, 2), Tile(64, 64, 8, 2), combine)
-    return KVConfig(Tile(16, 64, 4, 2), Tile(64, 32, 8, 2), combine)
+        return KVConfig(Tile(16, 128, 4, 2), Tile(64, 64, 8, 2))
+    # d=256: whole-row merging spills 4 bytes on sm80; 64 columns at a time does not.
+    return KVConfig(Tile(16, 64, 4, 2), Tile(64, 32, 8, 2), 64)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -292,6 +343,21 @@ def num_splits_heuristic(
         if eff[n] >= 0.85 * best:
             return n
     return 1
+
+
+# Keys a split reads at least when the count is picked for the caller: the last split merges
+# every split's partial in turn (about 0.5 µs a split on an H100), so a split should carry
+# several times that in reads. On an H100 (docs/benchmarks.md, issue 30 decode), batch 1 with
+# 4096 keys: 16 splits of 256 keys 21.8 µs, 8 of 512 18.3 µs, 4 of 1024 19.7 µs.
+MIN_SPLIT_KEYS = 512
+
+
+@functools.lru_cache(maxsize=1024)
+def auto_num_splits(work_blocks: int, num_sms: int, seqlen_cache: int, block_n: int) -> int:
+    """Splits for ``num_splits=0``: flash_attn's heuristic over the cache's key tiles, at most
+    one split per ``MIN_SPLIT_KEYS`` keys."""
+    n = num_splits_heuristic(work_blocks, num_sms, -(-seqlen_cache // block_n))
+    return max(1, min(n, seqlen_cache // MIN_SPLIT_KEYS))
 
 
 def _num_sms(device) -> int:
@@ -382,71 +448,130 @@ def _window(causal: bool, window_size, softcap: float, seqlen_cache: int):
     return left, right, float(softcap or 0.0)
 
 
+# Per (device, stream) and shape: split-KV scratch (partials and the row blocks' counters) and
+# the lengths of a whole cache. The kernel leaves the counters at zero, so a decoding loop
+# allocates and zero-fills them once, not every step; keyed by stream because steps on two
+# streams may run at once. A few entries of at most 16 MiB each; larger ones are not kept.
+_SCRATCH: dict = {}
+_SCRATCH_ENTRIES = 8
+_SCRATCH_BYTES = 16 << 20
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _stream_of(device) -> int:
+    if device.type != "cuda":
+        return 0
+    if _raw_stream is not None:
+        return _raw_stream(device.index)
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+def _keep(key, value, nbytes: int):
+    """Remember ``value`` under ``key`` unless it is large or made while a CUDA graph captures
+    (its zero fill would then run only on replay)."""
+    if nbytes > _SCRATCH_BYTES or (
+        key[0].type == "cuda" and torch.cuda.is_current_stream_capturing()
+    ):
+        return value
+    if len(_SCRATCH) >= _SCRATCH_ENTRIES:
+        _SCRATCH.pop(next(iter(_SCRATCH), None), None)  # the oldest; threads may race here
+    _SCRATCH[key] = value
+    return value
+
+
+def _split_scratch(device, splits: int, tiles: int, tile_rows: int, tile_elems: int):
+    """(partials, zeroed int32 counters) of a split launch over ``tiles`` programs a split of
+    ``tile_rows`` rows of ``tile_elems`` values: outputs, then LSEs (the kernel's layout)."""
+    key = (device, _stream_of(device), "split", splits, tiles, tile_rows, tile_elems)
+    got = _SCRATCH.get(key)
+    if got is not None:
+        return got
+    part = torch.empty(
+        (splits * tiles * (tile_elems + tile_rows),), dtype=torch.float32, device=device
+    )
+    count = torch.zeros((tiles,), dtype=torch.int32, device=device)
+    return _keep(key, (part, count), 4 * (part.numel() + tiles))
+
+
+def _full_lengths(device, batch: int, rows: int) -> torch.Tensor:
+    """cache_seqlens for a whole cache: ``rows`` for each of ``batch`` sequences (read only)."""
+    key = (device, _stream_of(device), "lengths", batch, rows)
+    got = _SCRATCH.get(key)
+    if got is not None:
+        return got
+    return _keep(key, torch.full((batch,), rows, dtype=torch.int32, device=device), 4 * batch)
+
+
+@functools.lru_cache(maxsize=64)
+def _launch_options(tile: Tile) -> dict:
+    return tile.launch_options(configs.is_hip())  # cached: decoding launches on every step
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)  # triton.cdiv is a jit function: about 10 µs a call from the host
+
+
 def _launch(
-    q, k_cache, v_cache, out, lse, *, cu_q, seqlens_k, k_start, block_table, batch_idx,
+    q, k_cache, v_cache, out, lse, *, tile, merge_d, cu_q, seqlens_k, k_start, block_table, batch_idx,
     slopes, sa, batch, seqlen_q, max_rows, kv_rows, scale, left, right, softcap, num_splits,
     varlen,
 ):  # fmt: skip
-    """Run the cache kernel (and the combine when split) into ``out``/``lse``."""
+    """Run the cache kernel into ``out`` (and ``lse`` unless it is None): one launch, split or
+    not. Pointers a launch does not use go as None (nothing for the launcher to convert)."""
     d, hq, hk = q.shape[-1], q.shape[-2], k_cache.shape[-2]
-    group = hq // hk
-    family = configs.device_family(q.device)
-    kc = kv_config(family, d)
-    tile = kc.decode if max_rows <= kc.decode.block_m else kc.prefill
-    hip = configs.is_hip()
-    bd = configs.padded_head_dim(d)
     if softcap > 0:
         cap_in, cap_out = scale / softcap, softcap * LOG2E
     else:
         cap_in, cap_out = 0.0, 0.0
     if varlen:
-        qst = (0, q.stride(0), q.stride(1))
-        ost = (0, out.stride(0), out.stride(1))
-        lst = (0, lse.stride(0))
+        qst = (0, *q.stride()[:2])
+        ost = (0, *out.stride()[:2])
+        lst = (0, lse.stride(0)) if lse is not None else (0, 0)
     else:
-        qst = (q.stride(0), q.stride(1), q.stride(2))
-        ost = (out.stride(0), out.stride(1), out.stride(2))
-        lst = (lse.stride(0), lse.stride(1))
-    split = num_splits > 1
-    if split:
-        o_acc = torch.empty(
-            (num_splits, batch, hq, seqlen_q, d), dtype=torch.float32, device=q.device
-        )
-        l_acc = torch.empty((num_splits, batch, hq, seqlen_q), dtype=torch.float32, device=q.device)
-        acc_st = o_acc.stride()[:4]
-        lacc_st = l_acc.stride()[:3]
-    else:
-        o_acc, l_acc = lse, lse  # unused pointers
-        acc_st, lacc_st = (0, 0, 0, 0), (0, 0, 0)
-    dummy = seqlens_k
-    grid = (triton.cdiv(max_rows, tile.block_m), batch * hk, num_splits)
-    _kv_fwd[grid](
-        q, k_cache, v_cache, out, lse, o_acc, l_acc,
-        cu_q if cu_q is not None else dummy, seqlens_k,
-        k_start if k_start is not None else dummy,
-        block_table if block_table is not None else dummy,
-        batch_idx if batch_idx is not None else dummy,
-        slopes if slopes is not None else lse,
-        *qst, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), *ost, *lst,
-        block_table.stride(0) if block_table is not None else 0, *sa, *acc_st, *lacc_st,
-        seqlen_q, kv_rows, hk, group, scale * LOG2E, cap_in, cap_out, left or 0, right or 0, num_splits,
-        HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
-        PAGE_SIZE=k_cache.shape[1] if block_table is not None else 1,
+        qst = q.stride()[:3]
+        ost = out.stride()[:3]
+        lst = lse.stride()[:2] if lse is not None else (0, 0)
+    m_blocks = _cdiv(max_rows, tile.block_m)
+    bd = configs.padded_head_dim(d)
+    part = count = None
+    tiles = m_blocks * batch * hk
+    # The kernel addresses the partials with 32-bit offsets.
+    num_splits = min(num_splits, (2**31 - 1) // (tiles * tile.block_m * (bd + 1)))
+    if num_splits > 1:
+        part, count = _split_scratch(q.device, num_splits, tiles, tile.block_m, tile.block_m * bd)
+    _kv_fwd[(m_blocks, batch * hk, num_splits)](
+        q, k_cache, v_cache, out, lse, part, count, cu_q, seqlens_k, k_start,
+        block_table, batch_idx, slopes,
+        *qst, *k_cache.stride()[:3], *v_cache.stride()[:3], *ost, *lst,
+        block_table.stride(0) if block_table is not None else 0, *sa,
+        seqlen_q, kv_rows, hk, hq // hk, scale * LOG2E, cap_in, cap_out, left or 0, right or 0,
+        num_splits,
+        HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=tile.block_m,
+        BLOCK_N=tile.block_n, PAGE_SIZE=k_cache.shape[1] if block_table is not None else 1,
         IS_VARLEN_Q=varlen, PAGED=block_table is not None, HAS_BATCH_IDX=batch_idx is not None,
         HAS_KSTART=k_start is not None, HAS_LEFT=left is not None, HAS_RIGHT=right is not None,
-        HAS_SOFTCAP=softcap > 0, HAS_ALIBI=slopes is not None, SPLIT=split,
-        **tile.launch_options(hip),
+        HAS_SOFTCAP=softcap > 0, HAS_ALIBI=slopes is not None, SPLIT=part is not None,
+        STORE_LSE=lse is not None, MERGE_D=min(merge_d or bd, bd), **_launch_options(tile),
     )  # fmt: skip
-    if split:
-        c = kc.combine
-        _kv_combine[(triton.cdiv(seqlen_q, c.block_m), batch * hq)](
-            o_acc, l_acc, out, lse, *acc_st, *lacc_st, *ost, *lst, seqlen_q, hq, num_splits,
-            HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=c.block_m, **c.launch_options(hip),
-        )  # fmt: skip
 
 
 @torch.no_grad()
+def _update_cache(
+    q, k, v, k_cache, v_cache, cache_seqlens, cache_batch_idx, block_table, rotary_cos,
+    rotary_sin, interleaved: bool, local: bool,
+):  # fmt: skip
+    """Rotate the new keys (and q) if rotary tables are given, write k/v into the caches; the
+    (rotated) q. No autograd: the caches are written in place, as flash_attn's kernel does."""
+    if rotary_cos is not None:
+        start = cache_seqlens.long()[:, None]
+        k_pos = start + torch.arange(k.shape[1], device=q.device)
+        q_pos = start + torch.arange(q.shape[1], device=q.device) * int(local)
+        k = apply_rotary(k, rotary_cos, rotary_sin, k_pos, interleaved)
+        q = apply_rotary(q, rotary_cos, rotary_sin, q_pos, interleaved)
+    _append(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table)
+    return q
+
+
 def flash_attn_with_kvcache(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -506,7 +631,7 @@ def flash_attn_with_kvcache(
             raise ArgumentError(f"k and v must be (batch={batch}, seqlen_new, {hk}, {d})")
     seqlen_new = k.shape[1] if k is not None else 0
     if cache_seqlens is None:
-        cache_seqlens = torch.full((batch,), seqlen_cache, dtype=torch.int32, device=device)
+        cache_seqlens = _full_lengths(device, batch, seqlen_cache)
     elif isinstance(cache_seqlens, int):
         cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=device)
     else:
@@ -534,16 +659,14 @@ def flash_attn_with_kvcache(
                 f"rotary_cos/sin must be (seqlen_ro, rotary_dim / 2) with rotary_dim <= {d} and a "
                 f"multiple of 16, got {tuple(rotary_cos.shape)} and {tuple(rotary_sin.shape)}"
             )
-        start = cache_seqlens.long()[:, None]
-        k_pos = start + torch.arange(seqlen_new, device=device)
+    if k is not None:
         # Queries move along with the keys under a causal mask or a window; otherwise every
         # query sits at the first new position (flash_attn's docstring).
         local = left is not None or right is not None
-        q_pos = start + torch.arange(seqlen_q, device=device) * int(local)
-        k = apply_rotary(k, rotary_cos, rotary_sin, k_pos, rotary_interleaved)
-        q = apply_rotary(q, rotary_cos, rotary_sin, q_pos, rotary_interleaved)
-    if k is not None:
-        _append(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table)
+        q = _update_cache(
+            q, k, v, k_cache, v_cache, cache_seqlens, cache_batch_idx, block_table,
+            rotary_cos, rotary_sin, rotary_interleaved, local,
+        )  # fmt: skip
     # A decoding step without new keys reads the lengths as given (no extra GPU launch).
     seqlens_k = cache_seqlens + seqlen_new if seqlen_new else cache_seqlens
     k_start = None
@@ -556,17 +679,19 @@ def flash_attn_with_kvcache(
         q = q.contiguous()
     slopes, sa_b, sa_h = arguments.alibi_slopes(alibi_slopes, batch, hq, device)
     out = torch.empty(q.shape, dtype=q.dtype, device=device)
-    lse = torch.empty((batch, hq, seqlen_q), dtype=torch.float32, device=device)
+    lse = None
+    if return_softmax_lse:
+        lse = torch.empty((batch, hq, seqlen_q), dtype=torch.float32, device=device)
     rows = seqlen_q * (hq // hk)
     kc = kv_config(configs.device_family(device), d)
     tile = kc.decode if rows <= kc.decode.block_m else kc.prefill
-    n_key_blocks = triton.cdiv(seqlen_cache, tile.block_n)
+    n_key_blocks = _cdiv(seqlen_cache, tile.block_n)
     if num_splits is None or num_splits < 1:
-        work = batch * hk * triton.cdiv(rows, tile.block_m)
-        num_splits = num_splits_heuristic(work, _num_sms(device), n_key_blocks)
+        work = batch * hk * _cdiv(rows, tile.block_m)
+        num_splits = auto_num_splits(work, _num_sms(device), seqlen_cache, tile.block_n)
     num_splits = max(1, min(int(num_splits), 128, n_key_blocks))
     _launch(
-        q, k_cache, v_cache, out, lse, cu_q=None, seqlens_k=seqlens_k, k_start=k_start,
+        q, k_cache, v_cache, out, lse, tile=tile, merge_d=kc.merge_d, cu_q=None, seqlens_k=seqlens_k, k_start=k_start,
         block_table=block_table, batch_idx=cache_batch_idx, slopes=slopes, sa=(sa_b, sa_h),
         batch=batch, seqlen_q=seqlen_q, max_rows=rows, kv_rows=seqlen_cache, scale=scale, left=left, right=right,
         softcap=cap, num_splits=num_splits, varlen=False,
@@ -616,11 +741,16 @@ def paged_varlen_forward(
         q = q.contiguous()
     slopes, sa_b, sa_h = arguments.alibi_slopes(alibi_slopes, batch, hq, device)
     out = torch.empty(q.shape, dtype=q.dtype, device=device)
-    lse = torch.empty((hq, q.shape[0]), dtype=torch.float32, device=device)
+    lse = None
+    if return_attn_probs:
+        lse = torch.empty((hq, q.shape[0]), dtype=torch.float32, device=device)
+    kc = kv_config(configs.device_family(device), d)
+    max_rows = int(max_seqlen_q) * (hq // hk)
     _launch(
         q, k_cache, v_cache, out, lse, cu_q=cu_q, seqlens_k=seqlens_k, k_start=None,
+        tile=kc.decode if max_rows <= kc.decode.block_m else kc.prefill, merge_d=kc.merge_d,
         block_table=block_table, batch_idx=None, slopes=slopes, sa=(sa_b, sa_h), batch=batch,
-        seqlen_q=int(max_seqlen_q), max_rows=int(max_seqlen_q) * (hq // hk),
+        seqlen_q=int(max_seqlen_q), max_rows=max_rows,
         kv_rows=seqlen_cache, scale=scale,
         left=left, right=right, softcap=cap, num_splits=1, varlen=True,
     )  # fmt: skip
@@ -631,28 +761,27 @@ def aot_kernels(
     head_dim: int, family: str, dtype: str = "bf16", page_size: int = 16
 ) -> list[tuple]:
     """(name, jit fn, pointer types, constexprs, tile) of the cache kernels for ``kernels.aot``:
-    split-KV decoding from a paged cache (causal), paged varlen prefill, and the combine."""
+    split-KV decoding from a paged cache (causal; the last split merges them all) and paged
+    varlen prefill."""
     kc = kv_config(family, head_dim)
     bd = configs.padded_head_dim(head_dim)
     p = f"*{dtype}"
     ptrs = dict(
-        Q=p, K=p, V=p, Out=p, LSE="*fp32", OAcc="*fp32", LAcc="*fp32", CuQ="*i32",
+        Q=p, K=p, V=p, Out=p, LSE="*fp32", Part="*fp32", Count="*i32", CuQ="*i32",
         SeqlensK="*i32", KStart="*i32", BlockTable="*i32", BatchIdx="*i32", Slopes="*fp32",
     )  # fmt: skip
     flags = dict(
         HEAD_DIM=head_dim, BLOCK_D=bd, PAGE_SIZE=page_size, PAGED=True, HAS_BATCH_IDX=False,
         HAS_KSTART=False, HAS_LEFT=False, HAS_RIGHT=True, HAS_SOFTCAP=False, HAS_ALIBI=False,
+        STORE_LSE=True, MERGE_D=kc.merge_columns(bd),
     )  # fmt: skip
 
     def tiles(t):
         return dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n)
 
-    combine_ptrs = dict(OAcc="*fp32", LAcc="*fp32", Out=p, LSE="*fp32")
     return [
         ("kv_decode", _kv_fwd, ptrs,
          dict(flags, IS_VARLEN_Q=False, SPLIT=True, **tiles(kc.decode)), kc.decode),
         ("kv_prefill", _kv_fwd, ptrs,
          dict(flags, IS_VARLEN_Q=True, SPLIT=False, **tiles(kc.prefill)), kc.prefill),
-        ("kv_combine", _kv_combine, combine_ptrs,
-         dict(HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=kc.combine.block_m), kc.combine),
     ]  # fmt: skip

@@ -15,7 +15,7 @@ import torch
 from kernels import flash_attn_varlen_func, flash_attn_with_kvcache
 from kernels.checks import judge
 from kernels.checks.reference import attention_ref, flash_window, rotary_ref
-from kernels.kvcache import num_splits_heuristic
+from kernels.kvcache import auto_num_splits, num_splits_heuristic
 
 
 def _rand(*shape, dtype, g):
@@ -296,6 +296,39 @@ def test_num_splits_heuristic_follows_flash_attn(work, sms, key_blocks, expected
     assert num_splits_heuristic(work, sms, key_blocks) == expected
 
 
+@pytest.mark.parametrize(
+    "work, cache, expected",
+    [
+        (8, 4096, 8),  # flash_attn's 16 splits would read 256 keys each: 8 of 512
+        (8, 16384, 15),  # 1092 keys a split: flash_attn's count stands
+        (8, 131072, 14),
+        (64, 4096, 2),
+        (8, 700, 1),  # under 2 x 512 keys: no split
+    ],
+)
+def test_auto_num_splits_keeps_512_keys_a_split(work, cache, expected):
+    # One decoding step of GQA 32/8 (work = batch x 8 KV heads) on a 132-SM GPU, 128-key tiles.
+    assert auto_num_splits(work, 132, cache, 128) == expected
+
+
+def test_split_steps_reuse_their_scratch_and_leave_the_counters_at_zero():
+    # The last split of a tile merges and resets its counter; a counter left at 1 would make the
+    # next step's merge wait for a split that never comes (and leave the output unwritten).
+    from kernels import kvcache
+
+    g = torch.Generator().manual_seed(5)
+    q = _rand(2, 1, 4, 32, dtype=torch.float16, g=g)
+    kc, vc = (_rand(2, 80, 2, 32, dtype=torch.float16, g=g) for _ in range(2))
+    lens = torch.tensor([80, 41], dtype=torch.int32)
+    one = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, num_splits=1)
+    kvcache._SCRATCH.clear()
+    outs = [flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, num_splits=3) for _ in range(3)]
+    (entry,) = [v for k, v in kvcache._SCRATCH.items() if "split" in k]
+    assert torch.count_nonzero(entry[1]) == 0
+    assert all(torch.equal(o, outs[0]) for o in outs[1:])
+    assert (outs[0].float() - one.float()).abs().max().item() <= 2**-9
+
+
 def _small():
     q = torch.zeros(1, 1, 2, 16, dtype=torch.float16)
     kc = torch.zeros(1, 32, 2, 16, dtype=torch.float16)
@@ -399,7 +432,7 @@ def test_a_check_case_fails_when_the_rule_does(monkeypatch):
     assert res["status"] == "fail"
 
 
-def test_every_family_has_kv_tiles_and_kernels_aot_compiles_all_three():
+def test_every_family_has_kv_tiles_and_kernels_aot_compiles_both():
     from kernels import aot, configs
     from kernels.kvcache import aot_kernels, kv_config
 
@@ -408,4 +441,4 @@ def test_every_family_has_kv_tiles_and_kernels_aot_compiles_all_three():
             kc = kv_config(family, d)
             # A decoding step's GQA group (seqlen_q x group rows) fills one 16-row matrix tile.
             assert kc.decode.block_m == 16 and min(kc.decode.block_n, kc.prefill.block_m) >= 16
-    assert [k[0] for k in aot_kernels(128, "cdna3")] == ["kv_decode", "kv_prefill", "kv_combine"]
+    assert [k[0] for k in aot_kernels(128, "cdna3")] == ["kv_decode", "kv_prefill"]
