@@ -810,15 +810,15 @@ def _attn_bwd_dq(
     q_ptrs = q_rows + offs_d[None, :]
     do_rows = do_base + offs_m[:, None] * sdo_s
     do_ptrs = do_rows + offs_d[None, :]
-    q = _load_rows(q_ptrs, offs_m, seqlen_q, offs_d, HEAD_DIM, True, EVEN_D)
     do = _load_rows(do_ptrs, offs_m, seqlen_q, offs_d, HEAD_DIM, True, EVEN_D)
-    lse_base = _row_base(LSE, b64, h64, q_start, sl_b, sl_h)
-    lse2 = tl.load(lse_base + offs_m, mask=row_ok, other=float("inf")) * _LOG2E
     # Rows past the end load O = dO = 0 (delta 0, not stored), as the delta kernel's do.
     o_base = _base(Out, b64, h64, q_start, so_b, so_h, so_s)
     o = _load_tile(o_base, offs_m, so_s, seqlen_q, offs_d, HEAD_DIM, True, EVEN_D)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     tl.store(_row_base(Delta, b64, h64, q_start, sl_b, sl_h) + offs_m, delta, mask=row_ok)
+    q = _load_rows(q_ptrs, offs_m, seqlen_q, offs_d, HEAD_DIM, True, EVEN_D)
+    lse_base = _row_base(LSE, b64, h64, q_start, sl_b, sl_h)
+    lse2 = tl.load(lse_base + offs_m, mask=row_ok, other=float("inf")) * _LOG2E
     alibi2 = _alibi2(Slopes, b, h, sa_b, sa_h) if HAS_ALIBI else 0.0
     diag = seqlen_k - seqlen_q
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
