@@ -256,7 +256,7 @@ def _kernels(head_dim: int, cfg, dtype: str = "bf16"):
             (
                 "bwd_dq",
                 flash._attn_bwd_dq,
-                bwd_ptrs,
+                dict(bwd_ptrs, Out=p),  # it also computes delta from O and dO
                 dict(
                     flags,
                     BLOCK_M=cfg.bwd_q.block_m,

@@ -579,7 +579,8 @@ def _attn_bwd_delta(
     Out, DO, Delta, CuQ, so_b, so_s, so_h, sd_b, sd_s, sd_h, sl_b, sl_h, seqlen_q, num_heads_q,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, IS_VARLEN: tl.constexpr,
 ):
-    """delta = rowsum(O * dO) in fp32, laid out like the LSE."""
+    """delta = rowsum(O * dO) in fp32, laid out like the LSE: for the dK/dV kernel when dQ is
+    accumulated inside it (``ATOMIC_DQ``); otherwise the dQ kernel computes delta itself."""
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // num_heads_q
@@ -838,9 +839,9 @@ def _dq_loop(dq, q, do, q_ptrs, do_ptrs, q_rows, do_rows, seqlen_q, lse2, delta,
 
 @triton.jit(do_not_specialize=["seqlen_q", "seqlen_k", "left", "right"])
 def _attn_bwd_dq(
-    Q, K, V, DO, DQ, LSE, Delta, CuQ, CuK, Slopes,
+    Q, K, V, DO, DQ, LSE, Delta, Out, CuQ, CuK, Slopes,
     sq_b, sq_s, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, sdo_b, sdo_s, sdo_h,
-    sdq_b, sdq_s, sdq_h, sl_b, sl_h, sa_b, sa_h,
+    sdq_b, sdq_s, sdq_h, so_b, so_s, so_h, sl_b, sl_h, sa_b, sa_h,
     seqlen_q, seqlen_k, num_heads_q, group, sm_scale, qk_scale, cap_in, cap_out, left, right,
     Rng, drop_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -849,8 +850,11 @@ def _attn_bwd_dq(
     RELOAD: tl.constexpr, D_CHUNK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     USE_TMA: tl.constexpr = False,
 ):
-    """One program per (query block, batch, query head): dQ without atomics. USE_TMA (Hopper): K
-    and V stream through tensor descriptors (see ``_attn_fwd``)."""
+    """One program per (query block, batch, query head): dQ without atomics. It also computes
+    delta = rowsum(O * dO) of its query rows from the O and dO tiles it loads anyway and stores
+    it for the dK/dV kernel launched after it (one launch fewer than a delta kernel: the small
+    shapes are bound by host time per launch). USE_TMA (Hopper): K and V stream through tensor
+    descriptors (see ``_attn_fwd``)."""
     pid_m = tl.program_id(0)
     if REVERSE:
         pid_m = tl.num_programs(0) - 1 - pid_m
@@ -876,11 +880,15 @@ def _attn_bwd_dq(
     q_ptrs = q_rows + offs_d[None, :]
     do_rows = do_base + offs_m[:, None] * sdo_s
     do_ptrs = do_rows + offs_d[None, :]
-    q = _load_rows(q_ptrs, offs_m, seqlen_q, offs_d, HEAD_DIM, True, EVEN_D)
     do = _load_rows(do_ptrs, offs_m, seqlen_q, offs_d, HEAD_DIM, True, EVEN_D)
+    # Rows past the end load O = dO = 0 (delta 0, not stored), as the delta kernel's do.
+    o_base = _base(Out, b64, h64, q_start, so_b, so_h, so_s)
+    o = _load_tile(o_base, offs_m, so_s, seqlen_q, offs_d, HEAD_DIM, True, EVEN_D)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(_row_base(Delta, b64, h64, q_start, sl_b, sl_h) + offs_m, delta, mask=row_ok)
+    q = _load_rows(q_ptrs, offs_m, seqlen_q, offs_d, HEAD_DIM, True, EVEN_D)
     lse_base = _row_base(LSE, b64, h64, q_start, sl_b, sl_h)
-    delta_base = _row_base(Delta, b64, h64, q_start, sl_b, sl_h)
-    lse2, delta = _row_stats(lse_base, delta_base, offs_m, seqlen_q, True)
+    lse2 = tl.load(lse_base + offs_m, mask=row_ok, other=float("inf")) * _LOG2E
     alibi2 = _alibi2(Slopes, b, h, sa_b, sa_h) if HAS_ALIBI else 0.0
     diag = seqlen_k - seqlen_q
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)

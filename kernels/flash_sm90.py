@@ -21,7 +21,7 @@ consumers 240 registers and the producer 24.
   consumer computes S^T and dP^T (its keys as rows), so P^T and dS^T come out of the wgmma in
   registers as the A operands of dV += P^T dO and dK += dS^T Q; the row statistics start those
   accumulators, and dV's product runs while dS^T is computed. dQ stays with
-  ``kernels.flash._attn_bwd_dq``.
+  ``kernels.flash._attn_bwd_dq``, which runs first and also writes the delta rows read here.
 
 Scope: bf16/fp16, head dim 128, fixed-length batches, no mask or bottom-right causal, no ALiBi,
 softcap, dropout or FP8, tensors TMA can address (``kernels.interface.tma_ok``).

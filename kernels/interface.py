@@ -4,6 +4,7 @@ and flash_attn's ``_get_block_size_n`` (the S_dmask encoding)."""
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -151,14 +152,15 @@ def _unnormalise_sdmask(s: torch.Tensor, block_n: int) -> None:
 class _Seq:
     """A q/k/v-like tensor seen as (batch, seq, head) strides + unit head-dim stride."""
 
+    __slots__ = ("t", "strides")
+
     def __init__(self, t: torch.Tensor, varlen: bool):
-        if t.stride(-1) != 1:
+        st = t.stride()  # once: each call is a trip into torch (host time at small shapes)
+        if st[-1] != 1:
             t = t.contiguous()
+            st = t.stride()
         self.t = t
-        if varlen:
-            self.strides = (0, t.stride(0), t.stride(1))
-        else:
-            self.strides = (t.stride(0), t.stride(1), t.stride(2))
+        self.strides = (0, st[0], st[1]) if varlen else (st[0], st[1], st[2])
 
 
 def _buffer_loads(*tensors) -> bool:
@@ -175,15 +177,15 @@ def tma_ok(*tensors) -> bool:
     """Whether TMA tensor descriptors can address these tensors (the kernels' ``USE_TMA``):
     bf16/fp16, a 16-byte aligned start and 16-byte multiples for every stride but the unit last
     one, so that each (batch, head, first row) base of a tile is aligned as TMA requires."""
-    for t in tensors:
-        if t.dtype not in (torch.float16, torch.bfloat16) or t.data_ptr() % 16:
-            return False
-        if t.stride(-1) != 1:
-            return False
-        dims = zip(t.shape[:-1], t.stride()[:-1], strict=True)
-        if any(n > 1 and (s * t.element_size()) % 16 for n, s in dims):
-            return False
-    return True
+    return all(_tma_layout(t.dtype, t.shape, t.stride()) and not t.data_ptr() % 16 for t in tensors)
+
+
+@functools.lru_cache(maxsize=1024)
+def _tma_layout(dtype: torch.dtype, shape: tuple, strides: tuple) -> bool:
+    """tma_ok's checks of dtype, shape and strides (cached: asked for several tensors a call)."""
+    if dtype not in (torch.float16, torch.bfloat16) or strides[-1] != 1:
+        return False
+    return not any(n > 1 and (s * 2) % 16 for n, s in zip(shape[:-1], strides[:-1], strict=True))
 
 
 def _tma_config(c: configs.AttnConfig, kernels: tuple, *tensors) -> configs.AttnConfig:
@@ -371,22 +373,39 @@ def _forward(
     return out, lse
 
 
+def _cdiv(a: int, b: int) -> int:
+    """``triton.cdiv`` without its host-side constexpr wrapper (microseconds a call)."""
+    return -(-a // b)
+
+
 def _backward(
     do, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, batch, scale, mask: Mask, alibi, varlen,
     grads=None, drop: Dropout | None = None,
 ):  # fmt: skip
     """dQ, dK, dV; ``grads`` = (dq, dk, dv) to write into (views of one pack: kernels/packed.py);
-    ``drop``: the forward's dropout, whose mask the kernels regenerate."""
+    ``drop``: the forward's dropout, whose mask the kernels regenerate.
+
+    Two launches (dQ, which also computes delta = rowsum(O * dO), then dK/dV) except with
+    ``atomic_dq`` (delta kernel, then dK/dV accumulating dQ). The small shapes are bound by host
+    time, most of it per launch (docs/benchmarks.md, issue 30), so this path does no argument
+    checks (the forward did them), reads each tensor's strides once and allocates the gradients
+    in their inputs' layouts (autograd then keeps them instead of copying them into the leaves'
+    layout)."""
     qs, ks, vs = _Seq(q, varlen), _Seq(k, varlen), _Seq(v, varlen)
     dos, outs = _Seq(do, varlen), _Seq(out, varlen)
-    d, hq, hk, cfg, hip, softcap, cap_in, cap_out = _common(qs.t, ks.t, vs.t, mask, scale)
-    if drop:
-        cfg = configs.config_for(configs.device_family(q.device), d, dropout=True)
+    d, hq, hk = q.shape[-1], q.shape[-2], k.shape[-2]
+    family = configs.device_family(q.device)
+    cfg = configs.config_for(family, d, dropout=drop is not None)
+    hip = configs.is_hip()
+    softcap = float(mask.softcap or 0.0)
+    cap_in, cap_out = (scale / softcap, softcap * LOG2E) if softcap > 0 else (0.0, 0.0)
     bd = configs.padded_head_dim(d)
     lse_strides = (0, lse.stride(0)) if varlen else (lse.stride(0), lse.stride(1))
     delta = torch.empty_like(lse)
-    dk = torch.empty(ks.t.shape, dtype=k.dtype, device=k.device) if grads is None else grads[1]
-    dv = torch.empty(vs.t.shape, dtype=v.dtype, device=v.device) if grads is None else grads[2]
+    if grads is None:
+        dk, dv = torch.empty_like(ks.t), torch.empty_like(vs.t)
+    else:
+        dk, dv = grads[1], grads[2]
     slopes, sa_b, sa_h = _slopes(alibi, batch, hq, q.device)
     dummy = cu_q if cu_q is not None else lse
     cuq = cu_q if varlen else dummy
@@ -403,32 +422,15 @@ def _backward(
         HAS_DROPOUT=drop is not None,
     )
     drop_args = (drop.rng, drop.scale) if drop else (None, None)
-    pre_m = 64
-    _attn_bwd_delta[(triton.cdiv(max_q, pre_m), batch * hq)](
-        outs.t,
-        dos.t,
-        delta,
-        cuq,
-        *outs.strides,
-        *dos.strides,
-        *lse_strides,
-        max_q,
-        hq,
-        HEAD_DIM=d,
-        BLOCK_D=bd,
-        BLOCK_M=pre_m,
-        IS_VARLEN=varlen,
-        num_warps=4 if not configs.device_family(q.device) == "interpreter" else 1,
-    )
     dks, dvs = _Seq(dk, varlen).strides, _Seq(dv, varlen).strides
     common = (max_q, max_k)
     scal = (scale, scale * LOG2E, cap_in, cap_out, mask.left or 0, mask.right or 0)
 
     def launch(c: configs.AttnConfig):
         if c.atomic_dq:
-            dq_acc = torch.zeros(qs.t.shape, dtype=torch.float32, device=q.device)
+            dq_acc = torch.zeros_like(qs.t, dtype=torch.float32)
         elif grads is None:
-            dq_acc = torch.empty(qs.t.shape, dtype=q.dtype, device=q.device)
+            dq_acc = torch.empty_like(qs.t)
         else:
             dq_acc = grads[0]
         if c.chunk_kv or c.chunk_q:  # RDNA3/3.5: chunked only where buffer loads apply
@@ -436,6 +438,61 @@ def _backward(
             c = configs.for_tensors(c, _buffer_loads(*tensors))
         c = _tma_config(c, ("bwd_kv", "bwd_q"), qs.t, ks.t, vs.t, dos.t)
         dqs = _Seq(dq_acc, varlen).strides
+        if c.atomic_dq:
+            pre_m = 64
+            _attn_bwd_delta[(_cdiv(max_q, pre_m), batch * hq)](
+                outs.t,
+                dos.t,
+                delta,
+                cuq,
+                *outs.strides,
+                *dos.strides,
+                *lse_strides,
+                max_q,
+                hq,
+                HEAD_DIM=d,
+                BLOCK_D=bd,
+                BLOCK_M=pre_m,
+                IS_VARLEN=varlen,
+                num_warps=4 if family != "interpreter" else 1,
+            )
+        else:  # dQ first: it writes the delta the dK/dV kernel reads
+            tq = c.bwd_q
+            _attn_bwd_dq[(_cdiv(max_q, tq.block_m), batch * hq)](
+                qs.t,
+                ks.t,
+                vs.t,
+                dos.t,
+                dq_acc,
+                lse,
+                delta,
+                outs.t,
+                cuq,
+                cuk,
+                sl,
+                *qs.strides,
+                *ks.strides,
+                *vs.strides,
+                *dos.strides,
+                *dqs,
+                *outs.strides,
+                *lse_strides,
+                sa_b,
+                sa_h,
+                *common,
+                hq,
+                hq // hk,
+                *scal,
+                *drop_args,
+                BLOCK_M=tq.block_m,
+                BLOCK_N=tq.block_n,
+                REVERSE=mask.right is not None,
+                RELOAD=c.reload,
+                D_CHUNK=c.chunk_q,
+                USE_TMA=tq.tma,
+                **flags,
+                **tq.launch_options(hip),
+            )
         tk = c.bwd_kv
         if gluon_backward_ok(
             c, qs.t, ks.t, vs.t, dos.t, dk, dv, mask, softcap, slopes, varlen, drop
@@ -447,7 +504,7 @@ def _backward(
                 qs.t, ks.t, vs.t, dos.t, dk, dv, lse, delta, scale, causal=mask.right == 0
             )
         else:
-            _attn_bwd_dkdv[(triton.cdiv(max_k, tk.block_n), batch * hk)](
+            _attn_bwd_dkdv[(_cdiv(max_k, tk.block_n), batch * hk)](
                 qs.t,
                 ks.t,
                 vs.t,
@@ -485,44 +542,8 @@ def _backward(
                 **tk.launch_options(hip),
             )
         if c.atomic_dq:
-            dq = dq_acc.to(q.dtype) if grads is None else grads[0].copy_(dq_acc)
-        else:
-            tq = c.bwd_q
-            _attn_bwd_dq[(triton.cdiv(max_q, tq.block_m), batch * hq)](
-                qs.t,
-                ks.t,
-                vs.t,
-                dos.t,
-                dq_acc,
-                lse,
-                delta,
-                cuq,
-                cuk,
-                sl,
-                *qs.strides,
-                *ks.strides,
-                *vs.strides,
-                *dos.strides,
-                *dqs,
-                *lse_strides,
-                sa_b,
-                sa_h,
-                *common,
-                hq,
-                hq // hk,
-                *scal,
-                *drop_args,
-                BLOCK_M=tq.block_m,
-                BLOCK_N=tq.block_n,
-                REVERSE=mask.right is not None,
-                RELOAD=c.reload,
-                D_CHUNK=c.chunk_q,
-                USE_TMA=tq.tma,
-                **flags,
-                **tq.launch_options(hip),
-            )
-            dq = dq_acc
-        return dq
+            return dq_acc.to(q.dtype) if grads is None else grads[0].copy_(dq_acc)
+        return dq_acc
 
     key = autotune.key("bwd", q, d, mask, softcap > 0, slopes is not None, varlen)
     dq = launch(autotune.choose(key + "|dropout" if key and drop else key, cfg, launch))
