@@ -85,18 +85,19 @@ def tags_in(namespace: str) -> list[str]:
 
 
 @pytest.fixture(scope="session")
-def shared_cpu_stack(tmp_path_factory) -> str:
+def shared_cpu_stack(tmp_path_factory) -> tuple[str, Path]:
     """The namespace that holds this session's one build of the cpu stack (built here unless
-    another worker already built it)."""
+    another worker already built it), and the tree it was built in."""
     require_engine()
     namespace = f"{SHARED_PREFIX}-{content_key()[:12]}"
     folder = shared_folder(tmp_path_factory)
     done = folder / f"{namespace}.tags"
+    dest = folder / namespace / "tree"
     with locked(folder / f"{namespace}.lock"):
         if done.exists() and tags_in(namespace) == done.read_text().split():
-            return namespace
+            return namespace, dest
         shutil.rmtree(folder / namespace, ignore_errors=True)
-        dest = copy_tree_to(folder / namespace / "tree")
+        copy_tree_to(dest)
         with (folder / SHARED_NAMESPACES).open("a") as listed:
             listed.write(namespace + "\n")  # removed at the session's end even if the build fails
         built = invoke(dest, *build_args(namespace=namespace))
@@ -104,11 +105,15 @@ def shared_cpu_stack(tmp_path_factory) -> str:
         tags = tags_in(namespace)
         assert any(t.endswith("/validate:cpu") for t in tags), tags
         done.write_text("\n".join(tags) + "\n")
-    return namespace
+    return namespace, dest
 
 
-def copy_stack(shared: str, namespace: str) -> None:
-    """Tag every image of the shared namespace into ``namespace`` as well (the same image ids)."""
+def copy_stack(shared: tuple[str, Path], namespace: str, dest: Path) -> None:
+    """Tag every image of the shared namespace into ``namespace`` as well (the same image ids),
+    and give the tree ``dest`` the build's records of each layer's inputs (build/state/inputs,
+    what its own cached build would have written; `invoke publish` reads them for provenance)."""
+    shared, built_in = shared
+    shutil.copytree(built_in / "build/state/inputs", dest / "build/state/inputs")
     tags = tags_in(shared)
     for tag in tags:
         mine = namespace + tag.removeprefix(shared)
@@ -126,7 +131,7 @@ def cpu_stack_tree(label: str, namespace: str, *, registry: bool = False):
             _need_registry()
         dest = copy_tree(tmp_path_factory, label)
         try:
-            copy_stack(shared_cpu_stack, namespace)
+            copy_stack(shared_cpu_stack, namespace, dest)
             yield dest
         finally:
             remove_images(namespace)
