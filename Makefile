@@ -6,6 +6,8 @@ WHEELHOUSE ?= build/wheelhouse
 CA_CERT ?= /etc/ssl/certs/ca-certificates.crt
 # pytest-xdist workers: one per core. --dist loadfile keeps each test file on one worker, in order,
 # so a module's shared tree, images and fixtures stay its own (e2e modules run their steps in order).
+# The cpu stack is built once per run, under a file lock the workers share, and tagged into each
+# e2e module's own namespace (tests/e2e/conftest.py).
 TEST_WORKERS ?= auto
 PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadfile
 export BASE_IMAGE WHEELHOUSE

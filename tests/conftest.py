@@ -24,6 +24,9 @@ COPY_IGNORE = shutil.ignore_patterns(
 # The checkout's output folders (build/wheelhouse is set-up's input, not a test's output).
 GUARDED = ("reports", "build/state", "build/logs", "build/staging")
 _OUTPUTS = Path(tempfile.mkdtemp(prefix="attnforge-test-outputs-"))
+# The image namespaces that tests/e2e/conftest.py's `shared_cpu_stack` built this session, one a
+# line, in the session's shared temporary folder; the session's end removes their images.
+SHARED_NAMESPACES = "e2e-shared-namespaces.txt"
 
 
 def _snapshot() -> set[str]:
@@ -44,6 +47,22 @@ def checkout_is_not_written():
     shutil.rmtree(_OUTPUTS, ignore_errors=True)
     changed = sorted(_snapshot() ^ before)
     assert not changed, f"tests wrote into the checkout: {changed[:10]}"
+
+
+def pytest_sessionfinish(session):
+    """Remove the shared end-to-end images, in the process that started the xdist workers (or the
+    only one), after every worker is done with them."""
+    if hasattr(session.config, "workerinput"):
+        return
+    listed = session.config._tmp_path_factory.getbasetemp() / SHARED_NAMESPACES
+    for namespace in set(listed.read_text().split()) if listed.exists() else ():
+        tags = subprocess.run(
+            ["docker", "images", "--format", "{{.Repository}}:{{.Tag}}"],
+            capture_output=True, text=True,
+        ).stdout.split()  # fmt: skip
+        mine = [t for t in tags if t.startswith(f"{namespace}/")]
+        if mine:
+            subprocess.run(["docker", "rmi", "-f", *mine], capture_output=True)
 
 
 @pytest.fixture

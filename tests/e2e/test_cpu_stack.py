@@ -1,4 +1,4 @@
-"""End to end on a real Docker engine: build, cache, change, fail, interrupt, resume, validate, push.
+"""End to end on a real Docker engine: build, cache, change, fail, interrupt, resume.
 
 Runs `invoke` as a user would, in a copy of the tree (so tests may edit files) under a fresh image
 namespace. Inputs come from the environment that .ci/run prepares:
@@ -7,7 +7,9 @@ namespace. Inputs come from the environment that .ci/run prepares:
   ATTNFORGE_E2E_CA_CERT     the host CA bundle, handed to builds as a BuildKit secret
   ATTNFORGE_E2E_REGISTRY    a local registry (host:port) for the push test
   ATTNFORGE_REQUIRE_E2E=1   fail, not skip, when no engine is reachable (CI sets it)
-The tests in this module run in order and share one tree and namespace.
+The tests in this module run in order and share one tree and namespace. Validating and publishing
+the stack are test_cpu_stack_publish.py's, the registry as the next runner's build cache is
+test_registry_cache.py's (their own modules, so that xdist spreads them over the workers).
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 from typing import NoReturn
@@ -76,7 +77,11 @@ def engine_ready():
 def copy_tree(tmp_path_factory, label: str) -> Path:
     """A copy of the checkout for one module's tests (they may edit files), with the wheelhouse
     where tools/setup.sh puts it, so that plain builds find it."""
-    dest = tmp_path_factory.mktemp(label) / "tree"
+    return copy_tree_to(tmp_path_factory.mktemp(label) / "tree")
+
+
+def copy_tree_to(dest: Path) -> Path:
+    """`copy_tree` into the folder ``dest`` (which must not exist yet)."""
     shutil.copytree(REPO, dest, ignore=COPY_IGNORE)
     if Path(WHEELHOUSE).is_dir():
         (dest / "build").mkdir()
@@ -368,131 +373,6 @@ def test_after_sigkill_the_build_client_stops_and_continue_names_the_layer(tree)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert "stopped at layer triton" in " ".join(resumed.stdout.split())
     assert list(staging.iterdir()) == []  # the dead build's folder was swept
-
-
-def test_validate_runs_the_suite_in_the_image_and_writes_the_report(tree):
-    proc = invoke(
-        tree, "validate", "--arch", "cpu", "--namespace", NAMESPACE, "--quick", timeout=1200
-    )
-    report = tree / "reports/cpu/cpu/report.json"
-    assert report.exists(), proc.stdout + proc.stderr
-    data = json.loads(report.read_text())
-    assert "schema_version" in data
-    assert (tree / "reports/cpu/cpu/report.md").read_text().strip()
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    expect = json.loads((tree / "reports/cpu/cpu/expect.json").read_text())
-    assert expect["expect"]["torch.hip"] is False
-
-
-def test_a_validate_run_that_fails_early_keeps_the_last_report_and_stamp(tree):
-    reports = tree / "reports/cpu/cpu"
-    names = ("report.json", "report.md", "validated.json", "expect.json")
-    before = {n: (reports / n).read_bytes() for n in names}
-    no_engine = dict(os.environ, DOCKER_HOST="unix:///nonexistent/docker.sock")
-    for env, extra in ((no_engine, []), (None, ["--image", "attnforge-e2e-missing:none"])):
-        proc = invoke(tree, "validate", "--arch", "cpu", "--namespace", NAMESPACE, *extra, env=env)
-        assert proc.returncode == 2, proc.stdout + proc.stderr
-        assert {n: (reports / n).read_bytes() for n in names} == before
-    assert not list(reports.glob(".run-*"))
-
-
-def test_publish_refuses_an_image_that_changed_since_validation(tree):
-    stamp = tree / "reports/cpu/cpu/validated.json"
-    record = json.loads(stamp.read_text())
-    stamp.write_text(json.dumps({**record, "image_id": "sha256:" + "0" * 64}))
-    try:
-        proc = invoke(
-            tree,
-            "publish",
-            "--arch",
-            "cpu",
-            "--namespace",
-            NAMESPACE,
-            "--to",
-            f"{REGISTRY or '127.0.0.1:5000'}/{NAMESPACE}",
-        )
-    finally:
-        stamp.write_text(json.dumps(record))
-    assert proc.returncode == 2 and "changed since it was validated" in " ".join(
-        proc.stderr.split()
-    )
-
-
-def test_publish_pushes_the_validated_stack_to_a_real_registry(tree):
-    _need_registry()
-    target = f"{REGISTRY}/{NAMESPACE}"
-    proc = invoke(tree, "publish", "--arch", "cpu", "--namespace", NAMESPACE, "--to", target)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-
-    def tags(repo):
-        with urllib.request.urlopen(
-            f"http://{REGISTRY}/v2/{NAMESPACE}/{repo}/tags/list", timeout=30
-        ) as resp:
-            return sorted(json.load(resp)["tags"])
-
-    # beside its tag, the final image's SBOM and provenance (cosign-style: sha256-<hex>.sbom/.att)
-    final_tags = tags("cpu")
-    assert [t for t in final_tags if not t.startswith("sha256-")] == ["cpu"]
-    assert sorted(t.rsplit(".", 1)[1] for t in final_tags if t.startswith("sha256-")) == [
-        "att",
-        "sbom",
-    ]
-    for layer in CPU_LAYERS:
-        got = tags(layer)
-        assert "cpu" in got and any(t.startswith("cpu-") for t in got), (layer, got)
-    subprocess.run(["docker", "pull", f"{target}/cpu:cpu"], capture_output=True, check=True)
-
-    # the digests in publish.json are the ones the registry serves (asked here over HTTP)
-    manifest = json.loads((tree / "reports/cpu/cpu/publish.json").read_text())
-    assert manifest["validation"]["passed"] is True and manifest["versions"]["triton"]
-    for r in manifest["refs"]:
-        repo, tag = r["ref"].removeprefix(f"{REGISTRY}/").rsplit(":", 1)
-        req = urllib.request.Request(
-            f"http://{REGISTRY}/v2/{repo}/manifests/{tag}", method="HEAD",
-            headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"},
-        )  # fmt: skip
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            assert resp.headers["Docker-Content-Digest"] == r["digest"], r["ref"]
-    pull = (tree / "reports/cpu/cpu/publish.md").read_text()
-    assert f"docker pull {target}/cpu@sha256:" in pull
-    labels = json.loads(subprocess.run(
-        ["docker", "image", "inspect", "--format", "{{json .Config.Labels}}", f"{target}/cpu:cpu"],
-        capture_output=True, text=True, check=True).stdout)  # fmt: skip
-    assert labels["org.opencontainers.image.created"].endswith("Z")
-    assert "numpy=" in labels["org.opencontainers.image.version"]
-
-
-def test_the_registry_is_the_build_cache_of_the_next_runner(tree):
-    """Push every layer to a registry namespace, forget every local image of the stack, build
-    again with --cache-from: each layer is pulled (and smoke-checked), none is built, and the
-    image ids and content tags are the first build's."""
-    _need_registry()
-    cache = f"{REGISTRY}/{NAMESPACE}-cache"
-    pushed = invoke(tree, *build_args("--push", namespace=cache))
-    assert pushed.returncode == 0, pushed.stdout + pushed.stderr
-    plan = json.loads(invoke(tree, *build_args("--dry-run", "--json", namespace=cache)).stdout)
-    assert [s["status"] for s in plan["steps"]] == ["cached"] * len(
-        CPU_LAYERS
-    )  # what the push build made
-    first = {s["layer"]: (s["tag"].split(":")[-1], image_id(s["tag"])) for s in plan["steps"]}
-
-    ids = {image for _, image in first.values()}
-    subprocess.run(["docker", "rmi", "-f", *ids], capture_output=True, check=True)
-    assert all(image_id(s["tag"]) is None for s in plan["steps"])
-
-    again_ns = f"{NAMESPACE}-again"
-    dry = json.loads(
-        invoke(
-            tree, *build_args("--dry-run", "--json", "--cache-from", cache, namespace=again_ns)
-        ).stdout
-    )
-    assert [s["status"] for s in dry["steps"]] == ["pull"] * len(CPU_LAYERS)
-    proc = invoke(tree, *build_args("--cache-from", cache, namespace=again_ns))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert outcomes(proc.stdout) == dict.fromkeys(CPU_LAYERS, "pulled")
-    assert "smoke ok" in proc.stdout and "building" not in proc.stdout
-    for layer, (content_tag, image) in first.items():
-        assert image_id(f"{again_ns}/{layer}:{content_tag}") == image, layer
 
 
 def test_a_registry_cache_that_does_not_answer_is_one_sentence_and_a_fallback(tree):
