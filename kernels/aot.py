@@ -12,9 +12,11 @@ spilled into VGPR lanes cost no memory traffic and are reported, not failed. Spi
 ``configs.ACCEPTED_SPILLS`` (kept because they measured faster) are reported as accepted and do
 not fail either, unless they grew past the recorded size.
 
-Each compile's measurements are cached by (digest of the kernels package's sources, Triton
+Each compile's measurements are cached by (digest of the sources a compile depends on, Triton
 version, arch, kernel, head dim, config): an unchanged re-run reads them back in seconds instead
-of compiling for minutes. The cache lives in ``--cache-dir``, else ``$ATTNFORGE_BUILD_DIR/aot-cache``,
+of compiling for minutes. The sources are the kernel modules, the config tables and this file,
+with what they import from kernels/ and contract/ (``compile_sources``), not the host-side
+bench, interface or checks; no key holds a path, so another clone or venv finds the same entries. The cache lives in ``--cache-dir``, else ``$ATTNFORGE_BUILD_DIR/aot-cache``,
 else ``$XDG_CACHE_HOME/attnforge/aot`` (``~/.cache/attnforge/aot``); ``--no-cache`` compiles all.
 Progress (one line per kernel, with its time or "cached") goes to stderr.
 
@@ -40,6 +42,7 @@ limit and an LDS limit:
 from __future__ import annotations
 
 import argparse
+import ast
 import hashlib
 import json
 import os
@@ -460,23 +463,70 @@ def jobs_for(arch: str, spec: dict, head_dims, over_2gib: bool = False) -> list[
     return found
 
 
+# The modules the compiled kernels, their configs and signatures come from (jobs_for, and this
+# file's options and measurements); compile_sources adds what they import.
+COMPILE_MODULES = ("kernels/aot.py", "kernels/flash.py", "kernels/flash_sm90.py",
+                   "kernels/kvcache.py", "kernels/configs.py")  # fmt: skip
+_SOURCE_PACKAGES = ("kernels", "contract")
+
+
+def _imported(path: Path, package: str) -> set[str]:
+    """The modules of kernels/ and contract/ that ``path`` (a module of ``package``) imports
+    anywhere in its text, as paths relative to the repository ("kernels/flash.py")."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.ImportFrom):
+            pkg = package if node.level == 1 else (node.module or "").split(".")[0]
+            if node.level > 1 or pkg not in _SOURCE_PACKAGES:
+                continue
+            rest = (node.module or "").split(".")[0 if node.level == 1 else 1 :]
+            if rest and rest[0]:  # from .flash import x / from contract.arches import x
+                found.add(f"{pkg}/{rest[0]}.py")
+            else:  # from . import arguments / from contract import arches
+                found |= {f"{pkg}/{a.name}.py" for a in node.names}
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                parts = alias.name.split(".")
+                if parts[0] in _SOURCE_PACKAGES and len(parts) > 1:
+                    found.add(f"{parts[0]}/{parts[1]}.py")
+    return found
+
+
+def compile_sources(root: Path = REPO) -> list[str]:
+    """COMPILE_MODULES and every module of kernels/ or contract/ they import, directly or not
+    (paths relative to ``root``, sorted): the files a compile's result can depend on. Names that
+    are not modules (``from .configs import Tile``) are not files and drop out."""
+    seen: set[str] = set()
+    todo = list(COMPILE_MODULES)
+    while todo:
+        rel = todo.pop()
+        if rel in seen or not (root / rel).is_file():
+            continue
+        seen.add(rel)
+        todo += sorted(_imported(root / rel, rel.split("/")[0]) - seen)
+    return sorted(seen)
+
+
 class CompileCache:
     """Measurements of earlier compiles, one JSON file per key.
 
-    The key is everything a compile's result depends on: the sources of the kernels package
-    (kernels, configs, this file's compile options), the Triton version, the arch and its
-    arches.yaml entry, the kernel, its constexprs, pointer types and tile, and the 2 GiB variant.
+    The key is everything a compile's result depends on: the digest of ``compile_sources`` (the
+    kernels, their configs, this file's compile options, by path relative to the repository and
+    content), the Triton version, the arch and its arches.yaml entry, the kernel, its
+    constexprs, pointer types and tile, and the 2 GiB variant. Nothing in it depends on where
+    the repository or Triton is installed, so a fresh clone or venv reads the same entries.
     Only successful compiles are kept, so a failure is always tried again."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, root: Path = REPO) -> None:
         self.folder = folder
+        self.root = root
         self._sources = None
 
     def sources_digest(self) -> str:
         if self._sources is None:
             h = hashlib.sha256()
-            for f in sorted(Path(__file__).resolve().parent.glob("*.py")):
-                h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+            for rel in compile_sources(self.root):
+                h.update(rel.encode() + b"\0" + (self.root / rel).read_bytes() + b"\0")
             self._sources = h.hexdigest()
         return self._sources
 

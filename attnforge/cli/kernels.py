@@ -14,11 +14,11 @@ from invoke.exceptions import Exit
 
 from ..console import KernelProgress
 from ..workspace import Workspace
-from . import ARCHES, command, out_file, text
+from . import ARCHES, OUT_DIR, command, out_file, text
 
 
 @command(
-    options={"arch": ARCHES, "head_dims": text("D[,D...]")},
+    options={"arch": ARCHES, "head_dims": text("D[,D...]"), "cache_dir": OUT_DIR},
     writes=("build",),
     help={
         "arch": "arch name(s) from recipes/arches.yaml, comma-separated (e.g. gfx1151; default: "
@@ -30,11 +30,13 @@ from . import ARCHES, command, out_file, text
         "over_2gib": "AMD: compile for tensors over 2 GiB (64-bit addresses, no buffer loads)",
         "no_cache": "compile every kernel again instead of reading unchanged results from the "
         "cache (<build folder>/aot-cache)",
+        "cache_dir": "keep the compile results in this folder instead of <build folder>/aot-cache "
+        "(e.g. one folder for every clone: the keys hold no paths)",
         "debug": "show tracebacks",
     },
 )
 def aot(c, arch=None, all=False, head_dims=None, all_head_dims=False, json=False, over_2gib=False,
-        no_cache=False, debug=False):  # fmt: skip
+        no_cache=False, cache_dir=None, debug=False):  # fmt: skip
     """Compile the kernels for AMD/NVIDIA targets on the CPU; report registers, spills, LDS, occupancy.
 
     Fails on a register spill or LDS overflow, except the spills kernels/configs.py accepts
@@ -54,7 +56,7 @@ def aot(c, arch=None, all=False, head_dims=None, all_head_dims=False, json=False
     args += ["--all-head-dims"] if all_head_dims else []
     args += ["--json"] if json else []
     args += ["--over-2gib"] if over_2gib else []
-    cache = Workspace.discover().build_dir / "aot-cache"
+    cache = cache_dir or Workspace.discover().build_dir / "aot-cache"
     args += ["--no-cache"] if no_cache else ["--cache-dir", str(cache)]
     code = check.main(args, progress=KernelProgress)
     if code:

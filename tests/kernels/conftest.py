@@ -4,9 +4,15 @@ TRITON_INTERPRET must be set before ``kernels`` (and Triton's lazily imported mo
 Triton checks it again while kernels run, so it is set when pytest loads this file and restored
 when the session ends. Other test folders of the same session that import ``kernels`` therefore
 see interpreter-mode kernels too; on CI's CPU-only machine that is the only mode there is.
+
+The AOT tests (test_aot.py, test_triton_versions.py) read and write one compile cache that
+outlives the run (``aot_cache``), and each still compiles a few kernels cold every run.
 """
 
 import os
+from pathlib import Path
+
+import pytest
 
 _PREVIOUS = os.environ.get("TRITON_INTERPRET")
 os.environ["TRITON_INTERPRET"] = "1"
@@ -17,3 +23,21 @@ def pytest_sessionfinish(session, exitstatus):
         os.environ.pop("TRITON_INTERPRET", None)
     else:
         os.environ["TRITON_INTERPRET"] = _PREVIOUS
+
+
+def persistent_aot_cache() -> Path:
+    """The AOT compile cache the kernels tests share across runs and clones (kernels/aot.py
+    CompileCache; its keys hold the compile's sources, Triton version, arch and config, no
+    paths): $ATTNFORGE_TEST_AOT_CACHE, else kernels.aot's per-user default outside any build
+    folder, $XDG_CACHE_HOME/attnforge/aot (~/.cache/attnforge/aot). An unchanged kernel compiles
+    once per machine; a fresh machine pays the cold compile once."""
+    if os.environ.get("ATTNFORGE_TEST_AOT_CACHE"):
+        return Path(os.environ["ATTNFORGE_TEST_AOT_CACHE"])
+    from kernels.aot import default_cache_dir
+
+    return default_cache_dir({k: v for k, v in os.environ.items() if k != "ATTNFORGE_BUILD_DIR"})
+
+
+@pytest.fixture(scope="session")
+def aot_cache() -> Path:
+    return persistent_aot_cache()

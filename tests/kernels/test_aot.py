@@ -27,15 +27,19 @@ README_COMMAND = "invoke kernels.aot --all"
 
 
 @pytest.fixture(scope="module")
-def aot_run(tmp_path_factory):
+def aot_run(tmp_path_factory, aot_cache):
     """One run of the README's ``invoke kernels.aot --all`` (default head dims), with --json, as
-    CI runs it, with an empty compile cache (a fresh build folder): every kernel is compiled."""
+    CI runs it, on the compile cache the kernels tests keep across runs (conftest.py): a kernel
+    whose sources, Triton, arch and config are unchanged is read back, the rest is compiled.
+    Every report is judged either way; the cold compile is test_an_unchanged_rerun_...'s."""
     out = tmp_path_factory.mktemp("aot-run")
-    proc = run_invoke(REPO, *README_COMMAND.split()[1:], "--json", env=outputs_env(out),
-                      timeout=900)  # fmt: skip
+    proc = run_invoke(REPO, *README_COMMAND.split()[1:], "--json", "--cache-dir", str(aot_cache),
+                      env=outputs_env(out), timeout=900)  # fmt: skip
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert " 0 from the cache" in proc.stderr, proc.stderr[-3000:]
-    return proc.returncode, json.loads(proc.stdout)
+    reports = json.loads(proc.stdout)
+    assert f"{len(reports)} kernel(s), " in proc.stderr, proc.stderr[-3000:]
+    assert f"(cache: {aot_cache})" in proc.stderr
+    return proc.returncode, reports
 
 
 @pytest.mark.slow
@@ -214,24 +218,97 @@ def test_dropout_and_fp8_variants_compile_without_spills(aot_run):
                     assert any(t in k for k in instrs for t in ("fp8", "f8", "e4m3")), fp8
 
 
-def _aot(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    return subprocess.run([sys.executable, "-m", "kernels.aot", *args], cwd=REPO, env=env,
+def _aot(*args: str, cwd: Path = REPO, env=None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in (env or os.environ).items() if k != "TRITON_INTERPRET"}
+    return subprocess.run([sys.executable, "-m", "kernels.aot", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=600)  # fmt: skip
 
 
+# The kernels compiled cold every run, on one arch: the compiler itself is exercised even when
+# every other result comes from the cache (a broken Triton or kernel still fails here).
+COLD = ["--arch", "gfx1151", "--head-dims", "64", "--kernel", "fwd", "--kernel", "bwd_dkdv"]
+
+
 @pytest.mark.slow
-def test_an_unchanged_rerun_reads_every_result_from_the_cache(tmp_path):
-    args = ["--arch", "gfx1151", "--head-dims", "64", "--json", "--cache-dir", str(tmp_path)]
-    first, again, fresh = _aot(*args), _aot(*args), _aot(*args, "--no-cache")
+def test_an_unchanged_rerun_reads_every_result_from_the_cache(tmp_path, aot_run):
+    # Cold: an empty compile cache and an empty Triton cache of its own.
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
+    args = [*COLD, "--json", "--cache-dir", str(tmp_path / "aot")]
+    first, again = _aot(*args, env=env), _aot(*args, env=env)
+    fresh = _aot(*args, "--no-cache", env=env)
     assert first.returncode == again.returncode == fresh.returncode == 0, first.stderr
     n = len(json.loads(first.stdout))
-    assert f"{n} kernel(s), 0 from the cache" in first.stderr
+    assert n == 2 and "2 kernel(s), 0 from the cache" in first.stderr, first.stderr
     assert f"{n} kernel(s), {n} from the cache" in again.stderr
     assert f"[{n}/{n}] gfx1151 d=64" in again.stderr and " cached" in again.stderr
     assert (
         first.stdout == again.stdout == fresh.stdout
     )  # the cache changes the time, not the result
+    # ... and what the sweep read from the shared cache is what this cold compile produced.
+    swept = {(r["arch"], r["head_dim"], r["kernel"]): r for r in aot_run[1]}
+    for r in json.loads(first.stdout):
+        assert swept[r["arch"], r["head_dim"], r["kernel"]] == r
+
+
+def _tree_copy(tmp_path: Path) -> Path:
+    """The parts of the repository `python -m kernels.aot` runs from, copied."""
+    import shutil
+
+    tree = tmp_path / "tree"
+    ignore = shutil.ignore_patterns("__pycache__")
+    for folder in ("kernels", "contract"):
+        shutil.copytree(REPO / folder, tree / folder, ignore=ignore)
+    (tree / "recipes").mkdir()
+    shutil.copy(REPO / "recipes" / "arches.yaml", tree / "recipes" / "arches.yaml")
+    return tree
+
+
+def test_the_sources_of_a_compile_are_the_kernels_their_configs_and_what_they_import():
+    sources = aot.compile_sources()
+    for rel in aot.COMPILE_MODULES + ("contract/arches.py", "kernels/arguments.py"):
+        assert rel in sources
+    for rel in ("kernels/bench.py", "kernels/interface.py", "kernels/check.py"):
+        assert rel not in sources and (REPO / rel).is_file()
+
+
+def test_the_cache_key_holds_no_path(tmp_path):
+    # Another clone (or venv) with the same sources finds the same entries.
+    tree = _tree_copy(tmp_path)
+    spec = ARCHES["gfx942"]
+    d, job = aot.jobs_for("gfx942", spec, (64,))[0]
+    here = aot.CompileCache(tmp_path / "c").key("gfx942", spec, d, job, False)
+    there = aot.CompileCache(tmp_path / "c", root=tree)
+    assert there.sources_digest() == aot.CompileCache(tmp_path / "c").sources_digest()
+    assert there.key("gfx942", spec, d, job, False) == here
+
+    def key_after(rel: str) -> str:
+        (tree / rel).write_text((tree / rel).read_text() + "\n# changed\n")
+        return aot.CompileCache(tmp_path / "c", root=tree).key("gfx942", spec, d, job, False)
+
+    # Host-side code changes no compile; a kernel, config or arch-table module does.
+    assert key_after("kernels/bench.py") == key_after("kernels/interface.py") == here
+    keys = [key_after(rel) for rel in ("kernels/flash.py", "kernels/configs.py",
+                                       "contract/arches.py")]  # fmt: skip
+    assert len({here, *keys}) == 4
+
+
+@pytest.mark.slow
+def test_a_changed_kernel_source_misses_the_cache_and_a_host_side_change_does_not(tmp_path):
+    tree = _tree_copy(tmp_path)
+    args = ["--arch", "gfx942", "--head-dims", "64", "--kernel", "kv_combine", "--json",
+            "--cache-dir", str(tmp_path / "aot")]  # fmt: skip
+
+    def run_after(edit: str | None) -> str:
+        if edit:
+            path = tree / "kernels" / edit
+            path.write_text(path.read_text() + "\n# edited\n")
+        proc = _aot(*args, cwd=tree)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc.stderr
+
+    assert "1 kernel(s), 0 from the cache" in run_after(None)
+    assert "1 kernel(s), 1 from the cache" in run_after("bench.py")  # not a compile's source
+    assert "1 kernel(s), 0 from the cache" in run_after("kvcache.py")  # the kernel's module
 
 
 def test_the_cache_key_changes_with_every_input(tmp_path, monkeypatch):

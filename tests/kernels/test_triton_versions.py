@@ -6,6 +6,10 @@ build/tritons/triton-<version> and goes first on PYTHONPATH over the venv's torc
 AOT check compiles every kernel at its default config for one RDNA and one CDNA arch (and the
 Hopper Gluon kernels), and the CPU interpreter runs the kernels' correctness cases. The venv's
 Triton gets the full sweep (test_aot.py) and the whole kernels suite instead.
+
+The AOT results go to the compile cache the kernels tests keep across runs (conftest.py; keyed
+by Triton version among the rest), so an unchanged kernel compiles once per machine and Triton
+line; two kernels on one arch are compiled cold on each line every run (COLD).
 """
 
 import json
@@ -61,23 +65,32 @@ def _run(version: str, args: list[str], interpret: bool, tmp: Path) -> subproces
     )
 
 
+# Compiled cold on every line every run (no compile cache, an empty Triton cache): a Triton that
+# no longer compiles the kernels fails even when the other results come from the cache.
+COLD = ["--arch", "gfx1151", "--head-dims", "64", "--kernel", "fwd", "--kernel", "kv_decode"]
+
+
 @pytest.fixture(scope="module", params=OTHERS)
-def aot_subset(request, tmp_path_factory):
-    """(triton version, reports) of the AOT check on SUBSET plus the Gluon kernels, on one Triton."""
+def aot_subset(request, tmp_path_factory, aot_cache):
+    """(triton version, reports, cold reports) of the AOT check on SUBSET plus the Gluon kernels
+    on one Triton (through the kept compile cache), and of COLD compiled without it."""
     version = request.param
     tmp = tmp_path_factory.mktemp(f"triton-{version}")
-    cache = ["--cache-dir", str(tmp / "aot-cache"), "--json"]
+    cache = ["--cache-dir", str(aot_cache), "--json"]
     arches = [a for arch in SUBSET for a in ("--arch", arch)]
+    cold = _run(version, ["-m", "kernels.aot", *COLD, "--no-cache", "--json"], False, tmp)
     runs = [
         _run(version, ["-m", "kernels.aot", *arches, *cache], False, tmp),
         _run(version, ["-m", "kernels.aot", "--arch", "sm90", "--head-dims", "64,128",
                        "--kernel", "fwd_gluon", "--kernel", "bwd_dkdv_gluon", *cache], False, tmp),
     ]  # fmt: skip
     reports = []
-    for proc in runs:
+    for proc in [cold, *runs]:
         assert proc.stdout.startswith("["), proc.stderr[-3000:]
+    for proc in runs:
         reports += json.loads(proc.stdout)
-    return version, reports
+    assert "2 kernel(s), 0 from the cache" in cold.stderr, cold.stderr[-3000:]
+    return version, reports, json.loads(cold.stdout)
 
 
 def test_the_venv_triton_is_one_a_stack_ships():
@@ -87,7 +100,7 @@ def test_the_venv_triton_is_one_a_stack_ships():
 
 @pytest.mark.slow
 def test_every_kernel_compiles_on_the_arches(aot_subset):
-    version, reports = aot_subset
+    version, reports, _ = aot_subset
     failed = [(r["arch"], r["head_dim"], r["kernel"], r["problems"]) for r in reports
               if any("compile failed" in p for p in r["problems"])]  # fmt: skip
     assert not failed, f"triton {version}: {failed}"
@@ -101,7 +114,7 @@ def test_every_kernel_compiles_on_the_arches(aot_subset):
 def test_the_only_problems_are_the_known_ones_and_the_matrix_unit_is_used(aot_subset):
     """Spills beyond ACCEPTED_SPILLS (or LDS overflows) are exactly recipes/tritons.yaml's
     ``known:`` rows for that Triton line on these arches: a fix must remove its row."""
-    version, reports = aot_subset
+    version, reports, _ = aot_subset
     compiled = {(r["arch"], r["kernel"]) for r in reports}
     known = {(k.arch, k.head_dim, k.kernel) for k in load_table(REPO).known_on(version)
              if (k.arch, k.kernel) in compiled}  # fmt: skip
@@ -114,16 +127,31 @@ def test_the_only_problems_are_the_known_ones_and_the_matrix_unit_is_used(aot_su
 
 
 @pytest.mark.slow
+def test_a_cold_compile_gives_the_reports_the_cache_holds(aot_subset):
+    """What the cached run judged is what this Triton compiles from these sources now."""
+    version, reports, cold = aot_subset
+    assert len(cold) == 2, (version, cold)
+    by = {(r["arch"], r["head_dim"], r["kernel"]): r for r in reports}
+    for r in cold:
+        assert by[r["arch"], r["head_dim"], r["kernel"]] == r, version
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("version", OTHERS)
 def test_the_interpreter_cases_pass(version, tmp_path):
     """`python -m kernels.check`: the correctness cases (fwd+bwd against the fp32 reference, with
     varlen, a window, ALiBi, softcap, GQA) and the SDPA shim's routing, in Triton's interpreter."""
-    proc = _run(version, ["-m", "kernels.check", "--json", "cases.json"], True, tmp_path)
+    # The module run as `python -m kernels.check` would, after printing the Triton it imported:
+    # one process (one torch and Triton import) instead of a second one to ask for the version.
+    check = ("import runpy, sys, triton; print('triton', triton.__version__, flush=True); "
+             "sys.argv = ['kernels.check', '--json', 'cases.json']; "
+             "runpy.run_module('kernels.check', run_name='__main__', alter_sys=True)")  # fmt: skip
+    proc = _run(version, ["-c", check], True, tmp_path)
     results = json.loads((tmp_path / "cases.json").read_text())
     assert proc.returncode == 0 and results, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert {r["status"] for r in results.values()} == {"pass"}, (version, results)
-    found = _run(version, ["-c", "import triton; print(triton.__version__)"], True, tmp_path)
-    assert found.stdout.strip() == version  # the cases ran on that Triton, not the venv's
+    # the cases ran on that Triton, not the venv's
+    assert proc.stdout.splitlines()[0] == f"triton {version}", proc.stdout[:300]
 
 
 @pytest.mark.parametrize(

@@ -156,6 +156,12 @@ def test_kernels_aot_refuses_a_build_folder_that_is_a_file_before_compiling(
     assert code == 2 and "$ATTNFORGE_BUILD_DIR" in err
 
 
+def test_kernels_aot_refuses_a_cache_dir_that_is_a_file_before_compiling(capsys, outputs):
+    code, _, err = _run(capsys, "kernels.aot", "--arch", "gfx1151", "--cache-dir",
+                        str(outputs / "a-file"))  # fmt: skip
+    assert code == 2 and "--cache-dir" in err and "is a file" in err
+
+
 def test_positional_paths_are_taken_as_users_type_them(capsys, outputs):
     # invoke matrix FILE...: every path is read (the first missing one is named)
     code, _, err = _run(capsys, "matrix", str(outputs), str(outputs / "missing"))
