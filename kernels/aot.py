@@ -98,8 +98,9 @@ def _signature(fn, ptr_types: dict, constexprs: dict, pointer_range: bool = Fals
     sig, attrs = {}, {}
     ptr_attrs = [["tt.divisibility", 16]] + ([["tt.pointer_range", 32]] if pointer_range else [])
     floats = {"qk_scale", "cap_in", "cap_out", "sm_scale", "drop_scale"}
-    # The forward's q/k/v/out strides arrive divided by STRIDE_ALIGN where one of them is not a
-    # multiple of 16 (kernels.flash.stride_align): the quotients get no divisibility hint.
+    # The kernels' tensor strides (all but the LSE's and the ALiBi slopes') arrive divided by
+    # STRIDE_ALIGN where one of them is not a multiple of 16 (kernels.flash.stride_align): the
+    # quotients get no divisibility hint.
     divided = constexprs.get("STRIDE_ALIGN", 1) > 1
     for i, name in enumerate(fn.arg_names):
         if name in constexprs:
@@ -113,7 +114,7 @@ def _signature(fn, ptr_types: dict, constexprs: dict, pointer_range: bool = Fals
             sig[name] = "i32"
             # Strides of contiguous BSHD tensors are multiples of 16 for the usual head counts.
             if re.match(r"^s[a-z]*_[bsh]$", name) and not name.startswith("sa_"):
-                if not (divided and re.match(r"^s[qkvo]_[bsh]$", name)):
+                if not (divided and not name.startswith("sl_")):
                     attrs[(i,)] = [["tt.divisibility", 16]]
     return sig, attrs
 
@@ -249,6 +250,7 @@ def _kernels(head_dim: int, cfg, dtype: str = "bf16"):
                 RELOAD=cfg.reload,
                 D_CHUNK=cfg.chunk_kv,
                 USE_TMA=cfg.bwd_kv.tma,
+                STRIDE_ALIGN=flash.stride_align(head_dim),  # as for the forward
                 **_BWD_OFF,
             ),
             cfg.bwd_kv,
@@ -268,6 +270,7 @@ def _kernels(head_dim: int, cfg, dtype: str = "bf16"):
                     RELOAD=cfg.reload,
                     D_CHUNK=cfg.chunk_q,
                     USE_TMA=cfg.bwd_q.tma,
+                    STRIDE_ALIGN=flash.stride_align(head_dim),
                     **_BWD_OFF,
                 ),
                 cfg.bwd_q,

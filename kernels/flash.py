@@ -47,9 +47,10 @@ FP8_DOT = {"cdna3": "fp8e4b8", "cdna4": "fp8e4nv", "rdna4": "fp8e4nv", "hopper":
 
 
 def stride_align(*strides: int) -> int:
-    """The factor ``_attn_fwd`` gets its q/k/v/out strides divided by (STRIDE_ALIGN, see
-    ``_aligned``): 1 where every stride is a multiple of 16 elements (Triton proves those
-    itself), else the largest power of two dividing all of them (8 for d=40's strides)."""
+    """The factor ``_attn_fwd`` and the backward kernels get their tensor strides divided by
+    (STRIDE_ALIGN, see ``_aligned``): 1 where every stride is a multiple of 16 elements (Triton
+    proves those itself), else the largest power of two dividing all of them (8 for d=40's
+    strides)."""
     g = math.gcd(*strides)  # zeros (varlen's batch stride) leave it unchanged
     return 1 if g % 16 == 0 else g & -g
 
@@ -578,9 +579,13 @@ def _attn_fwd(
 def _attn_bwd_delta(
     Out, DO, Delta, CuQ, so_b, so_s, so_h, sd_b, sd_s, sd_h, sl_b, sl_h, seqlen_q, num_heads_q,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, IS_VARLEN: tl.constexpr,
+    STRIDE_ALIGN: tl.constexpr = 1,
 ):
     """delta = rowsum(O * dO) in fp32, laid out like the LSE: for the dK/dV kernel when dQ is
-    accumulated inside it (``ATOMIC_DQ``); otherwise the dQ kernel computes delta itself."""
+    accumulated inside it (``ATOMIC_DQ``); otherwise the dQ kernel computes delta itself.
+    STRIDE_ALIGN: the O/dO strides arrive divided by it (see ``_aligned``)."""
+    so_b, so_s, so_h = _aligned(so_b, so_s, so_h, STRIDE_ALIGN)
+    sd_b, sd_s, sd_h = _aligned(sd_b, sd_s, sd_h, STRIDE_ALIGN)
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // num_heads_q
@@ -706,10 +711,18 @@ def _attn_bwd_dkdv(
     IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, ATOMIC_DQ: tl.constexpr,
     RELOAD: tl.constexpr, D_CHUNK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    USE_TMA: tl.constexpr = False,
+    USE_TMA: tl.constexpr = False, STRIDE_ALIGN: tl.constexpr = 1,
 ):
     """One program per (key block, batch, kv head); loops over the GQA group's query heads.
-    USE_TMA (Hopper): Q and dO stream through tensor descriptors (see ``_attn_fwd``)."""
+    USE_TMA (Hopper): Q and dO stream through tensor descriptors (see ``_attn_fwd``).
+    STRIDE_ALIGN: the q/k/v/dO/dK/dV/dQ strides arrive divided by it (see ``_aligned``)."""
+    sq_b, sq_s, sq_h = _aligned(sq_b, sq_s, sq_h, STRIDE_ALIGN)
+    sk_b, sk_s, sk_h = _aligned(sk_b, sk_s, sk_h, STRIDE_ALIGN)
+    sv_b, sv_s, sv_h = _aligned(sv_b, sv_s, sv_h, STRIDE_ALIGN)
+    sdo_b, sdo_s, sdo_h = _aligned(sdo_b, sdo_s, sdo_h, STRIDE_ALIGN)
+    sdk_b, sdk_s, sdk_h = _aligned(sdk_b, sdk_s, sdk_h, STRIDE_ALIGN)
+    sdv_b, sdv_s, sdv_h = _aligned(sdv_b, sdv_s, sdv_h, STRIDE_ALIGN)
+    sdq_b, sdq_s, sdq_h = _aligned(sdq_b, sdq_s, sdq_h, STRIDE_ALIGN)
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // num_heads_k
@@ -848,13 +861,20 @@ def _attn_bwd_dq(
     IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, REVERSE: tl.constexpr,
     RELOAD: tl.constexpr, D_CHUNK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    USE_TMA: tl.constexpr = False,
+    USE_TMA: tl.constexpr = False, STRIDE_ALIGN: tl.constexpr = 1,
 ):
     """One program per (query block, batch, query head): dQ without atomics. It also computes
     delta = rowsum(O * dO) of its query rows from the O and dO tiles it loads anyway and stores
     it for the dK/dV kernel launched after it (one launch fewer than a delta kernel: the small
     shapes are bound by host time per launch). USE_TMA (Hopper): K and V stream through tensor
-    descriptors (see ``_attn_fwd``)."""
+    descriptors (see ``_attn_fwd``). STRIDE_ALIGN: the q/k/v/dO/dQ/O strides arrive divided by
+    it (see ``_aligned``)."""
+    sq_b, sq_s, sq_h = _aligned(sq_b, sq_s, sq_h, STRIDE_ALIGN)
+    sk_b, sk_s, sk_h = _aligned(sk_b, sk_s, sk_h, STRIDE_ALIGN)
+    sv_b, sv_s, sv_h = _aligned(sv_b, sv_s, sv_h, STRIDE_ALIGN)
+    sdo_b, sdo_s, sdo_h = _aligned(sdo_b, sdo_s, sdo_h, STRIDE_ALIGN)
+    sdq_b, sdq_s, sdq_h = _aligned(sdq_b, sdq_s, sdq_h, STRIDE_ALIGN)
+    so_b, so_s, so_h = _aligned(so_b, so_s, so_h, STRIDE_ALIGN)
     pid_m = tl.program_id(0)
     if REVERSE:
         pid_m = tl.num_programs(0) - 1 - pid_m

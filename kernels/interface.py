@@ -373,6 +373,11 @@ def _forward(
     return out, lse
 
 
+def _divided(strides: tuple, align: int) -> tuple:
+    """``strides`` divided by ``flash.stride_align``'s factor (the kernels' STRIDE_ALIGN)."""
+    return strides if align == 1 else tuple(s // align for s in strides)
+
+
 def _cdiv(a: int, b: int) -> int:
     """``triton.cdiv`` without its host-side constexpr wrapper (microseconds a call)."""
     return -(-a // b)
@@ -423,6 +428,7 @@ def _backward(
     )
     drop_args = (drop.rng, drop.scale) if drop else (None, None)
     dks, dvs = _Seq(dk, varlen).strides, _Seq(dv, varlen).strides
+    qkvdo = (*qs.strides, *ks.strides, *vs.strides, *dos.strides)
     common = (max_q, max_k)
     scal = (scale, scale * LOG2E, cap_in, cap_out, mask.left or 0, mask.right or 0)
 
@@ -440,13 +446,14 @@ def _backward(
         dqs = _Seq(dq_acc, varlen).strides
         if c.atomic_dq:
             pre_m = 64
+            st = (*outs.strides, *dos.strides)
+            align = flash.stride_align(*st)
             _attn_bwd_delta[(_cdiv(max_q, pre_m), batch * hq)](
                 outs.t,
                 dos.t,
                 delta,
                 cuq,
-                *outs.strides,
-                *dos.strides,
+                *_divided(st, align),
                 *lse_strides,
                 max_q,
                 hq,
@@ -454,10 +461,13 @@ def _backward(
                 BLOCK_D=bd,
                 BLOCK_M=pre_m,
                 IS_VARLEN=varlen,
+                STRIDE_ALIGN=align,
                 num_warps=4 if family != "interpreter" else 1,
             )
         else:  # dQ first: it writes the delta the dK/dV kernel reads
             tq = c.bwd_q
+            st = (*qkvdo, *dqs, *outs.strides)
+            align = flash.stride_align(*st)
             _attn_bwd_dq[(_cdiv(max_q, tq.block_m), batch * hq)](
                 qs.t,
                 ks.t,
@@ -470,12 +480,7 @@ def _backward(
                 cuq,
                 cuk,
                 sl,
-                *qs.strides,
-                *ks.strides,
-                *vs.strides,
-                *dos.strides,
-                *dqs,
-                *outs.strides,
+                *_divided(st, align),
                 *lse_strides,
                 sa_b,
                 sa_h,
@@ -490,6 +495,7 @@ def _backward(
                 RELOAD=c.reload,
                 D_CHUNK=c.chunk_q,
                 USE_TMA=tq.tma,
+                STRIDE_ALIGN=align,
                 **flags,
                 **tq.launch_options(hip),
             )
@@ -504,6 +510,8 @@ def _backward(
                 qs.t, ks.t, vs.t, dos.t, dk, dv, lse, delta, scale, causal=mask.right == 0
             )
         else:
+            st = (*qkvdo, *dks, *dvs, *dqs)
+            align = flash.stride_align(*st)
             _attn_bwd_dkdv[(_cdiv(max_k, tk.block_n), batch * hk)](
                 qs.t,
                 ks.t,
@@ -517,13 +525,7 @@ def _backward(
                 cuq,
                 cuk,
                 sl,
-                *qs.strides,
-                *ks.strides,
-                *vs.strides,
-                *dos.strides,
-                *dks,
-                *dvs,
-                *dqs,
+                *_divided(st, align),
                 *lse_strides,
                 sa_b,
                 sa_h,
@@ -538,6 +540,7 @@ def _backward(
                 RELOAD=c.reload,
                 D_CHUNK=c.chunk_kv,
                 USE_TMA=tk.tma,
+                STRIDE_ALIGN=align,
                 **flags,
                 **tk.launch_options(hip),
             )

@@ -87,3 +87,42 @@ def test_gradients_come_back_in_the_inputs_layout():
     )
     assert (dq.stride(), dk.stride(), dv.stride()) == (q.stride(), k.stride(), v.stride())
     _assert_close((dq, dk, dv), _reference(q, k, v, do, False))
+
+
+class _Record(_Count):
+    """Also keeps each launch's STRIDE_ALIGN."""
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.log.append((self.name, kwargs.get("STRIDE_ALIGN")))
+            return self.fn[grid](*args, **kwargs)
+
+        return launch
+
+
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+@pytest.mark.parametrize(
+    ("override", "first"), [(None, "_attn_bwd_dq"), ('{"atomic_dq": true}', "_attn_bwd_delta")]
+)
+@pytest.mark.parametrize(("d", "align"), [(40, 8), (24, 8), (32, 1)])
+def test_head_dims_off_the_16_grid_take_the_backward_with_their_stride_alignment(
+    monkeypatch, layout, override, first, d, align
+):
+    # d=40 (SD 1.5): every q/k/v/dO/dQ/dK/dV stride is a multiple of 8 elements, not 16; each
+    # backward kernel gets them divided by 8 and multiplies them back by its constexpr.
+    log: list = []
+    for name in ("_attn_bwd_delta", "_attn_bwd_dkdv", "_attn_bwd_dq"):
+        monkeypatch.setattr(interface, name, _Record(getattr(interface, name), name, log))
+    if override:
+        monkeypatch.setenv("ATTNFORGE_KERNELS_CONFIG", override)
+    torch.manual_seed(2)
+
+    def make(s, h):
+        if layout == "bshd":
+            return torch.randn(2, s, h, d, dtype=torch.float16)
+        return torch.randn(2, h, s, d, dtype=torch.float16).transpose(1, 2)
+
+    q, k, v, do = make(37, 4), make(29, 2), make(29, 2), make(37, 4)
+    _, dq, dk, dv = _grads(q, k, v, do, causal=True)
+    assert log == [(first, align), ("_attn_bwd_dkdv", align)]
+    _assert_close((dq, dk, dv), _reference(q, k, v, do, True))

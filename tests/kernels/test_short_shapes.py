@@ -182,3 +182,24 @@ def test_short_keys_take_precedence_over_a_head_dims_own_tile():
     # SD 1.5's first level: cross-attention to 77 tokens, self-attention over 4096.
     assert configs.forward_config(cfg, "hopper", 40, 4096, 77, 16, None).fwd == short
     assert configs.forward_config(cfg, "hopper", 40, 4096, 4096, 16, None).fwd == own
+
+
+@pytest.mark.parametrize("family", ["cdna3", "rdna3", "hopper"])
+def test_the_aot_check_compiles_the_backward_as_the_launcher_passes_d40(family):
+    """The dK/dV and dQ jobs at d=40 get STRIDE_ALIGN 8 and no divisibility hint on their tensor
+    strides, as the backward launches them; the LSE strides keep theirs; d=64 is unchanged."""
+    jobs = {j[0]: j for j in aot._kernels(40, configs.config_for(family, 40))}
+    jobs64 = {j[0]: j for j in aot._kernels(64, configs.config_for(family, 64))}
+    for name in ("bwd_dkdv", "bwd_dq"):
+        _, fn, ptrs, consts, _ = jobs[name]
+        assert consts["STRIDE_ALIGN"] == 8
+        _, attrs = aot._signature(fn, ptrs, consts)
+        hinted = {fn.arg_names[i] for (i,) in attrs}
+        strides = {a for a in fn.arg_names if a[0] == "s" and a[-2:] in ("_b", "_s", "_h")}
+        assert strides - {"sl_b", "sl_h", "sa_b", "sa_h"}, name
+        assert not hinted & (strides - {"sl_b", "sl_h"}), name
+        assert {"sl_b", "sl_h", "Q", "K", "DO"} <= hinted, name
+        _, fn, ptrs, consts64, _ = jobs64[name]
+        assert consts64["STRIDE_ALIGN"] == 1
+        _, attrs64 = aot._signature(fn, ptrs, consts64)
+        assert strides - {"sa_b", "sa_h"} <= {fn.arg_names[i] for (i,) in attrs64}, name
