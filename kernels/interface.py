@@ -311,13 +311,12 @@ def _forward(
 
     strides = (*qs.strides, *ks.strides, *vs.strides, *os_)
     align = flash.stride_align(*strides)
-    if align > 1:
-        strides = tuple(s // align for s in strides)
+    strides = _divided(strides, align)
 
     def launch(c: configs.AttnConfig):
         c = _tma_config(c, ("fwd",), qs.t, ks.t, vs.t)
         t = c.fwd
-        grid = (triton.cdiv(max_q, t.block_m), batch * hq)
+        grid = (_cdiv(max_q, t.block_m), batch * hq)
         _attn_fwd[grid](
             qs.t,
             ks.t,
