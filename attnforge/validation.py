@@ -97,6 +97,10 @@ def tool_runs(
     all), stress per workload. ``tiny`` (no GPU: the cpu stack) shrinks every shape, since CPU
     torch and Triton's interpreter would take hours at the real ones."""
     size = ["--tiny"] if tiny else (["--quick"] if quick else [])
+    # bench's tiny sweep has a quick form too (one shape, the Triton interpreter's quickest):
+    # --quick on the cpu stack keeps it, as it keeps the quick sweep on a GPU. bench-train's
+    # tiny model has no smaller one.
+    bench_size = [*size, "--quick"] if tiny and quick else size
     limit = ["--timeout", str(timeout)] if timeout else []
     limit += ["--backend", ",".join(backends)] if backends else []
     runs = []
@@ -105,7 +109,7 @@ def tool_runs(
             ToolRun(
                 "bench",
                 "bench.json",
-                ["-m", "validate", "bench", "--json", "{out}/bench.json", *size, *limit],
+                ["-m", "validate", "bench", "--json", "{out}/bench.json", *bench_size, *limit],
             )
         )
         runs.append(ToolRun("bench-train", "bench_train.json",

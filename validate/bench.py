@@ -347,6 +347,7 @@ def main(args: argparse.Namespace) -> int:
         "created": created,
         "env": env,
         "size": size,
+        "quick": bool(args.quick),  # at the tiny size: the one-shape sweep
         "warmup": warmup,
         "repeats": repeats,
         "duration_s": round(time.monotonic() - started, 3),

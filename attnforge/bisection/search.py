@@ -283,6 +283,8 @@ def _bench(text: str, opts: Mapping[str, Any]) -> CheckSpec:
         argv += ["--mode", gate.mode]
     if doc.get("size") in ("tiny", "quick"):
         argv.append(f"--{doc['size']}")
+    if doc.get("size") == "tiny" and doc.get("quick"):
+        argv.append("--quick")  # the baseline's one-shape tiny sweep (`validate --quick --bench`)
     if doc.get("repeats"):
         argv += ["--repeats", str(doc["repeats"])]
     if opts.get("timeout"):

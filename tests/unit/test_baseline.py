@@ -406,6 +406,10 @@ def test_the_bisect_bench_selector_benches_at_the_baselines_size_and_judges_by_t
     assert list(spec.argv) == ["python3", "-m", "validate", "bench", "--json", "/out/bench.json",
                                "--backend", "kernels", "--mode", "fwd", "--quick", "--repeats",
                                "3", "--timeout", "60"]  # fmt: skip
+    # a baseline from `validate --quick --bench` on the cpu stack: the one-shape tiny sweep
+    tiny = {**bench(result("kernels", SHAPE_A, "fwd", [1.0] * 3), size="tiny"), "quick": True}
+    argv = bs.parse_check("bench:kernels", baseline_doc=tiny).argv
+    assert argv[argv.index("--tiny") :] == ("--tiny", "--quick", "--repeats", "3")
     slow = bench(result("kernels", SHAPE_A, "fwd", [2.0] * 3))
     same = bench(result("kernels", SHAPE_A, "fwd", [1.1] * 3))
     other = bench(result("kernels", SHAPE_B, "fwd", [1.0] * 3))

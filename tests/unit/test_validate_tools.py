@@ -22,13 +22,18 @@ def test_bench_runs_bench_and_bench_train_into_the_output_folder():
 
 
 @pytest.mark.parametrize(
-    ("quick", "tiny", "size"),
-    [(True, False, ["--quick"]), (False, True, ["--tiny"]), (True, True, ["--tiny"])],
+    ("quick", "tiny", "bench_size", "train_size"),
+    [
+        (True, False, ["--quick"], ["--quick"]),
+        (False, True, ["--tiny"], ["--tiny"]),
+        # the cpu stack with --quick: bench's one-shape tiny sweep; bench-train has no smaller model
+        (True, True, ["--tiny", "--quick"], ["--tiny"]),
+    ],
 )
-def test_quick_and_the_cpu_stack_shrink_the_tools(quick, tiny, size):
+def test_quick_and_the_cpu_stack_shrink_the_tools(quick, tiny, bench_size, train_size):
     runs = tool_runs(True, ["llm"], quick=quick, tiny=tiny, timeout=60, stress_iters=10)
-    for r in runs[:2]:
-        assert r.args[-3:] == [*size, "--timeout", "60"]
+    for r, size in zip(runs[:2], (bench_size, train_size), strict=True):
+        assert r.args[-len(size) - 2 :] == [*size, "--timeout", "60"]
         assert not {"--quick", "--tiny"} - set(size) & set(r.args)
     stress = runs[2].argv("python3", "/out")
     assert stress[:8] == [
