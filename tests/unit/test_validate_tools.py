@@ -64,3 +64,14 @@ def test_a_tool_fails_the_run_when_it_exits_nonzero_or_writes_nothing(tmp_path):
         "stress llm failed (exit 1): see stress-llm.json",
     ]
     assert tool_failures(runs[:1], {"bench": 0}, tmp_path) == []
+
+
+def test_the_hosts_thread_caps_go_into_the_image_when_set():
+    from attnforge.validation import thread_env
+
+    assert thread_env({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "2", "PATH": "/bin"}) == {
+        "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "2",
+    }  # fmt: skip
+    assert thread_env({"OMP_NUM_THREADS": "", "PATH": "/bin"}) == {}
+    source = (REPO / "attnforge/cli/validate.py").read_text()
+    assert '{"ATTNFORGE_ENGINE": eng.describe(), **thread_env()}' in source

@@ -30,6 +30,10 @@ ENV_KNOBS = (
     "PYTORCH_HIP_ALLOC_CONF",
     "TORCH_BLAS_PREFER_HIPBLASLT",
     "TORCH_CUDNN_SDPA_DEPRIORITIZED",
+    # CPU thread caps: they set what a CPU benchmark measures (invoke validate passes the host's
+    # into the image: attnforge/validation.py THREAD_ENV)
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
 )
 ENV_PREFIXES = ("TRITON_", "AOTRITON_", "ATTNFORGE_")
 
