@@ -3,7 +3,7 @@
 The cpu stack is built once per test session, in one shared image namespace named after the
 tree's content (`attnforge-e2e-shared-<key>`), by whichever xdist worker asks first: the build
 runs under a file lock in the session's shared temporary folder, and the other workers wait for
-it and then find it done. No test runs anything in that namespace.
+it and then find it done. No test tags, removes or publishes anything in that namespace.
 
 `cpu_stack_tree(label, namespace)` makes a module's `tree` fixture: a copy of the checkout (the
 module's tests may edit it and write their build and report folders in it) with the shared stack
@@ -12,6 +12,14 @@ that retags, removes or publishes its images cannot disturb another module or th
 The module's images are removed after the module; the shared namespace is removed when the
 session ends (tests/conftest.py's `pytest_sessionfinish`, in the process that started the
 workers).
+
+`validated_cpu_stack` validates that build once per session, in the shared tree, as a user
+would (`invoke validate --quick --bench --stress llm --stress-iters 2`: the report, the stamp,
+bench.json, bench_train.json, stress-llm.json and the kept baseline), under a lock of its own.
+`cpu_stack_tree(..., validated=True)` (or `copy_validated`) copies those reports into a module's
+tree: the stamp names the shared tag, and `invoke publish`/`invoke export` accept the module's
+tag because they check the stamp's image id, which `docker tag` kept. A module that validates
+again (a broken image, `--baseline`) writes over its own copy only.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import os
 import shutil
 import subprocess
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -108,6 +117,43 @@ def shared_cpu_stack(tmp_path_factory) -> tuple[str, Path]:
     return namespace, dest
 
 
+VALIDATE = ["--quick", "--bench", "--stress", "llm", "--stress-iters", "2"]
+
+
+@dataclass(frozen=True)
+class Validated:
+    """The session's one validation of the shared cpu stack: its namespace and its reports
+    folder (reports/cpu/cpu of the shared tree)."""
+
+    namespace: str
+    reports: Path
+
+
+@pytest.fixture(scope="session")
+def validated_cpu_stack(tmp_path_factory, shared_cpu_stack) -> Validated:
+    """The shared cpu stack after one passing `invoke validate --arch cpu` with `VALIDATE` (run
+    here unless another worker already ran it)."""
+    namespace, built_in = shared_cpu_stack
+    folder = shared_folder(tmp_path_factory)
+    done = folder / f"{namespace}.validated"
+    reports = built_in / "reports/cpu/cpu"
+    with locked(folder / f"{namespace}.validate.lock"):  # not the build's: it is done
+        if not done.exists():
+            proc = invoke(built_in, "validate", "--arch", "cpu", "--namespace", namespace,
+                          *VALIDATE, timeout=1800)  # fmt: skip
+            assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+            done.write_text(proc.stdout)  # what it printed, for whoever reads the session's tmp
+    return Validated(namespace, reports)
+
+
+def copy_validated(validated: Validated, dest: Path) -> Path:
+    """Give the tree ``dest`` the session's validation reports (reports/cpu/cpu, with the stamp
+    and the kept baseline), as if it had run that validation itself; returns that folder."""
+    mine = dest / "reports/cpu/cpu"
+    shutil.copytree(validated.reports, mine)
+    return mine
+
+
 def copy_stack(shared: tuple[str, Path], namespace: str, dest: Path) -> None:
     """Tag every image of the shared namespace into ``namespace`` as well (the same image ids),
     and give the tree ``dest`` the build's records of each layer's inputs (build/state/inputs,
@@ -121,17 +167,20 @@ def copy_stack(shared: tuple[str, Path], namespace: str, dest: Path) -> None:
     assert len(tags_in(namespace)) == len(tags)
 
 
-def cpu_stack_tree(label: str, namespace: str, *, registry: bool = False):
+def cpu_stack_tree(label: str, namespace: str, *, registry: bool = False, validated: bool = False):
     """A module-scoped fixture: the tree copy ``label`` with the cpu stack in ``namespace``
-    (``registry``: the local registry is required too)."""
+    (``registry``: the local registry is required too; ``validated``: with the session's
+    validation reports, see `copy_validated`)."""
 
     @pytest.fixture(scope="module")
-    def tree(tmp_path_factory, shared_cpu_stack) -> Path:
+    def tree(request, tmp_path_factory, shared_cpu_stack) -> Path:
         if registry:
             _need_registry()
         dest = copy_tree(tmp_path_factory, label)
         try:
             copy_stack(shared_cpu_stack, namespace, dest)
+            if validated:
+                copy_validated(request.getfixturevalue("validated_cpu_stack"), dest)
             yield dest
         finally:
             remove_images(namespace)

@@ -1,18 +1,18 @@
 """End to end on a real Docker engine: the validated cpu stack, exported and installed without
 containers, and a venv held against it.
 
-Builds the cpu stack in a copy of the tree under its own namespace; `invoke export` refuses it
-until it passed `invoke validate`; the export is installed offline into a fresh venv (pip with no
-index and no configuration, only the export's wheels and hashes); `invoke verify-env` calls that
-venv the same as validated, with the suite passing in it; then a removed wheel, a changed version
-and a corrupted RECORD are planted and each is named. Last, the validated image is published to
-the local registry, its SBOM and provenance are fetched back by digest, and a forged SBOM fails
-`invoke verify`. The tests in this module run in order and share one tree.
+The stack is the session's one build, tagged into this module's namespace (tests/e2e/conftest.py);
+`invoke export` refuses it until it is validated, which it then is by the session's one
+validation copied into this module's tree (its stamp names the same image id); the export is
+installed offline into a fresh venv (pip with no index and no configuration, only the export's
+wheels and hashes); `invoke verify-env` calls that venv the same as validated, with the suite
+passing in it; then a removed wheel, a changed version and a corrupted RECORD are planted and
+each is named. Publishing it, its SBOM and provenance are test_cpu_stack_publish.py's. The tests
+in this module run in order and share one tree.
 """
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import os
@@ -24,10 +24,8 @@ from pathlib import Path
 import pytest
 
 from attnforge import export as core
-from attnforge.publish import ociregistry
-from attnforge.publish.ociregistry import Ref
-from tests.e2e.conftest import cpu_stack_tree
-from tests.e2e.test_cpu_stack import CPU_LAYERS, REGISTRY, _need_registry, invoke
+from tests.e2e.conftest import copy_validated, cpu_stack_tree
+from tests.e2e.test_cpu_stack import invoke
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -61,9 +59,8 @@ def test_export_refuses_an_image_that_was_not_validated(tree):
     assert not (tree / "build/export/cpu/cpu").exists()
 
 
-def test_export_writes_the_validated_wheels_with_their_hashes(tree):
-    validated = invoke(tree, "validate", "--arch", "cpu", "--namespace", NAMESPACE, "--quick")
-    assert validated.returncode == 0, validated.stdout[-3000:] + validated.stderr[-3000:]
+def test_export_writes_the_validated_wheels_with_their_hashes(tree, validated_cpu_stack):
+    copy_validated(validated_cpu_stack, tree)  # a passing `invoke validate` of the same image id
     exported = invoke(tree, "export", "--arch", "cpu", "--namespace", NAMESPACE)
     assert exported.returncode == 0, exported.stdout[-3000:] + exported.stderr[-3000:]
     where = tree / "build/export/cpu/cpu"
@@ -157,47 +154,3 @@ def test_a_differing_venv_that_also_fails_the_suite_exits_3(tree, tmp_path_facto
     failing = verify(tree, venv, tree / "build/export/cpu/cpu", "--validate")
     assert failing.returncode == 3, said(failing)[-3000:]
     assert "differs from the validated stack and fails validation" in said(failing)
-
-
-def test_publish_attaches_an_sbom_and_provenance_that_verify_checks(tree):
-    """The validated image, published to the local registry: its SBOM and provenance are fetched
-    back by digest, name that digest, and a tampered attachment fails `invoke verify`."""
-    _need_registry()
-    target = f"{REGISTRY}/{NAMESPACE}"
-    published = invoke(tree, "publish", "--arch", "cpu", "--namespace", NAMESPACE, "--to", target)
-    assert published.returncode == 0, said(published)[-3000:]
-    manifest = json.loads((tree / "reports/cpu/cpu/publish.json").read_text())
-    final = f"{target}/cpu:cpu"
-    digest = next(r["digest"] for r in manifest["refs"] if r["ref"] == final)
-    subject = Ref.parse(final)
-    sbom = ociregistry.fetch_attachment(subject, digest, "sbom")
-    prov = ociregistry.fetch_attachment(subject, digest, "att")
-    assert sbom["digest"] == manifest["attestations"]["sbom"]["digest"]
-    assert prov["digest"] == manifest["attestations"]["provenance"]["digest"]
-    assert sbom["manifest"]["subject"]["digest"] == digest
-    doc = json.loads(sbom["payload"])
-    assert doc["metadata"]["component"]["version"] == digest
-    purls = {c.get("purl", "") for c in doc["components"]}
-    assert any(p.startswith("pkg:pypi/torch@2.13.0") for p in purls)
-    assert any(p.startswith("pkg:deb/debian/python3@") for p in purls)
-    statement = json.loads(base64.b64decode(json.loads(prov["payload"])["payload"]))
-    assert statement["subject"][0]["digest"] == {"sha256": digest.removeprefix("sha256:")}
-    layers = [
-        i["layer"]
-        for i in statement["predicate"]["buildDefinition"]["internalParameters"]["layers"]
-    ]
-    assert layers == CPU_LAYERS
-
-    for ref in (final, f"{target}/cpu@{digest}"):
-        ok = invoke(tree, "verify", "--image", ref)
-        assert ok.returncode == 0, said(ok)[-2000:]
-        assert "verified" in said(ok)
-
-    # Tampered: an SBOM that claims another image, pushed over the attachment's tag.
-    forged = json.dumps({**doc, "metadata": {**doc["metadata"], "component": {
-        **doc["metadata"]["component"], "version": "sha256:" + "0" * 64}}}).encode()  # fmt: skip
-    ociregistry.attach(subject, digest, "sbom", "application/vnd.cyclonedx+json",
-                       "application/vnd.cyclonedx+json", forged)  # fmt: skip
-    bad = invoke(tree, "verify", "--image", final)
-    assert bad.returncode == 1, said(bad)[-2000:]
-    assert f"the SBOM describes sha256:{'0' * 64}, not {digest}" in said(bad)

@@ -1,8 +1,9 @@
 """End to end on a real Docker engine: `invoke validate --bench --stress` on the cpu stack.
 
-Builds the cpu stack in a copy of the tree under its own image namespace (as test_cpu_stack.py
-does), validates it with the benchmarks and a stress run at tiny shapes, then validates an image
-whose bench-train is broken: the run fails naming it, and the last good bench_train.json stays.
+The session's one validation of the cpu stack (`invoke validate --quick --bench --stress llm
+--stress-iters 2`, tests/e2e/conftest.py's `validated_cpu_stack`) is checked here: the report and
+every document beside it. Then an image whose bench-train is broken is validated in this module's
+copy of those reports: the run fails naming it, and the last good bench_train.json stays.
 The tests in this module run in order and share one tree and namespace.
 """
 
@@ -24,7 +25,7 @@ NAMESPACE = f"attnforge-e2e-bench-{uuid.uuid4().hex[:8]}"
 BROKEN = f"{NAMESPACE}/broken-bench-train:cpu"
 
 
-tree = cpu_stack_tree("e2e-bench", NAMESPACE)
+tree = cpu_stack_tree("e2e-bench", NAMESPACE, validated=True)
 
 
 def _doc(path: Path, kind: str) -> dict:
@@ -34,14 +35,15 @@ def _doc(path: Path, kind: str) -> dict:
     return doc
 
 
-def test_validate_with_bench_and_stress_writes_every_document_beside_the_report(tree):
-    proc = invoke(
-        tree, "validate", "--arch", "cpu", "--namespace", NAMESPACE, "--quick", "--bench",
-        "--stress", "llm", "--stress-iters", "2", timeout=1800,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+def test_validate_with_bench_and_stress_writes_every_document_beside_the_report(
+    tree, validated_cpu_stack
+):
     reports = tree / "reports/cpu/cpu"
-    assert json.loads((reports / "report.json").read_text())["summary"]["status"] == "pass"
+    report = json.loads((reports / "report.json").read_text())
+    assert "schema_version" in report and report["summary"]["status"] == "pass"
+    assert (reports / "report.md").read_text().strip()
+    expect = json.loads((reports / "expect.json").read_text())
+    assert expect["expect"]["torch.hip"] is False
 
     bench = _doc(reports / "bench.json", "attnforge.bench")
     assert bench["size"] == "tiny"  # the cpu stack benches CPU-sized shapes
@@ -64,7 +66,12 @@ def test_validate_with_bench_and_stress_writes_every_document_beside_the_report(
     stamp = json.loads((reports / "validated.json").read_text())
     assert stamp["passed"] is True
     assert stamp["tools"] == {"bench": 0, "bench-train": 0, "stress llm": 0}
-    assert not list(reports.glob(".run-*"))
+    # the stamp names the shared tag; this module's tag is the same image (what publish checks)
+    assert stamp["image"] == f"{validated_cpu_stack.namespace}/cpu:cpu"
+    assert stamp["image_id"] == image_id(f"{NAMESPACE}/cpu:cpu")
+    assert set(stamp["documents"]) >= {"report.json", "bench.json", "bench_train.json"}
+    assert (reports / "baseline" / "bench.json").is_file()  # the first passing run is kept
+    assert not list(validated_cpu_stack.reports.glob(".run-*"))
 
 
 def test_a_broken_bench_train_fails_the_run_and_keeps_the_last_good_document(tree):

@@ -1,10 +1,10 @@
 """invoke publish when the engine or the registry fails: one sentence, and nothing of its own left.
 
-The engine is a recording fake (the real one is exercised by tests/e2e/test_baseline_publish.py);
+The engine is a recording fake (the real one is exercised by tests/e2e/test_cpu_stack_publish.py);
 what is checked here is the command's promise: tags it made are removed again, no publish.json is
 written, and the message is a sentence, not a traceback. The SBOM and provenance steps are stood
-in for (they read the image and talk to a registry: tests/e2e/test_export_venv.py runs them for
-real); a stand-in that fails shows an attachment failing after the pushes is cleaned up too."""
+in for (they read the image and talk to a registry: tests/e2e/test_cpu_stack_publish.py runs them
+for real); a stand-in that fails shows an attachment failing after the pushes is cleaned up too."""
 
 from __future__ import annotations
 

@@ -21,12 +21,12 @@ NOT_RUN_HERE = {
     "invoke build --continue": "needs an earlier build; tests/e2e interrupts and continues one",
     "invoke publish --arch gfx1151 --to ghcr.io/you/attnforge": "needs a validated image and a "
     "registry; tests/e2e publishes the cpu stack to a local registry",
-    "invoke export --arch cpu": "needs a validated cpu image; tests/e2e/test_export_venv.py builds, "
-    "validates and exports one",
+    "invoke export --arch cpu": "needs a validated cpu image; tests/e2e/test_export_venv.py "
+    "exports the session's validated one",
     "invoke verify-env --python ~/attn-venv/bin/python --against build/export/cpu/cpu": "needs an "
     "export and a venv; tests/e2e/test_export_venv.py installs one and verifies it",
     "invoke verify --image ghcr.io/you/attnforge/default:gfx1151": "needs a published image; "
-    "tests/e2e/test_export_venv.py publishes the cpu stack to a local registry and verifies it",
+    "tests/e2e/test_cpu_stack_publish.py publishes the cpu stack to a local registry and verifies it",
     "invoke verify --image ghcr.io/you/attnforge/default:gfx1151 --key cosign.pub": "needs a "
     "signed published image; tests/e2e/test_verify_signature.py signs one on a local registry",
     "invoke pins.check --arch gfx1151": "needs GitHub and AMD's index; tests/unit/test_pins.py "
