@@ -10,6 +10,7 @@ The tests in this module run in order and share one tree and namespace.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import uuid
 from pathlib import Path
@@ -44,9 +45,14 @@ def test_validate_with_bench_and_stress_writes_every_document_beside_the_report(
     assert (reports / "report.md").read_text().strip()
     expect = json.loads((reports / "expect.json").read_text())
     assert expect["expect"]["torch.hip"] is False
+    # the host's thread caps reach the image (make test sets OMP_NUM_THREADS=1), or none is set
+    seen = report["environment"]["env"]
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        assert seen.get(var) == (os.environ.get(var) or None), var
 
     bench = _doc(reports / "bench.json", "attnforge.bench")
-    assert bench["size"] == "tiny"  # the cpu stack benches CPU-sized shapes
+    assert bench["size"] == "tiny" and bench["quick"]  # --quick: the one-shape tiny sweep
+    assert {r["shape"]["name"] for r in bench["results"]} == {"sweep-b1-h1-s64-d128-fp16"}
     by = {(r["backend"], r["mode"]): r for r in bench["results"]}
     for mode in ("fwd", "bwd", "fwd_bwd"):
         assert by["sdpa.math", mode]["status"] == "ok" and by["sdpa.math", mode]["ms"] > 0
