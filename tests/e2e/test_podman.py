@@ -2,7 +2,8 @@
 validated and published with `--engine podman`, as a Strix Halo toolbox user would.
 
 One build, reused by every test in this module (they run in order and share a tree copy and an
-image namespace). Inputs are test_cpu_stack's (ATTNFORGE_E2E_*); Podman needs what
+image namespace): it is stopped by Ctrl-C in the middle of the triton layer's pip install and
+finished by `invoke build --continue`, so the interrupt costs no second build of the top layers. Inputs are test_cpu_stack's (ATTNFORGE_E2E_*); Podman needs what
 `tools/setup.sh podman` prepares: podman and buildah, the base image in Podman's own storage, the
 loopback registry allowed over plain HTTP, and (where runc may not raise rlimits) default ulimits.
 With ATTNFORGE_REQUIRE_E2E=1 (make test, CI) a Podman that cannot build is a failure, not a skip.
@@ -18,6 +19,7 @@ import signal
 import subprocess
 import urllib.request
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -52,8 +54,12 @@ def podman_id(ref: str) -> str | None:
     return f"sha256:{proc.stdout.strip()}" if proc.returncode == 0 and proc.stdout.strip() else None
 
 
+# Every build in the module: the --set is the interrupted invocation's, which --continue replays
+PIN = ("--set", "triton.NUMPY_VERSION=2.3.5")
+
+
 def podman_build(*extra: str, namespace: str = NAMESPACE) -> list[str]:
-    return build_args("--engine", "podman", *extra, namespace=namespace)
+    return build_args("--engine", "podman", *PIN, *extra, namespace=namespace)
 
 
 def _podman_problem() -> str | None:
@@ -95,24 +101,86 @@ def remove_images_of(namespace: str) -> None:
         podman("rmi", "-f", *ids)
 
 
+@dataclass
+class Built:
+    """The module's one build: the run Ctrl-C stopped, what it left behind, and the resume."""
+
+    interrupted: subprocess.CompletedProcess[str]
+    state: dict
+    plan: dict  # the same build's dry run between the interrupt and --continue
+    triton_id: str | None  # what the triton layer's content tag named then
+    resumed: subprocess.CompletedProcess[str] | None
+
+
+def _ctrl_c_not_ignored() -> None:
+    """SIGINT as a terminal's Ctrl-C finds it: a test run started in the background (`cmd &` in
+    a script, as CI runners and nohup do) inherits SIGINT ignored, and so would invoke, which then
+    builds on through the interrupt and exits 0."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.fixture(scope="module")
-def built(tree: Path) -> subprocess.CompletedProcess[str]:
-    """The one full build of the cpu stack with Podman that the tests below share."""
-    proc = invoke(tree, *podman_build())
-    if proc.returncode != 0:
-        pytest.fail(f"the Podman build of the cpu stack failed:\n{proc.stdout}{proc.stderr}")
-    return proc
+def built(tree: Path) -> Built:
+    """The one Podman build of the cpu stack the tests below share: Ctrl-C in the middle of the
+    triton layer's pip install, then `invoke build --continue`."""
+    args = podman_build()
+    out, err = tree.parent / "interrupted.out", tree.parent / "interrupted.err"
+    with out.open("w") as stdout, err.open("w") as stderr:
+        try:
+            proc = _triton_build_in_flight(
+                tree, args, stdout=stdout, stderr=stderr, start_new_session=True,
+                preexec_fn=_ctrl_c_not_ignored,
+            )  # fmt: skip
+        except AssertionError:  # it ended before the triton layer: a lower layer failed
+            pytest.fail(
+                f"the Podman build of the cpu stack ended before its triton layer:\n"
+                f"{out.read_text()}{err.read_text()}"
+            )
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=120)
+    interrupted = subprocess.CompletedProcess(
+        proc.args, proc.returncode, out.read_text(), err.read_text()
+    )
+    state = json.loads((tree / "build/state/last-build.json").read_text())
+    plan = json.loads(invoke(tree, *args, "--dry-run", "--json").stdout)
+    triton = next(s for s in plan["steps"] if s["layer"] == "triton")
+    found = Built(interrupted, state, plan, podman_id(triton["tag"]), None)
+    if interrupted.returncode == 0:
+        return found  # the build ended before Ctrl-C: the interrupt test says so
+    found.resumed = invoke(tree, "build", "--continue")
+    if found.resumed.returncode != 0:
+        pytest.fail(
+            f"the Podman build of the cpu stack failed after --continue:\n"
+            f"{found.resumed.stdout}{found.resumed.stderr}"
+        )
+    return found
+
+
+def built_lines(stdout: str) -> set[str]:
+    """The layers a build's progress says it built (`built LAYER[:VARIANT] in 12.3s`)."""
+    return {
+        words[1].split(":")[0] for words in (line.split() for line in stdout.splitlines())
+        if len(words) >= 4 and words[0] == "built" and words[2] == "in"
+    }  # fmt: skip
 
 
 def test_the_cpu_stack_builds_with_podman_and_every_layer_passes_its_smoke_checks(tree, built):
-    assert built.returncode == 0, built.stdout + built.stderr
-    assert outcomes(built.stdout) == dict.fromkeys(LAYERS, "built")
-    assert "engine: podman version" in built.stdout
-    assert "smoke ok" in built.stdout and "FAIL" not in built.stdout
+    """Each layer is built once by Podman and smoke-checked: the layers below triton by the
+    interrupted run, triton and validate by --continue."""
+    interrupted, resumed = built.interrupted, built.resumed
+    assert resumed is not None, "the build ended before Ctrl-C (see the interrupt test)"
+    assert "engine: podman version" in interrupted.stdout
+    assert built_lines(interrupted.stdout) == set(LAYERS[:4]), interrupted.stdout
+    assert outcomes(resumed.stdout) == {
+        **dict.fromkeys(LAYERS[:4], "cached"), "triton": "built", "validate": "built",
+    }  # fmt: skip
+    for proc in (interrupted, resumed):
+        assert "smoke ok" in proc.stdout and "FAIL" not in proc.stdout, proc.stdout
     assert podman_id(f"{NAMESPACE}/cpu:cpu") == podman_id(f"{NAMESPACE}/validate:cpu") is not None
-    command = (tree / "build/logs/cpu/torch-cpu.log").read_text().splitlines()[0]
-    assert " build --format docker --layers " in command  # the OCI format would drop SHELL
-    assert "--secret id=ca,src=" in command or not Path(CA_CERT).is_file()
+    for layer in ("torch-cpu", "triton"):  # one layer of each run
+        command = (tree / f"build/logs/cpu/{layer}.log").read_text().splitlines()[0]
+        assert " build --format docker --layers " in command  # the OCI format would drop SHELL
+        assert "--secret id=ca,src=" in command or not Path(CA_CERT).is_file()
 
 
 def test_every_layer_has_its_content_tag_in_podman_and_a_rebuild_is_all_cached(tree, built):
@@ -129,7 +197,7 @@ def test_every_layer_has_its_content_tag_in_podman_and_a_rebuild_is_all_cached(t
 def test_the_content_keys_are_the_same_under_docker_and_podman(tree, built):
     """The base image has one id in both engines (Podman's bare hex is written sha256:HEX), so
     the same inputs give the same content tags: a cache filled by one engine serves the other."""
-    docker = invoke(tree, *build_args("--dry-run", "--json", namespace=NAMESPACE))
+    docker = invoke(tree, *build_args(*PIN, "--dry-run", "--json", namespace=NAMESPACE))
     if docker.returncode != 0:
         pytest.skip(f"no Docker engine to compare with: {docker.stderr.strip()[-200:]}")
     under_podman = json.loads(invoke(tree, *podman_build("--dry-run", "--json")).stdout)
@@ -180,24 +248,15 @@ def test_the_ca_bundle_handed_to_buildah_as_a_secret_is_in_no_layer(tree, built)
 
 
 def test_an_interrupted_podman_build_leaves_no_tag_and_continue_finishes_it(tree, built):
-    args = podman_build("--set", "triton.NUMPY_VERSION=2.3.5")
-    proc = _triton_build_in_flight(
-        tree, args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,
-    )  # fmt: skip
-    os.killpg(proc.pid, signal.SIGINT)
-    _, stderr = proc.communicate(timeout=120)
-    assert proc.returncode != 0 and "--continue" in stderr
-    state = json.loads((tree / "build/state/last-build.json").read_text())
+    interrupted, state = built.interrupted, built.state
+    assert interrupted.returncode != 0, "the build ended before Ctrl-C"
+    assert "--continue" in interrupted.stderr
     assert state["failed"] == "triton" and state["interrupted"] is True
     assert state["invocation"]["engine"] == "podman"
+    triton = next(s for s in built.plan["steps"] if s["layer"] == "triton")
+    assert triton["status"] == "build" and built.triton_id is None  # no tag on a partial image
 
-    plan = json.loads(invoke(tree, *args, "--dry-run", "--json").stdout)
-    triton = next(s for s in plan["steps"] if s["layer"] == "triton")
-    assert triton["status"] == "build" and podman_id(triton["tag"]) is None
-
-    resumed = invoke(tree, "build", "--continue")
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    resumed = built.resumed
     assert "stopped at layer triton" in " ".join(resumed.stdout.split())
     assert "engine: podman version" in resumed.stdout
     assert outcomes(resumed.stdout) == {
@@ -207,7 +266,7 @@ def test_an_interrupted_podman_build_leaves_no_tag_and_continue_finishes_it(tree
     numpy = podman(
         "run", "--rm", f"{NAMESPACE}/cpu:cpu", "python3", "-c", "import numpy; print(numpy.__version__)"
     )  # fmt: skip
-    assert numpy.stdout.strip() == "2.3.5", numpy.stderr
+    assert numpy.stdout.strip() == "2.3.5", numpy.stderr  # the interrupted run's --set, replayed
 
 
 def test_validate_with_podman_runs_the_suite_in_the_image_and_stamps_its_id(tree, built):
@@ -261,7 +320,7 @@ def test_the_registry_is_podmans_build_cache_too(tree, built):
     content tag and smoke-checked, none built, and the image ids are this build's."""
     _need_registry()
     cache, again = f"{REGISTRY}/{NAMESPACE}", f"{NAMESPACE}-again"
-    published = ("--set", "triton.NUMPY_VERSION=2.3.5", "--cache-from", cache)  # --continue's build
+    published = ("--cache-from", cache)
     dry = json.loads(
         invoke(tree, *podman_build("--dry-run", "--json", *published, namespace=again)).stdout
     )
