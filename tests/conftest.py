@@ -49,6 +49,52 @@ def checkout_is_not_written():
     assert not changed, f"tests wrote into the checkout: {changed[:10]}"
 
 
+# How `make test` (`pytest -n N --dist loadfile`) hands out the test files. xdist's loadfile gives
+# each worker whole files, the files with the most tests first; the engine's modules have few
+# tests but take minutes each, so they came last and ended the run on one worker while the
+# other idled. Here the engine's modules go first, the longest chains at the head, and the
+# modules that share the session's validated cpu stack (tests/e2e/conftest.py) are one unit, run
+# in order on one worker: the first validates, the rest reuse it, and no second worker waits on
+# the validation's lock. Everything else follows, most tests first, as before.
+E2E_CHAINS = {
+    "tests/e2e (the validated cpu stack)": (
+        "tests/e2e/test_cpu_stack_publish.py",
+        "tests/e2e/test_export_venv.py",
+        "tests/e2e/test_stress_in_image.py",
+        "tests/e2e/test_validate_bench.py",
+    ),
+}
+E2E_FIRST = ("tests/e2e (the validated cpu stack)", "tests/e2e/test_podman.py")
+
+
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    unit_of = {path: unit for unit, paths in E2E_CHAINS.items() for path in paths}
+    rank = {unit: i for i, unit in enumerate(E2E_FIRST)}
+
+    class EngineFirst(LoadFileScheduling):
+        ordered = False
+
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return unit_of.get(path, path)
+
+        def _assign_work_unit(self, node) -> None:
+            if not self.ordered:  # the queue is complete before the first unit goes out
+                self.ordered = True
+                units = list(self.workqueue.items())
+                engine = [u for u in units if u[0] in rank or u[0].startswith("tests/e2e/")]
+                engine.sort(key=lambda u: rank.get(u[0], len(rank)))  # stable: collection order
+                self.workqueue.clear()
+                self.workqueue.update(engine + [u for u in units if u not in engine])
+            super()._assign_work_unit(node)
+
+    return EngineFirst(config, log)
+
+
 def pytest_sessionfinish(session):
     """Remove the shared end-to-end images, in the process that started the xdist workers (or the
     only one), after every worker is done with them."""
