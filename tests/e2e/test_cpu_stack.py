@@ -292,6 +292,10 @@ def _triton_build_in_flight(tree: Path, args: list[str], **popen) -> subprocess.
     patch.write_text(patch.read_text().replace("Subject:", f"X-Nonce: {uuid.uuid4()}\nSubject:", 1))
     log = tree / "build/logs/cpu/triton.log"
     log.unlink(missing_ok=True)
+    # SIGINT as a terminal's Ctrl-C finds it: a test run started in the background (`cmd &` in a
+    # script, as CI runners and nohup do) inherits it ignored, and invoke would build on through
+    # the test's interrupt and exit 0.
+    popen.setdefault("preexec_fn", lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     proc = subprocess.Popen(
         [sys.executable, "-m", "invoke", *args], cwd=tree, env=outputs_env(tree), **popen
     )
