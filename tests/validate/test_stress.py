@@ -303,36 +303,65 @@ def test_a_tiny_run_passes_and_writes_the_contract_document(run_validate, tmp_pa
     assert "sdpa.math" in proc.stdout and "stress: PASS" in proc.stdout
 
 
+# Three runs of three backends, each backend with its own planted fault (VALIDATE_STRESS_FAULT
+# takes KIND@ITERATION:BACKEND); each backend runs in a child of its own, so a fault stays in its
+# backend's run. Per group: the run's extra args, then (fault, status, kind, failing iteration)
+# for sdpa.math, sdpa.flash and sdpa.default.
+PLANTED_BACKENDS = ("sdpa.math", "sdpa.flash", "sdpa.default")
+PLANTED_GROUPS = [
+    ([], [("segfault@3", "crash", "crash", 3), ("abort@2", "crash", "crash", 2),
+          ("exit@2", "crash", "crash", 2)]),
+    ([], [("devicefault@2", "crash", "crash", 2), ("error@2", "fail", "error", 2),
+          ("nan@2", "fail", "nan", 2)]),
+    (["--check-every", "2", "--timeout", "5"], [("inf@1", "fail", "inf", 1),
+     ("mismatch@4", "fail", "mismatch", 4), ("hang@2", "timeout", "timeout", 2)]),
+]  # fmt: skip
 PLANTED = [
-    # fault, extra args, status, kind, failing iteration
-    ("segfault@3", [], "crash", "crash", 3),
-    ("abort@2", [], "crash", "crash", 2),
-    ("exit@2", [], "crash", "crash", 2),
-    ("devicefault@2", [], "crash", "crash", 2),
-    ("error@2", [], "fail", "error", 2),
-    ("nan@2", [], "fail", "nan", 2),
-    ("inf@1", [], "fail", "inf", 1),
-    ("mismatch@4", ["--check-every", "2"], "fail", "mismatch", 4),
-    ("hang@2", ["--timeout", "5"], "timeout", "timeout", 2),
+    (group, backend, *row)
+    for group, (_, rows) in enumerate(PLANTED_GROUPS)
+    for backend, row in zip(PLANTED_BACKENDS, rows, strict=True)
 ]
 
 
+@pytest.fixture(scope="module")
+def planted_runs(run_validate, tmp_path_factory):
+    """Each group's run, started when a test first asks for it: {group: (process, document)}."""
+    done = {}
+
+    def get(group):
+        if group not in done:
+            extra, rows = PLANTED_GROUPS[group]
+            fault = ",".join(
+                f"{row[0]}:{backend}" for backend, row in zip(PLANTED_BACKENDS, rows, strict=True)
+            )
+            done[group] = _stress(
+                run_validate, tmp_path_factory.mktemp(f"planted{group}"), "--workload", "llm",
+                "--backend", ",".join(PLANTED_BACKENDS), "--iters", "5", *extra, fault=fault,
+            )  # fmt: skip
+        return done[group]
+
+    return get
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(("fault", "extra", "status", "kind", "iteration"), PLANTED)
+@pytest.mark.parametrize(
+    ("group", "backend", "fault", "status", "kind", "iteration"),
+    PLANTED,
+    ids=[f"{row[2]}-{row[1]}" for row in PLANTED],
+)
 def test_a_planted_fault_is_reported_with_its_kind_and_iteration(
-    run_validate, tmp_path, fault, extra, status, kind, iteration
+    planted_runs, group, backend, fault, status, kind, iteration
 ):
-    proc, doc = _stress(
-        run_validate, tmp_path, "--workload", "llm", "--backend", "sdpa.math", "--iters", "5", *extra,
-        fault=fault,
-    )  # fmt: skip
+    proc, doc = planted_runs(group)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    (run,) = doc["runs"]
+    assert "Traceback" not in proc.stdout
+    (run,) = [r for r in doc["runs"] if r["backend"] == backend]
     assert run["status"] == status, run
     assert run["first_failure"]["kind"] == kind
     assert run["first_failure"]["iteration"] == iteration
     assert run["iters_completed"] == iteration - 1
-    assert f"iter {iteration} {kind}" in proc.stdout and "Traceback" not in proc.stdout
+    [row] = [line for line in proc.stdout.splitlines() if line.startswith(f"{backend} ")]
+    assert f"iter {iteration} {kind}" in row
 
 
 @pytest.mark.slow
