@@ -27,11 +27,15 @@ def quick_run(tmp_path_factory, run_validate):
     tmp = tmp_path_factory.mktemp("quick")
     expect = tmp / "expect.json"
     expect.write_text(json.dumps(CPU_EXPECT))
-    # The bundled kernels belong to their own tests; here their cases are left out.
+    # The bundled kernels' cases and the apps' models belong to their own tests
+    # (test_without_a_gpu_the_bundled_kernels_run_in_the_interpreter, test_apps.py); here they
+    # are left out.
     proc = run_validate(
         "--quick",
         "--skip",
         "kernels.case.*",
+        "--skip",
+        "apps.*",
         "--json",
         str(tmp / "r.json"),
         "--md",
