@@ -422,10 +422,11 @@ def test_the_bundled_kernels_and_the_shim_run_in_the_interpreter_at_tiny_shapes(
 ):
     proc, doc = _stress(
         run_validate, tmp_path, "--workload", "llm", "--backend", "kernels,kernels.sdpa_shim",
-        "--iters", "2", timeout=600,
+        "--iters", "1", timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     by = {r["backend"]: r for r in doc["runs"]}
     assert by["kernels"]["status"] == "pass" and by["kernels.sdpa_shim"]["status"] == "pass"
-    # both tiny llm shapes, twice, through the shim and not SDPA's own kernels
-    assert "shim routed 4 call(s), fell back 0" in by["kernels.sdpa_shim"]["message"]
+    # both tiny llm shapes, once each (the one iteration is checked against the fp32 reference),
+    # through the shim and not SDPA's own kernels
+    assert "shim routed 2 call(s), fell back 0" in by["kernels.sdpa_shim"]["message"]
