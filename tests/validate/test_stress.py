@@ -389,30 +389,39 @@ def test_a_crash_in_one_backend_leaves_the_others_running(run_validate, tmp_path
     assert by["sdpa.math"]["status"] == "pass" and by["sdpa.math"]["iters_completed"] == 3
 
 
-@pytest.mark.slow
-def test_backends_that_cannot_run_here_are_unsupported_with_the_reason(run_validate, tmp_path):
-    # Without --tiny nothing is computed before the reason is known; no GPU on this machine.
-    out = tmp_path / "s.json"
+FLASH_ATTN_HERE = importlib.util.find_spec("flash_attn") is not None
+
+
+@pytest.fixture(scope="module")
+def unsupported_run(run_validate, tmp_path_factory):
+    """One run of the backends this machine cannot run (flash_attn too where it is missing).
+    Without --tiny nothing is computed before the reason is known; no GPU on this machine."""
+    out = tmp_path_factory.mktemp("unsupported") / "s.json"
+    backends = "sdpa.efficient,sdpa.cudnn,kernels" + ("" if FLASH_ATTN_HERE else ",flash_attn")
     proc = run_validate(
-        "stress", "--workload", "llm", "--backend", "sdpa.efficient,sdpa.cudnn,kernels",
-        "--iters", "2", "--json", str(out),
+        "stress", "--workload", "llm", "--backend", backends, "--iters", "2", "--json", str(out),
     )  # fmt: skip
     doc = json.loads(out.read_text())
     if doc["env"]["device"] != "cpu":
         pytest.skip("a GPU is present: these backends may run")
+    return proc, {r["backend"]: r for r in doc["runs"]}
+
+
+@pytest.mark.slow
+def test_backends_that_cannot_run_here_are_unsupported_with_the_reason(unsupported_run):
+    proc, by = unsupported_run
     assert proc.returncode == 1, proc.stdout + proc.stderr  # nothing ran: exit 1
-    by = {r["backend"]: r for r in doc["runs"]}
     assert {r["status"] for r in by.values()} == {"unsupported"}
     assert "no CPU kernel" in by["sdpa.efficient"]["message"]
     assert "--tiny" in by["kernels"]["message"]
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("flash_attn") is not None, reason="flash_attn is here")
-def test_flash_attn_missing_is_unsupported(run_validate, tmp_path):
-    proc, doc = _stress(run_validate, tmp_path, "--workload", "llm", "--backend", "flash_attn")
-    assert doc["runs"][0]["status"] == "unsupported"
-    assert doc["runs"][0]["message"] == "flash_attn is not installed"
+@pytest.mark.skipif(FLASH_ATTN_HERE, reason="flash_attn is here")
+def test_flash_attn_missing_is_unsupported(unsupported_run):
+    run = unsupported_run[1]["flash_attn"]
+    assert run["status"] == "unsupported"
+    assert run["message"] == "flash_attn is not installed"
 
 
 @pytest.mark.slow
