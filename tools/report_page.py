@@ -140,39 +140,51 @@ def inspect(page: Path, screenshot: Path | None = None, width: int = 1280,
             full_page: bool = True, browser: str | None = None) -> dict:  # fmt: skip
     """Load `page` in headless Chromium; what it saw: the PROBE's answer plus `console` (errors
     and warnings logged, uncaught exceptions), `requests` (every URL the page asked for)."""
+    return inspect_all([(page, screenshot)], width, full_page, browser)[0]
+
+
+def inspect_all(pages: list[tuple[Path, Path | None]], width: int = 1280,
+                full_page: bool = True, browser: str | None = None) -> list[dict]:  # fmt: skip
+    """inspect() each (page, screenshot or None) in turn, each in a tab of its own in one
+    Chromium (started once: its start-up is most of the cost of a page)."""
     browser = browser or find_browser()
     if not browser:
         raise PageError("Chromium is not installed; install it (apt-get install chromium) or set "
                         "CHROMIUM=/path/to/chrome.")  # fmt: skip
-    url = page.resolve().as_uri()
     with tempfile.TemporaryDirectory(prefix="attnforge-chromium-") as profile:
         dt = DevTools(browser, Path(profile), width, 900)
         try:
-            target = dt.send("Target.createTarget", {"url": "about:blank"})["targetId"]
-            session = dt.send("Target.attachToTarget", {"targetId": target, "flatten": True})[
-                "sessionId"
-            ]
-            for domain in ("Page", "Runtime", "Log", "Network"):
-                dt.send(f"{domain}.enable", session=session)
-            dt.events.clear()
-            dt.send("Page.navigate", {"url": url}, session=session)
-            dt.wait_for("Page.loadEventFired", timeout=60)
-            seen = dt.send("Runtime.evaluate", {"expression": PROBE, "returnByValue": True},
-                           session=session)["result"]["value"]  # fmt: skip
-            if screenshot is not None:
-                height = seen["height"] if full_page else 900
-                dt.send("Emulation.setDeviceMetricsOverride", {"width": width, "height": height,
-                        "deviceScaleFactor": 1, "mobile": False}, session=session)  # fmt: skip
-                png = dt.send("Page.captureScreenshot", {"format": "png"}, session=session)
-                tmp = screenshot.with_name(f".{screenshot.name}.tmp")
-                tmp.write_bytes(base64.b64decode(png["data"]))
-                os.replace(tmp, screenshot)
-            # let late console messages arrive (none are expected)
-            dt.send("Runtime.evaluate", {"expression": "1"}, session=session)
+            return [_inspect_in(dt, page, shot, width, full_page) for page, shot in pages]
         finally:
             dt.close()
+
+
+def _inspect_in(dt: DevTools, page: Path, screenshot: Path | None, width: int,
+                full_page: bool) -> dict:  # fmt: skip
+    url = page.resolve().as_uri()
+    target = dt.send("Target.createTarget", {"url": "about:blank"})["targetId"]
+    session = dt.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+    for domain in ("Page", "Runtime", "Log", "Network"):
+        dt.send(f"{domain}.enable", session=session)
+    dt.events.clear()
+    dt.send("Page.navigate", {"url": url}, session=session)
+    dt.wait_for("Page.loadEventFired", timeout=60)
+    seen = dt.send("Runtime.evaluate", {"expression": PROBE, "returnByValue": True},
+                   session=session)["result"]["value"]  # fmt: skip
+    if screenshot is not None:
+        height = seen["height"] if full_page else 900
+        dt.send("Emulation.setDeviceMetricsOverride", {"width": width, "height": height,
+                "deviceScaleFactor": 1, "mobile": False}, session=session)  # fmt: skip
+        png = dt.send("Page.captureScreenshot", {"format": "png"}, session=session)
+        tmp = screenshot.with_name(f".{screenshot.name}.tmp")
+        tmp.write_bytes(base64.b64decode(png["data"]))
+        os.replace(tmp, screenshot)
+    # let late console messages arrive (none are expected)
+    dt.send("Runtime.evaluate", {"expression": "1"}, session=session)
+    events = [ev for ev in dt.events if ev.get("sessionId") in (None, session)]
+    dt.send("Target.closeTarget", {"targetId": target})
     console, requests = [], []
-    for ev in dt.events:
+    for ev in events:
         m, p = ev.get("method"), ev.get("params") or {}
         if m == "Runtime.consoleAPICalled" and p.get("type") in ("error", "warning", "assert"):
             text = " ".join(

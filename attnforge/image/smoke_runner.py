@@ -791,9 +791,20 @@ def _default_dirs():
     return dirs
 
 
+_LOADED_BY = {}
+
+
 def _loaded_by(preload):
     """The shared objects mapped into a Python process that imported `preload` (the modules an
-    extension expects imported first), read from /proc/self/maps; and that process's error."""
+    extension expects imported first), read from /proc/self/maps; and that process's error.
+    Read once per preload list in a run: every linkage check after `import torch` shares one."""
+    key = tuple(preload)
+    if key not in _LOADED_BY:
+        _LOADED_BY[key] = _read_loaded_by(preload)
+    return _LOADED_BY[key]
+
+
+def _read_loaded_by(preload):
     code = (
         "import importlib, sys\n"
         "for m in sys.argv[1:]: importlib.import_module(m)\n"

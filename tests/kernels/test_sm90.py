@@ -23,7 +23,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 # Compiled in a child process: this test process runs Triton's interpreter (conftest.py), under
-# which gluon.jit helpers cannot be compiled.
+# which gluon.jit helpers cannot be compiled. One child compiles every (kernel, causal, head dim)
+# of the test below in turn, one JSON line each: Triton and torch are imported once.
 _COMPILE = """
 import json, re, subprocess, sys, tempfile
 from dataclasses import replace
@@ -32,41 +33,46 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from kernels import aot, configs
-d = int(sys.argv[3])
-kernels = {k[0]: k[1:] for k in aot._gluon_kernels(d, configs.config_for("hopper", d))}
-fn, ptrs, consts, tile = kernels[sys.argv[1]]
-consts = dict(consts, CAUSAL=sys.argv[2] == "1", num_warps=4)
-sig, attrs = aot._signature(fn, ptrs, consts)
-k = triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
-                   target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
-with tempfile.TemporaryDirectory() as tmp:
-    Path(tmp, "k.ptx").write_text(k.asm["ptx"])
-    res = subprocess.run([aot._ptxas(), "-arch=sm_90a", "-v", tmp + "/k.ptx", "-o", tmp + "/k.o"],
-                         capture_output=True, text=True, check=True)
-print(json.dumps({"ptx": k.asm["ptx"], "ptxas": res.stderr, "shared": k.metadata.shared}))
+for name, causal, d in json.loads(sys.argv[1]):
+    kernels = {k[0]: k[1:] for k in aot._gluon_kernels(d, configs.config_for("hopper", d))}
+    fn, ptrs, consts, tile = kernels[name]
+    consts = dict(consts, CAUSAL=causal, num_warps=4)
+    sig, attrs = aot._signature(fn, ptrs, consts)
+    k = triton.compile(GluonASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
+                       target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
+    with tempfile.TemporaryDirectory() as tmp:
+        Path(tmp, "k.ptx").write_text(k.asm["ptx"])
+        res = subprocess.run([aot._ptxas(), "-arch=sm_90a", "-v", tmp + "/k.ptx", "-o",
+                              tmp + "/k.o"], capture_output=True, text=True, check=True)
+    print(json.dumps({"ptx": k.asm["ptx"], "ptxas": res.stderr, "shared": k.metadata.shared}),
+          flush=True)
 """
 
+KERNELS = [("fwd_gluon", 128), ("bwd_dkdv_gluon", 128), ("bwd_dkdv_gluon", 64)]
+CAUSAL = [False, True]
 
-def _compile(kernel: str, causal: bool, head_dim: int) -> dict:
+
+@pytest.fixture(scope="module")
+def compiled() -> dict[tuple[str, bool, int], dict]:
+    """Each (kernel, causal, head dim) the test below takes, compiled for sm90 in one child."""
+    jobs = [(kernel, causal, d) for kernel, d in KERNELS for causal in CAUSAL]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run(
-        [sys.executable, "-c", _COMPILE, kernel, "1" if causal else "0", str(head_dim)],
+        [sys.executable, "-c", _COMPILE, json.dumps(jobs)],
         cwd=REPO,
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    return json.loads(proc.stdout)
+    return dict(zip(jobs, map(json.loads, proc.stdout.splitlines()), strict=True))
 
 
-@pytest.mark.parametrize(
-    "kernel, head_dim", [("fwd_gluon", 128), ("bwd_dkdv_gluon", 128), ("bwd_dkdv_gluon", 64)]
-)
-@pytest.mark.parametrize("causal", [False, True])
-def test_compiles_for_sm90_warp_specialised_without_spills(kernel, head_dim, causal):
-    k = _compile(kernel, causal, head_dim)
+@pytest.mark.parametrize("kernel, head_dim", KERNELS)
+@pytest.mark.parametrize("causal", CAUSAL)
+def test_compiles_for_sm90_warp_specialised_without_spills(compiled, kernel, head_dim, causal):
+    k = compiled[kernel, causal, head_dim]
     ptx = k["ptx"]
     spills = re.search(r"(\d+) bytes spill stores", k["ptxas"])
     assert spills and int(spills.group(1)) == 0, k["ptxas"]

@@ -55,12 +55,18 @@ class _Spy:
         return launch
 
 
-@pytest.mark.parametrize("grad", [False, True])
-def test_a_small_grid_launches_the_small_tile_and_stays_correct(monkeypatch, grad):
+def _small_grid_spy(monkeypatch) -> _Spy:
+    """The interpreter's d=32 small tile 32x16 on a device of 8 compute units, launches spied."""
     monkeypatch.setitem(configs.SMALL_GRID_FWD, ("interpreter", 32), Tile(32, 16, 1, 1))
     monkeypatch.setattr(configs, "compute_units", lambda device=None: 8)
     spy = _Spy(interface._attn_fwd)
     monkeypatch.setattr(interface, "_attn_fwd", spy)
+    return spy
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_a_small_grid_launches_the_small_tile_and_stays_correct(monkeypatch, grad):
+    spy = _small_grid_spy(monkeypatch)
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, n, 2, 32, generator=g).to(torch.bfloat16) for n in (45, 77, 77))
     if grad:
@@ -71,10 +77,16 @@ def test_a_small_grid_launches_the_small_tile_and_stays_correct(monkeypatch, gra
     assert (out.grad_fn is not None) == grad
     ref, _ = attention_ref(q.detach(), k, v, right=0)
     assert (out.float() - ref.float()).abs().max().item() <= 2e-2
-    # 200 rows: 13 x 2 = 26 programs, still small; 600 rows x 2 heads: 38 x 2 = 76, not.
-    q2 = torch.randn(1, 600, 2, 32, generator=g).to(torch.bfloat16)
-    flash_attn_func(q2, k, v)
-    assert spy.block_m[-1] == 16
+
+
+def test_a_grid_of_four_programs_per_unit_keeps_the_default_tile(monkeypatch):
+    spy = _small_grid_spy(monkeypatch)
+    g = torch.Generator().manual_seed(0)
+    # 256 rows in 16-row tiles x 2 heads: 32 programs = 4 x 8 units, not small (the rule is
+    # fewer than 4 per unit; the 600 rows this checked before were 76 programs).
+    q, k, v = (torch.randn(1, n, 2, 32, generator=g).to(torch.bfloat16) for n in (256, 77, 77))
+    flash_attn_func(q, k, v)
+    assert spy.block_m == [16]
 
 
 def test_a_head_dims_own_forward_tile_wins_over_the_grid_rule(monkeypatch):

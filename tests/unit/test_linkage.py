@@ -61,38 +61,77 @@ def torch_ext(out: Path, source: str = HONEST) -> Path:
     return compile_so(out, source, f"-L{TORCH_LIB}", "-lc10")
 
 
-def check(targets: str, preload: str | None = "torch", env: dict | None = None) -> dict:
-    spec = {"name": "linkage", "linkage": targets}
-    if preload:
-        spec["preload"] = preload
+def run_checks(specs: list[dict], env: dict | None = None) -> list[dict]:
+    """The smoke runner on SPECS in one process, as build.smoke runs an image's checks."""
     proc = subprocess.run(
-        [sys.executable, "-", json.dumps([spec])],
+        [sys.executable, "-", json.dumps(specs)],
         input=Path(smoke_runner.__file__).read_text(),
         capture_output=True,
         text=True,
         env=env,
     )
     assert proc.returncode in (0, 1), proc.stderr
-    [result] = [json.loads(line) for line in proc.stdout.splitlines()]
-    assert result["ok"] == (proc.returncode == 0)
+    results = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [r["name"] for r in results] == [s["name"] for s in specs]
+    assert proc.returncode == (0 if all(r["ok"] for r in results) else 1)
+    return results
+
+
+def check(targets: str, preload: str | None = "torch", env: dict | None = None) -> dict:
+    spec = {"name": "linkage", "linkage": targets}
+    if preload:
+        spec["preload"] = preload
+    [result] = run_checks([spec], env)
     return result
 
 
-def real_loader(path: Path) -> str:
-    """What the dynamic loader says when the extension is loaded after `import torch`."""
-    code = "import ctypes, os, sys, torch\ntry:\n    ctypes.CDLL(sys.argv[1], mode=os.RTLD_NOW)\n"
-    code += "except OSError as e:\n    print(e)\nelse:\n    print('loaded')\n"
+def real_loader(*paths: Path, preload: str | None = "torch") -> list[str]:
+    """What the dynamic loader says of each extension, loaded in turn in one process after
+    `import PRELOAD` (as the check models it)."""
+    code = "import ctypes, os, sys\n"
+    code += f"import {preload}\n" if preload else ""
+    code += "for path in sys.argv[1:]:\n    try:\n"
+    code += "        ctypes.CDLL(path, mode=os.RTLD_NOW)\n    except OSError as e:\n"
+    code += "        print(e)\n    else:\n        print('loaded')\n"
     return subprocess.run(
-        [sys.executable, "-c", code, str(path)], capture_output=True, text=True, check=True
-    ).stdout.strip()
+        [sys.executable, "-c", code, *map(str, paths)], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
 
 
-def test_an_extension_built_against_this_torch_passes(tmp_path):
-    ext = torch_ext(tmp_path / "honest_ext.so")
-    result = check(str(ext))
+@pytest.fixture(scope="module")
+def after_torch(tmp_path_factory) -> dict[str, tuple[dict, str | None]]:
+    """The planted extensions whose check preloads torch, checked in one smoke run (one `import
+    torch` for all, as an image's checks share it), and the loose ones loaded by the real loader
+    in one process after `import torch`: {name: (check result, loader verdict or None)}."""
+    root = tmp_path_factory.mktemp("linkage")
+    loose = {
+        "honest": torch_ext(root / "honest_ext.so"),
+        "foreign": torch_ext(root / "foreign_ext.so", FOREIGN),
+    }
+    lib = compile_so(root / "lib" / "libattnforge_helper.so", HELPER)
+    loose["missing"] = compile_so(
+        root / "needs_helper.so", USES_HELPER, f"-L{lib.parent}", "-lattnforge_helper"
+    )
+    lib.unlink()  # shipped without it
+    pkg = root / "site" / "planted_pkg"
+    torch_ext(pkg / "good.so")
+    torch_ext(pkg / "sub" / "bad.so", FOREIGN)
+    (pkg / "__init__.py").write_text("")
+    targets = {name: str(path) for name, path in loose.items()}
+    targets["folder"] = "planted_pkg:"
+    targets["nothing"] = "/nonexistent/attnforge/*.so"
+    specs = [{"name": n, "linkage": t, "preload": "torch"} for n, t in targets.items()]
+    env = {**os.environ, "PYTHONPATH": str(root / "site")}
+    results = dict(zip(targets, run_checks(specs, env), strict=True))
+    verdicts = dict(zip(loose, real_loader(*loose.values()), strict=True))
+    return {name: (results[name], verdicts.get(name)) for name in targets}
+
+
+def test_an_extension_built_against_this_torch_passes(after_torch):
+    result, loader = after_torch["honest"]
     assert result["ok"], result["detail"]
     assert "honest_ext.so: " in result["detail"] and "libc10.so" in result["detail"]
-    assert real_loader(ext) == "loaded"
+    assert loader == "loaded"
 
 
 def test_torchs_own_extension_module_passes_through_its_runpath():
@@ -104,10 +143,9 @@ def test_torchs_own_extension_module_passes_through_its_runpath():
 
 
 def test_an_undefined_symbol_no_loaded_library_defines_fails_naming_it_and_the_extension(
-    tmp_path,
+    after_torch,
 ):
-    ext = torch_ext(tmp_path / "foreign_ext.so", FOREIGN)
-    result = check(str(ext))
+    result, loader = after_torch["foreign"]
     assert not result["ok"]
     detail = result["detail"]
     assert detail.startswith("foreign_ext.so: 1 undefined symbol(s) defined by none of the")
@@ -115,22 +153,17 @@ def test_an_undefined_symbol_no_loaded_library_defines_fails_naming_it_and_the_e
         "c10::attnforge_not_in_this_torch(int) [_ZN3c1027attnforge_not_in_this_torchEi]" in detail
     )
     assert "libc10.so" in detail
-    assert "undefined symbol: _ZN3c1027attnforge_not_in_this_torchEi" in real_loader(ext)
+    assert "undefined symbol: _ZN3c1027attnforge_not_in_this_torchEi" in loader
 
 
-def test_a_missing_library_fails_naming_the_library_and_the_extension(tmp_path):
-    lib = compile_so(tmp_path / "lib" / "libattnforge_helper.so", HELPER)
-    ext = compile_so(
-        tmp_path / "needs_helper.so", USES_HELPER, f"-L{lib.parent}", "-lattnforge_helper"
-    )
-    lib.unlink()  # shipped without it
-    result = check(str(ext))
+def test_a_missing_library_fails_naming_the_library_and_the_extension(after_torch):
+    result, loader = after_torch["missing"]
     assert not result["ok"]
     assert result["detail"].startswith(
         "needs_helper.so: library libattnforge_helper.so is not found"
     )
     assert "not loaded after `import torch`" in result["detail"]
-    assert "libattnforge_helper.so: cannot open shared object file" in real_loader(ext)
+    assert "libattnforge_helper.so: cannot open shared object file" in loader
 
 
 @pytest.mark.parametrize(
@@ -144,7 +177,7 @@ def test_a_library_beside_the_extension_resolves_through_origin(tmp_path, dtags)
     )  # fmt: skip
     result = check(str(ext), preload=None)
     assert result["ok"], result["detail"]
-    assert real_loader(ext) == "loaded"
+    assert real_loader(ext, preload=None) == ["loaded"]
 
 
 def test_without_torch_imported_first_libc10_is_not_found(tmp_path):
@@ -162,13 +195,8 @@ def test_a_weak_reference_may_stay_unresolved(tmp_path):
     assert result["ok"], result["detail"]
 
 
-def test_a_package_folder_target_checks_every_shared_object_in_it(tmp_path):
-    pkg = tmp_path / "site" / "planted_pkg"
-    torch_ext(pkg / "good.so")
-    torch_ext(pkg / "sub" / "bad.so", FOREIGN)
-    (pkg / "__init__.py").write_text("")
-    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
-    result = check("planted_pkg:", env=env)
+def test_a_package_folder_target_checks_every_shared_object_in_it(after_torch):
+    result, _ = after_torch["folder"]  # planted_pkg/good.so and planted_pkg/sub/bad.so
     assert not result["ok"]
     assert "bad.so: 1 undefined symbol(s)" in result["detail"]
     assert "good.so" not in result["detail"]  # only failures are reported when one fails
@@ -176,7 +204,7 @@ def test_a_package_folder_target_checks_every_shared_object_in_it(tmp_path):
 
 def test_without_binutils_the_check_says_what_to_install(tmp_path):
     ext = torch_ext(tmp_path / "honest_ext.so")
-    result = check(str(ext), env={**os.environ, "PATH": str(tmp_path)})
+    result = check(str(ext), preload=None, env={**os.environ, "PATH": str(tmp_path)})
     assert result == {
         "name": "linkage",
         "ok": False,
@@ -184,8 +212,8 @@ def test_without_binutils_the_check_says_what_to_install(tmp_path):
     }
 
 
-def test_a_target_that_matches_nothing_fails():
-    result = check("/nonexistent/attnforge/*.so")
+def test_a_target_that_matches_nothing_fails(after_torch):
+    result, _ = after_torch["nothing"]
     assert not result["ok"] and "holds no ELF shared object" in result["detail"]
 
 

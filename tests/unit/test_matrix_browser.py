@@ -109,7 +109,11 @@ def test_the_matrix_page_renders_in_chromium(chromium, outputs, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "was not drawn" not in proc.stdout
     shot = tmp_path / "matrix.png"
-    seen = report_page.inspect(site / "matrix.html", shot)
+    # every full report the matrix links opens too, in the same Chromium
+    links = re.findall(r"<a href='([^']+)'>full report</a>", (site / "matrix.html").read_text())
+    seen, *pages = report_page.inspect_all(
+        [(site / "matrix.html", shot), *((site / link, None) for link in links)]
+    )
     assert report_page.problems(seen) == [] and seen["console"] == []
     assert seen["requests"] == [seen["url"]] and seen["external"] == []
     assert seen["title"] == "attnforge compatibility matrix"
@@ -119,12 +123,10 @@ def test_the_matrix_page_renders_in_chromium(chromium, outputs, tmp_path):
     assert "speed at <code>sweep-" in (site / "matrix.html").read_text()
     png = shot.read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and int.from_bytes(png[16:20], "big") == 1280
-    # every full report the matrix links opens too; the H200 one draws its bench plots
-    links = re.findall(r"<a href='([^']+)'>full report</a>", (site / "matrix.html").read_text())
+    # the full reports the matrix links; the H200 one draws its bench plots
     assert sorted(links) == ["reports/cpu/cpu/report.html",
                              "reports/sm_90/host-nvidia/report.html"]  # fmt: skip
-    for link in links:
-        page = report_page.inspect(site / link)
+    for link, page in zip(links, pages, strict=True):
         assert report_page.problems(page) == [], link
         assert page["sections"][:2] == ["summary", "environment"]
         assert page["plots"][0]["id"] == "plot-sdpa-grid"  # every page has its grid's heat map

@@ -86,58 +86,77 @@ def test_the_markdown_report_has_the_apps_section(honest):
     assert "`comfyui.sdpa.call`" in md
 
 
-def test_an_sdpa_that_returns_wrong_values_fails_naming_the_app_and_implementation(
-    tmp_path, run_validate
-):
-    # Every SDPA call computes with the wrong softmax scale: wrong values, no error, as the
-    # silent failures of 2026 were (ROCm/pytorch#3230, pytorch#189849).
-    prelude = """
-        import torch.nn.functional as F
-        _sdpa = F.scaled_dot_product_attention
-        F.scaled_dot_product_attention = lambda *a, **k: _sdpa(*a, **{**k, "scale": 1.0})
-    """
-    proc, report = run_apps(run_validate, tmp_path, "apps.llama-gqa", prelude=prelude)
-    assert proc.returncode == 1
-    [check] = [c for c in report["checks"] if c["id"] == "apps.llama-gqa"]
+# Three planted defects in one run, each in one app model's calls only (told apart by the model's
+# module on the call stack), so each failure names its own model: llama-gqa's SDPA computes with
+# the wrong softmax scale (wrong values, no error, as the silent failures of 2026 were:
+# ROCm/pytorch#3230, pytorch#189849); qwen-image's bundled kernels diverge behind the SDPA shim;
+# vit's SDPA refuses.
+PLANTED = """
+    import os
+    import sys
+    os.environ["TRITON_INTERPRET"] = "1"
+    import torch.nn.functional as F
+    import kernels.interface as ki
+
+    def called_from(module):
+        frame = sys._getframe(2)
+        while frame is not None:
+            if module in frame.f_globals.get("__name__", ""):
+                return True
+            frame = frame.f_back
+        return False
+
+    _sdpa = F.scaled_dot_product_attention
+
+    def planted_sdpa(*a, **k):
+        if called_from("modeling_vit"):
+            raise RuntimeError("planted: no SDPA kernel for these inputs")
+        if called_from("modeling_llama"):
+            k = {**k, "scale": 1.0}
+        return _sdpa(*a, **k)
+
+    F.scaled_dot_product_attention = planted_sdpa
+    _attention = ki.attention
+
+    def planted_kernels(*a, **k):
+        out, lse = _attention(*a, **k)
+        return (out * 1.1 if called_from("transformer_qwenimage") else out), lse
+
+    ki.attention = planted_kernels
+"""
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory, run_validate):
+    tmp = tmp_path_factory.mktemp("apps-planted")
+    only = ("apps.llama-gqa", "apps.qwen-image", "apps.vit")
+    proc, report = run_apps(run_validate, tmp, *only, prelude=PLANTED)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    return {c["id"]: c for c in report["checks"]}, report
+
+
+def test_an_sdpa_that_returns_wrong_values_fails_naming_the_app_and_implementation(planted):
+    checks, report = planted
+    check = checks["apps.llama-gqa"]
     assert check["status"] == "fail"
     assert check["message"].startswith("transformers 5.23.0 llama-gqa: sdpa diverges from eager")
     got = rows(report, "llama-gqa")
     assert got["sdpa"]["correct"] is False
-    # the shim routes to the bundled kernels, which the planted wrapper does not touch
+    # the shim routes to the bundled kernels, which the planted wrapper does not touch here
     assert got["sdpa+shim"]["correct"] is True
 
 
-def test_bundled_kernels_that_diverge_behind_the_shim_fail(tmp_path, run_validate):
-    prelude = """
-        import os
-        os.environ["TRITON_INTERPRET"] = "1"
-        import kernels.interface as ki
-        _attention = ki.attention
-        def planted(*a, **k):
-            out, lse = _attention(*a, **k)
-            return out * 1.1, lse
-        ki.attention = planted
-    """
-    proc, report = run_apps(run_validate, tmp_path, "apps.qwen-image", prelude=prelude)
-    assert proc.returncode == 1
-    [check] = [c for c in report["checks"] if c["id"] == "apps.qwen-image"]
-    assert "native+shim diverges from _native_math" in check["message"]
+def test_bundled_kernels_that_diverge_behind_the_shim_fail(planted):
+    checks, report = planted
+    assert "native+shim diverges from _native_math" in checks["apps.qwen-image"]["message"]
     assert rows(report, "qwen-image")["native"]["correct"] is True
 
 
-def test_an_sdpa_that_refuses_fails_where_it_must_run(tmp_path, run_validate):
-    prelude = """
-        import torch.nn.functional as F
-        def refuse(*a, **k):
-            raise RuntimeError("planted: no SDPA kernel for these inputs")
-        F.scaled_dot_product_attention = refuse
-    """
-    proc, report = run_apps(run_validate, tmp_path, "apps.vit", prelude=prelude)
-    assert proc.returncode == 1
-    [check] = [c for c in report["checks"] if c["id"] == "apps.vit"]
+def test_an_sdpa_that_refuses_fails_where_it_must_run(planted):
+    checks, report = planted
     assert (
         "sdpa refused where it must run: RuntimeError: planted: no SDPA kernel"
-        in (check["message"])
+        in checks["apps.vit"]["message"]
     )
     assert rows(report, "vit")["flash_attention_2"]["must_run"] is False
 

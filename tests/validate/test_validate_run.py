@@ -27,11 +27,15 @@ def quick_run(tmp_path_factory, run_validate):
     tmp = tmp_path_factory.mktemp("quick")
     expect = tmp / "expect.json"
     expect.write_text(json.dumps(CPU_EXPECT))
-    # The bundled kernels belong to their own tests; here their cases are left out.
+    # The bundled kernels' cases and the apps' models belong to their own tests
+    # (test_without_a_gpu_the_bundled_kernels_run_in_the_interpreter, test_apps.py); here they
+    # are left out.
     proc = run_validate(
         "--quick",
         "--skip",
         "kernels.case.*",
+        "--skip",
+        "apps.*",
         "--json",
         str(tmp / "r.json"),
         "--md",
@@ -105,32 +109,11 @@ def test_expectations_are_evaluated(quick_run):
 
 
 @pytest.mark.slow
-def test_broken_expectation_fails_the_run_with_a_sentence(tmp_path, run_validate):
-    expect = tmp_path / "e.json"
-    expect.write_text(json.dumps({"expect": {"sdpa.default_backend": "efficient"}}))
-    proc = run_validate(
-        "backends",
-        "--only",
-        "env",
-        "--only",
-        "sdpa.case.fp16-d64-s512",
-        "--expect",
-        str(expect),
-        "--json",
-        str(tmp_path / "r.json"),
-    )
-    assert proc.returncode == 1
-    assert (
-        "The stack promised sdpa.default_backend = efficient, but validation saw flash."
-        in proc.stdout
-    )
-    report = json.loads((tmp_path / "r.json").read_text())
-    assert report["summary"]["broken_expectations"] == 1
-    assert report["summary"]["failed_required"] == []
-
-
-@pytest.mark.slow
-def test_disabling_flash_changes_the_pick_and_breaks_a_flash_promise(tmp_path, run_validate):
+def test_disabling_flash_changes_the_pick_and_a_broken_promise_fails_the_run_with_a_sentence(
+    tmp_path, run_validate
+):
+    # One run for two promises: the prelude's change reaches the pick (math, not flash), and a
+    # promise the run does not keep fails it with one sentence and counts in the summary.
     prelude = tmp_path / "prelude.py"
     prelude.write_text("import torch\ntorch.backends.cuda.enable_flash_sdp(False)\n")
     expect = tmp_path / "e.json"
@@ -145,11 +128,18 @@ def test_disabling_flash_changes_the_pick_and_breaks_a_flash_promise(tmp_path, r
         "sdpa.case.fp16-d64-s512",
         "--expect",
         str(expect),
+        "--json",
+        str(tmp_path / "r.json"),
         env={"VALIDATE_PRELUDE": str(prelude)},
     )
     assert proc.returncode == 1
-    assert "but validation saw math" in proc.stdout
+    assert (
+        "The stack promised sdpa.default_backend = flash, but validation saw math." in proc.stdout
+    )
     assert "enable_flash_sdp(False)" in proc.stdout
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["summary"]["broken_expectations"] == 1
+    assert report["summary"]["failed_required"] == []
 
 
 @pytest.mark.slow
