@@ -64,7 +64,10 @@ E2E_CHAINS = {
         "tests/e2e/test_validate_bench.py",
     ),
 }
+# After the engine's modules, the longest non-engine module (three `invoke validate --local
+# --bench` runs, about two minutes), which otherwise came last and ended the run alone.
 E2E_FIRST = ("tests/e2e (the validated cpu stack)", "tests/e2e/test_podman.py")
+HEAVY_NEXT = ("tests/unit/test_baseline_gate.py",)
 
 
 def pytest_xdist_make_scheduler(config, log):
@@ -74,6 +77,7 @@ def pytest_xdist_make_scheduler(config, log):
 
     unit_of = {path: unit for unit, paths in E2E_CHAINS.items() for path in paths}
     rank = {unit: i for i, unit in enumerate(E2E_FIRST)}
+    after = {unit: i for i, unit in enumerate(HEAVY_NEXT)}
 
     class EngineFirst(LoadFileScheduling):
         ordered = False
@@ -88,8 +92,11 @@ def pytest_xdist_make_scheduler(config, log):
                 units = list(self.workqueue.items())
                 engine = [u for u in units if u[0] in rank or u[0].startswith("tests/e2e/")]
                 engine.sort(key=lambda u: rank.get(u[0], len(rank)))  # stable: collection order
+                heavy = sorted((u for u in units if u[0] in after), key=lambda u: after[u[0]])
                 self.workqueue.clear()
-                self.workqueue.update(engine + [u for u in units if u not in engine])
+                self.workqueue.update(
+                    engine + heavy + [u for u in units if u not in engine + heavy]
+                )
             super()._assign_work_unit(node)
 
     return EngineFirst(config, log)
