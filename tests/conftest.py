@@ -64,9 +64,9 @@ E2E_CHAINS = {
         "tests/e2e/test_validate_bench.py",
     ),
 }
+E2E_FIRST = ("tests/e2e (the validated cpu stack)", "tests/e2e/test_podman.py")
 # After the engine's modules, the longest non-engine module (three `invoke validate --local
 # --bench` runs, about two minutes), which otherwise came last and ended the run alone.
-E2E_FIRST = ("tests/e2e (the validated cpu stack)", "tests/e2e/test_podman.py")
 HEAVY_NEXT = ("tests/unit/test_baseline_gate.py",)
 
 
@@ -76,8 +76,17 @@ def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadFileScheduling
 
     unit_of = {path: unit for unit, paths in E2E_CHAINS.items() for path in paths}
-    rank = {unit: i for i, unit in enumerate(E2E_FIRST)}
-    after = {unit: i for i, unit in enumerate(HEAVY_NEXT)}
+    first, after = len(E2E_FIRST), len(E2E_FIRST) + 1
+
+    def priority(scope: str) -> int:
+        """E2E_FIRST in order, the other engine modules, HEAVY_NEXT in order, then the rest."""
+        if scope in E2E_FIRST:
+            return E2E_FIRST.index(scope)
+        if scope.startswith("tests/e2e/"):
+            return first
+        if scope in HEAVY_NEXT:
+            return after + HEAVY_NEXT.index(scope)
+        return after + len(HEAVY_NEXT)
 
     class EngineFirst(LoadFileScheduling):
         ordered = False
@@ -89,14 +98,10 @@ def pytest_xdist_make_scheduler(config, log):
         def _assign_work_unit(self, node) -> None:
             if not self.ordered:  # the queue is complete before the first unit goes out
                 self.ordered = True
-                units = list(self.workqueue.items())
-                engine = [u for u in units if u[0] in rank or u[0].startswith("tests/e2e/")]
-                engine.sort(key=lambda u: rank.get(u[0], len(rank)))  # stable: collection order
-                heavy = sorted((u for u in units if u[0] in after), key=lambda u: after[u[0]])
+                # stable: within a priority, xdist's order (most tests first) stays
+                units = sorted(self.workqueue.items(), key=lambda u: priority(u[0]))
                 self.workqueue.clear()
-                self.workqueue.update(
-                    engine + heavy + [u for u in units if u not in engine + heavy]
-                )
+                self.workqueue.update(units)
             super()._assign_work_unit(node)
 
     return EngineFirst(config, log)
