@@ -26,11 +26,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+# PRELUDE_ENV: a testing hook, a Python file run in every check process before its first check
+# (for example to call torch.backends.cuda.enable_flash_sdp(False)). Not part of the user
+# interface. A worker with one starts as a process of its own (validate/forkserver.py).
+from validate.forkserver import PRELUDE_ENV
 from validate.runner import is_device_fault, watch_parent
-
-# Testing hook: a Python file run in every check process before its first check (for example
-# to call torch.backends.cuda.enable_flash_sdp(False)). Not part of the user interface.
-PRELUDE_ENV = "VALIDATE_PRELUDE"
 
 
 class Context:

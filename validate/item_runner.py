@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from validate import runner
+from validate import forkserver, runner
 from validate.runner import _kill_group, is_device_fault, signal_name, tail
 
 POLL_S = 0.1
@@ -124,13 +124,12 @@ def run_items(
             with open(err_path, "wb") as err_fh:
                 # Output to files, not pipes: a helper the child leaves behind (a compile
                 # worker) would hold a pipe open and make a finished child look hung.
-                proc = subprocess.Popen(
-                    [sys.executable, "-m", module, "--child", str(spec_path), str(events.path)],
-                    stdin=subprocess.DEVNULL,
+                proc = forkserver.popen_module(
+                    module,
+                    ["--child", str(spec_path), str(events.path)],
+                    env=child_env,
                     stdout=err_fh,
                     stderr=err_fh,
-                    env=child_env,
-                    start_new_session=True,
                 )
                 timed_out: int | None = None
                 stalled = False

@@ -24,14 +24,13 @@ import os
 import select
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from validate import forkserver
 from validate.runner import (
     Outcome,
     child_env,
@@ -73,17 +72,15 @@ class Worker:
         self.err_path = spool / f"{name}.err"
         req_r, req_w = os.pipe()
         rep_r, rep_w = os.pipe()
-        cmd = [sys.executable, "-m", "validate._worker", "--serve", str(req_r), str(rep_w)]
         # Output goes to files, not pipes: a helper process a check leaves behind (a compile
         # worker, say) would hold a pipe open; the files also let each check's slice be read.
         with open(self.out_path, "wb") as out_fh, open(self.err_path, "wb") as err_fh:
-            self.proc = subprocess.Popen(
-                cmd,
-                stdin=subprocess.DEVNULL,
+            self.proc = forkserver.popen_module(
+                "validate._worker",
+                ["--serve", str(req_r), str(rep_w)],
+                env=env,
                 stdout=out_fh,
                 stderr=err_fh,
-                env=env,
-                start_new_session=True,
                 pass_fds=(req_r, rep_w),
             )
         os.close(req_r)

@@ -11,7 +11,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from contract.names import CHECK_STATUSES, FAILING
+from validate import forkserver
 
 STATUSES = CHECK_STATUSES
 STDERR_TAIL_LINES = 20
@@ -245,27 +245,18 @@ def run_isolated(
         result_path = Path(tmp, "result.json")
         progress_path = Path(tmp, "progress.txt")
         spec_path.write_text(json.dumps(check), encoding="utf-8")
-        cmd = [
-            sys.executable,
-            "-m",
-            "validate._worker",
-            str(spec_path),
-            str(result_path),
-            str(progress_path),
-        ]
         out_path = Path(tmp, "stdout.txt")
         err_path = Path(tmp, "stderr.txt")
         started = time.monotonic()
         # Output goes to files, not pipes: a helper process the check leaves behind (a
         # compile worker, say) would hold a pipe open and make a finished check look hung.
         with open(out_path, "wb") as out_fh, open(err_path, "wb") as err_fh:
-            proc = subprocess.Popen(
-                cmd,
-                stdin=subprocess.DEVNULL,
+            proc = forkserver.popen_module(
+                "validate._worker",
+                [str(spec_path), str(result_path), str(progress_path)],
+                env=child,
                 stdout=out_fh,
                 stderr=err_fh,
-                env=child,
-                start_new_session=True,
             )
             timed_out = False
             try:

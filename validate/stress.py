@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from contract import names, workloads
+from validate import forkserver
 from validate.argtypes import positive_int, seconds
 from validate.report import current_run_id
 from validate.runner import Outcome, child_env, classify, signal_name, tail
@@ -310,12 +311,11 @@ def launch(args: list[str], stall_s: float, env: dict[str, str]) -> tuple[Outcom
         result, progress = Path(tmp, "result.json"), Path(tmp, "progress.txt")
         progress.touch()
         err_path = Path(tmp, "stderr.txt")
-        cmd = [sys.executable, "-m", "validate._stress_child", *args, str(result), str(progress)]
         # Output to files, not pipes: a helper the child leaves behind would hold a pipe open.
         with open(err_path, "wb") as err:
-            proc = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=err, stderr=subprocess.STDOUT,
-                env=env, start_new_session=True,
+            proc = forkserver.popen_module(
+                "validate._stress_child", [*args, str(result), str(progress)],
+                env=env, stdout=err, stderr=subprocess.STDOUT,
             )  # fmt: skip
             size, last = 0, time.monotonic()
             timed_out = False

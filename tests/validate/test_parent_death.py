@@ -30,6 +30,26 @@ def _children(pid: int) -> set[int]:
     return found
 
 
+def _descendants(pid: int) -> set[int]:
+    """Children, and theirs: a check process forked from the run's fork server is its grandchild."""
+    found, todo = set(), [pid]
+    while todo:
+        kids = _children(todo.pop())
+        todo.extend(kids - found)
+        found |= kids
+    return found
+
+
+def _names(pid: int) -> str:
+    """The command line and the process name: a forked check process names its module in the
+    latter (validate/_forkserver.py), its command line is the server's."""
+    try:
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        comm = ""
+    return f"{_cmdline(pid)} [{comm}]"
+
+
 def _cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
@@ -91,7 +111,9 @@ def test_a_killed_run_takes_its_hanging_check_worker_with_it(tmp_path):
     )  # fmt: skip
     try:
         assert _wait_for(marker.exists, 120), "the hanging check never started"
-        _kill_parent_and_check(proc, _children(proc.pid))
+        kids = _descendants(proc.pid)
+        assert any("[_worker]" in _names(k) or "validate._worker" in _names(k) for k in kids)
+        _kill_parent_and_check(proc, kids)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -113,8 +135,9 @@ def test_a_killed_stress_run_takes_its_backend_process_with_it(tmp_path):
         def backend() -> set[int]:
             return {
                 k
-                for k in _children(proc.pid)
-                if "validate._stress_child" in (cmd := _cmdline(k)) and "--env" not in cmd
+                for k in _descendants(proc.pid)
+                if ("validate._stress_child" in (cmd := _names(k)) or "[_stress_child]" in cmd)
+                and "--env" not in cmd
             }
 
         assert _wait_for(lambda: bool(backend()), 120), "no backend process started"
