@@ -1,20 +1,21 @@
 """Per-call plans for the attention forward's and backward's Triton launches (issue 30 §2).
 
 At the small shapes diffusion and LLM users run, a call is bound by host time: on an H100 host
-one forward took 68 µs, of which 29 µs were Triton's launch path (binding and specialising the
-kernel's 55 parameters, 11 µs; its cache key; launch metadata and hooks) and about 35 µs our
-own Python deriving configs, strides and flags (docs/benchmarks.md, "Host time per call").
+one tiny forward took 68-70 µs, of which 29-31 µs were Triton's launch path (binding and
+specialising the kernel's 55 parameters, 11-12 µs; its cache key, launch metadata and hooks;
+a 6 µs C launch) and most of the rest our own Python deriving configs, strides and flags
+(docs/benchmarks.md, "Launch plans: a call's host time taken apart").
 
 A plan is what one call through the full path launched, keyed by everything that call's
 decisions read: the device, each input's dtype, shape, strides, device and data pointer modulo
 16, the integer and float arguments as values, the mask, the config override and the Triton
-knobs that change a compile. A later call with the same key would make every decision the same
-way and give Triton the same arguments, so it allocates the outputs and calls the compiled
-kernel's launcher directly (the same call ``JITFunction.run`` ends in, Triton 3.6). Because the
-key holds exact values, any argument whose specialisation (``== 1``, a multiple of 16, 32 or 64
-bits, pointer alignment, AMD's 2 GiB buffer range) could differ misses the plan: a new shape or
-sequence length takes the full path once and adds a plan. What the plan passes for the fresh
-outputs is checked on each hit (16-byte aligned, as the caching allocator gives them).
+knobs that change a compile (``debug``, ``instrumentation_mode``). A later call with the same
+key would make every decision the same way and give Triton the same arguments, so it allocates
+the outputs and calls the compiled kernel's launcher directly (the call ``JITFunction.run``
+ends in, Triton 3.6). Because the key holds exact values, any argument whose specialisation
+(``== 1``, a multiple of 16, 32 or 64 bits, pointer alignment, AMD's 2 GiB buffer range) could
+differ misses the plan: a new shape or sequence length takes the full path once and adds a
+plan. The fresh outputs a replay passes are checked 16-byte aligned, as they were recorded.
 
 Not planned, always the full path: the CPU interpreter, a Triton other than 3.6, dropout,
 ALiBi, FP8, autotuning, paths that are not exactly the planned kernels (Gluon, atomic dQ,
@@ -99,6 +100,7 @@ def call_key(kind: str, tensors: tuple, values: tuple):
             torch.cuda.current_device(),
             os.environ.get("ATTNFORGE_KERNELS_CONFIG"),
             triton.knobs.runtime.debug,
+            triton.knobs.compilation.instrumentation_mode,
             *(None if t is None else tensor_key(t) for t in tensors),
             *values,
         )
