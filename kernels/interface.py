@@ -12,7 +12,7 @@ import torch
 import triton
 from triton.runtime import _allocation
 
-from . import arguments, autotune, configs, flash
+from . import arguments, autotune, configs, flash, launch
 from ._compat import patch_interpreter
 from .arguments import AttnResult, Descale
 from .errors import ArgumentError, ArgumentTypeError
@@ -281,7 +281,22 @@ def _forward(
     drop: Dropout | None = None, descale=None, out_dtype=None,
 ):  # fmt: skip
     """(out, lse). ``drop``: dropout (fills ``drop.sdmask`` when it has one); ``descale``: FP8
-    (q/k/v e4m3 with fp32 (batch, Hk) descale tensors (dq, dk, dv)), output in ``out_dtype``."""
+    (q/k/v e4m3 with fp32 (batch, Hk) descale tensors (dq, dk, dv)), output in ``out_dtype``.
+
+    A call whose key (``kernels.launch``) an earlier call recorded replays that call's launch;
+    others take the full path below and, where it can be replayed, record it."""
+    key = None
+    if launch.ENABLED and alibi is None and drop is None and descale is None:
+        key, plan = launch.find(
+            launch.FORWARD,
+            launch.call_key(
+                "fwd", (q, k, v, cu_q, cu_k), (max_q, max_k, batch, scale, mask, varlen, out_dtype)
+            ),
+        )
+        if plan is not None:
+            res = plan(q, k, v, cu_q, cu_k)
+            if res is not None:
+                return res
     qs, ks, vs = _Seq(q, varlen), _Seq(k, varlen), _Seq(v, varlen)
     fp8 = descale is not None
     d, hq, hk, cfg, hip, softcap, cap_in, cap_out = _common(qs.t, ks.t, vs.t, mask, scale, fp8)
@@ -307,17 +322,20 @@ def _forward(
 
         _tma_allocator()
         flash_sm90.launch(qs.t, ks.t, vs.t, out, lse, scale * LOG2E, causal=mask.right == 0)
+        if key is not None:
+            launch.FORWARD.put(key, False)  # not a Triton launch: this key is not replayed
         return out, lse
 
     strides = (*qs.strides, *ks.strides, *vs.strides, *os_)
     align = flash.stride_align(*strides)
     strides = _divided(strides, align)
+    launched = [] if key is not None else None
 
-    def launch(c: configs.AttnConfig):
+    def run(c: configs.AttnConfig):
         c = _tma_config(c, ("fwd",), qs.t, ks.t, vs.t)
         t = c.fwd
         grid = (_cdiv(max_q, t.block_m), batch * hq)
-        _attn_fwd[grid](
+        _recording(_attn_fwd, launched)[grid](
             qs.t,
             ks.t,
             vs.t,
@@ -364,12 +382,93 @@ def _forward(
             **t.launch_options(hip),
         )
 
-    key = autotune.key("fwd", q, d, mask, softcap > 0, slopes is not None, varlen)
-    launch(autotune.choose(key + "|dropout" if key and drop else key, cfg, launch))
+    tune = autotune.key("fwd", q, d, mask, softcap > 0, slopes is not None, varlen)
+    run(autotune.choose(tune + "|dropout" if tune and drop else tune, cfg, run))
+    if launched is not None:  # one Triton launch (not Gluon's, not autotuning's several)
+        rec = (
+            launch.record(*launched[0], (q, k, v, cu_q, cu_k, out, lse))
+            if len(launched) == 1
+            else None
+        )
+        launch.FORWARD.put(key, _ForwardPlan(rec, out, lse) if rec is not None else False)
     if drop is not None and drop.sdmask is not None:
         causal = mask.left is None and mask.right == 0
         _unnormalise_sdmask(drop.sdmask, _get_block_size_n(q.device, d, True, causal))
     return out, lse
+
+
+def _recording(fn, into: list | None):
+    """``fn``, or where ``into`` is a list, ``fn`` with each ``[grid](*args, **kwargs)`` launch
+    noted there with the compiled kernel it returned (for ``kernels.launch.record``)."""
+    if into is None:
+        return fn
+    return _Noting(fn, into)
+
+
+class _Noting:
+    __slots__ = ("fn", "into")
+
+    def __init__(self, fn, into: list):
+        self.fn, self.into = fn, into
+
+    def __getitem__(self, grid):
+        def go(*args, **kwargs):
+            kernel = self.fn[grid](*args, **kwargs)
+            self.into.append((self.fn, grid, args, kwargs, kernel))
+            return kernel
+
+        return go
+
+
+class _ForwardPlan:
+    """A recorded forward launch (``kernels.launch``): allocates out and LSE as the full path
+    does, then launches; None when a fresh output is not 16-byte aligned (then the full path)."""
+
+    __slots__ = ("launch", "out_shape", "out_dtype", "lse_shape", "device")
+
+    def __init__(self, rec: launch.Launch, out: torch.Tensor, lse: torch.Tensor):
+        self.launch = rec
+        self.out_shape, self.out_dtype, self.device = out.shape, out.dtype, out.device
+        self.lse_shape = lse.shape
+
+    def __call__(self, q, k, v, cu_q, cu_k):
+        out = torch.empty(self.out_shape, dtype=self.out_dtype, device=self.device)
+        lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
+        if not launch.aligned(out, lse):
+            return None
+        if self.launch.scratch:
+            _tma_allocator()
+        self.launch(_stream(), (q, k, v, cu_q, cu_k, out, lse))
+        return out, lse
+
+
+class _BackwardPlan:
+    """Recorded backward launches (dQ with delta, then dK/dV): allocates dQ, dK, dV and delta as
+    the full path does, then launches; None when a fresh buffer is not 16-byte aligned."""
+
+    __slots__ = ("launches", "scratch")
+
+    def __init__(self, recs: tuple):
+        self.launches = recs
+        self.scratch = any(r.scratch for r in recs)
+
+    def __call__(self, do, q, k, v, out, lse, cu_q, cu_k):
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        delta = torch.empty_like(lse)
+        if not launch.aligned(dq, dk, dv, delta):
+            return None
+        if self.scratch:
+            _tma_allocator()
+        stream = _stream()
+        tensors = (do, q, k, v, out, lse, cu_q, cu_k, dq, dk, dv, delta)
+        for rec in self.launches:
+            rec(stream, tensors)
+        return dq, dk, dv
+
+
+def _stream():
+    """The current device's current stream, as Triton's launch path reads it."""
+    return triton.runtime.driver.active.get_current_stream(torch.cuda.current_device())
 
 
 def _divided(strides: tuple, align: int) -> tuple:
@@ -394,7 +493,22 @@ def _backward(
     time, most of it per launch (docs/benchmarks.md, issue 30), so this path does no argument
     checks (the forward did them), reads each tensor's strides once and allocates the gradients
     in their inputs' layouts (autograd then keeps them instead of copying them into the leaves'
-    layout)."""
+    layout). A call whose key an earlier call recorded replays its two launches, as in
+    :func:`_forward`."""
+    key = None
+    if launch.ENABLED and alibi is None and grads is None and drop is None:
+        key, plan = launch.find(
+            launch.BACKWARD,
+            launch.call_key(
+                "bwd",
+                (do, q, k, v, out, lse, cu_q, cu_k),
+                (max_q, max_k, batch, scale, mask, varlen),
+            ),
+        )
+        if plan is not None:
+            res = plan(do, q, k, v, out, lse, cu_q, cu_k)
+            if res is not None:
+                return res
     qs, ks, vs = _Seq(q, varlen), _Seq(k, varlen), _Seq(v, varlen)
     dos, outs = _Seq(do, varlen), _Seq(out, varlen)
     d, hq, hk = q.shape[-1], q.shape[-2], k.shape[-2]
@@ -430,8 +544,9 @@ def _backward(
     qkvdo = (*qs.strides, *ks.strides, *vs.strides, *dos.strides)
     common = (max_q, max_k)
     scal = (scale, scale * LOG2E, cap_in, cap_out, mask.left or 0, mask.right or 0)
+    launched = [] if key is not None else None
 
-    def launch(c: configs.AttnConfig):
+    def run(c: configs.AttnConfig):
         if c.atomic_dq:
             dq_acc = torch.zeros_like(qs.t, dtype=torch.float32)
         elif grads is None:
@@ -467,7 +582,7 @@ def _backward(
             tq = c.bwd_q
             st = (*qkvdo, *dqs, *outs.strides)
             align = flash.stride_align(*st)
-            _attn_bwd_dq[(_cdiv(max_q, tq.block_m), batch * hq)](
+            _recording(_attn_bwd_dq, launched)[(_cdiv(max_q, tq.block_m), batch * hq)](
                 qs.t,
                 ks.t,
                 vs.t,
@@ -511,7 +626,7 @@ def _backward(
         else:
             st = (*qkvdo, *dks, *dvs, *dqs)
             align = flash.stride_align(*st)
-            _attn_bwd_dkdv[(_cdiv(max_k, tk.block_n), batch * hk)](
+            _recording(_attn_bwd_dkdv, launched)[(_cdiv(max_k, tk.block_n), batch * hk)](
                 qs.t,
                 ks.t,
                 vs.t,
@@ -547,8 +662,15 @@ def _backward(
             return dq_acc.to(q.dtype) if grads is None else grads[0].copy_(dq_acc)
         return dq_acc
 
-    key = autotune.key("bwd", q, d, mask, softcap > 0, slopes is not None, varlen)
-    dq = launch(autotune.choose(key + "|dropout" if key and drop else key, cfg, launch))
+    tune = autotune.key("bwd", q, d, mask, softcap > 0, slopes is not None, varlen)
+    dq = run(autotune.choose(tune + "|dropout" if tune and drop else tune, cfg, run))
+    if launched is not None:
+        # The default two launches, nothing else (not the atomic-dQ or Gluon dK/dV paths).
+        recs = (None,)
+        if [x[0] for x in launched] == [_attn_bwd_dq, _attn_bwd_dkdv]:
+            tensors = (do, q, k, v, out, lse, cu_q, cu_k, dq, dk, dv, delta)
+            recs = tuple(launch.record(*x, tensors) for x in launched)
+        launch.BACKWARD.put(key, _BackwardPlan(recs) if None not in recs else False)
     return dq, dk, dv
 
 

@@ -1,0 +1,199 @@
+"""Per-call plans for the attention forward's and backward's Triton launches (issue 30 §2).
+
+At the small shapes diffusion and LLM users run, a call is bound by host time: on an H100 host
+one tiny forward took 68-70 µs, of which 29-31 µs were Triton's launch path (binding and
+specialising the kernel's 55 parameters, 11-12 µs; its cache key, launch metadata and hooks;
+a 6 µs C launch) and most of the rest our own Python deriving configs, strides and flags
+(docs/benchmarks.md, "Launch plans: a call's host time taken apart").
+
+A plan is what one call through the full path launched, keyed by everything that call's
+decisions read: the device, each input's dtype, shape, strides, device and data pointer modulo
+16, the integer and float arguments as values, the mask, the config override and the Triton
+knobs that change a compile (``debug``, ``instrumentation_mode``). A later call with the same
+key would make every decision the same way and give Triton the same arguments, so it allocates
+the outputs and calls the compiled kernel's launcher directly (the call ``JITFunction.run``
+ends in, Triton 3.6). Because the key holds exact values, any argument whose specialisation
+(``== 1``, a multiple of 16, 32 or 64 bits, pointer alignment, AMD's 2 GiB buffer range) could
+differ misses the plan: a new shape or sequence length takes the full path once and adds a
+plan. The fresh outputs a replay passes are checked 16-byte aligned, as they were recorded.
+
+Not planned, always the full path: the CPU interpreter, a Triton other than 3.6, dropout,
+ALiBi, FP8, autotuning, paths that are not exactly the planned kernels (Gluon, atomic dQ,
+strided head dims copied contiguous), and any call while a launch hook is set (profilers).
+"""
+
+from __future__ import annotations
+
+import os
+from operator import itemgetter
+
+import torch
+import triton
+
+from . import configs
+
+# JITFunction.run's launcher call and the binder are Triton 3.6's (triton/runtime/jit.py,
+# CompiledKernel.run in triton/compiler/compiler.py); other versions take the full path.
+ENABLED = not configs.INTERPRET and triton.__version__.startswith("3.6")
+
+MAX_PLANS = 256  # per kind; a full table is emptied (new shapes rebuild their plans)
+_INT32 = 2**31 - 1
+
+
+class Table:
+    """Plans by key, bounded."""
+
+    __slots__ = ("plans",)
+
+    def __init__(self):
+        self.plans: dict = {}
+
+    def get(self, key):
+        return self.plans.get(key)
+
+    def put(self, key, plan) -> None:
+        """``plan``: a plan, or False for a key whose calls cannot be replayed (the same key
+        makes the same decisions, so none of its calls can)."""
+        if len(self.plans) >= MAX_PLANS:
+            self.plans.clear()
+        self.plans[key] = plan
+
+    def clear(self) -> None:
+        self.plans.clear()
+
+
+FORWARD = Table()
+BACKWARD = Table()
+
+
+def clear() -> None:
+    """Forget every plan (tests; the next calls take the full path once)."""
+    FORWARD.clear()
+    BACKWARD.clear()
+
+
+def hooks_set() -> bool:
+    """Whether a launch hook is registered (profilers): then every launch goes through Triton."""
+    rt = triton.knobs.runtime
+    return bool(rt.launch_enter_hook.calls or rt.launch_exit_hook.calls)
+
+
+def tensor_key(t: torch.Tensor) -> tuple:
+    """What a call's decisions and Triton's specialisation read of one input tensor."""
+    return (t.dtype, t.shape, t.stride(), t.get_device(), t.data_ptr() % 16)
+
+
+def _storage_key(t: torch.Tensor) -> bool:
+    """AMD: Triton's buffer-load specialisation (storage within 2 GiB; backends/amd/compiler.py
+    ``is_within_2gb``), the same bound as ``configs.MAX_BUFFER_BYTES``."""
+    return t.untyped_storage().nbytes() <= _INT32
+
+
+def call_key(kind: str, tensors: tuple, values: tuple):
+    """The key of one call: ``tensors`` (None allowed), ``values`` (hashable scalars and frozen
+    dataclasses). None when the call is not to be planned (autotuning, hooks, not tensors)."""
+    if os.environ.get("ATTNFORGE_KERNELS_AUTOTUNE") == "1" or hooks_set():
+        return None
+    try:
+        key = (
+            kind,
+            torch.cuda.current_device(),
+            os.environ.get("ATTNFORGE_KERNELS_CONFIG"),
+            triton.knobs.runtime.debug,
+            triton.knobs.compilation.instrumentation_mode,
+            *(None if t is None else tensor_key(t) for t in tensors),
+            *values,
+        )
+        if configs.is_hip():
+            key += (
+                triton.knobs.amd.use_buffer_ops,
+                *(None if t is None else _storage_key(t) for t in tensors),
+            )
+    except (AttributeError, TypeError, RuntimeError):
+        return None  # not tensors: the full path reports what is wrong
+    # The same tensor passed twice (q is k): a plan maps its pointer parameters to the call's
+    # tensors by position, so which positions share one object is part of the key.
+    ids = [id(t) for t in tensors if t is not None]
+    if len(set(ids)) != len(ids):
+        key += (tuple(ids.index(i) for i in ids),)
+    return key
+
+
+def find(table: Table, key):
+    """(key, plan) for a call's key: plan is the recorded one or None; key becomes None where
+    no plan is to be recorded (an earlier call of this key could not be replayed, or the key
+    holds an unhashable value)."""
+    if key is None:
+        return None, None
+    try:
+        plan = table.plans.get(key)
+    except TypeError:
+        return None, None
+    if plan is False:
+        return None, None
+    return key, plan
+
+
+class Launch:
+    """One recorded launch: the compiled kernel and every bound argument but the tensors, which
+    a hit takes from its own call (``sources``: indices into the call's tensors, in the
+    kernel's leading pointer parameters)."""
+
+    __slots__ = ("run", "grid", "function", "meta", "pick", "rest", "scratch")
+
+    def __init__(self, kernel, grid, sources: tuple, rest: tuple):
+        self.run = kernel.run
+        self.function = kernel.function
+        self.meta = kernel.packed_metadata
+        self.grid = grid
+        self.pick = itemgetter(*sources) if len(sources) > 1 else lambda t: (t[sources[0]],)
+        self.rest = rest
+        self.scratch = getattr(self.run, "global_scratch_size", 0) > 0
+
+    def __call__(self, stream, tensors: tuple) -> None:
+        picked = self.pick(tensors)
+        self.run(*self.grid, stream, self.function, self.meta, None, None, None, *picked,
+                 *self.rest)  # fmt: skip
+
+
+def sources_of(values: tuple, tensors: tuple):
+    """(sources, rest) when ``values`` (a launch's bound arguments in parameter order) start
+    with tensors that are all among ``tensors`` (by identity) and hold no other tensor; else
+    None (the launch passed something a later call would not have: a copy, a slopes tensor)."""
+    ids = {id(t): i for i, t in enumerate(tensors) if t is not None}
+    n = 0
+    while n < len(values) and isinstance(values[n], torch.Tensor):
+        n += 1
+    if n == 0 or any(isinstance(x, torch.Tensor) for x in values[n:]):
+        return None
+    sources = tuple(ids.get(id(x)) for x in values[:n])
+    if None in sources:
+        return None
+    return sources, tuple(values[n:])
+
+
+def record(fn, grid, args: tuple, kwargs: dict, kernel, tensors: tuple):
+    """The :class:`Launch` of ``fn[grid](*args, **kwargs)`` that returned ``kernel``, with its
+    tensors taken from ``tensors``; None where it cannot be replayed."""
+    if kernel is None or hasattr(kernel, "result"):  # asynchronous compile
+        return None
+    try:
+        device = torch.cuda.current_device()
+        binder = fn.device_caches[device][4]
+        kw = dict(kwargs)
+        # As JITFunction.run binds them (they are options, not kernel parameters).
+        kw["debug"] = kw.get("debug", fn.debug) or triton.knobs.runtime.debug
+        kw["instrumentation_mode"] = triton.knobs.compilation.instrumentation_mode
+        bound, _, _ = binder(*args, **kw)
+    except (AttributeError, KeyError, TypeError, IndexError):
+        return None
+    found = sources_of(tuple(bound.values()), tensors)
+    if found is None:
+        return None
+    g = (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
+    return Launch(kernel, g, *found)
+
+
+def aligned(*tensors) -> bool:
+    """Fresh outputs start 16-byte aligned, as they did when the plan was recorded."""
+    return not any(t.data_ptr() % 16 for t in tensors)
