@@ -49,6 +49,23 @@ def per_step(fn, steps: int, sync, rounds: int = 3) -> float:
     return best
 
 
+def interleaved(fns: dict, steps: int, sync, rounds: int = 5) -> dict:
+    """Each function's best of ``rounds``, the rounds taken in turn (A B C, A B C, ...)."""
+    for fn in fns.values():
+        for _ in range(30):
+            fn()
+    sync()
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            t0 = perf()
+            for _ in range(steps):
+                fn()
+            sync()
+            best[name] = min(best[name], (perf() - t0) / steps * 1e6)
+    return best
+
+
 # --- Function variants around the same _forward / _backward ---------------------------------
 
 
@@ -272,31 +289,40 @@ def shape_rows(name, b, sq, sk, hq, hk, d, dtype, causal, steps, dev, sync) -> d
     fl = interface._FlashAttn
     p = f"{name}: "
     print(f"{name}: the step goes through {STEP_FN}", flush=True)
-    rows[p + "SDPA-flash step"] = per_step(sdpa_step, steps, sync)
-    rows[p + "ours: flash_attn_func step"] = per_step(ours_step, steps, sync)
-    rows[p + "ours: forward + autograd.grad (no accumulation)"] = per_step(ours_grad, steps, sync)
+    allargs = (q, k, v, None, None, sq, sk, b, scale, mask, None, False, None)
+    # Interleaved rounds (each row's best), so that the machine's drift hits every row alike.
+    rows.update(
+        interleaved(
+            {
+                p + "SDPA-flash step": sdpa_step,
+                p + "ours: flash_attn_func step": ours_step,
+                p + "ours: forward + autograd.grad (no accumulation)": ours_grad,
+                p + "_FlashAttn.apply (13 inputs, 2 outputs, 8 saved)": variant(fl, *allargs),
+                p + "Packed (4 inputs, 2 outputs, 8 saved)": variant(Packed, q, k, v, call),
+                p + "OneOut (13 inputs, 1 output, 8 saved)": variant(OneOut, *allargs),
+                p + "LeanSaved (4 inputs, 1 output, 5 saved)": variant(LeanSaved, q, k, v, call),
+                p + "LeanCtx (4 inputs, 1 output, 4 saved, LSE on ctx)": variant(
+                    LeanCtx, q, k, v, call
+                ),
+            },
+            steps,
+            sync,
+        )
+    )
     torch.autograd.set_multithreading_enabled(False)
     try:
-        rows[p + "SDPA-flash step, multithreading off"] = per_step(sdpa_step, steps, sync)
-        rows[p + "ours: step, multithreading off"] = per_step(ours_step, steps, sync)
+        rows.update(
+            interleaved(
+                {
+                    p + "SDPA-flash step, multithreading off": sdpa_step,
+                    p + "ours: step, multithreading off": ours_step,
+                },
+                steps,
+                sync,
+            )
+        )
     finally:
         torch.autograd.set_multithreading_enabled(True)
-    allargs = (q, k, v, None, None, sq, sk, b, scale, mask, None, False, None)
-    rows[p + "_FlashAttn.apply (13 inputs, 2 outputs, 8 saved)"] = per_step(
-        variant(fl, *allargs), steps, sync
-    )
-    rows[p + "Packed (4 inputs, 2 outputs, 8 saved)"] = per_step(
-        variant(Packed, q, k, v, call), steps, sync
-    )
-    rows[p + "OneOut (13 inputs, 1 output, 8 saved)"] = per_step(
-        variant(OneOut, *allargs), steps, sync
-    )
-    rows[p + "LeanSaved (4 inputs, 1 output, 5 saved)"] = per_step(
-        variant(LeanSaved, q, k, v, call), steps, sync
-    )
-    rows[p + "LeanCtx (4 inputs, 1 output, 4 saved, LSE on ctx)"] = per_step(
-        variant(LeanCtx, q, k, v, call), steps, sync
-    )
     rows[p + "Trivial Function (3 in, 1 out, 3 saved, no kernels)"] = per_step(
         variant(Trivial, q, k, v), steps, sync
     )
