@@ -31,6 +31,16 @@ class Source:
         return self.lines.get((), None)
 
 
+# libyaml's parser where PyYAML has it (its nodes carry the same marks), else PyYAML's own; a
+# document it refuses is parsed again by PyYAML's, whose error wording the messages quote.
+_FAST_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def _scalar(node: yaml.Node) -> Any:
+    """A scalar (or an unusual key) as yaml.safe_load gives it, from its resolved node."""
+    return yaml.constructor.SafeConstructor().construct_object(node, deep=True)
+
+
 def _to_python(node: yaml.Node, loc: Loc, lines: dict[Loc, int], file: str) -> Any:
     lines[loc] = node.start_mark.line + 1
     if isinstance(node, yaml.MappingNode):
@@ -41,11 +51,7 @@ def _to_python(node: yaml.Node, loc: Loc, lines: dict[Loc, int], file: str) -> A
                     file, "YAML merge keys (<<) are not supported: write the keys out",
                     line=key_node.start_mark.line + 1, field=".".join(map(str, loc)) or None,
                 )  # fmt: skip
-            key = (
-                yaml.safe_load(yaml.serialize(key_node))
-                if key_node.tag != "tag:yaml.org,2002:str"
-                else key_node.value
-            )
+            key = key_node.value if key_node.tag == "tag:yaml.org,2002:str" else _scalar(key_node)
             if key in out:
                 raise RecipeError(
                     file, "duplicate key", line=key_node.start_mark.line + 1, field=str(key)
@@ -55,7 +61,7 @@ def _to_python(node: yaml.Node, loc: Loc, lines: dict[Loc, int], file: str) -> A
         return out
     if isinstance(node, yaml.SequenceNode):
         return [_to_python(item, (*loc, i), lines, file) for i, item in enumerate(node.value)]
-    return yaml.safe_load(yaml.serialize(node))
+    return _scalar(node)
 
 
 def load(path: Path, display: str | None = None) -> Source:
@@ -66,7 +72,10 @@ def load(path: Path, display: str | None = None) -> Source:
     except OSError as exc:
         raise RecipeError(name, f"cannot read: {exc.strerror}") from None
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        try:
+            node = yaml.compose(text, Loader=_FAST_LOADER)
+        except yaml.YAMLError:
+            node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         problem = getattr(exc, "problem", None) or str(exc)
