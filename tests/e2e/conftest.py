@@ -5,6 +5,9 @@ tree's content (`attnforge-e2e-shared-<key>`), by whichever xdist worker asks fi
 runs under a file lock in the session's shared temporary folder, and the other workers wait for
 it and then find it done. No test tags, removes or publishes anything in that namespace.
 
+`shared_cpu_stack_build` is what that build printed: test_cpu_stack checks the build of every
+layer there instead of building the stack a second time.
+
 `cpu_stack_tree(label, namespace)` makes a module's `tree` fixture: a copy of the checkout (the
 module's tests may edit it and write their build and report folders in it) with the shared stack
 copied into the module's own namespace by `docker tag` (the same image ids, no build), so a module
@@ -113,8 +116,16 @@ def shared_cpu_stack(tmp_path_factory) -> tuple[str, Path]:
         assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
         tags = tags_in(namespace)
         assert any(t.endswith("/validate:cpu") for t in tags), tags
+        (folder / f"{namespace}.build.out").write_text(built.stdout)  # for test_cpu_stack
         done.write_text("\n".join(tags) + "\n")
     return namespace, dest
+
+
+@pytest.fixture(scope="session")
+def shared_cpu_stack_build(tmp_path_factory, shared_cpu_stack) -> str:
+    """What the session's one build of the cpu stack printed (`invoke build`'s stdout)."""
+    namespace, _ = shared_cpu_stack
+    return (shared_folder(tmp_path_factory) / f"{namespace}.build.out").read_text()
 
 
 VALIDATE = ["--quick", "--bench", "--stress", "llm", "--stress-iters", "2"]

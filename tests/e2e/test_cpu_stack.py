@@ -7,7 +7,8 @@ namespace. Inputs come from the environment that .ci/run prepares:
   ATTNFORGE_E2E_CA_CERT     the host CA bundle, handed to builds as a BuildKit secret
   ATTNFORGE_E2E_REGISTRY    a local registry (host:port) for the push test
   ATTNFORGE_REQUIRE_E2E=1   fail, not skip, when no engine is reachable (CI sets it)
-The tests in this module run in order and share one tree and namespace. Validating and publishing
+The tests in this module run in order and share one tree and namespace; the stack in it is the
+session's one build (tests/e2e/conftest.py, `shared_cpu_stack`), tagged into that namespace. Validating and publishing
 the stack are test_cpu_stack_publish.py's, the registry as the next runner's build cache is
 test_registry_cache.py's (their own modules, so that xdist spreads them over the workers).
 """
@@ -100,9 +101,17 @@ def remove_images(namespace: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def tree(tmp_path_factory, engine_ready) -> Path:
-    yield copy_tree(tmp_path_factory, "e2e")
-    remove_images(NAMESPACE)
+def tree(tmp_path_factory, engine_ready, shared_cpu_stack) -> Path:
+    """The module's tree copy, with the session's one build of the stack tagged into NAMESPACE
+    (tests/e2e/conftest.py; it imports this module, hence the import here)."""
+    from tests.e2e.conftest import copy_stack
+
+    dest = copy_tree(tmp_path_factory, "e2e")
+    try:
+        copy_stack(shared_cpu_stack, NAMESPACE, dest)
+        yield dest
+    finally:
+        remove_images(NAMESPACE)
 
 
 def build_args(*extra: str, namespace: str = NAMESPACE) -> list[str]:
@@ -153,13 +162,16 @@ def _need_registry() -> None:
         )
 
 
-def test_the_cpu_stack_builds_and_every_layer_passes_its_smoke_checks(tree):
-    proc = invoke(tree, *build_args())
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert outcomes(proc.stdout) == dict.fromkeys(CPU_LAYERS, "built")
-    assert "smoke ok" in proc.stdout and "FAIL" not in proc.stdout
-    assert image_id(f"{NAMESPACE}/cpu:cpu") == image_id(f"{NAMESPACE}/validate:cpu")
-    assert (tree / "build/logs/cpu/torch-cpu.log").read_text().strip()
+def test_the_cpu_stack_builds_and_every_layer_passes_its_smoke_checks(
+    tree, shared_cpu_stack, shared_cpu_stack_build
+):
+    """The session's one `invoke build` of the stack (a fresh namespace: every layer built and
+    smoke-checked); this module's tests go on from its images, tagged into NAMESPACE."""
+    stdout, built_in = shared_cpu_stack_build, shared_cpu_stack[1]
+    assert outcomes(stdout) == dict.fromkeys(CPU_LAYERS, "built")
+    assert "smoke ok" in stdout and "FAIL" not in stdout
+    assert image_id(f"{NAMESPACE}/cpu:cpu") == image_id(f"{NAMESPACE}/validate:cpu") is not None
+    assert (built_in / "build/logs/cpu/torch-cpu.log").read_text().strip()
 
 
 def test_the_image_carries_its_versions_manifest_as_file_and_label(tree):
