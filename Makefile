@@ -26,17 +26,24 @@ demo: setup
 # docs/benchmarks.md "CI on a fresh clone"). One thread each, in images too (`invoke validate`
 # passes these variables into the image).
 TEST_THREADS := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+# The checkout's own packages compiled once before the tests: where PYTHONDONTWRITEBYTECODE=1 is
+# set (the CI machine), nothing else writes their bytecode, and each of the suite's few hundred
+# invoke and validate processes compiled the modules it imported again (0.1 CPU-s an invoke,
+# docs/benchmarks.md). The tests' tree copies take the bytecode along (tests/conftest.py).
+BYTECODE := $(BIN)/python -m compileall -q attnforge validate kernels contract tools tasks.py tests >/dev/null
 
 ## test: set up (engine, base image, wheels, registry, buildx tools image, Podman, the stacks'
 ## other Tritons), then every test, end-to-end included, on every core
 test:
 	tools/setup.sh all registry buildx-tools podman tritons
+	$(BYTECODE)
 	$(TEST_THREADS) ATTNFORGE_REQUIRE_E2E=1 ATTNFORGE_E2E_BASE_IMAGE=$(BASE_IMAGE) \
 	ATTNFORGE_E2E_WHEELHOUSE=$(abspath $(WHEELHOUSE)) ATTNFORGE_E2E_CA_CERT=$(CA_CERT) \
 	ATTNFORGE_E2E_REGISTRY=127.0.0.1:5000 $(BIN)/python -m pytest $(PYTEST_PARALLEL)
 
 ## test-unit: the tests that need no engine and are not marked slow (about 2.5 minutes on 2 cores)
 test-unit: venv
+	$(BYTECODE)
 	$(TEST_THREADS) $(BIN)/python -m pytest $(PYTEST_PARALLEL) -m "not e2e and not slow"
 
 ## lint: ruff (check, format), hadolint on every Dockerfile, and the GitHub workflows under

@@ -18,9 +18,12 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-COPY_IGNORE = shutil.ignore_patterns(
-    ".venv", ".git", "build", "reports", "__pycache__", "*.pyc", ".pytest_cache"
-)
+# A tree copy keeps the checkout's bytecode (`make test` compiles it first; copytree keeps the
+# sources' modification times, which the bytecode is checked against, and a test that edits a
+# source makes Python compile that one again): on a machine with PYTHONDONTWRITEBYTECODE=1 every
+# invoke in a copy would otherwise compile what it imports. attnforge's plan leaves __pycache__
+# out of every layer's inputs and context.
+COPY_IGNORE = shutil.ignore_patterns(".venv", ".git", "build", "reports", ".pytest_cache")
 # The checkout's output folders (build/wheelhouse is set-up's input, not a test's output).
 GUARDED = ("reports", "build/state", "build/logs", "build/staging")
 _OUTPUTS = Path(tempfile.mkdtemp(prefix="attnforge-test-outputs-"))
