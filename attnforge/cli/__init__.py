@@ -29,18 +29,22 @@ import textwrap
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from invoke import Task, task
 from invoke import collection as invoke_collection
 from invoke.exceptions import Exit
 from invoke.parser import Argument, ParserContext
 
-from .. import hostinfo, multiarch
 from ..console import out, user_errors
 from ..errors import UserError, unknown
-from ..plan import default_stack
-from ..recipes import Recipes
+
+if TYPE_CHECKING:
+    from ..recipes import Recipes
+
+# The library (recipes and pydantic, plans, engines, rich) is imported inside the checks and
+# tasks that use it: invoke imports every task module on each run, so what this package and the
+# task modules import at their top is paid by `invoke --list` and every task alike.
 
 # The only short flags, the same in every task that has the option.
 SHORT_FLAGS = {"arch": "a", "stack": "s", "jobs": "j", "output": "o"}
@@ -84,6 +88,8 @@ def _recipes() -> Recipes:
 
 
 def _arch(flag: str, value: Any) -> str:
+    from .. import multiarch
+
     value = _text(flag, value)
     arches = _recipes().arches
     if multiarch.is_set(value) and value not in arches:
@@ -449,6 +455,9 @@ def command(
 def choose_target(recipes: Recipes, arch: str | None, stack: str | None) -> tuple[str, str]:
     """(arch, stack) for a task: the given ones, else the host's default arch (saying why) and
     that arch's default stack."""
+    from .. import hostinfo, multiarch
+    from ..plan import default_stack
+
     if arch is None:
         arch, why = hostinfo.default_arch()
         out.print(f"[dim]--arch not given: {why}[/]")
