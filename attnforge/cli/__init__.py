@@ -80,11 +80,22 @@ def _text(flag: str, value: Any) -> str:
     return str(value)
 
 
+# The recipes the option checks of one task read: --arch, --stack and each arch of a list would
+# load them once each (about 60 ms a load); one load serves a task's checks and is dropped when
+# they end, so the task itself reads the recipes afresh.
+_checked_recipes: dict[Path, Recipes] | None = None
+
+
 def _recipes() -> Recipes:
     from ..recipes import load_recipes
     from ..workspace import Workspace
 
-    return load_recipes(Workspace.discover().root)
+    root = Workspace.discover().root
+    if _checked_recipes is None:
+        return load_recipes(root)
+    if root not in _checked_recipes:
+        _checked_recipes[root] = load_recipes(root)
+    return _checked_recipes[root]
 
 
 def _arch(flag: str, value: Any) -> str:
@@ -370,19 +381,24 @@ class _Task(Task):
         """The task's option values, checked and converted; a UserError names the first bad one."""
         from ..workspace import BUILD_DIR_ENV, REPORTS_DIR_ENV, Workspace
 
-        for name, opt in self.options.items():
-            flag = "--" + name.rstrip("_").replace("_", "-")
-            value = kwargs.get(name)
-            if opt.required and value in (None, [], ""):
-                raise UserError(
-                    f"{opt.metavar} is needed: give it after the task's name, or as {flag}"
-                )
-            if value is None or value == []:
-                continue
-            if opt.repeatable:
-                kwargs[name] = [opt.check(flag, v) for v in value]
-            else:
-                kwargs[name] = opt.check(flag, value)
+        global _checked_recipes
+        _checked_recipes = {}
+        try:
+            for name, opt in self.options.items():
+                flag = "--" + name.rstrip("_").replace("_", "-")
+                value = kwargs.get(name)
+                if opt.required and value in (None, [], ""):
+                    raise UserError(
+                        f"{opt.metavar} is needed: give it after the task's name, or as {flag}"
+                    )
+                if value is None or value == []:
+                    continue
+                if opt.repeatable:
+                    kwargs[name] = [opt.check(flag, v) for v in value]
+                else:
+                    kwargs[name] = opt.check(flag, value)
+        finally:
+            _checked_recipes = None
         ws = Workspace.discover() if self.writes else None
         for where in self.writes:
             env = {"build": BUILD_DIR_ENV, "reports": REPORTS_DIR_ENV}[where]
