@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .build import labels_for
-from .plan import Plan, Step, cache_ref
+if TYPE_CHECKING:  # imported where used: `invoke bake --help` shows BAKE_FILE, nothing more
+    from .plan import Plan, Step
 
 BAKE_FILE = "docker-bake.json"
 CACHE_SUFFIX = "buildcache"  # tag of a layer's BuildKit cache in the cache namespace
@@ -47,6 +47,9 @@ def bake_target(
     push_cache: bool = False,
 ) -> dict[str, Any]:
     """One layer as a bake target; `context` is the folder its context was staged into."""
+    from .build import labels_for
+    from .plan import cache_ref
+
     target: dict[str, Any] = {
         "context": context,
         "dockerfile": "Dockerfile",

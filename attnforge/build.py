@@ -26,7 +26,6 @@ from contract import arches
 from .engine import BuildFailed, BuildRequest, Engine, RegistryUnavailable, RunRequest
 from .errors import UserError
 from .files import write_aside
-from .image import smoke_runner
 from .plan import (
     Options,
     Plan,
@@ -395,6 +394,8 @@ def _tail(path: Path, n: int = 30) -> list[str]:
 
 def smoke(engine: Engine, image: str, step: Step, log) -> list[dict[str, Any]]:
     """Run the step's smoke checks in the image; returns one dict per check."""
+    from .image import smoke_runner  # its source goes into the image; a plan never needs it
+
     if not step.smoke:
         return []
     req = RunRequest(

@@ -7,19 +7,41 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from invoke.exceptions import Exit
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
-from .build import Outcome
 from .errors import UserError
-from .plan import Plan, StackOption, Step
 
-out = Console(highlight=False, width=None if sys.stdout.isatty() else 150)
-err = Console(stderr=True, highlight=False)
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
+    from .build import Outcome
+    from .plan import Plan, StackOption, Step
+
+
+class _OnFirstUse:
+    """A rich Console made when first used: every invoke run imports this module (through
+    tasks.py), and rich's import is 40-50 ms that --help and --list never need."""
+
+    def __init__(self, **options: Any) -> None:
+        self.__dict__["_options"] = options
+
+    def __getattr__(self, name: str) -> Any:  # only for what the instance itself lacks
+        console = self.__dict__.get("_console")
+        if console is None:
+            from rich.console import Console
+
+            options = dict(self.__dict__["_options"])
+            if options.pop("width_from_stdout", False):
+                options["width"] = None if sys.stdout.isatty() else 150
+            console = self.__dict__["_console"] = Console(**options)
+        return getattr(console, name)
+
+
+out: Console = _OnFirstUse(highlight=False, width_from_stdout=True)  # type: ignore[assignment]
+err: Console = _OnFirstUse(stderr=True, highlight=False)  # type: ignore[assignment]
 
 STATUS_STYLE = {
     "build": "yellow",
@@ -38,6 +60,8 @@ STATUS_STYLE = {
 
 def say_error(exc: UserError, debug: bool = False) -> None:
     """A user's mistake as one red sentence (and its hint) on stderr; --debug adds the traceback."""
+    from rich.markup import escape
+
     if debug:
         traceback.print_exc()
     err.print(f"[bold red]error:[/] {escape(exc.message)}", markup=True, soft_wrap=True)
@@ -76,6 +100,8 @@ def user_errors(
 
 
 def plan_table(plan: Plan, *, cache_known: bool) -> Table:
+    from rich.table import Table
+
     table = Table(title=f"plan: stack {plan.stack} for {plan.arch}", title_justify="left")
     for col in ("#", "layer", "status", "tag", "why"):
         table.add_column(col, overflow="fold")
@@ -96,6 +122,8 @@ def plan_table(plan: Plan, *, cache_known: bool) -> Table:
 
 def stacks_table(options: list[StackOption], arch: str, current: str) -> Table:
     """Every stack for the arch with its attention layers: what else `--stack` could build here."""
+    from rich.table import Table
+
     table = Table(title=f"stacks for {arch} (--stack NAME)", title_justify="left")
     for col in ("stack", "builds", "attention", "why not"):
         table.add_column(col, overflow="fold")
@@ -109,6 +137,8 @@ def stacks_table(options: list[StackOption], arch: str, current: str) -> Table:
 
 
 def summary_table(outcomes: list[Outcome], total_s: float) -> Table:
+    from rich.table import Table
+
     table = Table(title=f"build summary ({total_s:.1f}s)", title_justify="left")
     for col in ("layer", "result", "time", "tag / reason"):
         table.add_column(col, overflow="fold")

@@ -36,12 +36,23 @@ class Source:
 _FAST_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-def _scalar(node: yaml.Node) -> Any:
-    """A scalar (or an unusual key) as yaml.safe_load gives it, from its resolved node."""
-    return yaml.constructor.SafeConstructor().construct_object(node, deep=True)
+def _scalar(node: yaml.Node, constructor: yaml.SafeLoader) -> Any:
+    """A scalar node's value, built by the safe loader's constructor for the tag the parse gave
+    it: what `yaml.safe_load(yaml.serialize(node))` gives, without writing the node out as YAML
+    and parsing it again (half of the recipes' load time, paid by every invoke task that reads
+    them). A node that cannot be built goes the long way, for the very error it raises there."""
+    try:
+        return constructor.construct_object(node, deep=True)
+    except yaml.YAMLError:
+        return yaml.safe_load(yaml.serialize(node))
+    finally:
+        constructor.constructed_objects.clear()
+        constructor.recursive_objects.clear()
 
 
-def _to_python(node: yaml.Node, loc: Loc, lines: dict[Loc, int], file: str) -> Any:
+def _to_python(
+    node: yaml.Node, loc: Loc, lines: dict[Loc, int], file: str, constructor: yaml.SafeLoader
+) -> Any:
     lines[loc] = node.start_mark.line + 1
     if isinstance(node, yaml.MappingNode):
         out: dict[Any, Any] = {}
@@ -51,17 +62,24 @@ def _to_python(node: yaml.Node, loc: Loc, lines: dict[Loc, int], file: str) -> A
                     file, "YAML merge keys (<<) are not supported: write the keys out",
                     line=key_node.start_mark.line + 1, field=".".join(map(str, loc)) or None,
                 )  # fmt: skip
-            key = key_node.value if key_node.tag == "tag:yaml.org,2002:str" else _scalar(key_node)
+            key = (
+                _scalar(key_node, constructor)
+                if key_node.tag != "tag:yaml.org,2002:str"
+                else key_node.value
+            )
             if key in out:
                 raise RecipeError(
                     file, "duplicate key", line=key_node.start_mark.line + 1, field=str(key)
                 )
-            out[key] = _to_python(value_node, (*loc, key), lines, file)
+            out[key] = _to_python(value_node, (*loc, key), lines, file, constructor)
             lines[(*loc, key)] = key_node.start_mark.line + 1
         return out
     if isinstance(node, yaml.SequenceNode):
-        return [_to_python(item, (*loc, i), lines, file) for i, item in enumerate(node.value)]
-    return _scalar(node)
+        return [
+            _to_python(item, (*loc, i), lines, file, constructor)
+            for i, item in enumerate(node.value)
+        ]
+    return _scalar(node, constructor)
 
 
 def load(path: Path, display: str | None = None) -> Source:
@@ -83,5 +101,7 @@ def load(path: Path, display: str | None = None) -> Source:
             name, f"malformed YAML: {problem}", line=mark.line + 1 if mark else None
         ) from None
     lines: dict[Loc, int] = {}
-    data = None if node is None else _to_python(node, (), lines, name)
+    # one constructor a file (its bookkeeping is per call: not shared between threads)
+    constructor = yaml.SafeLoader("")
+    data = None if node is None else _to_python(node, (), lines, name, constructor)
     return Source(name, data, lines)

@@ -29,18 +29,22 @@ import textwrap
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from invoke import Task, task
 from invoke import collection as invoke_collection
 from invoke.exceptions import Exit
 from invoke.parser import Argument, ParserContext
 
-from .. import hostinfo, multiarch
 from ..console import out, user_errors
 from ..errors import UserError, unknown
-from ..plan import default_stack
-from ..recipes import Recipes
+
+if TYPE_CHECKING:
+    from ..recipes import Recipes
+
+# The library (recipes and pydantic, plans, engines, rich) is imported inside the checks and
+# tasks that use it: invoke imports every task module on each run, so what this package and the
+# task modules import at their top is paid by `invoke --list` and every task alike.
 
 # The only short flags, the same in every task that has the option.
 SHORT_FLAGS = {"arch": "a", "stack": "s", "jobs": "j", "output": "o"}
@@ -76,14 +80,27 @@ def _text(flag: str, value: Any) -> str:
     return str(value)
 
 
+# The recipes the option checks of one task read: --arch, --stack and each arch of a list would
+# load them once each (about 60 ms a load); one load serves a task's checks and is dropped when
+# they end, so the task itself reads the recipes afresh.
+_checked_recipes: dict[Path, Recipes] | None = None
+
+
 def _recipes() -> Recipes:
     from ..recipes import load_recipes
     from ..workspace import Workspace
 
-    return load_recipes(Workspace.discover().root)
+    root = Workspace.discover().root
+    if _checked_recipes is None:
+        return load_recipes(root)
+    if root not in _checked_recipes:
+        _checked_recipes[root] = load_recipes(root)
+    return _checked_recipes[root]
 
 
 def _arch(flag: str, value: Any) -> str:
+    from .. import multiarch
+
     value = _text(flag, value)
     arches = _recipes().arches
     if multiarch.is_set(value) and value not in arches:
@@ -364,19 +381,24 @@ class _Task(Task):
         """The task's option values, checked and converted; a UserError names the first bad one."""
         from ..workspace import BUILD_DIR_ENV, REPORTS_DIR_ENV, Workspace
 
-        for name, opt in self.options.items():
-            flag = "--" + name.rstrip("_").replace("_", "-")
-            value = kwargs.get(name)
-            if opt.required and value in (None, [], ""):
-                raise UserError(
-                    f"{opt.metavar} is needed: give it after the task's name, or as {flag}"
-                )
-            if value is None or value == []:
-                continue
-            if opt.repeatable:
-                kwargs[name] = [opt.check(flag, v) for v in value]
-            else:
-                kwargs[name] = opt.check(flag, value)
+        global _checked_recipes
+        _checked_recipes = {}
+        try:
+            for name, opt in self.options.items():
+                flag = "--" + name.rstrip("_").replace("_", "-")
+                value = kwargs.get(name)
+                if opt.required and value in (None, [], ""):
+                    raise UserError(
+                        f"{opt.metavar} is needed: give it after the task's name, or as {flag}"
+                    )
+                if value is None or value == []:
+                    continue
+                if opt.repeatable:
+                    kwargs[name] = [opt.check(flag, v) for v in value]
+                else:
+                    kwargs[name] = opt.check(flag, value)
+        finally:
+            _checked_recipes = None
         ws = Workspace.discover() if self.writes else None
         for where in self.writes:
             env = {"build": BUILD_DIR_ENV, "reports": REPORTS_DIR_ENV}[where]
@@ -449,6 +471,9 @@ def command(
 def choose_target(recipes: Recipes, arch: str | None, stack: str | None) -> tuple[str, str]:
     """(arch, stack) for a task: the given ones, else the host's default arch (saying why) and
     that arch's default stack."""
+    from .. import hostinfo, multiarch
+    from ..plan import default_stack
+
     if arch is None:
         arch, why = hostinfo.default_arch()
         out.print(f"[dim]--arch not given: {why}[/]")

@@ -5,17 +5,18 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..bake import BAKE_FILE, bake_document, context_folder
-from ..build import plan_build, provenance, stage_context
 from ..console import out, user_errors
 from ..errors import UserError
 from ..files import aside, swap_folder, write_aside
-from ..plan import Plan
-from ..recipes import load_recipes
 from ..workspace import Workspace
 from . import OUT_FILE, command
 from .build import BUILD_OPTIONS, HOST_CA_BUNDLE, _connect_for_plan, _invocation, _local_defaults
+
+if TYPE_CHECKING:  # the library is imported where a task uses it (attnforge/cli/__init__.py)
+    from ..plan import Plan
 
 
 @command(
@@ -47,6 +48,9 @@ def bake(
     ca_cert=None, namespace="attnforge", jobs=None, cache_from=None, push_cache=False, debug=False,
 ):  # fmt: skip
     """Write a `docker buildx bake` file equivalent to the build plan: one target per layer."""
+    from ..build import plan_build, provenance
+    from ..recipes import load_recipes
+
     ws = Workspace.discover()
     recipes = load_recipes(ws.root)
     inv = _invocation(recipes, ws, arch, stack, only, set_, base_image, wheelhouse, ca_cert,
@@ -95,6 +99,8 @@ def _stage(
 ) -> dict[str, str]:
     """Stage every layer's context into `fresh`, beside dest (swapped in once complete); the
     paths the bake file names are under dest."""
+    from ..build import stage_context
+
     shutil.rmtree(fresh, ignore_errors=True)
     found = {}
     for step in plan.chain:

@@ -6,27 +6,27 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from invoke.exceptions import Exit
-from rich.table import Table
 
-from ..baseline.gate import BaselineError, load_bench
-from ..baseline.store import kept_dir
-from ..bisection import search as bs
-from ..bisection.probe import GitHistory, Prober, read_doc, wheel_candidates
-from ..build import Invocation
 from ..console import LayerProgress, err, out, user_errors
-from ..engine import connect
 from ..errors import UserError
-from ..pins.upstream import IndexSource, Sources, Unavailable, _distro_python, _indexes, project_of
-from ..plan import Options, Step, parse_overrides, resolve
-from ..recipes import Recipes, load_recipes, pin_kind
-from ..validation import device_flags, expect_document
 from ..workspace import Workspace
 from . import ARCH, IN_DIR, STACK, command, number, text
 from .build import BUILD_OPTIONS, _invocation, _local_defaults
 
-VERDICT_STYLE = {bs.GOOD: "green", bs.BAD: "bold red", bs.SKIP: "yellow"}
+if TYPE_CHECKING:  # the library is imported where a task uses it (attnforge/cli/__init__.py)
+    from ..bisection import search as bs
+    from ..build import Invocation
+    from ..plan import Step
+    from ..recipes import Recipes
+
+
+def _verdict_style(verdict: str) -> str:
+    from ..bisection import search as bs
+
+    return {bs.GOOD: "green", bs.BAD: "bold red", bs.SKIP: "yellow"}[verdict]
 
 
 @command(
@@ -91,6 +91,9 @@ def bisect(
 
     Builds and checks the stack at pins between a good and a bad one; re-running the same
     command continues an interrupted bisect."""
+    from ..bisection import search as bs
+    from ..recipes import load_recipes
+
     ws = Workspace.discover()
     recipes = load_recipes(ws.root)
     inv = _invocation(recipes, ws, arch, stack, None, set_, base_image, wheelhouse, ca_cert,
@@ -151,6 +154,9 @@ def bisect(
 
 def _kept_baseline(ws: Workspace, arch: str, stack: str, check: str) -> dict:
     """bench: judges each probe against the kept baseline of the arch and stack, if there is one."""
+    from ..baseline.gate import BaselineError, load_bench
+    from ..baseline.store import kept_dir
+
     if not check.startswith("bench:"):
         return {}
     kept = kept_dir(ws.reports_for(arch, stack))
@@ -164,6 +170,8 @@ def _kept_baseline(ws: Workspace, arch: str, stack: str, check: str) -> dict:
 
 
 def _bisected_step(recipes: Recipes, inv: Invocation, layer: str | None) -> Step:
+    from ..plan import Options, parse_overrides, resolve
+
     plan = resolve(recipes, inv.arch, inv.stack, Options(overrides=parse_overrides(inv.sets, recipes)))  # fmt: skip
     pinned = [s.layer for s in plan.chain if _bisectable(s)]
     if not layer:
@@ -178,12 +186,17 @@ def _bisected_step(recipes: Recipes, inv: Invocation, layer: str | None) -> Step
 
 
 def _bisectable(step: Step) -> bool:
+    from ..recipes import pin_kind
+
     return any(pin_kind(k) in ("commit", "version") for k in step.pins)
 
 
 def _default_key(recipes: Recipes, step: Step) -> str:
     """SOURCE_REF of a source layer; else the one commit or version pin, or among several the
     version of what the layer is named after or provides (triton: TRITON_VERSION, not NUMPY's)."""
+    from ..pins.upstream import project_of
+    from ..recipes import pin_kind
+
     if "SOURCE_REF" in step.pins:
         return "SOURCE_REF"
     choices = [k for k in step.pins if pin_kind(k) in ("version", "commit")]
@@ -199,6 +212,8 @@ def _default_key(recipes: Recipes, step: Step) -> str:
 
 
 def _check_key(step: Step, key: str, sets: list[str]) -> None:
+    from ..recipes import pin_kind
+
     if key not in step.pins:
         raise UserError(f"layer {step.layer} has no pin {key!r}; its pins: "
                         f"{', '.join(sorted(step.pins)) or 'none'}")  # fmt: skip
@@ -214,6 +229,17 @@ def _candidates(
     index: str | None, offline: str | None, base_image: str,
 ) -> tuple[list[bs.Candidate], str]:  # fmt: skip
     """[good, ..., bad] and where they were read."""
+    from ..bisection.probe import GitHistory, wheel_candidates
+    from ..pins.upstream import (
+        IndexSource,
+        Sources,
+        Unavailable,
+        _distro_python,
+        _indexes,
+        project_of,
+    )
+    from ..recipes import pin_kind
+
     if pin_kind(key) == "commit":
         url = repo or (step.pins.get("SOURCE_REPO") if key == "SOURCE_REF" else None)
         if not url:
@@ -243,6 +269,11 @@ def _probe_until_done(
     state: bs.BisectState, path: Path, recipes: Recipes, ws: Workspace, inv: Invocation,
     spec: bs.CheckSpec, limit: int | None, given_base: bool,
 ) -> bs.Outcome:  # fmt: skip
+    from ..bisection.probe import Prober
+    from ..engine import connect
+    from ..plan import Options, parse_overrides, resolve
+    from ..validation import device_flags, expect_document
+
     flags = device_flags(recipes.arches[inv.arch].vendor)
     eng = connect(inv.engine)
     inv = _local_defaults(inv, recipes, ws, eng, given_base=given_base)
@@ -287,7 +318,7 @@ def _probe_until_done(
         done_now += 1
         cached = [layer for layer, how in probe.build.items() if how == "cached"]
         out.print(
-            f"  → [{VERDICT_STYLE[probe.verdict]}]{probe.verdict}[/]: {probe.reason} "
+            f"  → [{_verdict_style(probe.verdict)}]{probe.verdict}[/]: {probe.reason} "
             f"({probe.seconds:.0f}s; cached: {', '.join(cached) or 'none'})",
             soft_wrap=True,
         )
@@ -299,6 +330,10 @@ def _left(outcome: bs.Outcome) -> int:
 
 
 def _print_result(state: bs.BisectState, outcome: bs.Outcome, spec: bs.CheckSpec, path: Path) -> None:  # fmt: skip
+    from rich.table import Table
+
+    from ..bisection import search as bs
+
     table = Table(
         title=f"probes of {state.layer}.{state.key} ({state.check})", title_justify="left"
     )
@@ -308,7 +343,7 @@ def _print_result(state: bs.BisectState, outcome: bs.Outcome, spec: bs.CheckSpec
     for i, p in enumerate(state.probes, 1):
         cached = [layer for layer, how in p.build.items() if how == "cached"]
         table.add_row(str(i), bs.short_pin(p.pin), labels.get(p.pin, ""),
-                      f"[{VERDICT_STYLE[p.verdict]}]{p.verdict}[/]", p.reason,
+                      f"[{_verdict_style(p.verdict)}]{p.verdict}[/]", p.reason,
                       ", ".join(cached) or "-")  # fmt: skip
     if state.probes:
         out.print(table)
@@ -338,6 +373,11 @@ def _print_result(state: bs.BisectState, outcome: bs.Outcome, spec: bs.CheckSpec
 
 def _print_evidence(state: bs.BisectState, good: bs.Candidate, bad: bs.Candidate, spec: bs.CheckSpec) -> None:  # fmt: skip
     """The two probes' reports side by side; an end that was taken on trust has none."""
+    from rich.table import Table
+
+    from ..bisection import search as bs
+    from ..bisection.probe import read_doc
+
     pg, pb = state.probe_of(good.pin), state.probe_of(bad.pin)
     for which, c, p in (("last good", good, pg), ("first bad", bad, pb)):
         if p is None:

@@ -5,15 +5,12 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .. import hostinfo
-from ..build import BuildState, Invocation, build_requests, execute, plan_build
 from ..console import LayerProgress, err, out, plan_table, stacks_table, summary_table, user_errors
-from ..engine import Engine, check_engine_name, connect
 from ..errors import UserError
 from ..files import write_aside
-from ..plan import Plan, stack_options, stacks_for
-from ..recipes import Recipes, json_schema, load_recipes
 from ..workspace import Workspace
 from . import (
     ARCH,
@@ -28,6 +25,12 @@ from . import (
     text,
     whole_number,
 )
+
+if TYPE_CHECKING:  # the library is imported where a task uses it (attnforge/cli/__init__.py)
+    from ..build import Invocation
+    from ..engine import Engine
+    from ..plan import Plan
+    from ..recipes import Recipes
 
 # The host's CA bundle (Debian/Ubuntu): handed to builds as a BuildKit secret by default, so pip
 # inside a build trusts what this host trusts (a proxy's CA included); never stored in an image.
@@ -81,6 +84,10 @@ def build(
     builder=None, debug=False,
 ):  # fmt: skip
     """Build a stack's images layer by layer, skipping every layer whose inputs did not change."""
+    from ..build import BuildState, build_requests, execute, plan_build
+    from ..engine import connect
+    from ..recipes import load_recipes
+
     started = time.monotonic()
     ws = Workspace.discover()
     recipes = load_recipes(ws.root)
@@ -176,6 +183,9 @@ def _invocation(
     engine, jobs, namespace,
 ) -> Invocation:  # fmt: skip
     """Check the options a user gave (before anything runs) and fill in the defaults."""
+    from ..build import Invocation
+    from ..engine import check_engine_name
+
     check_engine_name(engine)
     jobs = whole_number("--jobs", jobs) if jobs is not None else hostinfo.default_jobs()
     arch, stack = choose_target(recipes, arch, stack)
@@ -211,6 +221,8 @@ def _local_defaults(
     """Offline by default where it can be: when the stack's base image is not in the engine but the
     local one tools/setup.sh makes (debootstrap + docker import) is, build on that instead of
     pulling from a registry, and say so."""
+    from ..build import Invocation
+
     spec = recipes.stacks.get(inv.stack)
     local = spec.local_base_image if spec is not None else None
     if given_base or not local or eng.image_id(spec.base_image) is not None:
@@ -225,6 +237,8 @@ def _local_defaults(
 
 
 def _connect_for_plan(name: str, quiet: bool) -> Engine | None:
+    from ..engine import connect
+
     try:
         return connect(name)
     except UserError as exc:
@@ -234,6 +248,9 @@ def _connect_for_plan(name: str, quiet: bool) -> Engine | None:
 
 
 def _dry_run(inv: Invocation, recipes: Recipes, ws: Workspace, as_json: bool, layer: str | None):
+    from ..build import build_requests, plan_build
+    from ..plan import stack_options
+
     eng = _connect_for_plan(inv.engine, quiet=as_json)
     if eng is not None:
         inv = _local_defaults(inv, recipes, ws, eng, given_base=inv.base_image is not None)
@@ -307,6 +324,8 @@ def _json_dump(data) -> str:
 @user_errors
 def schema(c, output=None, debug=False):
     """Export the JSON Schema of the recipe formats, for editors (YAML language servers)."""
+    from ..recipes import json_schema
+
     text = _json_dump(json_schema()) + "\n"
     if output:
         write_aside(Path(output), text)
@@ -320,6 +339,9 @@ def schema(c, output=None, debug=False):
 def arches(c, debug=False):
     """List the arches, their families and which stacks build for them."""
     from rich.table import Table
+
+    from ..plan import stacks_for
+    from ..recipes import load_recipes
 
     recipes = load_recipes(Workspace.discover().root)
     table = Table(title="arches", title_justify="left")

@@ -3,23 +3,26 @@
 from __future__ import annotations
 
 import json as jsonlib
+from typing import TYPE_CHECKING
 
 from invoke.exceptions import Exit
-from rich.markup import escape
-from rich.table import Table
-from rich.text import Text
 
-from .. import doctor as core
 from ..console import out, user_errors
-from ..engine import check_engine_name
-from ..recipes import load_recipes
 from ..workspace import Workspace
 from . import ENGINE, command, text
+
+if TYPE_CHECKING:  # the library is imported where a task uses it (attnforge/cli/__init__.py)
+    from rich.table import Table
+
+    from .. import doctor as core
 
 STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "info": "dim"}
 
 
 def rows_table(rows: list[core.Row]) -> Table:
+    from rich.table import Table
+    from rich.text import Text
+
     table = Table(title="attnforge doctor", title_justify="left")
     for col in ("check", "status", "found", "fix"):
         table.add_column(col, overflow="fold")
@@ -47,6 +50,12 @@ def doctor(c, arch=None, engine="docker", registry=None, json=False, debug=False
     """Check this machine for building and validating: engine, GPU, devices, kernel, disk.
 
     Exits 1 when something blocks building or validating; no GPU alone does not."""
+    from rich.markup import escape
+
+    from .. import doctor as core
+    from ..engine import check_engine_name
+    from ..recipes import load_recipes
+
     check_engine_name(engine)
     ws = Workspace.discover()
     recipes = core.RecipeFacts.of(load_recipes(ws.root))

@@ -3,6 +3,7 @@ held against it."""
 
 from __future__ import annotations
 
+import functools
 import json as jsonlib
 import os
 import shlex
@@ -13,16 +14,10 @@ import tempfile
 from pathlib import Path
 
 from invoke.exceptions import Exit
-from packaging.utils import parse_wheel_filename
 
-from .. import export as core
 from ..console import out, user_errors
 from ..engine import RunRequest, connect
 from ..errors import UserError
-from ..image import envprobe
-from ..multiarch import ArchSet
-from ..plan import Options, resolve
-from ..recipes import load_recipes
 from ..workspace import VALIDATED, Workspace
 from . import (
     ARCH,
@@ -38,7 +33,14 @@ from . import (
     text,
 )
 
-PROBE_SOURCE = Path(envprobe.__file__).read_text()
+
+@functools.cache
+def probe_source() -> str:
+    """envprobe's source, read when a probe runs (the library is imported where a task uses it:
+    attnforge/cli/__init__.py)."""
+    from ..image import envprobe
+
+    return Path(envprobe.__file__).read_text()
 
 
 def validated_image(
@@ -46,6 +48,9 @@ def validated_image(
 ) -> tuple[str, str, dict]:
     """(final tag, image id, validation stamp) of a stack whose final image passed `invoke
     validate`; the same refusals as `invoke publish`."""
+    from ..multiarch import ArchSet
+    from ..plan import Options, resolve
+
     final = resolve(recipes, arch, stack, Options(namespace=namespace)).final_tag
     final_id = eng.image_id(final) if final else None
     if final_id is None:
@@ -61,7 +66,7 @@ def probe_image(eng, image: str, *flags: str) -> dict:
     """envprobe's document for the image's Python (the script goes in on stdin)."""
     proc = eng.run(
         RunRequest(image=image, command=["python3", "-", *flags], stdin=True, network="none"),
-        input=PROBE_SOURCE,
+        input=probe_source(),
         timeout=600,
     )
     if proc.returncode != 0:
@@ -81,6 +86,8 @@ def fetch_in_image(
     """In the image (its pip, Python and platform): copy out its kernels sources and the wheels
     a source build kept, and download the pinned wheels no local folder had, with the index
     pip resolved each from (pip's --report)."""
+    from .. import export as core
+
     script = [
         "set -e",
         "cp -r /opt/attnforge/src /out/src",
@@ -149,6 +156,9 @@ def _replace_dir(tmp: Path, target: Path) -> None:
 def export(c, arch=None, stack=None, output=None, namespace="attnforge", wheelhouse=None,
            ca_cert=None, engine="docker", debug=False):  # fmt: skip
     """Write a validated stack's exact wheels, hashes, environment and verdict for a venv."""
+    from .. import export as core
+    from ..recipes import load_recipes
+
     ws = Workspace.discover()
     recipes = load_recipes(ws.root)
     arch, stack = choose_target(recipes, arch, stack)
@@ -257,6 +267,8 @@ def export(c, arch=None, stack=None, output=None, namespace="attnforge", wheelho
 
 def stack_indexes(recipes, arch: str, stack: str) -> list[str]:
     """The package indexes the stack's layers name (*_INDEX_URL args and hints)."""
+    from ..plan import resolve
+
     plan = resolve(recipes, arch, stack)
     return sorted({
         str(v) for s in plan.steps for k, v in {**s.args, **s.hint_args}.items()
@@ -286,6 +298,8 @@ def _report_urls(report: Path) -> dict[str, str]:
 
 
 def _readme(m: dict, where: Path) -> str:
+    from .. import export as core
+
     py = m["python"]
     env = ", ".join(f"{k}={v}" for k, v in m["env"].items() if v) or "none"
     return f"""# {m["stack"]} for {m["arch"]}, as validated
@@ -308,6 +322,8 @@ invoke verify-env --python ~/attn-venv/bin/python --against {where}
 
 def _built_here(m: dict) -> str:
     """The wheels a source-built layer compiled in the image: each for one Python and platform."""
+    from packaging.utils import parse_wheel_filename
+
     built = [w for w in m["wheels"] if w["source"].startswith("built in the image")]
     if not built:
         return ""
@@ -323,16 +339,21 @@ def _built_here(m: dict) -> str:
     return "\n".join(lines) + "\n\n"
 
 
-VERDICTS = {
-    core.SAME: "same as validated",
-    core.DIFFERS: "differs from the validated stack",
-    core.FAILS: "differs from the validated stack and fails validation",
-}
+def verdict_text(code: int) -> str:
+    from .. import export as core
+
+    return {
+        core.SAME: "same as validated",
+        core.DIFFERS: "differs from the validated stack",
+        core.FAILS: "differs from the validated stack and fails validation",
+    }[code]
 
 
 def load_against(ws: Workspace, against: str, engine: str) -> tuple[dict, Path | None]:
     """(manifest, export folder or None) for --against: an export folder or its export.json, a
     report.json (the image its validated.json names), or an image reference."""
+    from .. import export as core
+
     path = Path(against)
     if path.is_dir() and (path / core.MANIFEST).is_file():
         path = path / core.MANIFEST
@@ -361,6 +382,8 @@ def load_against(ws: Workspace, against: str, engine: str) -> tuple[dict, Path |
 
 
 def _image_manifest(engine: str, image: str, record: dict | None) -> dict:
+    from .. import export as core
+
     eng = connect(engine)
     image_id = eng.image_id(image)
     if image_id is None:
@@ -390,6 +413,8 @@ def _image_manifest(engine: str, image: str, record: dict | None) -> dict:
 def verify_env(c, against=None, python=None, validate=False, json=False, engine="docker",
                debug=False):  # fmt: skip
     """Compare a Python environment with a validated stack; exit 0 same, 1 differs, 3 differs and fails validation."""
+    from .. import export as core
+
     if not against:
         raise UserError("--against is required: an export folder, a report.json or an image")
     ws = Workspace.discover()
@@ -398,7 +423,7 @@ def verify_env(c, against=None, python=None, validate=False, json=False, engine=
         raise UserError(f"--python {python}: no such interpreter")
     manifest, export_dir = load_against(ws, against, engine)
     proc = subprocess.run(
-        [python, "-", "--verify"], input=PROBE_SOURCE, capture_output=True, text=True,
+        [python, "-", "--verify"], input=probe_source(), capture_output=True, text=True,
         cwd=tempfile.gettempdir(),  # not the tree: its packages would shadow the environment's
     )  # fmt: skip
     if proc.returncode != 0:
@@ -411,7 +436,7 @@ def verify_env(c, against=None, python=None, validate=False, json=False, engine=
     code = core.SAME
     if diffs:
         code = core.FAILS if verdict_doc and not verdict_doc["passed"] else core.DIFFERS
-    text = VERDICTS[code]
+    text = verdict_text(code)
     if diffs == [] and verdict_doc and not verdict_doc["passed"]:
         text = "same as validated, but validation fails here"
         code = core.FAILS
@@ -438,6 +463,8 @@ def _expect(ws: Workspace, manifest: dict) -> dict | None:
     arch, stack = manifest.get("arch"), manifest.get("stack")
     if not arch or not stack:
         return None
+    from ..plan import resolve
+    from ..recipes import load_recipes
     from ..validation import expect_document
 
     try:

@@ -11,17 +11,18 @@ import sys
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from contract import documents, names
+from contract import names
 
-from .. import matrix
-from ..baseline import store as baseline_store
 from ..console import out, user_errors
 from ..errors import UserError
 from ..files import swap_folder, write_aside
 from ..workspace import REPORTS_DIR_ENV, Workspace
 from . import OUT_DIR, choice, command, text, writable_folder
+
+if TYPE_CHECKING:  # the library is imported where a task uses it (attnforge/cli/__init__.py)
+    from .. import matrix
 
 PAGE, MARKDOWN, FOLDER = "matrix.html", "matrix.md", "reports"
 # Copied beside each report (what `python -m validate render --html` draws, and the verdicts).
@@ -48,6 +49,8 @@ def is_publish(doc: Any) -> bool:
 
 
 def load_report(path: Path) -> dict[str, Any]:
+    from contract import documents
+
     try:
         return documents.load_report(path)
     except documents.DocumentError as exc:
@@ -56,6 +59,8 @@ def load_report(path: Path) -> dict[str, Any]:
 
 def load_bench(folder: Path, report: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """The bench.json beside a report, if it is of the report's run (else said, and None)."""
+    from contract import documents
+
     path = folder / "bench.json"
     if not path.is_file():
         return None
@@ -79,6 +84,8 @@ def kept_copy(path: Path) -> bool:
     """A report or publish record that attnforge keeps as a copy beside the current one: the
     kept baseline (baseline/ with its baseline.json) or a published snapshot
     (published/<digest>/ inside a report folder); see attnforge/baseline/store.py."""
+    from ..baseline import store as baseline_store
+
     folder = path.parent
     if folder.name == baseline_store.KEPT and (folder / baseline_store.KEPT_META).is_file():
         return True
@@ -126,6 +133,8 @@ def find(paths: list[Path], skip: Path | None = None) -> list[tuple[Path | None,
 
 
 def load_entries(found: list[tuple[Path | None, Path | None]]) -> list[matrix.Entry]:
+    from .. import matrix
+
     entries = []
     for rep, pub in found:
         publish = _json(pub) if pub is not None else None
@@ -173,6 +182,8 @@ def copy_report(entry: matrix.Entry, dest: Path, root: Path, html: bool) -> tupl
 
 def summary_line(r: matrix.Row) -> str:
     """One row for the terminal: arch, stack, verdict, and each column's state and speed."""
+    from .. import matrix
+
     cells = []
     for key, head in matrix.COLUMNS:
         cell = r.cells[key]
@@ -182,6 +193,8 @@ def summary_line(r: matrix.Row) -> str:
 
 
 def reference(shape: str | None, mode: str) -> matrix.Reference:
+    from .. import matrix
+
     if mode not in names.MODES:
         raise UserError(
             f"--mode {mode!r}: choose {', '.join(names.MODES[:-1])} or {names.MODES[-1]}"
@@ -227,6 +240,8 @@ def matrix_task(c, reports=None, output=None, shape=None, mode="fwd", html_repor
 
     Rows are arch x stack; columns are the SDPA backends, flash_attn and the bundled kernels;
     matrix.html is self-contained."""
+    from .. import matrix
+
     ws = Workspace.discover()
     ref = reference(shape, mode)
     dest = Path(output) if output else ws.reports_dir / "matrix"

@@ -7,30 +7,39 @@ import functools
 import json as jsonlib
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from invoke.exceptions import Exit
-from rich.markup import escape
-from rich.table import Table
 
 from ..console import out, user_errors
-from ..engine import check_engine_name
 from ..errors import UserError
-from ..pins import update as pin_update
-from ..pins import upstream as pinlib
-from ..recipes import load_recipes
+from ..pins.channels import CHANNELS, DEFAULT_ARCH
 from ..workspace import Workspace
 from . import ARCH, ENGINE, IN_DIR, STACK, command, text
 
-STYLE = {
-    pinlib.OK: "green",
-    pinlib.FLOATING: "yellow",
-    pinlib.UNKNOWN: "magenta",
-    pinlib.MISSING: "bold red",
-    pinlib.MISMATCH: "bold red",
-}
+if TYPE_CHECKING:  # the library is imported where a task uses it (attnforge/cli/__init__.py)
+    from rich.table import Table
+
+    from ..pins import upstream as pinlib
+
+
+def status_style() -> dict[str, str]:
+    from ..pins import upstream as pinlib
+
+    return {
+        pinlib.OK: "green",
+        pinlib.FLOATING: "yellow",
+        pinlib.UNKNOWN: "magenta",
+        pinlib.MISSING: "bold red",
+        pinlib.MISMATCH: "bold red",
+    }
 
 
 def findings_table(findings: list[pinlib.Finding], title: str) -> Table:
+    from rich.markup import escape
+    from rich.table import Table
+
+    style = status_style()
     table = Table(title=title, title_justify="left")
     for col in ("pin", "value", "source", "status", "evidence", "used by"):
         table.add_column(col, overflow="fold")
@@ -40,7 +49,7 @@ def findings_table(findings: list[pinlib.Finding], title: str) -> Table:
             escape(f.pin),
             escape(f.value),
             escape(f.source),
-            f"[{STYLE.get(f.status, '')}]{f.status}[/]",
+            f"[{style.get(f.status, '')}]{f.status}[/]",
             escape(f.evidence),
             escape(plans),
         )
@@ -71,6 +80,10 @@ def findings_table(findings: list[pinlib.Finding], title: str) -> Table:
 def check(c, arch=None, stack=None, offline=None, python=None, engine="docker", json=False,
           debug=False):  # fmt: skip
     """Check every pin the plans use against its source; exit 1 on a missing or mismatched pin."""
+    from ..engine import check_engine_name
+    from ..pins import upstream as pinlib
+    from ..recipes import load_recipes
+
     ws = Workspace.discover()
     recipes = load_recipes(ws.root)
     digest_of = pinlib.engine_digest(check_engine_name(engine))
@@ -95,7 +108,7 @@ def check(c, arch=None, stack=None, offline=None, python=None, engine="docker", 
     else:
         mode = f"offline ({offline})" if offline else "online"
         out.print(findings_table(findings, f"pins of {len(pairs)} plans, {mode}"))
-        counts = {s: sum(f.status == s for f in findings) for s in STYLE}
+        counts = {s: sum(f.status == s for f in findings) for s in status_style()}
         out.print(", ".join(f"{n} {s}" for s, n in counts.items() if n))
     if failed:
         raise Exit(code=1)
@@ -103,7 +116,7 @@ def check(c, arch=None, stack=None, offline=None, python=None, engine="docker", 
 
 @command(
     options={
-        "channel": text("|".join(pin_update.CHANNELS).upper()),
+        "channel": text("|".join(CHANNELS).upper()),
         "offline": IN_DIR,
         "python": text("X.Y"),
         "arch": text("ARCH"),
@@ -115,7 +128,7 @@ def check(c, arch=None, stack=None, offline=None, python=None, engine="docker", 
         "offline": "read saved index pages from this folder (layout: docs/pins.md)",
         "python": "the image's Python, for wheel tags (default: from the stack's base image)",
         "arch": f"count only versions with this arch's device packages (default: "
-        f"{pin_update.DEFAULT_ARCH}); nightly: and whose tests AMD's Quartz feed says passed",
+        f"{DEFAULT_ARCH}); nightly: and whose tests AMD's Quartz feed says passed",
         "torch_branch": "nightly: the torch branch the Quartz feed must show passing (default: "
         "the stable channel's, e.g. release/2.14)",
         "json": "print the proposal as JSON",
@@ -128,6 +141,10 @@ def update(
     debug=False,
 ):  # fmt: skip
     """Propose the newest pins a channel's index serves; writes no file (docs/pins.md)."""
+    from ..pins import update as pin_update
+    from ..pins import upstream as pinlib
+    from ..recipes import load_recipes
+
     if channel not in pin_update.CHANNELS:
         raise UserError(
             f"--channel {channel or '(not given)'}: expected one of "

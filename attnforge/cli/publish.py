@@ -6,20 +6,18 @@ import contextlib
 import json
 import os
 import socket
+from typing import TYPE_CHECKING
 
-from .. import multiarch
-from ..baseline.store import sha256_file, snapshot_published
 from ..console import out, user_errors
 from ..engine import RunRequest, connect
 from ..errors import UserError
 from ..files import write_aside
-from ..plan import Options, resolve
-from ..publish import attest, ociregistry
-from ..publish.ociregistry import Ref
-from ..recipes import load_recipes
 from ..workspace import VALIDATED, Workspace
 from . import ARCH, ENGINE, NAMESPACE, STACK, Opt, choose_target, command
 from .export import probe_image
+
+if TYPE_CHECKING:  # the library is imported where a task uses it (attnforge/cli/__init__.py)
+    from .. import multiarch
 
 
 def publish_refs(
@@ -56,6 +54,11 @@ def publish_refs(
 @user_errors
 def publish(c, to=None, arch=None, stack=None, namespace="attnforge", engine="docker", debug=False):
     """Push every layer of a validated stack (content and moving tags); refuse an unvalidated one."""
+    from .. import multiarch
+    from ..baseline.store import snapshot_published
+    from ..plan import Options, resolve
+    from ..recipes import load_recipes
+
     if not to:
         raise UserError(
             "--to is required: the registry namespace to push to (e.g. ghcr.io/org/attnforge)"
@@ -153,6 +156,9 @@ def _first_line(exc: Exception) -> str:
 def attestation_facts(ws, eng, recipes, arch, stack, namespace, final, final_id, lineage) -> dict:
     """What the image holds (its Python distributions and Debian packages) and what it was built
     from (each layer's BuildInput, matched to the image's lineage by cache key)."""
+    from ..baseline.store import sha256_file
+    from ..plan import Options, resolve
+
     probe = probe_image(eng, final)
     dpkg = eng.run(RunRequest(image=final, command=["cat", "/var/lib/dpkg/status"], network="none"),
                    timeout=300)  # fmt: skip
@@ -191,6 +197,9 @@ def attestation_facts(ws, eng, recipes, arch, stack, namespace, final, final_id,
 
 def attach_attestations(final_ref: str, refs: list[dict], facts: dict, record: dict) -> dict:
     """Attach the SBOM and the provenance to the pushed final image, by its digest."""
+    from ..publish import attest, ociregistry
+    from ..publish.ociregistry import Ref
+
     digest = next(r["digest"] for r in refs if r["ref"] == final_ref)
     subject = Ref.parse(final_ref)
     builder = os.environ.get("ATTNFORGE_BUILDER_ID") or f"attnforge@{socket.gethostname()}"
@@ -240,6 +249,8 @@ def set_validation(
     ws: Workspace, arch: multiarch.ArchSet, stack: str, final: str, final_id: str
 ) -> dict:
     """One image for several arches is published only when every member passed on it."""
+    from .. import multiarch
+
     reports = ws.reports_for(arch.name, stack)
     stamps = {}
     for m in arch.members:

@@ -6,26 +6,12 @@ import importlib.util
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from invoke.exceptions import Exit
 
-from ..baseline import gate
-from ..baseline import store as baseline_store
 from ..console import out, user_errors
-from ..engine import LocalEngine, check_engine_name, connect
 from ..errors import UserError
-from ..plan import Options, resolve
-from ..recipes import load_recipes
-from ..validation import (
-    COMPARE_OUTPUTS,
-    device_flags,
-    execute,
-    plan_validation,
-    report_target,
-    stack_gates,
-    thread_env,
-    tool_runs,
-)
 from ..workspace import REPORTS_DIR_ENV, Workspace
 from . import (
     ARCH,
@@ -38,6 +24,9 @@ from . import (
     text,
     writable_folder,
 )
+
+if TYPE_CHECKING:  # the library is imported where a task uses it (attnforge/cli/__init__.py)
+    from ..baseline import store as baseline_store
 
 
 def workload_names(root: Path) -> list[str]:
@@ -136,6 +125,20 @@ def validate(
     beside the report; --bench compares with the baseline and fails below the stack's gates. The
     last report stays in place until this run has written a complete new one; so do the last
     bench and stress documents, and the kept baseline moves only after a run that passed."""
+    from ..baseline import store as baseline_store
+    from ..engine import LocalEngine, check_engine_name, connect
+    from ..plan import Options, resolve
+    from ..recipes import load_recipes
+    from ..validation import (
+        device_flags,
+        execute,
+        plan_validation,
+        report_target,
+        stack_gates,
+        thread_env,
+        tool_runs,
+    )
+
     ws = Workspace.discover()
     recipes = load_recipes(ws.root)
     arch, stack = choose_target(recipes, arch, stack)
@@ -265,6 +268,10 @@ def find_baseline(
     given: str | None, reports: Path, ws: Workspace, engine: str
 ) -> baseline_store.Baseline | None:
     """--baseline's benchmark, else the kept one of this arch and stack, else None (said)."""
+    from ..baseline import gate
+    from ..baseline import store as baseline_store
+    from ..engine import connect
+
     if given:
         engines: dict[str, object] = {}
 
@@ -295,6 +302,9 @@ def find_baseline(
 
 
 def print_comparison(doc: dict, reports: Path) -> None:
+    from ..baseline import gate
+    from ..validation import COMPARE_OUTPUTS
+
     if "rows" not in doc:
         return
     out.print("\n".join(gate.table_lines(doc)), markup=False, highlight=False, soft_wrap=True)
@@ -322,6 +332,8 @@ def print_comparison(doc: dict, reports: Path) -> None:
 @user_errors
 def report(c, path=None, arch=None, stack=None, html=False, debug=False):
     """Render a validation report to Markdown (and HTML) with the suite's own renderer."""
+    from ..recipes import load_recipes
+
     ws = Workspace.discover()
     if path is None:
         arch, stack = choose_target(load_recipes(ws.root), arch, stack)

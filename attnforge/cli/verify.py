@@ -8,8 +8,6 @@ from invoke.exceptions import Exit
 
 from ..console import out, user_errors
 from ..errors import UserError
-from ..publish import attest, ociregistry, signature
-from ..publish.ociregistry import Ref
 from . import IN_FILE, command, text
 
 NOT_CHECKED = ("signatures not checked: give --key cosign.pub for key-based ones, or run "
@@ -32,6 +30,9 @@ def verify(c, image=None, key=None, debug=False):
     image's key-based cosign signature must verify (and its attachments', where they have one).
 
     Keyless signatures (Fulcio certificate, Rekor entry) are checked by cosign (docs/ci.md)."""
+    from ..publish import attest, ociregistry, signature
+    from ..publish.ociregistry import Ref
+
     if not image:
         raise UserError(
             "--image is required: the published image, e.g. invoke verify --image registry/repository:tag"

@@ -32,6 +32,7 @@ from packaging.version import InvalidVersion, Version
 from .. import yamlsrc
 from ..errors import UserError, unknown
 from ..recipes import Recipes, Variant
+from .channels import CHANNELS, DEFAULT_ARCH
 from .upstream import (
     DEVICE_PACKAGES,
     DistFile,
@@ -44,7 +45,6 @@ from .upstream import (
     url_path,
 )
 
-CHANNELS = ("stable", "nightly", "pytorch-org")
 ROCM_LAYER, TORCH_LAYER = "rocm-sdk", "pytorch-wheels"
 # pytorch.org's ROCm channel is one layer with top-level pins (recipes/layers/pytorch-org.yaml):
 # torch and torchvision labelled with the index's ROCm minor (+rocm7.14) and the rocm meta
@@ -56,7 +56,6 @@ ROCM_KEY, TORCH_KEY = "ROCM_VERSION", "TORCH_VERSION"
 # The `rocm` meta package carries the SDK's version; an index without a page for it is read
 # through rocm-sdk-core, which every ROCm install pulls at the same version (TheRock RELEASES.md).
 ROCM_PROJECTS = ("rocm", "rocm-sdk-core")
-DEFAULT_ARCH = "gfx1151"
 EXPECT_TORCH = "torch.version"
 _DATE = re.compile(r"\d{8}")
 

@@ -230,3 +230,21 @@ def test_report_renders_a_real_report_to_markdown_and_html(tmp_path):
 def test_report_of_a_missing_file_is_a_clear_error(tmp_path):
     proc = invoke("report", "--path", str(tmp_path / "nope.json"))
     assert proc.returncode == 2 and "no such report" in proc.stderr
+
+
+def test_a_tasks_option_checks_read_the_recipes_once_and_the_next_task_afresh(
+    monkeypatch, tmp_path
+):
+    import attnforge.recipes
+    import tasks
+    from attnforge.errors import UserError
+
+    monkeypatch.setenv("ATTNFORGE_BUILD_DIR", str(tmp_path / "build"))
+    real, loads = attnforge.recipes.load_recipes, []
+    monkeypatch.setattr(attnforge.recipes, "load_recipes", lambda root: loads.append(root) or real(root))  # fmt: skip
+    build = tasks.ns.tasks["build"]
+    assert build.check({"arch": "cpu", "stack": "cpu"}) == {"arch": "cpu", "stack": "cpu"}
+    assert len(loads) == 1  # --arch and --stack, one load
+    with pytest.raises(UserError, match="--stack"):
+        build.check({"arch": "cpu", "stack": "no-such-stack"})
+    assert len(loads) == 2  # the next checks read the recipes again

@@ -93,6 +93,34 @@ def test_malformed_yaml_names_the_line(repo_copy):
         load_recipes(repo_copy)
 
 
+# Plain, quoted, block and tagged scalars of each YAML 1.1 type the safe loader builds.
+YAML_VALUES = [
+    "", "~", "null", "yes", "off", "True", "0o17", "017", "0x1F", "1_000", "+12", "-0", ".5",
+    "1e3", ".inf", "-.Inf", "190:20:30", "2002-12-14", "2001-12-14t21:59:43.10-05:00",
+    "2026-11-26 10:00:00", "!!binary aGVsbG8=", "!!str 12", "!!int '12'", "!!float 1",
+    "'quoted'", '"\\u00e9 \\t x"', "|\n  a\n  b\n", ">\n  a\n  b\n", "'multi\n  line'",
+    "plain\n  continued", "[1, x, {k: v}]", "{1: x, 2.5: y, null: z, false: w}",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("value", YAML_VALUES)
+def test_a_recipe_value_is_what_yaml_safe_load_reads(tmp_path, value):
+    import yaml
+
+    from attnforge import yamlsrc
+
+    for text in (f"k: {value}\n", f"- {value}\n"):
+        (tmp_path / "v.yaml").write_text(text)
+        got, expected = yamlsrc.load(tmp_path / "v.yaml").data, yaml.safe_load(text)
+        assert repr(got) == repr(expected), text
+
+
+def test_an_empty_value_is_a_sentence_naming_its_line_not_a_traceback(repo_copy):
+    _edit(repo_copy, "recipes/layers/aotriton.yaml", "description: ", "description:\nx: ")
+    with pytest.raises(RecipeError, match=r"recipes/layers/aotriton.yaml:2: description"):
+        load_recipes(repo_copy)
+
+
 def test_unknown_arch_selector_lists_valid_selectors(repo_copy):
     _edit(
         repo_copy,

@@ -179,12 +179,12 @@ def test_a_required_positional_is_named_when_missing(capsys):
 
 
 def test_interrupting_a_task_that_is_not_a_build_does_not_offer_build_continue(capsys, monkeypatch):
-    from attnforge.cli import doctor
+    from attnforge import doctor
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(doctor.core, "gather", interrupted)
+    monkeypatch.setattr(doctor, "gather", interrupted)
     code, _, err = _run(capsys, "doctor")
     assert code == 130 and "interrupted" in err and "--continue" not in err
 
