@@ -434,17 +434,20 @@ def bwd_layouts(dtype, head_dim: int) -> tuple:
     )
 
 
-def launch_bwd_dkdv(q, k, v, do, dk, dv, lse, delta, scale: float, causal: bool) -> None:
+def launch_bwd_dkdv(q, k, v, do, dk, dv, lse, delta, scale: float, causal: bool, wrap=None) -> None:
     """Write ``dk`` and ``dv`` (like k, v) from BSHD ``q``/``do`` (b, sq, hq, d), ``k``/``v``
     (b, sk, hk, d), d in ``GLUON_BWD_TILES``, and the forward's ``lse`` with
-    ``delta`` = rowsum(O * dO) (b, hq, sq) fp32. Same preconditions as ``launch``."""
+    ``delta`` = rowsum(O * dO) (b, hq, sq) fp32. Same preconditions as ``launch``. ``wrap``:
+    applied to the kernel before its ``[grid](...)`` launch (the caller records the launch for
+    ``kernels.launch``'s plans)."""
     b, sq, hq, d = q.shape
     sk, hk = k.shape[1], k.shape[2]
     block_m, block_n, stages = GLUON_BWD_TILES[d]
     dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
     q_layout, kv_layout = bwd_layouts(dtype, d)
     grid = (triton.cdiv(sk, block_n), b * hk)
-    _attn_bwd_dkdv_sm90[grid](
+    kernel = _attn_bwd_dkdv_sm90 if wrap is None else wrap(_attn_bwd_dkdv_sm90)
+    kernel[grid](
         q, k, v, do, dk, dv, lse, delta,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),

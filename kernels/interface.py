@@ -621,8 +621,9 @@ def _backward(
 
             _tma_allocator()
             flash_sm90.launch_bwd_dkdv(
-                qs.t, ks.t, vs.t, dos.t, dk, dv, lse, delta, scale, causal=mask.right == 0
-            )
+                qs.t, ks.t, vs.t, dos.t, dk, dv, lse, delta, scale, causal=mask.right == 0,
+                wrap=None if launched is None else lambda fn: _Noting(fn, launched),
+            )  # fmt: skip
         else:
             st = (*qkvdo, *dks, *dvs, *dqs)
             align = flash.stride_align(*st)
@@ -665,9 +666,10 @@ def _backward(
     tune = autotune.key("bwd", q, d, mask, softcap > 0, slopes is not None, varlen)
     dq = run(autotune.choose(tune + "|dropout" if tune and drop else tune, cfg, run))
     if launched is not None:
-        # The default two launches, nothing else (not the atomic-dQ or Gluon dK/dV paths).
+        # The default two launches, dQ then dK/dV (Triton's or, on Hopper, Gluon's), nothing
+        # else (not the atomic-dQ path, whose delta kernel is not recorded).
         recs = (None,)
-        if [x[0] for x in launched] == [_attn_bwd_dq, _attn_bwd_dkdv]:
+        if len(launched) == 2 and launched[0][0] is _attn_bwd_dq:
             tensors = (do, q, k, v, out, lse, cu_q, cu_k, dq, dk, dv, delta)
             recs = tuple(launch.record(*x, tensors) for x in launched)
         launch.BACKWARD.put(key, _BackwardPlan(recs) if None not in recs else False)
@@ -702,6 +704,44 @@ class _FlashAttn(torch.autograd.Function):
         # One gradient per forward input; autograd drops the trailing None when ``drop`` was not
         # passed.
         return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
+
+
+class _FlashAttnOut(torch.autograd.Function):
+    """:class:`_FlashAttn` for the calls that return only ``out`` (flash_attn_func and
+    flash_attn_varlen_func without ``return_attn_probs``): four inputs (q, k, v and one tuple of
+    the rest), one output, and only the tensors that exist saved (q, k, v, out, LSE, and
+    cu_seqlens and ALiBi slopes where given). The same gradients and the same checks (a saved
+    tensor modified in place, a second backward without ``retain_graph``); a few microseconds
+    less of autograd's host time a step than the 13 inputs, two outputs and 8 saved slots of
+    :class:`_FlashAttn` (docs/benchmarks.md, "The training step's host time")."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, call):
+        cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi, varlen, drop = call
+        out, lse = _forward(
+            q, k, v, cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi, varlen, drop=drop
+        )
+        ctx.set_materialize_grads(False)
+        if cu_q is None and cu_k is None and alibi is None:
+            ctx.save_for_backward(q, k, v, out, lse)
+        else:
+            ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, alibi)
+        ctx.call = call
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        if dout is None:
+            return None, None, None, None
+        saved = ctx.saved_tensors
+        q, k, v, out, lse = saved[:5]
+        cu_q, cu_k, alibi = saved[5:] if len(saved) > 5 else (None, None, None)
+        _, _, max_q, max_k, batch, scale, mask, _, varlen, drop = ctx.call
+        dq, dk, dv = _backward(
+            dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi, varlen,
+            drop=drop,
+        )  # fmt: skip
+        return dq, dk, dv, None
 
 
 def _inference(*tensors) -> bool:
@@ -762,9 +802,22 @@ def flash_attn_func(
     b, sq, hq = q.shape[0], q.shape[1], q.shape[2]
     sk = k.shape[1]
     drop = _dropout(q, dropout_p, b, hq, sq, sk, return_attn_probs)
-    args = (q, k, v, None, None, sq, sk, b, scale, mask, alibi_slopes, False, drop)
-    out, lse = _forward(*args) if _inference(q, k, v) else _FlashAttn.apply(*args)
+    call = (None, None, sq, sk, b, scale, mask, alibi_slopes, False, drop)
+    return _call(q, k, v, call, return_attn_probs)
+
+
+def _call(q, k, v, call: tuple, return_attn_probs: bool) -> AttnResult:
+    """The forward of flash_attn_func and flash_attn_varlen_func: without autograd where no
+    gradient will be asked for, through :class:`_FlashAttnOut` where only ``out`` is returned,
+    else through :class:`_FlashAttn` (``out`` and the LSE as outputs)."""
+    if _inference(q, k, v):
+        out, lse = _forward(q, k, v, *call)
+    elif not return_attn_probs:
+        return _FlashAttnOut.apply(q, k, v, call)
+    else:
+        out, lse = _FlashAttn.apply(q, k, v, *call)
     if return_attn_probs:
+        drop = call[-1]
         return out, lse, drop.sdmask if drop else None
     return out
 
@@ -811,11 +864,8 @@ def flash_attn_varlen_func(
     batch = cu_q.numel() - 1
     max_q, max_k = int(max_seqlen_q), int(max_seqlen_k)
     drop = _dropout(q, dropout_p, batch, q.shape[1], max_q, max_k, return_attn_probs)
-    args = (q, k, v, cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi_slopes, True, drop)
-    out, lse = _forward(*args) if _inference(q, k, v) else _FlashAttn.apply(*args)
-    if return_attn_probs:
-        return out, lse, drop.sdmask if drop else None
-    return out
+    call = (cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi_slopes, True, drop)
+    return _call(q, k, v, call, return_attn_probs)
 
 
 def fp8_dtype_for(device: torch.device) -> torch.dtype:

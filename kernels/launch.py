@@ -18,8 +18,10 @@ differ misses the plan: a new shape or sequence length takes the full path once 
 plan. The fresh outputs a replay passes are checked 16-byte aligned, as they were recorded.
 
 Not planned, always the full path: the CPU interpreter, a Triton other than 3.6, dropout,
-ALiBi, FP8, autotuning, paths that are not exactly the planned kernels (Gluon, atomic dQ,
-strided head dims copied contiguous), and any call while a launch hook is set (profilers).
+ALiBi, FP8, autotuning, paths that are not exactly the planned kernels (Hopper's Gluon
+forward, atomic dQ, strided head dims copied contiguous), and any call while a launch hook
+is set (profilers). The backward's plan holds its dQ launch and its dK/dV launch, Triton's or
+Hopper's Gluon kernel.
 """
 
 from __future__ import annotations
