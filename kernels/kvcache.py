@@ -13,8 +13,9 @@ The kernel (``_kv_fwd``) packs the query heads of one KV head's GQA group into t
 or, paged, through the block table one key row at a time (any page size). Split-KV: with
 ``num_splits > 1`` each program handles one slice of the keys and writes an fp32 partial output
 and its LSE; the last program of a tile to finish (an atomic counter) merges the slices in the
-same launch. ``num_splits=0`` picks the count with flash_attn's heuristic
-(``num_splits_heuristic`` in flash_api.cpp) so that short batches of decoding still fill the GPU.
+same launch. ``num_splits=0`` picks the count so that short batches of decoding still fill the
+GPU: from a table measured per family (``DECODE_SPLIT_WAVES``), else with flash_attn's heuristic
+(``num_splits_heuristic`` in flash_api.cpp).
 """
 
 from __future__ import annotations
@@ -376,7 +377,7 @@ MIN_SPLIT_KEYS = 512
 # Hopper, from two sweeps of 4-64 splits on an H100 (docs/benchmarks.md, "Decoding at batch 1
 # with long caches"): batch 1 (8 tiles) runs fastest with 8 splits up to 16k keys (4k: 18.9 us
 # against 22.1 at 16; 16k: 41.3 against 43.8 at 16 and 44.4 at flash_attn's 15) and with 16, one
-# full wave, at 64k-128k (109.7 / 195.7 against 111.9 / 201.6 at flash_attn's 14-15, whose
+# full wave, at 64k-128k (109.7 / 195.7 against 111.9 / 201.6 at flash_attn's 14, whose
 # unfilled SMs stay idle; 24 or 33 splits cost 5-10 us more); batch 8 (64 tiles) with 1 split
 # up to 16k keys (60.4 / 188.1 against 61.6 / 189.4 at 2). AMD: untimed, flash_attn's heuristic
 # as before; an AMD runner would time ``kernels.bench --decode --splits`` and add its row here.
@@ -806,8 +807,8 @@ def aot_kernels(
     head_dim: int, family: str, dtype: str = "bf16", page_size: int = 16
 ) -> list[tuple]:
     """(name, jit fn, pointer types, constexprs, tile) of the cache kernels for ``kernels.aot``:
-    split-KV decoding from a paged cache (causal; the last split merges them all) and paged
-    varlen prefill."""
+    split-KV decoding from a paged cache (causal; the last split merges them all), with the long
+    splits' tile where the family has one (``kv_decode_long``), and paged varlen prefill."""
     kc = kv_config(family, head_dim)
     bd = configs.padded_head_dim(head_dim)
     p = f"*{dtype}"
@@ -824,9 +825,12 @@ def aot_kernels(
     def tiles(t):
         return dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n)
 
+    decode = [("kv_decode", kc.decode)]
+    if kc.decode_long is not None:
+        decode.append(("kv_decode_long", kc.decode_long))
     return [
-        ("kv_decode", _kv_fwd, ptrs,
-         dict(flags, IS_VARLEN_Q=False, SPLIT=True, **tiles(kc.decode)), kc.decode),
+        *((name, _kv_fwd, ptrs, dict(flags, IS_VARLEN_Q=False, SPLIT=True, **tiles(t)), t)
+          for name, t in decode),
         ("kv_prefill", _kv_fwd, ptrs,
          dict(flags, IS_VARLEN_Q=True, SPLIT=False, **tiles(kc.prefill)), kc.prefill),
     ]  # fmt: skip

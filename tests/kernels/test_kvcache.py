@@ -482,3 +482,8 @@ def test_every_family_has_kv_tiles_and_kernels_aot_compiles_both():
             # A decoding step's GQA group (seqlen_q x group rows) fills one 16-row matrix tile.
             assert kc.decode.block_m == 16 and min(kc.decode.block_n, kc.prefill.block_m) >= 16
     assert [k[0] for k in aot_kernels(128, "cdna3")] == ["kv_decode", "kv_prefill"]
+    assert [k[0] for k in aot_kernels(128, "hopper")] == [
+        "kv_decode",
+        "kv_decode_long",
+        "kv_prefill",
+    ]
