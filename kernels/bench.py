@@ -5,7 +5,7 @@ causal; forward+backward 3.5x that. Times are medians of ``triton.testing.do_ben
 
     python -m kernels.bench [--quick] [--json FILE] [--variant NAME=JSON ...]
     python -m kernels.bench --workloads [--layout bshd|bhsd|both] [--mode fwd|fwd+bwd]
-    python -m kernels.bench --decode [--quick]
+    python -m kernels.bench --decode [--quick] [--splits N,N,...]
     python -m kernels.bench --host
 
 The sweep shapes are made as (b, h, s, d) tensors and handed to the kernels as BSHD views (SDPA's
@@ -17,6 +17,8 @@ flash_attn callers and diffusers' projections give; SDPA gets the transposed vie
 ``--decode`` times one decoding step through ``flash_attn_with_kvcache`` (GQA 32/8 heads, d=128,
 bf16, one query token, the whole cache visible) against every SDPA backend fed the same cache:
 the (b, s, h, d) cache transposed to SDPA's (b, h, s, d) view with ``enable_gqa=True``, no copy.
+``--splits`` times ours at those ``num_splits`` too (``ours-sN``), the data for a family's row of
+``kvcache.DECODE_SPLIT_WAVES``.
 ``--host`` measures the host time of one call at a tiny shape (back-to-back calls, no L2 flush).
 """
 
@@ -280,7 +282,7 @@ DECODE_CACHES = (4096, 16384, 65536, 131072)
 DECODE_HEADS = (32, 8, 128)  # query heads, KV heads, head dim
 
 
-def _decode_providers():
+def _decode_providers(splits=()):
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -298,22 +300,26 @@ def _decode_providers():
 
         return run
 
+    def ours_at(n):
+        return lambda q, kc, vc: flash_attn_with_kvcache(q, kc, vc, num_splits=n)
+
     return {
         "ours": ours,
+        **{f"ours-s{n}": ours_at(n) for n in splits},
         "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION),
         "sdpa-efficient": sdpa(SDPBackend.EFFICIENT_ATTENTION),
         "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
     }
 
 
-def run_decode(batches=DECODE_BATCHES, caches=DECODE_CACHES) -> dict:
+def run_decode(batches=DECODE_BATCHES, caches=DECODE_CACHES, splits=()) -> dict:
     """Microseconds per decoding step and the K/V read rate (GB/s), per batch and cache length."""
     import torch
     from triton.testing import do_bench
 
     torch.manual_seed(0)
     hq, hk, d = DECODE_HEADS
-    provs = _decode_providers()
+    provs = _decode_providers(splits)
     rows = []
     for b in batches:
         for s in caches:
@@ -353,7 +359,7 @@ def decode_table(result) -> str:
     ]  # fmt: skip
     for r in rows:
         us = r["us"]
-        sdpa = {n: t for n, t in us.items() if n != "ours" and t is not None}
+        sdpa = {n: t for n, t in us.items() if not n.startswith("ours") and t is not None}
         best = min(sdpa, key=sdpa.get) if sdpa else None
         ratio = f"{sdpa[best] / us['ours']:.2f}" if best and us.get("ours") else "n/a"
         cells = " | ".join(f"{us[n]:.1f}" if us[n] is not None else "n/a" for n in names)
@@ -521,6 +527,12 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--decode", action="store_true", help="flash_attn_with_kvcache decoding against SDPA"
     )
+    ap.add_argument(
+        "--splits",
+        type=lambda v: tuple(int(n) for n in v.split(",")),
+        default=(),
+        help="--decode: also time ours at these num_splits (comma-separated)",
+    )
     ap.add_argument("--host", action="store_true", help="host time per call at a tiny shape")
     ap.add_argument(
         "--variant",
@@ -542,7 +554,8 @@ def main(argv=None) -> int:
                 json.dump(result, f, indent=1)
         return 0
     if args.decode:
-        result = run_decode(batches=(1, 64), caches=(4096, 131072)) if args.quick else run_decode()
+        sizes = dict(batches=(1, 64), caches=(4096, 131072)) if args.quick else {}
+        result = run_decode(splits=args.splits, **sizes)
         result["device"] = torch.cuda.get_device_name()
         result["torch"] = torch.__version__
         if args.json:

@@ -13,8 +13,9 @@ The kernel (``_kv_fwd``) packs the query heads of one KV head's GQA group into t
 or, paged, through the block table one key row at a time (any page size). Split-KV: with
 ``num_splits > 1`` each program handles one slice of the keys and writes an fp32 partial output
 and its LSE; the last program of a tile to finish (an atomic counter) merges the slices in the
-same launch. ``num_splits=0`` picks the count with flash_attn's heuristic
-(``num_splits_heuristic`` in flash_api.cpp) so that short batches of decoding still fill the GPU.
+same launch. ``num_splits=0`` picks the count so that short batches of decoding still fill the
+GPU: from a table measured per family (``DECODE_SPLIT_WAVES``), else with flash_attn's heuristic
+(``num_splits_heuristic`` in flash_api.cpp).
 """
 
 from __future__ import annotations
@@ -257,9 +258,20 @@ class KVConfig:
     decode: Tile
     prefill: Tile
     merge_d: int = 0
+    # The decode tile of a split launch whose splits each read at least ``long_keys`` keys
+    # (None: ``decode`` throughout).
+    decode_long: Tile | None = None
+    long_keys: int = 0
 
     def merge_columns(self, padded_head_dim: int) -> int:
         return min(self.merge_d or padded_head_dim, padded_head_dim)
+
+    def decode_tile(self, num_splits: int, seqlen_cache: int) -> Tile:
+        """The decode tile of a launch of ``num_splits`` splits over ``seqlen_cache`` keys."""
+        if self.decode_long is not None and num_splits > 1:
+            if seqlen_cache // num_splits >= self.long_keys:
+                return self.decode_long
+        return self.decode
 
 
 @functools.lru_cache(maxsize=256)
@@ -313,6 +325,12 @@ def _kv_config(family: str, d: int) -> KVConfig:
             return KVConfig(Tile(16, 64, 4, 1, 2), Tile(128, 32, 4, 1, 2), 64)
         return KVConfig(Tile(16, 32, 4, 1, 1), Tile(64, 16, 4, 1, 1), 64)
     if family == "hopper":
+        if d == 128:
+            # Splits of 4096 keys or more (batch 1 with 64k-128k keys) read faster with 64-key
+            # tiles: 108.7 / 193.1 against 109.7 / 195.7 us at 16 splits (docs/benchmarks.md,
+            # "Decoding at batch 1 with long caches"); shorter splits keep 128 (4k: 18.9 / 19.6).
+            return KVConfig(Tile(16, 128, 4, 3), Tile(128, 64, 8, 3),
+                            decode_long=Tile(16, 64, 4, 3), long_keys=4096)  # fmt: skip
         if d <= 128:
             return KVConfig(Tile(16, 128, 4, 3), Tile(128, 64, 8, 3))
         return KVConfig(Tile(16, 64, 4, 2), Tile(64, 64, 8, 2), 64)
@@ -352,11 +370,36 @@ def num_splits_heuristic(
 MIN_SPLIT_KEYS = 512
 
 
+# Split counts measured per family, for ``num_splits=0``: ((cache keys up to, waves), ...), the
+# first row whose bound holds gives the programs a decoding step aims for, ``waves`` x the GPU's
+# SMs / CUs (rounded down to whole splits of every (row block, batch, KV head) tile), and the
+# last row's bound is None. Families not listed take flash_attn's heuristic.
+# Hopper, from two sweeps of 4-64 splits on an H100 (docs/benchmarks.md, "Decoding at batch 1
+# with long caches"): batch 1 (8 tiles) runs fastest with 8 splits up to 16k keys (4k: 18.9 us
+# against 22.1 at 16; 16k: 41.3 against 43.8 at 16 and 44.4 at flash_attn's 15) and with 16, one
+# full wave, at 64k-128k (109.7 / 195.7 against 111.9 / 201.6 at flash_attn's 14, whose
+# unfilled SMs stay idle; 24 or 33 splits cost 5-10 us more); batch 8 (64 tiles) with 1 split
+# up to 16k keys (60.4 / 188.1 against 61.6 / 189.4 at 2). AMD: untimed, flash_attn's heuristic
+# as before; an AMD runner would time ``kernels.bench --decode --splits`` and add its row here.
+DECODE_SPLIT_WAVES: dict[str, tuple[tuple[int | None, float], ...]] = {
+    "hopper": ((16384, 0.5), (None, 1.0)),
+}
+
+
 @functools.lru_cache(maxsize=1024)
-def auto_num_splits(work_blocks: int, num_sms: int, seqlen_cache: int, block_n: int) -> int:
-    """Splits for ``num_splits=0``: flash_attn's heuristic over the cache's key tiles, at most
-    one split per ``MIN_SPLIT_KEYS`` keys."""
-    n = num_splits_heuristic(work_blocks, num_sms, -(-seqlen_cache // block_n))
+def auto_num_splits(
+    work_blocks: int, num_sms: int, seqlen_cache: int, block_n: int, family: str = ""
+) -> int:
+    """Splits for ``num_splits=0``: the family's row of ``DECODE_SPLIT_WAVES``, else flash_attn's
+    heuristic over the cache's key tiles; at most one split per ``MIN_SPLIT_KEYS`` keys."""
+    table = DECODE_SPLIT_WAVES.get(family)
+    if table is None:
+        n = num_splits_heuristic(work_blocks, num_sms, -(-seqlen_cache // block_n))
+    elif work_blocks >= 0.8 * num_sms:
+        n = 1  # the grid nearly fills the GPU already (as flash_attn's heuristic)
+    else:
+        waves = next(w for bound, w in table if bound is None or seqlen_cache <= bound)
+        n = int(num_sms * waves) // work_blocks
     return max(1, min(n, seqlen_cache // MIN_SPLIT_KEYS))
 
 
@@ -683,13 +726,16 @@ def flash_attn_with_kvcache(
     if return_softmax_lse:
         lse = torch.empty((batch, hq, seqlen_q), dtype=torch.float32, device=device)
     rows = seqlen_q * (hq // hk)
-    kc = kv_config(configs.device_family(device), d)
-    tile = kc.decode if rows <= kc.decode.block_m else kc.prefill
-    n_key_blocks = _cdiv(seqlen_cache, tile.block_n)
+    family = configs.device_family(device)
+    kc = kv_config(family, d)
+    decoding = rows <= kc.decode.block_m
+    tile = kc.decode if decoding else kc.prefill
     if num_splits is None or num_splits < 1:
         work = batch * hk * _cdiv(rows, tile.block_m)
-        num_splits = auto_num_splits(work, _num_sms(device), seqlen_cache, tile.block_n)
-    num_splits = max(1, min(int(num_splits), 128, n_key_blocks))
+        num_splits = auto_num_splits(work, _num_sms(device), seqlen_cache, tile.block_n, family)
+    num_splits = max(1, min(int(num_splits), 128, _cdiv(seqlen_cache, tile.block_n)))
+    if decoding:
+        tile = kc.decode_tile(num_splits, seqlen_cache)
     _launch(
         q, k_cache, v_cache, out, lse, tile=tile, merge_d=kc.merge_d, cu_q=None, seqlens_k=seqlens_k, k_start=k_start,
         block_table=block_table, batch_idx=cache_batch_idx, slopes=slopes, sa=(sa_b, sa_h),
@@ -761,8 +807,8 @@ def aot_kernels(
     head_dim: int, family: str, dtype: str = "bf16", page_size: int = 16
 ) -> list[tuple]:
     """(name, jit fn, pointer types, constexprs, tile) of the cache kernels for ``kernels.aot``:
-    split-KV decoding from a paged cache (causal; the last split merges them all) and paged
-    varlen prefill."""
+    split-KV decoding from a paged cache (causal; the last split merges them all), with the long
+    splits' tile where the family has one (``kv_decode_long``), and paged varlen prefill."""
     kc = kv_config(family, head_dim)
     bd = configs.padded_head_dim(head_dim)
     p = f"*{dtype}"
@@ -779,9 +825,12 @@ def aot_kernels(
     def tiles(t):
         return dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n)
 
+    decode = [("kv_decode", kc.decode)]
+    if kc.decode_long is not None:
+        decode.append(("kv_decode_long", kc.decode_long))
     return [
-        ("kv_decode", _kv_fwd, ptrs,
-         dict(flags, IS_VARLEN_Q=False, SPLIT=True, **tiles(kc.decode)), kc.decode),
+        *((name, _kv_fwd, ptrs, dict(flags, IS_VARLEN_Q=False, SPLIT=True, **tiles(t)), t)
+          for name, t in decode),
         ("kv_prefill", _kv_fwd, ptrs,
          dict(flags, IS_VARLEN_Q=True, SPLIT=False, **tiles(kc.prefill)), kc.prefill),
     ]  # fmt: skip

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from kernels import flash_attn_varlen_func, flash_attn_with_kvcache
+from kernels import flash_attn_varlen_func, flash_attn_with_kvcache, kvcache
 from kernels.checks import judge
 from kernels.checks.reference import attention_ref, flash_window, rotary_ref
 from kernels.kvcache import auto_num_splits, num_splits_heuristic
@@ -311,11 +311,51 @@ def test_auto_num_splits_keeps_512_keys_a_split(work, cache, expected):
     assert auto_num_splits(work, 132, cache, 128) == expected
 
 
+@pytest.mark.parametrize(
+    "work, cache, expected",
+    [
+        (8, 4096, 8),  # half a wave up to 16k keys: 66 programs, 8 splits of the 8 tiles
+        (8, 16384, 8),  # (flash_attn's heuristic: 15)
+        (8, 16385, 16),  # past 16k a full wave: 132 // 8
+        (8, 131072, 16),  # (flash_attn's heuristic: 14)
+        (8, 2048, 4),  # at most one split per 512 keys
+        (64, 4096, 1),  # batch 8: half a wave is one split of 64 tiles
+        (64, 65536, 2),
+        (106, 65536, 1),  # the grid nearly fills the GPU
+    ],
+)
+def test_hopper_split_counts_follow_the_measured_table(work, cache, expected):
+    assert kvcache.DECODE_SPLIT_WAVES["hopper"][-1][0] is None  # every cache length has a row
+    assert auto_num_splits(work, 132, cache, 128, "hopper") == expected
+    # Families without a row keep flash_attn's heuristic.
+    assert auto_num_splits(work, 132, cache, 128, "cdna3") == auto_num_splits(work, 132, cache, 128)
+
+
+@pytest.mark.parametrize(
+    "splits, cache, long",
+    [
+        (16, 65536, True),  # 4096 keys a split
+        (16, 65535, False),
+        (8, 16384, False),
+        (2, 65536, True),
+        (1, 131072, False),  # one split: no merge, the measured default tile
+    ],
+)
+def test_hopper_d128_long_splits_take_the_64_key_tile(splits, cache, long):
+    kc = kvcache.kv_config("hopper", 128)
+    tile = kc.decode_tile(splits, cache)
+    assert tile == (kc.decode_long if long else kc.decode)
+    assert kc.decode_long.block_n == 64 and kc.decode.block_n == 128
+    # Other head dims and families have no long tile.
+    assert (
+        kvcache.kv_config("hopper", 64).decode_tile(splits, cache)
+        == kvcache.kv_config("hopper", 64).decode
+    )
+
+
 def test_split_steps_reuse_their_scratch_and_leave_the_counters_at_zero():
     # The last split of a tile merges and resets its counter; a counter left at 1 would make the
     # next step's merge wait for a split that never comes (and leave the output unwritten).
-    from kernels import kvcache
-
     g = torch.Generator().manual_seed(5)
     q = _rand(2, 1, 4, 32, dtype=torch.float16, g=g)
     kc, vc = (_rand(2, 80, 2, 32, dtype=torch.float16, g=g) for _ in range(2))
@@ -442,3 +482,8 @@ def test_every_family_has_kv_tiles_and_kernels_aot_compiles_both():
             # A decoding step's GQA group (seqlen_q x group rows) fills one 16-row matrix tile.
             assert kc.decode.block_m == 16 and min(kc.decode.block_n, kc.prefill.block_m) >= 16
     assert [k[0] for k in aot_kernels(128, "cdna3")] == ["kv_decode", "kv_prefill"]
+    assert [k[0] for k in aot_kernels(128, "hopper")] == [
+        "kv_decode",
+        "kv_decode_long",
+        "kv_prefill",
+    ]
