@@ -19,6 +19,7 @@ import select
 import socket
 import sys
 import traceback
+import warnings
 
 from validate.runner import PARENT_ENV, watch_parent
 
@@ -85,6 +86,10 @@ def serve(fd: int) -> None:
     sock = socket.socket(fileno=fd)
     os.set_inheritable(fd, False)
     watch_parent()
+    # Python 3.12 warns at every fork of a process with more than one thread: here the parent
+    # watch above (a sleep loop that holds no lock) and whatever torch's import started; the
+    # server runs no torch op and holds no lock when it forks, which is what the warning is about.
+    warnings.filterwarnings("ignore", r"This process .* is multi-threaded", DeprecationWarning)
     try:
         import torch  # noqa: F401 - the point of the server
     except Exception:  # noqa: BLE001, S110 - each check imports it again and reports the error
