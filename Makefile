@@ -3,6 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 BASE_IMAGE ?= attnforge-local/debian:bookworm
 WHEELHOUSE ?= build/wheelhouse
+TRITONS_DIR ?= build/tritons
 CA_CERT ?= /etc/ssl/certs/ca-certificates.crt
 # pytest-xdist workers: one per core. --dist loadfile keeps each test file on one worker, in order,
 # so a module's shared tree, images and fixtures stay its own (e2e modules run their steps in order).
@@ -10,7 +11,7 @@ CA_CERT ?= /etc/ssl/certs/ca-certificates.crt
 # e2e module's own namespace (tests/e2e/conftest.py).
 TEST_WORKERS ?= auto
 PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadfile
-export BASE_IMAGE WHEELHOUSE
+export BASE_IMAGE WHEELHOUSE TRITONS_DIR
 
 .PHONY: demo test test-unit lint setup venv clean
 
@@ -39,6 +40,7 @@ test:
 	$(BYTECODE)
 	$(TEST_THREADS) ATTNFORGE_REQUIRE_E2E=1 ATTNFORGE_E2E_BASE_IMAGE=$(BASE_IMAGE) \
 	ATTNFORGE_E2E_WHEELHOUSE=$(abspath $(WHEELHOUSE)) ATTNFORGE_E2E_CA_CERT=$(CA_CERT) \
+	ATTNFORGE_TRITONS_DIR=$(abspath $(TRITONS_DIR)) \
 	ATTNFORGE_E2E_REGISTRY=127.0.0.1:5000 $(BIN)/python -m pytest $(PYTEST_PARALLEL)
 
 ## test-unit: the tests that need no engine and are not marked slow (about 2.5 minutes on 2 cores)
