@@ -24,7 +24,7 @@ from contract import names, workloads
 from validate import forkserver
 from validate.argtypes import positive_int, seconds
 from validate.report import current_run_id
-from validate.runner import Outcome, child_env, classify, signal_name, tail
+from validate.runner import Outcome, _kill_group, child_env, classify, signal_name, tail
 
 HELP = "run backends for many iterations at real workload shapes; report the first failure"
 DESCRIPTION = """\
@@ -293,14 +293,6 @@ def _child_env(serialize: bool) -> dict[str, str]:
     if serialize:
         env.update(SERIALIZE_ENV)
     return env
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, 9)
-    except (ProcessLookupError, PermissionError):
-        if proc.poll() is None:
-            proc.kill()
 
 
 def launch(args: list[str], stall_s: float, env: dict[str, str]) -> tuple[Outcome, list[str]]:
