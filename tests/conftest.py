@@ -26,7 +26,18 @@ REPO = Path(__file__).resolve().parents[1]
 COPY_IGNORE = shutil.ignore_patterns(".venv", ".git", "build", "reports", ".pytest_cache")
 # The checkout's output folders (build/wheelhouse is set-up's input, not a test's output).
 GUARDED = ("reports", "build/state", "build/logs", "build/staging")
-_OUTPUTS = Path(tempfile.mkdtemp(prefix="attnforge-test-outputs-"))
+_OUTPUTS: list[Path] = []  # the process's output folder, made when a test first asks for it
+
+
+def _outputs() -> Path:
+    """A temporary folder for the build and report folders of this process's tests. Made on
+    first use, not at import: every process that imports this file (xdist's controller, which
+    runs no session fixture, among them) would otherwise leave an empty folder in /tmp."""
+    if not _OUTPUTS:
+        _OUTPUTS.append(Path(tempfile.mkdtemp(prefix="attnforge-test-outputs-")))
+    return _OUTPUTS[0]
+
+
 # The image namespaces that tests/e2e/conftest.py's `shared_cpu_stack` built this session, one a
 # line, in the session's shared temporary folder; the session's end removes their images.
 SHARED_NAMESPACES = "e2e-shared-namespaces.txt"
@@ -47,7 +58,8 @@ def _snapshot() -> set[str]:
 def checkout_is_not_written():
     before = _snapshot()
     yield
-    shutil.rmtree(_OUTPUTS, ignore_errors=True)
+    for folder in _OUTPUTS:
+        shutil.rmtree(folder, ignore_errors=True)
     changed = sorted(_snapshot() ^ before)
     assert not changed, f"tests wrote into the checkout: {changed[:10]}"
 
@@ -137,7 +149,7 @@ def repo_copy(tmp_path: Path) -> Path:
 def outputs_env(base: Path | None = None, env: dict[str, str] | None = None) -> dict[str, str]:
     """The environment with attnforge's build and report folders under `base` (a temporary
     directory unless given)."""
-    base = base or _OUTPUTS
+    base = base or _outputs()
     return {
         **(env if env is not None else os.environ),
         "ATTNFORGE_BUILD_DIR": str(base / "build"),
