@@ -161,11 +161,26 @@ class InputsStore:
             )
 
 
-def provenance(ws: Workspace) -> dict[str, str]:
+def provenance(ws: Workspace, env: Mapping[str, str] = os.environ) -> dict[str, str]:
     """OCI provenance labels shared by every image of a build: where the recipes came from (the
     git remote and commit of this checkout, when it is one) and when. Labels are not part of the
-    cache key: the same inputs still make the same content tag."""
-    found = {"org.opencontainers.image.created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    cache key: the same inputs still make the same content tag.
+
+    The time is SOURCE_DATE_EPOCH's where it is set (the reproducible-builds.org convention:
+    whole seconds since 1970 UTC), else now. Under Podman it matters beyond the label: Buildah
+    writes labels as a last LABEL step into the image's history, which the layers built on it
+    compare, so a build time that differs gives the next build of the layers above no cache."""
+    epoch = env.get("SOURCE_DATE_EPOCH")
+    if epoch is None or epoch == "":
+        when = time.gmtime()
+    elif epoch.isdigit() and int(epoch) < 253402300800:  # before the year 10000
+        when = time.gmtime(int(epoch))
+    else:
+        raise UserError(
+            f"SOURCE_DATE_EPOCH={epoch!r} is not a time: give whole seconds since 1970-01-01 UTC",
+            hint="e.g. SOURCE_DATE_EPOCH=$(git log -1 --format=%ct), or unset it",
+        )
+    found = {"org.opencontainers.image.created": time.strftime("%Y-%m-%dT%H:%M:%SZ", when)}
     for key, argv in (
         ("org.opencontainers.image.revision", ["rev-parse", "HEAD"]),
         ("org.opencontainers.image.source", ["config", "--get", "remote.origin.url"]),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 
@@ -62,6 +63,29 @@ def test_user_mistakes_are_sentences_without_tracebacks(args, message):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert message in " ".join(proc.stderr.split())
     assert "Traceback" not in proc.stderr
+
+
+def created_labels(plan_json: str) -> set[str]:
+    """The created labels of a dry run's build commands, one per distinct value."""
+    commands = " ".join(str(s["command"]) for s in json.loads(plan_json)["steps"])
+    return set(re.findall(r"org\.opencontainers\.image\.created=([0-9T:Z-]+)", commands))
+
+
+def test_source_date_epoch_is_the_images_created_time_and_a_bad_one_is_refused(tmp_path):
+    """The created label of every layer follows SOURCE_DATE_EPOCH (reproducible builds; under
+    Podman a time that differs between builds gives the layers above no cache), else now."""
+    env = {**os.environ, "SOURCE_DATE_EPOCH": "1767225600"}
+    proc = invoke("build", "--arch", "cpu", "--dry-run", "--json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert created_labels(proc.stdout) == {"2026-01-01T00:00:00Z"}
+    for bad in ("yesterday", "-1", "1e9", "99999999999999"):
+        proc = invoke("build", "--arch", "cpu", "--dry-run", env={**env, "SOURCE_DATE_EPOCH": bad})
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert f"SOURCE_DATE_EPOCH={bad!r} is not a time" in " ".join(proc.stderr.split())
+    unset = {k: v for k, v in env.items() if k != "SOURCE_DATE_EPOCH"}
+    proc = invoke("build", "--arch", "cpu", "--dry-run", "--json", env=unset)
+    created = created_labels(proc.stdout)
+    assert len(created) == 1 and created != {"2026-01-01T00:00:00Z"}
 
 
 def test_debug_shows_the_traceback():
