@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -556,8 +557,28 @@ class DockerEngine(_CliEngine):
 # - the registry's digest of a push is not the local image's `.Digest` (Podman re-serializes the
 #   manifest on push), so it is taken from `podman push --digestfile`;
 # - a plain-HTTP registry is allowed in registries.conf(.d) (`insecure = true`), never by
-#   --tls-verify=false here; Docker allows 127.0.0.0/8 by itself.
-PODMAN_BUILD_FLAGS = ("--format", "docker", "--layers")
+#   --tls-verify=false here; Docker allows 127.0.0.0/8 by itself;
+# - a build that fails keeps Buildah's working container (the step's whole filesystem: for a
+#   source build, the source tree and its objects) unless --force-rm, and one stopped by a signal
+#   keeps it even then (podman 4.3: SIGINT, SIGTERM and SIGHUP alike), so the engine removes
+#   the working containers an interrupted build left (`podman_left_behind`).
+PODMAN_BUILD_FLAGS = ("--format", "docker", "--layers", "--force-rm")
+# Buildah names a build's working container after the stage's base image: NAME-working-container,
+# then -1, -2, ... while one of that name exists.
+_WORKING_CONTAINER = re.compile(r"-working-container(-[0-9]+)?$")
+
+
+def podman_left_behind(before: str, after: str) -> list[str]:
+    """The ids of Buildah working containers in `after` and not in `before`, both what
+    `podman ps -a --external --format '{{.ID}} {{.Names}}'` printed."""
+
+    def working(listed: str) -> set[str]:
+        rows = (line.split() for line in listed.splitlines())
+        return {r[0] for r in rows if len(r) == 2 and _WORKING_CONTAINER.search(r[1])}
+
+    return sorted(working(after) - working(before))
+
+
 RLIMIT_REFUSED = "error setting rlimit"  # runc's words when it may not raise a container's limits
 
 
@@ -626,6 +647,37 @@ class PodmanEngine(_CliEngine):
 
     def build_argv(self, req: BuildRequest) -> list[str]:
         return podman_build_argv(req, self.cli)
+
+    def build(
+        self, req: BuildRequest, log: IO[str], on_line: Callable[[str], None] | None = None
+    ) -> str:
+        """Build as every engine does; when Ctrl-C (or a kill of attnforge) stops it, remove the
+        working containers the build left, which Podman keeps on a signal even with --force-rm.
+        The ones that appeared while it ran are taken as its own: a second `podman build` started
+        on the same storage in that moment would lose its working container too."""
+        before = self._working_containers()
+        try:
+            return super().build(req, log, on_line)
+        except BuildFailed:
+            raise  # --force-rm: podman removed its container
+        except BaseException:
+            after = self._working_containers() if before is not None else None
+            for cid in podman_left_behind(before, after) if after is not None else []:
+                subprocess.run([self.cli, "rm", "-f", cid], capture_output=True, timeout=60)
+                log.write(f"removed the interrupted build's working container {cid[:12]}\n")
+            raise
+
+    def _working_containers(self) -> str | None:
+        """What `podman ps` lists of every container, Buildah's included; None if it failed (then
+        nothing is removed: everything listed afterwards would look new)."""
+        try:
+            proc = subprocess.run(
+                [self.cli, "ps", "-a", "--external", "--no-trunc", "--format", "{{.ID}} {{.Names}}"],
+                capture_output=True, text=True, timeout=60, env=self.env,
+            )  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return proc.stdout if proc.returncode == 0 else None
 
     def image_id(self, ref: str) -> str | None:
         out = subprocess.run(

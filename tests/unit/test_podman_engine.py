@@ -18,6 +18,7 @@ from attnforge.engine import (
     RunRequest,
     podman_build_argv,
     podman_image_id,
+    podman_left_behind,
     podman_remote_verdict,
 )
 from attnforge.errors import UserError
@@ -55,6 +56,7 @@ def test_podman_builds_in_dockers_image_format_and_keeps_its_layers():
     argv = podman_build_argv(req, "/usr/bin/podman")
     # the OCI format would drop SHELL, which every Dockerfile here sets
     assert argv[:5] == ["/usr/bin/podman", "build", "--format", "docker", "--layers"]
+    assert "--force-rm" in argv  # a failed build leaves no working container
     assert argv[argv.index("--secret") + 1] == "id=ca,src=/ca.crt"
     assert argv[argv.index("--iidfile") + 1] == "/s/iid"
     assert "--progress=plain" not in argv and argv[-1] == "/ctx"
@@ -124,3 +126,16 @@ def test_a_registry_digest_is_only_what_podmans_own_push_wrote(podman_that_runc_
         engine.registry_digest("127.0.0.1:5000/ns/cpu:cpu")
     engine._pushed["127.0.0.1:5000/ns/cpu:cpu"] = "sha256:" + "a" * 64
     assert engine.registry_digest("127.0.0.1:5000/ns/cpu:cpu") == "sha256:" + "a" * 64
+
+
+def test_the_working_containers_an_interrupted_build_left_are_the_new_ones_buildah_named():
+    """`podman ps -a --external` before and after an interrupted build (podman 4.3's listing):
+    only Buildah's working containers that appeared are the build's; a container of the user's
+    and a working container that was there before are not."""
+    before = "aaa111 apps-working-container\nbbb222 my-dev-box\n"
+    after = (
+        "aaa111 apps-working-container\nbbb222 my-dev-box\nccc333 apps-working-container-1\n"
+        "ddd444 debian-working-container\neee555 webserver\nfff666 working-container-notes\n"
+    )
+    assert podman_left_behind(before, after) == ["ccc333", "ddd444"]
+    assert podman_left_behind(after, after) == []
