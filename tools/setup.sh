@@ -162,13 +162,20 @@ registry() {
   # login; openssl: `invoke verify --key` checks cosign signatures with it (tests/e2e/test_verify_signature.py).
   apt_install docker-registry apache2-utils openssl
   curl -fsS "http://$REGISTRY_ADDR/v2/" >/dev/null 2>&1 && return 0
-  say "starting a local registry on $REGISTRY_ADDR"
-  # Its storage is throwaway (.ci/registry.yml): each test run pushes to repositories named for
-  # that run, so a registry that kept them would grow by gigabytes with every local `make test`.
-  local store
-  store=$(awk '$1 == "rootdirectory:" {print $2}' .ci/registry.yml)
-  [[ $store == /tmp/* ]] && rm -rf -- "$store"
-  setsid docker-registry serve .ci/registry.yml >/tmp/attnforge-registry.log 2>&1 < /dev/null &
+  # Its storage is kept between runs, as the engines keep their build caches: each test run pushes
+  # to repositories named for that run, and a layer the registry already holds is mounted into
+  # them, not uploaded again (about 1.5 GB of the cpu stack, compressed on one core by the engine,
+  # for Docker and for Podman). What every run adds (its manifests, the layers it changed) is
+  # bounded: a store over REGISTRY_STORE_MAX_MB (10 GiB) starts empty.
+  local store=${REGISTRY_STORE:-${XDG_CACHE_HOME:-$HOME/.cache}/attnforge/registry}
+  if [ -d "$store" ] && (($(du -sm "$store" | cut -f1) > ${REGISTRY_STORE_MAX_MB:-10240})); then
+    say "the registry's store $store is over ${REGISTRY_STORE_MAX_MB:-10240} MB: starting it empty"
+    rm -rf -- "$store"
+  fi
+  mkdir -p "$store"
+  say "starting a local registry on $REGISTRY_ADDR (store: $store)"
+  REGISTRY_STORAGE_FILESYSTEM_ROOTDIRECTORY=$store \
+    setsid docker-registry serve .ci/registry.yml >/tmp/attnforge-registry.log 2>&1 < /dev/null &
   for _ in $(seq 30); do curl -fsS "http://$REGISTRY_ADDR/v2/" >/dev/null 2>&1 && return 0; sleep 1; done
   die "the registry did not come up; see /tmp/attnforge-registry.log"
 }

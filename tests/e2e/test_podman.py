@@ -89,16 +89,86 @@ def tree(tmp_path_factory) -> Path:
         )
     dest = tmp_path_factory.mktemp("podman") / "tree"
     shutil.copytree(REPO, dest, ignore=COPY_IGNORE)
-    yield dest
-    remove_images_of(NAMESPACE)
+    before = os.environ.get("SOURCE_DATE_EPOCH")
+    os.environ["SOURCE_DATE_EPOCH"] = EPOCH  # every invoke of the module, subprocesses included
+    keys: dict[str, str] = {}
+    try:
+        keys = lower_layer_keys(dest)
+        drop_stale_cache(keys)
+        yield dest
+    finally:
+        if before is None:
+            os.environ.pop("SOURCE_DATE_EPOCH", None)
+        else:
+            os.environ["SOURCE_DATE_EPOCH"] = before
+        remove_images_of(NAMESPACE, keep=keep_lower_layers(NAMESPACE, keys))
 
 
-def remove_images_of(namespace: str) -> None:
-    """Every image with a name in the namespace, by id: an image pulled by digest has no tag."""
-    listed = podman("images", "--format", "{{.ID}} {{.Repository}}").stdout.splitlines()
-    ids = sorted({line.split()[0] for line in listed if namespace in line})
-    if ids:
-        podman("rmi", "-f", *ids)
+# Podman's layer cache is its image storage: the images a build made are what the next build
+# finds (`--layers`), where Docker keeps BuildKit's cache apart from its images. The run's lower
+# layers (base to apps, whose inputs a run does not change) stay as CACHE/LAYER:CONTENT-TAG, so
+# the next run builds them from Podman's cache as the Docker modules build theirs from BuildKit's;
+# `podman rmi` them for a cold build. The triton and validate layers, which the test's nonce
+# changes every run, go with the namespace.
+# - Buildah writes the labels into each image's history, which the layers above compare: the
+#   created label is the same in every run (EPOCH, through SOURCE_DATE_EPOCH), or each run's base
+#   would give its torch-cpu layer no cache.
+# - Buildah 1.28 leaves bind-mounted files out of a RUN step's cache key (docs/engines.md, "Known
+#   problem"), so a layer whose inputs changed could be answered from the old inputs' steps: the
+#   module starts by removing every cached layer whose content tag is not the current one, and
+#   with it the steps it was built from. It also removes what a killed run of this module left
+#   (its namespace's images; Buildah would answer the next run's nonce-changed triton step from
+#   them), so one run of the module at a time per Podman storage.
+CACHE = "localhost/attnforge-test-cache"
+EPOCH, CREATED = "1767225600", "2026-01-01T00:00:00Z"
+NAMESPACE_PREFIX = NAMESPACE.rsplit("-", 1)[0] + "-"
+
+
+def lower_layer_keys(tree: Path) -> dict[str, str]:
+    """LAYER -> its content tag (`cpu-KEY12`) for the module's build, from a dry run."""
+    plan = json.loads(invoke(tree, *podman_build("--dry-run", "--json")).stdout)
+    return {
+        s["layer"]: s["tag"].rsplit(":", 1)[1] for s in plan["steps"] if s["layer"] in LAYERS[:4]
+    }
+
+
+def drop_stale_cache(keys: dict[str, str]) -> None:
+    listed = podman("images", "--no-trunc", "--format", "{{.ID}} {{.Repository}}:{{.Tag}}").stdout
+    rows = [line.split() for line in listed.splitlines() if len(line.split()) == 2]
+    leftovers = {i for i, name in rows if NAMESPACE_PREFIX in name and NAMESPACE not in name}
+    if leftovers:
+        podman("rmi", "-f", *sorted(leftovers))
+    for layer in reversed(LAYERS[:4]):  # the top first: Podman refuses an image another is built on
+        for _, name in rows:
+            if name.startswith(f"{CACHE}/{layer}:") and name != f"{CACHE}/{layer}:{keys[layer]}":
+                podman("rmi", name)  # the name; the image too when it was its only one
+
+
+def keep_lower_layers(namespace: str, keys: dict[str, str]) -> set[str]:
+    """Name the namespace's lower layers CACHE/LAYER:CONTENT-TAG (`keys`) and return the ids kept
+    (bare hex, as Podman prints them)."""
+    kept = set()
+    for layer, content_tag in keys.items():
+        image = (podman_id(f"{namespace}/{layer}:{content_tag}") or "").removeprefix("sha256:")
+        if image and podman("tag", image, f"{CACHE}/{layer}:{content_tag}").returncode == 0:
+            kept.add(image)
+    return kept
+
+
+def remove_images_of(namespace: str, keep: set[str] = frozenset()) -> None:
+    """Every image with a name in the namespace, by id (an image pulled by digest has no tag),
+    except the ids in `keep`: those lose only their names in the namespace."""
+    images = podman("images", "--no-trunc", "--format", "{{.ID}} {{.Repository}}").stdout
+    ids = {
+        line.split()[0].removeprefix("sha256:") for line in images.splitlines() if namespace in line
+    }
+    if ids - keep:
+        podman("rmi", "-f", *sorted(ids - keep))
+    for image in sorted(ids & keep):
+        names = podman("image", "inspect", "--format", "{{json .RepoTags}}", image).stdout
+        mine = [n for n in json.loads(names or "[]") if namespace in n]
+        if mine:  # `podman untag IMAGE` with no name would take the CACHE name too
+            podman("untag", image, *mine)
 
 
 @dataclass
@@ -110,6 +180,14 @@ class Built:
     plan: dict  # the same build's dry run between the interrupt and --continue
     triton_id: str | None  # what the triton layer's content tag named then
     resumed: subprocess.CompletedProcess[str] | None
+    left: list[str]  # Buildah working containers the interrupt left behind
+    triton_log: str  # the interrupted run's build log of the triton layer
+
+
+def working_containers() -> set[str]:
+    """`ID NAME` of every container Podman lists, Buildah's working containers included."""
+    listed = podman("ps", "-a", "--external", "--no-trunc", "--format", "{{.ID}} {{.Names}}")
+    return set(listed.stdout.splitlines())
 
 
 def _ctrl_c_not_ignored() -> None:
@@ -124,6 +202,7 @@ def built(tree: Path) -> Built:
     """The one Podman build of the cpu stack the tests below share: Ctrl-C in the middle of the
     triton layer's pip install, then `invoke build --continue`."""
     args = podman_build()
+    containers_before = working_containers()
     out, err = tree.parent / "interrupted.out", tree.parent / "interrupted.err"
     with out.open("w") as stdout, err.open("w") as stderr:
         try:
@@ -142,9 +221,13 @@ def built(tree: Path) -> Built:
         proc.args, proc.returncode, out.read_text(), err.read_text()
     )
     state = json.loads((tree / "build/state/last-build.json").read_text())
+    left = sorted(working_containers() - containers_before)
+    triton_log = (tree / "build/logs/cpu/triton.log").read_text(
+        errors="replace"
+    )  # --continue rewrites it
     plan = json.loads(invoke(tree, *args, "--dry-run", "--json").stdout)
     triton = next(s for s in plan["steps"] if s["layer"] == "triton")
-    found = Built(interrupted, state, plan, podman_id(triton["tag"]), None)
+    found = Built(interrupted, state, plan, podman_id(triton["tag"]), None, left, triton_log)
     if interrupted.returncode == 0:
         return found  # the build ended before Ctrl-C: the interrupt test says so
     found.resumed = invoke(tree, "build", "--continue")
@@ -215,6 +298,7 @@ def test_the_podman_image_carries_its_versions_manifest_as_file_and_label(tree, 
     labels = json.loads(podman("image", "inspect", "--format", "{{json .Labels}}", final).stdout)
     assert json.loads(labels["org.attnforge.versions"]) == manifest
     assert labels["org.attnforge.layer"] == "validate"
+    assert labels["org.opencontainers.image.created"] == CREATED  # SOURCE_DATE_EPOCH's
     # Docker's image format (Buildah's OCI one drops SHELL: the base layer's bash-only RUN would fail)
     kind = podman("image", "inspect", "--format", "{{.ManifestType}}", final).stdout.strip()
     assert kind == "application/vnd.docker.distribution.manifest.v2+json"
@@ -255,6 +339,9 @@ def test_an_interrupted_podman_build_leaves_no_tag_and_continue_finishes_it(tree
     assert state["invocation"]["engine"] == "podman"
     triton = next(s for s in built.plan["steps"] if s["layer"] == "triton")
     assert triton["status"] == "build" and built.triton_id is None  # no tag on a partial image
+    # podman keeps the working container of a build stopped by a signal; the engine removed it
+    assert built.left == [], built.left
+    assert "removed the interrupted build's working container" in built.triton_log
 
     resumed = built.resumed
     assert "stopped at layer triton" in " ".join(resumed.stdout.split())
