@@ -651,8 +651,9 @@ class PodmanEngine(_CliEngine):
     def build(
         self, req: BuildRequest, log: IO[str], on_line: Callable[[str], None] | None = None
     ) -> str:
-        """Build as every engine does; when Ctrl-C (or a kill of attnforge) stops it, remove the
-        working containers the build left, which Podman keeps on a signal even with --force-rm.
+        """Build as every engine does; when Ctrl-C stops it, remove the working containers the
+        build left, which Podman keeps on a signal even with --force-rm (a SIGKILL of attnforge
+        runs nothing: `podman ps -a --external` then lists what stayed).
         The ones that appeared while it ran are taken as its own: a second `podman build` started
         on the same storage in that moment would lose its working container too."""
         before = self._working_containers()

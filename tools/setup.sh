@@ -166,11 +166,12 @@ registry() {
   # to repositories named for that run, and a layer the registry already holds is mounted into
   # them, not uploaded again (about 1.5 GB of the cpu stack, compressed on one core by the engine,
   # for Docker and for Podman). What every run adds (its manifests, the layers it changed) is
-  # bounded: a store over REGISTRY_STORE_MAX_MB (10 GiB) starts empty.
+  # bounded: a store over REGISTRY_STORE_MAX_MB (10 GiB) starts empty. Only the registry's own
+  # tree (docker/ in the store) is removed, whatever folder REGISTRY_STORE names.
   local store=${REGISTRY_STORE:-${XDG_CACHE_HOME:-$HOME/.cache}/attnforge/registry}
-  if [ -d "$store" ] && (($(du -sm "$store" | cut -f1) > ${REGISTRY_STORE_MAX_MB:-10240})); then
+  if [ -d "$store/docker" ] && (($(du -sm "$store/docker" | cut -f1) > ${REGISTRY_STORE_MAX_MB:-10240})); then
     say "the registry's store $store is over ${REGISTRY_STORE_MAX_MB:-10240} MB: starting it empty"
-    rm -rf -- "$store"
+    rm -rf -- "$store/docker"
   fi
   mkdir -p "$store"
   say "starting a local registry on $REGISTRY_ADDR (store: $store)"
