@@ -7,6 +7,7 @@ own output folders anyway.
 
 from __future__ import annotations
 
+import atexit
 import base64
 import os
 import shutil
@@ -30,11 +31,15 @@ _OUTPUTS: list[Path] = []  # the process's output folder, made when a test first
 
 
 def _outputs() -> Path:
-    """A temporary folder for the build and report folders of this process's tests. Made on
-    first use, not at import: every process that imports this file (xdist's controller, which
-    runs no session fixture, among them) would otherwise leave an empty folder in /tmp."""
+    """A temporary folder for the build and report folders of this process's tests, removed when
+    the process exits. Made on first use, not at import: every process that imports this file
+    (xdist's controller among them) would otherwise make one. The removal is the process's, not
+    a session fixture's: pytest imports this file as `conftest` and the test modules import it
+    again as `tests.conftest` (tests/ has no __init__.py), two modules with a list each."""
     if not _OUTPUTS:
-        _OUTPUTS.append(Path(tempfile.mkdtemp(prefix="attnforge-test-outputs-")))
+        folder = Path(tempfile.mkdtemp(prefix="attnforge-test-outputs-"))
+        atexit.register(shutil.rmtree, folder, True)
+        _OUTPUTS.append(folder)
     return _OUTPUTS[0]
 
 
@@ -58,8 +63,6 @@ def _snapshot() -> set[str]:
 def checkout_is_not_written():
     before = _snapshot()
     yield
-    for folder in _OUTPUTS:
-        shutil.rmtree(folder, ignore_errors=True)
     changed = sorted(_snapshot() ^ before)
     assert not changed, f"tests wrote into the checkout: {changed[:10]}"
 
