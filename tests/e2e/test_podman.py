@@ -101,7 +101,8 @@ def tree(tmp_path_factory) -> Path:
             os.environ.pop("SOURCE_DATE_EPOCH", None)
         else:
             os.environ["SOURCE_DATE_EPOCH"] = before
-        remove_images_of(NAMESPACE, keep=keep_lower_layers(NAMESPACE, keys))
+        keep_lower_layers(NAMESPACE, keys)
+        remove_images_of(NAMESPACE)
 
 
 # Podman's layer cache is its image storage: the images a build made are what the next build
@@ -133,42 +134,42 @@ def lower_layer_keys(tree: Path) -> dict[str, str]:
 
 
 def drop_stale_cache(keys: dict[str, str]) -> None:
+    """Before the module's build: what killed runs of the module left (their namespaces' names;
+    the images too, unless the cache holds them), then every cached layer of another content tag."""
     listed = podman("images", "--no-trunc", "--format", "{{.ID}} {{.Repository}}:{{.Tag}}").stdout
     rows = [line.split() for line in listed.splitlines() if len(line.split()) == 2]
-    leftovers = {i for i, name in rows if NAMESPACE_PREFIX in name and NAMESPACE not in name}
-    if leftovers:
-        podman("rmi", "-f", *sorted(leftovers))
+    remove_images_of(NAMESPACE_PREFIX)  # this run's namespace has no image yet
     for layer in reversed(LAYERS[:4]):  # the top first: Podman refuses an image another is built on
         for _, name in rows:
             if name.startswith(f"{CACHE}/{layer}:") and name != f"{CACHE}/{layer}:{keys[layer]}":
                 podman("rmi", name)  # the name; the image too when it was its only one
 
 
-def keep_lower_layers(namespace: str, keys: dict[str, str]) -> set[str]:
-    """Name the namespace's lower layers CACHE/LAYER:CONTENT-TAG (`keys`) and return the ids kept
-    (bare hex, as Podman prints them)."""
-    kept = set()
+def keep_lower_layers(namespace: str, keys: dict[str, str]) -> None:
+    """Name the namespace's lower layers CACHE/LAYER:CONTENT-TAG (`keys`)."""
     for layer, content_tag in keys.items():
-        image = (podman_id(f"{namespace}/{layer}:{content_tag}") or "").removeprefix("sha256:")
-        if image and podman("tag", image, f"{CACHE}/{layer}:{content_tag}").returncode == 0:
-            kept.add(image)
-    return kept
+        image = podman_id(f"{namespace}/{layer}:{content_tag}")
+        if image:
+            podman("tag", image.removeprefix("sha256:"), f"{CACHE}/{layer}:{content_tag}")
 
 
-def remove_images_of(namespace: str, keep: set[str] = frozenset()) -> None:
-    """Every image with a name in the namespace, by id (an image pulled by digest has no tag),
-    except the ids in `keep`: those lose only their names in the namespace."""
-    images = podman("images", "--no-trunc", "--format", "{{.ID}} {{.Repository}}").stdout
-    ids = {
-        line.split()[0].removeprefix("sha256:") for line in images.splitlines() if namespace in line
-    }
-    if ids - keep:
-        podman("rmi", "-f", *sorted(ids - keep))
-    for image in sorted(ids & keep):
+def remove_images_of(namespace: str) -> None:
+    """Every image whose names are all in the namespace, by id (an image pulled by digest has no
+    tag); an image with a name elsewhere too (CACHE's) loses only its names in the namespace."""
+    listed = podman("images", "--no-trunc", "--format", "{{.ID}} {{.Repository}}").stdout
+    rows = [
+        (i.removeprefix("sha256:"), repo)
+        for i, repo in (line.split() for line in listed.splitlines() if len(line.split()) == 2)
+    ]
+    mine = {i for i, repo in rows if namespace in repo}
+    shared = {i for i, repo in rows if namespace not in repo and repo != "<none>"} & mine
+    if mine - shared:
+        podman("rmi", "-f", *sorted(mine - shared))
+    for image in sorted(shared):
         names = podman("image", "inspect", "--format", "{{json .RepoTags}}", image).stdout
-        mine = [n for n in json.loads(names or "[]") if namespace in n]
-        if mine:  # `podman untag IMAGE` with no name would take the CACHE name too
-            podman("untag", image, *mine)
+        names = [n for n in json.loads(names or "[]") if namespace in n]
+        if names:  # `podman untag IMAGE` with no name would take every name
+            podman("untag", image, *names)
 
 
 @dataclass
