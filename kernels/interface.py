@@ -278,13 +278,15 @@ def _common(q, k, v, mask: Mask, scale: float, fp8: bool = False):
 
 def _forward(
     q, k, v, cu_q, cu_k, max_q, max_k, batch, scale, mask: Mask, alibi, varlen,
-    drop: Dropout | None = None, descale=None, out_dtype=None,
+    drop: Dropout | None = None, descale=None, out_dtype=None, planned: list | None = None,
 ):  # fmt: skip
     """(out, lse). ``drop``: dropout (fills ``drop.sdmask`` when it has one); ``descale``: FP8
     (q/k/v e4m3 with fp32 (batch, Hk) descale tensors (dq, dk, dv)), output in ``out_dtype``.
 
     A call whose key (``kernels.launch``) an earlier call recorded replays that call's launch;
-    others take the full path below and, where it can be replayed, record it."""
+    others take the full path below and, where it can be replayed, record it. ``planned``: a
+    list that gets the call's :class:`_ForwardPlan` where it replayed or recorded one (the
+    autograd Functions hand it to :func:`_backward`)."""
     key = None
     if launch.ENABLED and alibi is None and drop is None and descale is None:
         key, plan = launch.find(
@@ -296,6 +298,8 @@ def _forward(
         if plan is not None:
             res = plan(q, k, v, cu_q, cu_k)
             if res is not None:
+                if planned is not None:
+                    planned.append(plan)
                 return res
     qs, ks, vs = _Seq(q, varlen), _Seq(k, varlen), _Seq(v, varlen)
     fp8 = descale is not None
@@ -390,7 +394,10 @@ def _forward(
             if len(launched) == 1
             else None
         )
-        launch.FORWARD.put(key, _ForwardPlan(rec, out, lse) if rec is not None else False)
+        plan = _ForwardPlan(rec, out, lse) if rec is not None else False
+        launch.FORWARD.put(key, plan)
+        if plan and planned is not None:
+            planned.append(plan)
     if drop is not None and drop.sdmask is not None:
         causal = mask.left is None and mask.right == 0
         _unnormalise_sdmask(drop.sdmask, _get_block_size_n(q.device, d, True, causal))
@@ -422,19 +429,22 @@ class _Noting:
 
 class _ForwardPlan:
     """A recorded forward launch (``kernels.launch``): allocates out and LSE as the full path
-    does, then launches; None when a fresh output is not 16-byte aligned (then the full path)."""
+    does, then launches; None when a fresh output is not 16-byte aligned (then the full path).
+    ``backward``: the plans of the backward calls of this forward's outputs, by
+    ``launch.backward_key``."""
 
-    __slots__ = ("launch", "out_shape", "out_dtype", "lse_shape", "device")
+    __slots__ = ("launch", "out_shape", "out_dtype", "lse_shape", "device", "backward")
 
     def __init__(self, rec: launch.Launch, out: torch.Tensor, lse: torch.Tensor):
         self.launch = rec
         self.out_shape, self.out_dtype, self.device = out.shape, out.dtype, out.device
         self.lse_shape = lse.shape
+        self.backward = launch.Table(limit=16)
 
     def __call__(self, q, k, v, cu_q, cu_k):
         out = torch.empty(self.out_shape, dtype=self.out_dtype, device=self.device)
         lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
-        if not launch.aligned(out, lse):
+        if out.data_ptr() % 16 or lse.data_ptr() % 16:
             return None
         if self.launch.scratch:
             _tma_allocator()
@@ -455,7 +465,7 @@ class _BackwardPlan:
     def __call__(self, do, q, k, v, out, lse, cu_q, cu_k):
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         delta = torch.empty_like(lse)
-        if not launch.aligned(dq, dk, dv, delta):
+        if dq.data_ptr() % 16 or dk.data_ptr() % 16 or dv.data_ptr() % 16 or delta.data_ptr() % 16:
             return None
         if self.scratch:
             _tma_allocator()
@@ -483,10 +493,12 @@ def _cdiv(a: int, b: int) -> int:
 
 def _backward(
     do, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, batch, scale, mask: Mask, alibi, varlen,
-    grads=None, drop: Dropout | None = None,
+    grads=None, drop: Dropout | None = None, fplan: _ForwardPlan | None = None,
 ):  # fmt: skip
     """dQ, dK, dV; ``grads`` = (dq, dk, dv) to write into (views of one pack: kernels/packed.py);
-    ``drop``: the forward's dropout, whose mask the kernels regenerate.
+    ``drop``: the forward's dropout, whose mask the kernels regenerate; ``fplan``: the plan the
+    forward of ``out`` replayed or recorded (``_forward``'s ``planned``), whose own table keys
+    this call's plan by what the backward adds to the forward's key (``launch.backward_key``).
 
     Two launches (dQ, which also computes delta = rowsum(O * dO), then dK/dV) except with
     ``atomic_dq`` (delta kernel, then dK/dV accumulating dQ). The small shapes are bound by host
@@ -497,14 +509,17 @@ def _backward(
     :func:`_forward`."""
     key = None
     if launch.ENABLED and alibi is None and grads is None and drop is None:
-        key, plan = launch.find(
-            launch.BACKWARD,
-            launch.call_key(
+        if fplan is not None:
+            table = fplan.backward
+            key = launch.backward_key(do, q, k, v, out, lse)
+        else:
+            table = launch.BACKWARD
+            key = launch.call_key(
                 "bwd",
                 (do, q, k, v, out, lse, cu_q, cu_k),
                 (max_q, max_k, batch, scale, mask, varlen),
-            ),
-        )
+            )
+        key, plan = launch.find(table, key)
         if plan is not None:
             res = plan(do, q, k, v, out, lse, cu_q, cu_k)
             if res is not None:
@@ -672,7 +687,7 @@ def _backward(
         if len(launched) == 2 and launched[0][0] is _attn_bwd_dq:
             tensors = (do, q, k, v, out, lse, cu_q, cu_k, dq, dk, dv, delta)
             recs = tuple(launch.record(*x, tensors) for x in launched)
-        launch.BACKWARD.put(key, _BackwardPlan(recs) if None not in recs else False)
+        table.put(key, _BackwardPlan(recs) if None not in recs else False)
     return dq, dk, dv
 
 
@@ -681,14 +696,17 @@ class _FlashAttn(torch.autograd.Function):
     def forward(
         ctx, q, k, v, cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi, varlen, drop=None
     ):
+        planned = []
         out, lse = _forward(
-            q, k, v, cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi, varlen, drop=drop
-        )
+            q, k, v, cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi, varlen, drop=drop,
+            planned=planned,
+        )  # fmt: skip
         ctx.mark_non_differentiable(lse)
         # No zero-filled gradient for the LSE (or an unused output): one GPU fill less a step.
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, alibi)
         ctx.meta = (max_q, max_k, batch, scale, mask, varlen, drop)
+        ctx.fplan = planned[0] if planned else None
         return out, lse
 
     @staticmethod
@@ -699,7 +717,7 @@ class _FlashAttn(torch.autograd.Function):
         max_q, max_k, batch, scale, mask, varlen, drop = ctx.meta
         dq, dk, dv = _backward(
             dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi, varlen,
-            drop=drop,
+            drop=drop, fplan=ctx.fplan,
         )  # fmt: skip
         # One gradient per forward input; autograd drops the trailing None when ``drop`` was not
         # passed.
@@ -718,15 +736,18 @@ class _FlashAttnOut(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, call):
         cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi, varlen, drop = call
+        planned = []
         out, lse = _forward(
-            q, k, v, cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi, varlen, drop=drop
-        )
+            q, k, v, cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi, varlen, drop=drop,
+            planned=planned,
+        )  # fmt: skip
         ctx.set_materialize_grads(False)
         if cu_q is None and cu_k is None and alibi is None:
             ctx.save_for_backward(q, k, v, out, lse)
         else:
             ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, alibi)
         ctx.call = call
+        ctx.fplan = planned[0] if planned else None
         return out
 
     @staticmethod
@@ -739,7 +760,7 @@ class _FlashAttnOut(torch.autograd.Function):
         _, _, max_q, max_k, batch, scale, mask, _, varlen, drop = ctx.call
         dq, dk, dv = _backward(
             dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi, varlen,
-            drop=drop,
+            drop=drop, fplan=ctx.fplan,
         )  # fmt: skip
         return dq, dk, dv, None
 

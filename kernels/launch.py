@@ -21,7 +21,9 @@ Not planned, always the full path: the CPU interpreter, a Triton other than 3.6,
 ALiBi, FP8, autotuning, paths that are not exactly the planned kernels (Hopper's Gluon
 forward, atomic dQ, strided head dims copied contiguous), and any call while a launch hook
 is set (profilers). The backward's plan holds its dQ launch and its dK/dV launch, Triton's or
-Hopper's Gluon kernel.
+Hopper's Gluon kernel. A backward whose forward was planned keys its plan in that forward
+plan's own table by what it adds to the forward's key (:func:`backward_key`); others use
+``BACKWARD`` with a key of all their tensors.
 """
 
 from __future__ import annotations
@@ -43,12 +45,13 @@ _INT32 = 2**31 - 1
 
 
 class Table:
-    """Plans by key, bounded."""
+    """Plans by key, bounded (``limit``: MAX_PLANS where not given)."""
 
-    __slots__ = ("plans",)
+    __slots__ = ("plans", "limit")
 
-    def __init__(self):
+    def __init__(self, limit: int | None = None):
         self.plans: dict = {}
+        self.limit = limit
 
     def get(self, key):
         return self.plans.get(key)
@@ -56,7 +59,7 @@ class Table:
     def put(self, key, plan) -> None:
         """``plan``: a plan, or False for a key whose calls cannot be replayed (the same key
         makes the same decisions, so none of its calls can)."""
-        if len(self.plans) >= MAX_PLANS:
+        if len(self.plans) >= (self.limit or MAX_PLANS):
             self.plans.clear()
         self.plans[key] = plan
 
@@ -118,6 +121,43 @@ def call_key(kind: str, tensors: tuple, values: tuple):
     ids = [id(t) for t in tensors if t is not None]
     if len(set(ids)) != len(ids):
         key += (tuple(ids.index(i) for i in ids),)
+    return key
+
+
+def backward_key(do: torch.Tensor, q, k, v, out, lse):
+    """The key of a backward call whose forward was planned (its plan's ``backward`` table):
+    what the backward reads beyond the forward's key. The saved q, k, v, cu_seqlens and the
+    call's values are the forward's (autograd refuses a saved tensor modified in place, which
+    metadata changes such as ``transpose_`` count as), and ``out`` and the LSE were allocated
+    from shapes the forward's key fixed; so the key holds dO (dtype, shape, strides, device,
+    alignment), the output's and LSE's pointer alignment, which inputs dO is, and what
+    :func:`call_key` reads of the process (current device, config override, Triton's knobs,
+    autotuning, hooks). A few tensors instead of eight: about 5 µs less per training step on
+    an H100 host. None where nothing is to be planned, as in :func:`call_key`."""
+    if os.environ.get("ATTNFORGE_KERNELS_AUTOTUNE") == "1" or hooks_set():
+        return None
+    try:
+        key = (
+            torch.cuda.current_device(),
+            os.environ.get("ATTNFORGE_KERNELS_CONFIG"),
+            triton.knobs.runtime.debug,
+            triton.knobs.compilation.instrumentation_mode,
+            do.dtype,
+            do.shape,
+            do.stride(),
+            do.get_device(),
+            do.data_ptr() % 16,
+            out.data_ptr() % 16,
+            lse.data_ptr() % 16,
+            do is q,
+            do is k,
+            do is v,
+            do is out,
+        )
+        if configs.is_hip():
+            key += (triton.knobs.amd.use_buffer_ops, _storage_key(do))
+    except (AttributeError, TypeError, RuntimeError):
+        return None
     return key
 
 
@@ -194,8 +234,3 @@ def record(fn, grid, args: tuple, kwargs: dict, kernel, tensors: tuple):
         return None
     g = (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
     return Launch(kernel, g, *found)
-
-
-def aligned(*tensors) -> bool:
-    """Fresh outputs start 16-byte aligned, as they did when the plan was recorded."""
-    return not any(t.data_ptr() % 16 for t in tensors)

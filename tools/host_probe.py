@@ -255,7 +255,9 @@ def verify() -> int:
         print(f"verify {shape} {extra}: {'ok' if ok else 'FAIL'}, replays fwd "
               f"{hits['fwd'] - before['fwd']} bwd {hits['bwd'] - before['bwd']}", flush=True)  # fmt: skip
     print(f"verify: {len(cases) - fails}/{len(cases)} cases bitwise equal to the full path; "
-          f"plans fwd {len(launch.FORWARD.plans)}, bwd {len(launch.BACKWARD.plans)}")  # fmt: skip
+          f"plans fwd {len(launch.FORWARD.plans)}, bwd {len(launch.BACKWARD.plans)} + "
+          f"{sum(len(p.backward.plans) for p in launch.FORWARD.plans.values() if p)} "
+          "in forward plans")  # fmt: skip
     return fails
 
 

@@ -111,6 +111,85 @@ def test_autotuning_and_launch_hooks_are_not_planned(fwd_key, monkeypatch):
     assert fwd_key(q, k, v) is None
 
 
+def test_the_backward_key_holds_what_the_backward_adds_to_the_forwards(fwd_key, monkeypatch):
+    """A backward under a forward plan keys dO's layout, dtype and alignment, the fresh output's
+    and LSE's alignment and which input dO is; the rest is the forward's key."""
+    q, k, v = _qkv()
+    out, lse = torch.empty_like(q), torch.empty(2, 4, 64)
+    do = torch.randn(q.shape).to(q.dtype)
+    base = launch.backward_key(do, q, k, v, out, lse)
+    assert base == launch.backward_key(do.clone(), q, k, v, out, lse)
+    bhsd = do.transpose(1, 2).contiguous().transpose(1, 2)
+    flat = torch.empty(q.numel() + 8, dtype=q.dtype)
+    shifted = flat[1 : 1 + q.numel()].view(q.shape)
+    others = [
+        launch.backward_key(bhsd, q, k, v, out, lse),
+        launch.backward_key(do.half(), q, k, v, out, lse),
+        launch.backward_key(shifted, q, k, v, out, lse),
+        launch.backward_key(do, q, k, v, shifted, lse),
+        launch.backward_key(q, q, k, v, out, lse),  # dO is q: the plan maps pointers by position
+    ]
+    assert base not in others and len(set(others)) == len(others)
+    monkeypatch.setenv("ATTNFORGE_KERNELS_CONFIG", "fwd=64x64")
+    assert launch.backward_key(do, q, k, v, out, lse) != base
+    monkeypatch.setenv("ATTNFORGE_KERNELS_AUTOTUNE", "1")
+    assert launch.backward_key(do, q, k, v, out, lse) is None
+
+
+class _Fill:
+    """A stand-in for a recorded launch: fills tensors of the call (by position) with values."""
+
+    scratch = False
+
+    def __init__(self, **fills):
+        self.fills = {int(i.removeprefix("t")): x for i, x in fills.items()}
+        self.calls = 0
+
+    def __call__(self, stream, tensors):
+        self.calls += 1
+        for i, x in self.fills.items():
+            tensors[i].fill_(x)
+
+
+def test_a_planned_forwards_backward_is_planned_in_the_forwards_plan(fwd_key, monkeypatch):
+    """The replay's wiring, with stand-in launches on the CPU: a step whose forward replays a
+    plan takes its backward from that plan's table, keyed by launch.backward_key; a dO that
+    misses it takes the full path (here the interpreter) and notes the miss there, not in
+    launch.BACKWARD."""
+    monkeypatch.setattr(launch, "ENABLED", True)
+    monkeypatch.setattr(interface, "_stream", lambda: None)
+    launch.clear()
+    try:
+        shape = (1, 16, 2, 16)
+        q, k, v = (x.requires_grad_() for x in _qkv(shape, torch.float32))
+        scale = shape[-1] ** -0.5
+        out0, lse0 = torch.empty_like(q), torch.empty(1, 2, 16)
+        fwd = _Fill(t5=2.0)  # (q, k, v, cu_q, cu_k, out, lse)
+        fplan = interface._ForwardPlan(fwd, out0, lse0)
+        launch.FORWARD.put(fwd_key(q, k, v, max_q=16, max_k=16, batch=1, scale=scale), fplan)
+        do = torch.ones(shape)
+        dq_launch, dkdv_launch = _Fill(t8=3.0), _Fill(t9=4.0, t10=5.0)  # ..., dq, dk, dv, delta
+        bkey = launch.backward_key(do, q, k, v, out0, lse0)
+        fplan.backward.put(bkey, interface._BackwardPlan((dq_launch, dkdv_launch)))
+
+        out = interface.flash_attn_func(q, k, v)
+        assert fwd.calls == 1 and torch.all(out == 2.0)
+        out.backward(do)
+        assert (dq_launch.calls, dkdv_launch.calls) == (1, 1)
+        assert [float(t.grad.unique()) for t in (q, k, v)] == [3.0, 4.0, 5.0]
+
+        # Another dO layout: not this plan's; the full path runs and its key is noted as not
+        # replayable here (the interpreter records nothing), in the forward plan's table.
+        q.grad = k.grad = v.grad = None
+        out = interface.flash_attn_func(q, k, v)
+        bhsd = do.transpose(1, 2).contiguous().transpose(1, 2)
+        out.backward(bhsd)
+        assert dq_launch.calls == 1 and q.grad is not None and not launch.BACKWARD.plans
+        assert fplan.backward.plans[launch.backward_key(bhsd, q, k, v, out0, lse0)] is False
+    finally:
+        launch.clear()
+
+
 def test_not_tensors_and_unhashable_values_are_not_planned(fwd_key):
     q, k, v = _qkv()
     assert fwd_key([1.0], k, v) is None
