@@ -2,6 +2,7 @@
 
     python tools/step_probe.py [--steps N] [--json FILE]
     python tools/step_probe.py --stub --device cpu    # the probe's own code, kernels stubbed
+    python tools/step_probe.py --backward-key         # the backward's key under a planned forward
 
 Run from a checkout's root: it imports that checkout's ``kernels``. A step is
 ``flash_attn_func(q, k, v).backward(do)`` on leaves, then their gradients set to None (what
@@ -370,6 +371,61 @@ SHAPES = (
 )
 
 
+def backward_key_rows(name, b, sq, sk, hq, hk, d, dtype, causal, steps, dev, sync) -> dict:
+    """The backward's plan key under a planned forward (``launch.backward_key``) against the
+    eight-tensor key (``launch.call_key``) alone, and the step with and without the hand-over
+    from the forward's plan (``_backward``'s ``fplan`` dropped), interleaved in one process."""
+    q, k, v = (torch.randn(b, s, h, d, device=dev, dtype=dtype, requires_grad=True)
+               for s, h in ((sq, hq), (sk, hk), (sk, hk)))  # fmt: skip
+    do = torch.randn(b, sq, hq, d, device=dev, dtype=dtype)
+    mask = interface._mask_from_flash_args(causal, (-1, -1), 0.0)
+    scale = d**-0.5
+    out, lse = interface._forward(q, k, v, None, None, sq, sk, b, scale, mask, None, False)
+    full = interface._backward
+
+    def dropped(*args, fplan=None, **kw):
+        return full(*args, **kw)
+
+    def kept(*args, **kw):  # the same extra call, so that only the hand-over differs
+        return full(*args, **kw)
+
+    def step_with(backward):
+        def step():
+            interface._backward = backward
+            o = interface.flash_attn_func(q, k, v, causal=causal)
+            o.backward(do)
+            q.grad = k.grad = v.grad = None
+
+        return step
+
+    try:
+        best = interleaved(
+            {
+                "eight-tensor key": lambda: launch.call_key(
+                    "bwd", (do, q, k, v, out, lse, None, None), (sq, sk, b, scale, mask, False)
+                ),
+                "backward_key": lambda: launch.backward_key(do, q, k, v, out, lse),
+            },
+            steps * 5,
+            sync,
+            rounds=7,
+        )
+        best.update(
+            interleaved(
+                {
+                    "step, eight-tensor key": step_with(dropped),
+                    "step, keyed in the forward's plan": step_with(kept),
+                },
+                steps,
+                sync,
+                rounds=7,
+            )
+        )
+    finally:
+        interface._backward = full
+    return {f"{name}: {what}": us for what, us in best.items()}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=500)
@@ -377,6 +433,11 @@ def main() -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--stub", action="store_true", help="kernels replaced by allocations")
     ap.add_argument("--only", default="", help="shapes whose name contains this")
+    ap.add_argument(
+        "--backward-key",
+        action="store_true",
+        help="only the backward's key under a planned forward against the eight-tensor key",
+    )
     a = ap.parse_args()
     dev = a.device
     sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
@@ -393,7 +454,8 @@ def main() -> int:
     rows: dict = {}
     for sh in SHAPES:
         if a.only in sh[0]:
-            rows.update(shape_rows(*sh, a.steps, dev, sync))
+            rows.update((backward_key_rows if a.backward_key else shape_rows)(*sh, a.steps, dev,
+                                                                              sync))  # fmt: skip
     if dev == "cuda":
         import triton
 
