@@ -164,7 +164,7 @@ def test_a_planned_forwards_backward_is_planned_in_the_forwards_plan(fwd_key, mo
         q, k, v = (x.requires_grad_() for x in _qkv(shape, torch.float32))
         scale = shape[-1] ** -0.5
         out0, lse0 = torch.empty_like(q), torch.empty(1, 2, 16)
-        fwd = _Fill(t5=2.0)  # (q, k, v, cu_q, cu_k, out, lse)
+        fwd = _Fill(t5=2.0, t6=0.0)  # (q, k, v, cu_q, cu_k, out, lse): finite for the backward
         fplan = interface._ForwardPlan(fwd, out0, lse0)
         launch.FORWARD.put(fwd_key(q, k, v, max_q=16, max_k=16, batch=1, scale=scale), fplan)
         do = torch.ones(shape)
