@@ -19,7 +19,8 @@ bf16, one query token, the whole cache visible) against every SDPA backend fed t
 the (b, s, h, d) cache transposed to SDPA's (b, h, s, d) view with ``enable_gqa=True``, no copy.
 ``--splits`` times ours at those ``num_splits`` too (``ours-sN``), the data for a family's row of
 ``kvcache.DECODE_SPLIT_WAVES``.
-``--host`` measures the host time of one call at a tiny shape (back-to-back calls, no L2 flush).
+``--host`` times back-to-back calls with no L2 flush (the larger of host and GPU time per call): a
+forward at a tiny shape, and a decoding step at batch 1 with 4096 keys.
 """
 
 from __future__ import annotations
@@ -372,7 +373,10 @@ def decode_table(result) -> str:
 
 
 def host_time(calls: int = 2000) -> dict:
-    """Host microseconds per call at a tiny shape (1, 16, 1, 64), forward, back to back."""
+    """Microseconds per call, back to back with no L2 flush between them (the larger of the
+    host's and the GPU's time per call): the forward at a tiny shape (1, 16, 1, 64), and one
+    decoding step at batch 1 with 4096 keys (the ``--decode`` table's first row, where the GPU
+    takes about 20 µs and the flush in ``do_bench`` hides a host time above that)."""
     import time
 
     import torch
@@ -388,8 +392,15 @@ def host_time(calls: int = 2000) -> dict:
         with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
             return F.scaled_dot_product_attention(qt, kt, vt)
 
+    hq, hk, d = DECODE_HEADS
+    dq = torch.randn(1, 1, hq, d, device="cuda", dtype=torch.bfloat16)
+    kc, vc = (torch.randn(1, 4096, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    decode = _decode_providers()
+    fns = {"ours": lambda: flash_attn_func(q, k, v), "sdpa-flash": sdpa}
+    for name in ("ours", "sdpa-flash", "sdpa-cudnn"):
+        fns[f"decode b1 x 4096: {name}"] = lambda fn=decode[name]: fn(dq, kc, vc)
     out = {}
-    for name, fn in (("ours", lambda: flash_attn_func(q, k, v)), ("sdpa-flash", sdpa)):
+    for name, fn in fns.items():
         with torch.no_grad():
             for _ in range(50):
                 fn()
@@ -533,7 +544,11 @@ def main(argv=None) -> int:
         default=(),
         help="--decode: also time ours at these num_splits (comma-separated)",
     )
-    ap.add_argument("--host", action="store_true", help="host time per call at a tiny shape")
+    ap.add_argument(
+        "--host",
+        action="store_true",
+        help="back-to-back time per call: a tiny forward, a batch-1 decoding step",
+    )
     ap.add_argument(
         "--variant",
         action="append",
