@@ -493,12 +493,13 @@ def _cdiv(a: int, b: int) -> int:
 
 def _backward(
     do, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, batch, scale, mask: Mask, alibi, varlen,
-    grads=None, drop: Dropout | None = None, fplan: _ForwardPlan | None = None,
+    grads=None, drop: Dropout | None = None, fplan: tuple | None = None,
 ):  # fmt: skip
     """dQ, dK, dV; ``grads`` = (dq, dk, dv) to write into (views of one pack: kernels/packed.py);
-    ``drop``: the forward's dropout, whose mask the kernels regenerate; ``fplan``: the plan the
-    forward of ``out`` replayed or recorded (``_forward``'s ``planned``), whose own table keys
-    this call's plan by what the backward adds to the forward's key (``launch.backward_key``).
+    ``drop``: the forward's dropout, whose mask the kernels regenerate; ``fplan``: what
+    :func:`_saved_plan` kept of the forward of ``out``: the plan it replayed or recorded, whose
+    own table keys this call's plan by what the backward adds to the forward's key
+    (``launch.backward_key``), while the saved inputs still hold the forward's data.
 
     Two launches (dQ, which also computes delta = rowsum(O * dO), then dK/dV) except with
     ``atomic_dq`` (delta kernel, then dK/dV accumulating dQ). The small shapes are bound by host
@@ -509,8 +510,8 @@ def _backward(
     :func:`_forward`."""
     key = None
     if launch.ENABLED and alibi is None and grads is None and drop is None:
-        if fplan is not None:
-            table = fplan.backward
+        if fplan is not None and fplan[1] == launch.pointers(q, k, v, cu_q, cu_k):
+            table = fplan[0].backward
             key = launch.backward_key(do, q, k, v, out, lse)
         else:
             table = launch.BACKWARD
@@ -691,6 +692,14 @@ def _backward(
     return dq, dk, dv
 
 
+def _saved_plan(planned: list, q, k, v, cu_q, cu_k) -> tuple | None:
+    """For ``ctx``: the forward's plan (``_forward``'s ``planned``) and its inputs' data
+    pointers, or None. Autograd refuses a saved input changed in place, metadata included, but
+    not one whose ``.data`` was replaced; a backward whose inputs no longer point where the
+    forward's did takes the full key instead of the plan's table."""
+    return (planned[0], launch.pointers(q, k, v, cu_q, cu_k)) if planned else None
+
+
 class _FlashAttn(torch.autograd.Function):
     @staticmethod
     def forward(
@@ -706,7 +715,7 @@ class _FlashAttn(torch.autograd.Function):
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, alibi)
         ctx.meta = (max_q, max_k, batch, scale, mask, varlen, drop)
-        ctx.fplan = planned[0] if planned else None
+        ctx.fplan = _saved_plan(planned, q, k, v, cu_q, cu_k)
         return out, lse
 
     @staticmethod
@@ -747,7 +756,7 @@ class _FlashAttnOut(torch.autograd.Function):
         else:
             ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, alibi)
         ctx.call = call
-        ctx.fplan = planned[0] if planned else None
+        ctx.fplan = _saved_plan(planned, q, k, v, cu_q, cu_k)
         return out
 
     @staticmethod

@@ -381,6 +381,7 @@ def backward_key_rows(name, b, sq, sk, hq, hk, d, dtype, causal, steps, dev, syn
     mask = interface._mask_from_flash_args(causal, (-1, -1), 0.0)
     scale = d**-0.5
     out, lse = interface._forward(q, k, v, None, None, sq, sk, b, scale, mask, None, False)
+    ptrs = launch.pointers(q, k, v, None, None)
     full = interface._backward
 
     def dropped(*args, fplan=None, **kw):
@@ -404,7 +405,10 @@ def backward_key_rows(name, b, sq, sk, hq, hk, d, dtype, causal, steps, dev, syn
                 "eight-tensor key": lambda: launch.call_key(
                     "bwd", (do, q, k, v, out, lse, None, None), (sq, sk, b, scale, mask, False)
                 ),
-                "backward_key": lambda: launch.backward_key(do, q, k, v, out, lse),
+                "backward_key, with the pointer check": lambda: (
+                    launch.pointers(q, k, v, None, None) == ptrs
+                    and launch.backward_key(do, q, k, v, out, lse)
+                ),
             },
             steps * 5,
             sync,

@@ -155,7 +155,8 @@ def test_a_planned_forwards_backward_is_planned_in_the_forwards_plan(fwd_key, mo
     """The replay's wiring, with stand-in launches on the CPU: a step whose forward replays a
     plan takes its backward from that plan's table, keyed by launch.backward_key; a dO that
     misses it takes the full path (here the interpreter) and notes the miss there, not in
-    launch.BACKWARD."""
+    launch.BACKWARD; inputs whose data moved after the forward take launch.BACKWARD's full
+    key."""
     monkeypatch.setattr(launch, "ENABLED", True)
     monkeypatch.setattr(interface, "_stream", lambda: None)
     launch.clear()
@@ -186,6 +187,15 @@ def test_a_planned_forwards_backward_is_planned_in_the_forwards_plan(fwd_key, mo
         out.backward(bhsd)
         assert dq_launch.calls == 1 and q.grad is not None and not launch.BACKWARD.plans
         assert fplan.backward.plans[launch.backward_key(bhsd, q, k, v, out0, lse0)] is False
+
+        # An input whose .data was replaced after the forward (autograd does not see that):
+        # the plan's recorded strides may not fit the new data, so the full key is used.
+        q.grad = k.grad = v.grad = None
+        out = interface.flash_attn_func(q, k, v)
+        k.data = k.detach().clone()
+        out.backward(do)
+        assert dq_launch.calls == 1 and k.grad is not None
+        assert list(launch.BACKWARD.plans.values()) == [False]  # noted there, by all tensors
     finally:
         launch.clear()
 
