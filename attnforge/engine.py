@@ -664,7 +664,9 @@ class PodmanEngine(_CliEngine):
         except BaseException:
             after = self._working_containers() if before is not None else None
             for cid in podman_left_behind(before, after) if after is not None else []:
-                subprocess.run([self.cli, "rm", "-f", cid], capture_output=True, timeout=60)
+                subprocess.run(
+                    [self.cli, "rm", "-f", cid], capture_output=True, timeout=60, env=self.env
+                )
                 log.write(f"removed the interrupted build's working container {cid[:12]}\n")
             raise
 
