@@ -39,6 +39,8 @@ from . import configs
 # JITFunction.run's launcher call and the binder are Triton 3.6's (triton/runtime/jit.py,
 # CompiledKernel.run in triton/compiler/compiler.py); other versions take the full path.
 ENABLED = not configs.INTERPRET and triton.__version__.startswith("3.6")
+# ROCm's keys add Triton's buffer-op facts; a process constant, as the build of torch is.
+_HIP = configs.is_hip()
 
 MAX_PLANS = 256  # per kind; a full table is emptied (new shapes rebuild their plans)
 _INT32 = 2**31 - 1
@@ -94,26 +96,38 @@ def _storage_key(t: torch.Tensor) -> bool:
     return t.untyped_storage().nbytes() <= _INT32
 
 
+def _process() -> tuple | None:
+    """What every plan key reads of the process: the current device, the config override,
+    Triton's compile knobs (``debug``, ``instrumentation_mode``) and, on ROCm, its buffer-ops
+    switch. None where no call is to be planned: autotuning, or a launch hook set (profilers)."""
+    if os.environ.get("ATTNFORGE_KERNELS_AUTOTUNE") == "1" or hooks_set():
+        return None
+    process = (
+        torch.cuda.current_device(),
+        os.environ.get("ATTNFORGE_KERNELS_CONFIG"),
+        triton.knobs.runtime.debug,
+        triton.knobs.compilation.instrumentation_mode,
+    )
+    if _HIP:
+        process += (triton.knobs.amd.use_buffer_ops,)
+    return process
+
+
 def call_key(kind: str, tensors: tuple, values: tuple):
     """The key of one call: ``tensors`` (None allowed), ``values`` (hashable scalars and frozen
     dataclasses). None when the call is not to be planned (autotuning, hooks, not tensors)."""
-    if os.environ.get("ATTNFORGE_KERNELS_AUTOTUNE") == "1" or hooks_set():
-        return None
     try:
+        process = _process()
+        if process is None:
+            return None
         key = (
             kind,
-            torch.cuda.current_device(),
-            os.environ.get("ATTNFORGE_KERNELS_CONFIG"),
-            triton.knobs.runtime.debug,
-            triton.knobs.compilation.instrumentation_mode,
+            *process,
             *(None if t is None else tensor_key(t) for t in tensors),
             *values,
         )
-        if configs.is_hip():
-            key += (
-                triton.knobs.amd.use_buffer_ops,
-                *(None if t is None else _storage_key(t) for t in tensors),
-            )
+        if _HIP:
+            key += tuple(None if t is None else _storage_key(t) for t in tensors)
     except (AttributeError, TypeError, RuntimeError):
         return None  # not tensors: the full path reports what is wrong
     # The same tensor passed twice (q is k): a plan maps its pointer parameters to the call's
@@ -130,25 +144,18 @@ def backward_key(do: torch.Tensor, q, k, v, out, lse):
     call's values are the forward's: autograd refuses a saved tensor modified in place, which
     metadata changes such as ``transpose_`` count as, and the caller checks that the inputs'
     data pointers are the forward's (a replaced ``.data``: :func:`pointers`). ``out`` and the
-    LSE were allocated from shapes the forward's key fixed. So the key holds dO (dtype, shape,
-    strides, device, alignment), the output's and LSE's pointer alignment, which inputs dO is,
-    and what :func:`call_key` reads of the process (current device, config override, Triton's
-    knobs, autotuning, hooks): 4-8 µs with the pointer check, against 7-13 for the eight-tensor
-    key, on an H100 host.
+    LSE were allocated from shapes the forward's key fixed. So the key holds dO's
+    :func:`tensor_key` (and on ROCm its 2 GiB bit), the output's and LSE's pointer alignment,
+    which input dO is, and what every key reads of the process (:func:`_process`): 4-8 µs with
+    the pointer check, against 7-13 for the eight-tensor key, on an H100 host.
     None where nothing is to be planned, as in :func:`call_key`."""
-    if os.environ.get("ATTNFORGE_KERNELS_AUTOTUNE") == "1" or hooks_set():
-        return None
     try:
+        process = _process()
+        if process is None:
+            return None
         key = (
-            torch.cuda.current_device(),
-            os.environ.get("ATTNFORGE_KERNELS_CONFIG"),
-            triton.knobs.runtime.debug,
-            triton.knobs.compilation.instrumentation_mode,
-            do.dtype,
-            do.shape,
-            do.stride(),
-            do.get_device(),
-            do.data_ptr() % 16,
+            *process,
+            tensor_key(do),
             out.data_ptr() % 16,
             lse.data_ptr() % 16,
             do is q,
@@ -156,8 +163,8 @@ def backward_key(do: torch.Tensor, q, k, v, out, lse):
             do is v,
             do is out,
         )
-        if configs.is_hip():
-            key += (triton.knobs.amd.use_buffer_ops, _storage_key(do))
+        if _HIP:
+            key += (_storage_key(do),)
     except (AttributeError, TypeError, RuntimeError):
         return None
     return key
