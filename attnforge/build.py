@@ -173,7 +173,7 @@ def provenance(ws: Workspace, env: Mapping[str, str] = os.environ) -> dict[str, 
     epoch = env.get("SOURCE_DATE_EPOCH")
     if epoch is None or epoch == "":
         when = time.gmtime()
-    elif epoch.isdigit() and int(epoch) < 253402300800:  # before the year 10000
+    elif epoch.isascii() and epoch.isdigit() and int(epoch) < 253402300800:  # year < 10000
         when = time.gmtime(int(epoch))
     else:
         raise UserError(

@@ -78,7 +78,7 @@ def test_source_date_epoch_is_the_images_created_time_and_a_bad_one_is_refused(t
     proc = invoke("build", "--arch", "cpu", "--dry-run", "--json", env=env)
     assert proc.returncode == 0, proc.stderr
     assert created_labels(proc.stdout) == {"2026-01-01T00:00:00Z"}
-    for bad in ("yesterday", "-1", "1e9", "99999999999999"):
+    for bad in ("yesterday", "-1", "1e9", "99999999999999", "2\u00b2"):  # 2 squared: not ASCII
         proc = invoke("build", "--arch", "cpu", "--dry-run", env={**env, "SOURCE_DATE_EPOCH": bad})
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
         assert f"SOURCE_DATE_EPOCH={bad!r} is not a time" in " ".join(proc.stderr.split())
