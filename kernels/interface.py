@@ -12,6 +12,7 @@ import torch
 import triton
 from triton.runtime import _allocation
 
+from . import _native as native
 from . import arguments, autotune, configs, flash, launch
 from ._compat import patch_interpreter
 from .arguments import AttnResult, Descale
@@ -289,15 +290,15 @@ def _forward(
     autograd Functions hand it to :func:`_backward`)."""
     key = None
     if launch.ENABLED and alibi is None and drop is None and descale is None:
+        values = (max_q, max_k, batch, scale, mask, varlen)
         key, plan = launch.find(
-            launch.FORWARD,
-            launch.call_key(
-                "fwd", (q, k, v, cu_q, cu_k), (max_q, max_k, batch, scale, mask, varlen, out_dtype)
-            ),
+            launch.FORWARD, launch.call_key("fwd", (q, k, v, cu_q, cu_k), (*values, out_dtype))
         )
         if plan is not None:
             res = plan(q, k, v, cu_q, cu_k)
             if res is not None:
+                if plan.native is None and native.ready() and out_dtype is None:
+                    native.put_forward(plan, q, k, v, cu_q, cu_k, values, *res)
                 if planned is not None:
                     planned.append(plan)
                 return res
@@ -396,6 +397,8 @@ def _forward(
         )
         plan = _ForwardPlan(rec, out, lse) if rec is not None else False
         launch.FORWARD.put(key, plan)
+        if plan and native.ready() and out_dtype is None:
+            native.put_forward(plan, q, k, v, cu_q, cu_k, values, out, lse)
         if plan and planned is not None:
             planned.append(plan)
     if drop is not None and drop.sdmask is not None:
@@ -431,15 +434,17 @@ class _ForwardPlan:
     """A recorded forward launch (``kernels.launch``): allocates out and LSE as the full path
     does, then launches; None when a fresh output is not 16-byte aligned (then the full path).
     ``backward``: the plans of the backward calls of this forward's outputs, by
-    ``launch.backward_key``."""
+    ``launch.backward_key``. ``native``: this plan handed to kernels/native.py (its native
+    plan), False where it cannot be, None before."""
 
-    __slots__ = ("launch", "out_shape", "out_dtype", "lse_shape", "device", "backward")
+    __slots__ = ("launch", "out_shape", "out_dtype", "lse_shape", "device", "backward", "native")
 
     def __init__(self, rec: launch.Launch, out: torch.Tensor, lse: torch.Tensor):
         self.launch = rec
         self.out_shape, self.out_dtype, self.device = out.shape, out.dtype, out.device
         self.lse_shape = lse.shape
         self.backward = launch.Table(limit=16)
+        self.native = None
 
     def __call__(self, q, k, v, cu_q, cu_k):
         out = torch.empty(self.out_shape, dtype=self.out_dtype, device=self.device)
@@ -493,13 +498,16 @@ def _cdiv(a: int, b: int) -> int:
 
 def _backward(
     do, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, batch, scale, mask: Mask, alibi, varlen,
-    grads=None, drop: Dropout | None = None, fplan: tuple | None = None,
+    grads=None, drop: Dropout | None = None, fplan: tuple | None = None, native_plan=None,
 ):  # fmt: skip
     """dQ, dK, dV; ``grads`` = (dq, dk, dv) to write into (views of one pack: kernels/packed.py);
     ``drop``: the forward's dropout, whose mask the kernels regenerate; ``fplan``: what
     :func:`_saved_plan` kept of the forward of ``out``: the plan it replayed or recorded, whose
     own table keys this call's plan by what the backward adds to the forward's key
-    (``launch.backward_key``), while the saved inputs still hold the forward's data.
+    (``launch.backward_key``), while the saved inputs still hold the forward's data; its plan
+    is handed to the forward plan's native plan (kernels/native.py) when recorded.
+    ``native_plan``: the native plan of a native node's forward whose backward came here without a native plan
+    (kernels/native.py's ``_backward``); a replayed plan is handed to it too.
 
     Two launches (dQ, which also computes delta = rowsum(O * dO), then dK/dV) except with
     ``atomic_dq`` (delta kernel, then dK/dV accumulating dQ). The small shapes are bound by host
@@ -509,10 +517,12 @@ def _backward(
     layout). A call whose key an earlier call recorded replays its two launches, as in
     :func:`_forward`."""
     key = None
+    export = None  # the native plan this call's backward plan is handed to
     if launch.ENABLED and alibi is None and grads is None and drop is None:
         if fplan is not None and fplan[1] == launch.pointers(q, k, v, cu_q, cu_k):
             table = fplan[0].backward
             key = launch.backward_key(do, q, k, v, out, lse)
+            export = native_plan or fplan[0].native or None
         else:
             table = launch.BACKWARD
             key = launch.call_key(
@@ -524,6 +534,8 @@ def _backward(
         if plan is not None:
             res = plan(do, q, k, v, out, lse, cu_q, cu_k)
             if res is not None:
+                if native_plan is not None and export is not None:
+                    native.put_backward(export, plan.launches, do, q, k, v, out, lse)
                 return res
     qs, ks, vs = _Seq(q, varlen), _Seq(k, varlen), _Seq(v, varlen)
     dos, outs = _Seq(do, varlen), _Seq(out, varlen)
@@ -689,6 +701,8 @@ def _backward(
             tensors = (do, q, k, v, out, lse, cu_q, cu_k, dq, dk, dv, delta)
             recs = tuple(launch.record(*x, tensors) for x in launched)
         table.put(key, _BackwardPlan(recs) if None not in recs else False)
+        if export is not None:
+            native.put_backward(export, None if None in recs else recs, do, q, k, v, out, lse)
     return dq, dk, dv
 
 
@@ -839,7 +853,12 @@ def flash_attn_func(
 def _call(q, k, v, call: tuple, return_attn_probs: bool) -> AttnResult:
     """The forward of flash_attn_func and flash_attn_varlen_func: without autograd where no
     gradient will be asked for, through :class:`_FlashAttnOut` where only ``out`` is returned,
-    else through :class:`_FlashAttn` (``out`` and the LSE as outputs)."""
+    else through :class:`_FlashAttn` (``out`` and the LSE as outputs). A call kernels/native.py
+    has a plan for (one returning only ``out``) is launched there, its autograd node C++'s."""
+    if not return_attn_probs:
+        out = native.forward(q, k, v, call)
+        if out is not None:
+            return out
     if _inference(q, k, v):
         out, lse = _forward(q, k, v, *call)
     elif not return_attn_probs:

@@ -47,13 +47,15 @@ _INT32 = 2**31 - 1
 
 
 class Table:
-    """Plans by key, bounded (``limit``: MAX_PLANS where not given)."""
+    """Plans by key, bounded (``limit``: MAX_PLANS where not given). ``on_clear``: called when the
+    table empties itself or is cleared (FORWARD's: kernels/native.py's plans go with it)."""
 
-    __slots__ = ("plans", "limit")
+    __slots__ = ("plans", "limit", "on_clear")
 
     def __init__(self, limit: int | None = None):
         self.plans: dict = {}
         self.limit = limit
+        self.on_clear = None
 
     def get(self, key):
         return self.plans.get(key)
@@ -62,11 +64,13 @@ class Table:
         """``plan``: a plan, or False for a key whose calls cannot be replayed (the same key
         makes the same decisions, so none of its calls can)."""
         if len(self.plans) >= (self.limit or MAX_PLANS):
-            self.plans.clear()
+            self.clear()
         self.plans[key] = plan
 
     def clear(self) -> None:
         self.plans.clear()
+        if self.on_clear is not None:
+            self.on_clear()
 
 
 FORWARD = Table()
@@ -111,6 +115,21 @@ def _process() -> tuple | None:
     if _HIP:
         process += (triton.knobs.amd.use_buffer_ops,)
     return process
+
+
+_TOKENS: dict = {}
+
+
+def process_token() -> int | None:
+    """:func:`_process` as a small int (the same state, the same int, within a process), for
+    kernels/native.py's keys; None where nothing is to be planned."""
+    process = _process()
+    if process is None:
+        return None
+    token = _TOKENS.get(process)
+    if token is None:
+        token = _TOKENS[process] = len(_TOKENS) + 1
+    return token
 
 
 def call_key(kind: str, tensors: tuple, values: tuple):
@@ -196,9 +215,9 @@ class Launch:
     a hit takes from its own call (``sources``: indices into the call's tensors, in the
     kernel's leading pointer parameters)."""
 
-    __slots__ = ("run", "grid", "function", "meta", "pick", "rest", "scratch")
+    __slots__ = ("run", "grid", "function", "meta", "pick", "rest", "scratch", "native")
 
-    def __init__(self, kernel, grid, sources: tuple, rest: tuple):
+    def __init__(self, kernel, grid, sources: tuple, rest: tuple, native: tuple | None = None):
         self.run = kernel.run
         self.function = kernel.function
         self.meta = kernel.packed_metadata
@@ -206,6 +225,8 @@ class Launch:
         self.pick = itemgetter(*sources) if len(sources) > 1 else lambda t: (t[sources[0]],)
         self.rest = rest
         self.scratch = getattr(self.run, "global_scratch_size", 0) > 0
+        # kernels/native.cpp's description of this launch, or None where it cannot replay it.
+        self.native = native
 
     def __call__(self, stream, tensors: tuple) -> None:
         picked = self.pick(tensors)
@@ -248,4 +269,11 @@ def record(fn, grid, args: tuple, kwargs: dict, kernel, tensors: tuple):
     if found is None:
         return None
     g = (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
-    return Launch(kernel, g, *found)
+    from . import _native  # here: _native imports this module
+
+    p = _native.launch_params(kernel, tuple(bound.values()), found[0])
+    desc = None
+    if p is not None:
+        params, fills, scratch, scratch_param, block, shared = p
+        desc = (kernel.function, g, block, shared, params, fills, scratch, scratch_param)
+    return Launch(kernel, g, *found, native=desc)

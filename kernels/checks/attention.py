@@ -1,6 +1,7 @@
 """The ``attn`` cases: forward and backward through the kernels' autograd function, every
-output and gradient against :func:`~kernels.checks.reference.attention_ref`; and the SDPA shim's
-routing case."""
+output and gradient against :func:`~kernels.checks.reference.attention_ref`; where the native
+launch path is active (kernels/_native.py, a GPU), the same call three times through
+``flash_attn_func``'s entry, bitwise against the first run; and the SDPA shim's routing case."""
 
 from __future__ import annotations
 
@@ -50,7 +51,10 @@ def compare(case: Case, device, seed: int = 0) -> dict:
             *cat, cu_q, cu_k, max(lq), max(lk), case.b, scale, mask, alibi, True
         )
         poisoned = False
-        out.backward(torch.cat([t[0] for t in dos]))
+        do_cat = torch.cat([t[0] for t in dos])
+        out.backward(do_cat)
+        call = (cu_q, cu_k, max(lq), max(lk), case.b, scale, mask, alibi, True, None)
+        native = _native_replays(cat, do_cat, call, (out, *(t.grad for t in cat)))
         outs = list(out.split(lq))
         grads = [list(t.grad.split(lens)) for t, lens in zip(cat, (lq, lk, lk), strict=False)]
         lses = [
@@ -72,6 +76,8 @@ def compare(case: Case, device, seed: int = 0) -> dict:
         )
         poisoned = bool(torch.isnan(out).any())
         out.backward(do)
+        call = (None, None, case.sq, case.sk, case.b, scale, mask, alibi, False, None)
+        native = _native_replays((q, k, v), do, call, (out, q.grad, k.grad, v.grad))
         outs = list(out.split(1))
         grads = [list(t.grad.split(1)) for t in (q, k, v)]
         lses = list(lse.split(1))
@@ -101,7 +107,35 @@ def compare(case: Case, device, seed: int = 0) -> dict:
         for key, a, r, p in zip(("out", "dq", "dk", "dv"), mine, ref[:4], pt[:4], strict=True):
             judge.tensor(key, a, r, p)
         judge.lse(lses[i], ref[4])
-    return {"ok": judge.ok, "metrics": judge.metrics()}
+    metrics = judge.metrics()
+    if native is not None:
+        metrics.update(native)
+    ok = judge.ok and (native is None or native["native_equal"] == 1.0)
+    return {"ok": ok, "metrics": metrics}
+
+
+def _native_replays(leaves, do, call: tuple, want: tuple) -> dict | None:
+    """Where the native launch path is active and takes this call (no ALiBi): the call three
+    times through flash_attn_func's entry (``interface._call``; the first hands the plans over
+    where the Python path recorded them, the others replay them natively), each output and
+    gradient bitwise against ``want`` (the checked run's); metrics, or None where not run."""
+    import torch
+
+    from .. import _native
+    from ..interface import _call
+
+    if call[7] is not None or _native.status() != "active":
+        return None
+    _native.counts()
+    equal = True
+    for _ in range(3):
+        q, k, v = (t.detach().clone().requires_grad_() for t in leaves)
+        out = _call(q, k, v, call, False)
+        got = (out, *torch.autograd.grad(out, (q, k, v), do))
+        equal = equal and all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    fwd, bwd, back = _native.counts()
+    return {"native_equal": float(equal), "native_fwd": float(fwd), "native_bwd": float(bwd),
+            "native_to_python": float(back)}  # fmt: skip
 
 
 def run(case: Case, device) -> dict:
@@ -109,9 +143,14 @@ def run(case: Case, device) -> dict:
     res = compare(case, device)
     m = res["metrics"]
     worst = summary(m, ("out", "dq", "dk", "dv"))
+    native = ""
+    if "native_equal" in m:
+        native = (f", native {'bitwise equal' if m['native_equal'] else 'DIFFERS'} (replays fwd "
+                  f"{m['native_fwd']:.0f} bwd {m['native_bwd']:.0f}, back to Python "
+                  f"{m['native_to_python']:.0f})")  # fmt: skip
     return {
         "status": "pass" if res["ok"] else "fail",
-        "message": f"{case.name}: max err/bound {worst}, lse={m['err_lse']:.1e}",
+        "message": f"{case.name}: max err/bound {worst}, lse={m['err_lse']:.1e}{native}",
         "metrics": m,
     }
 

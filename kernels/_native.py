@@ -1,0 +1,329 @@
+"""The native launch path: kernels/launch.py's plans replayed from C++, under a C++ autograd node
+(kernels/native.cpp; issue 30 §2).
+
+At the small shapes users train, what is left of a ``flash_attn_func`` step's host time after
+the Python plans is Python's ``autograd.Function``: the ``.apply`` around a Python forward and
+a Python backward on autograd's device thread, 85-100 µs a step for a Function that only
+allocates, on an H100 host (docs/benchmarks.md, "The training step's host time"). PyTorch's own
+attention ops make their launches and their autograd node in C++. So does this module, for the
+calls the Python path has planned already:
+
+- ``flash_attn_func`` and ``flash_attn_varlen_func`` (without dropout, ALiBi or
+  ``return_attn_probs``) first ask :func:`forward`. A call whose key (the tensors' dtypes,
+  shapes, strides, devices and 16-byte alignment, the call's values and the process state
+  ``launch._process`` reads) has a plan here allocates its outputs, launches the recorded
+  kernel and, where a gradient will be asked for, gets a C++ node; any other call gets None and
+  takes the Python path, which records the plan and hands it here (:func:`put_forward`).
+- The node's backward replays the backward plan its forward's plan holds for dO's layout. One
+  it does not hold goes back to Python (:func:`_backward`, under the GIL), which records it and
+  hands it here (:func:`put_backward`); so does a backward whose saved inputs' data moved.
+- Every decision stays Python's: a plan is what the Python path launched, with the same
+  parameters, for a call with the same key. Launches whose parameters a replay cannot rebuild
+  (Hopper's Gluon kernels with host-side TMA descriptors, cluster launches, profiling scratch)
+  are not handed over, and their calls keep the Python path.
+
+The extension is compiled once per source, torch, Python and compiler, into
+``$ATTNFORGE_NATIVE_DIR`` (default ``~/.cache/attnforge/native``), with the host's C++
+compiler (``$CXX``, else ``c++``) against the installed torch's headers (C++20, as torch 2.13's
+need), by
+``python -m kernels.native build`` (an image's build step) or at the first planned call, which
+says so on stderr. No compiler, a failed build, ``ATTNFORGE_NATIVE=0``, the CPU interpreter or a
+Triton other than 3.6: the Python path, as before; ``python -m kernels.native status`` says
+which and why.
+
+Unverified on AMD: the ROCm launch (``hipModuleLaunchKernel``, Triton 3.6's AMD launcher's
+parameters) follows triton's third_party/amd/backend/driver.py; no AMD GPU ran it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import importlib.util
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import torch
+
+from . import configs, launch
+
+SOURCE = Path(__file__).with_name("native.cpp")
+_ENV = "ATTNFORGE_NATIVE"
+
+_mod = None  # the loaded extension, once active
+_state: str | None = None  # None: not tried; "active"; else why the Python path is used
+_PLANS: dict[int, object] = {}  # Python _ForwardPlan by native plan id (for the backward)
+
+
+def cache_dir() -> Path:
+    """$ATTNFORGE_NATIVE_DIR, else $XDG_CACHE_HOME/attnforge/native (~/.cache/attnforge/native)."""
+    if os.environ.get("ATTNFORGE_NATIVE_DIR"):
+        return Path(os.environ["ATTNFORGE_NATIVE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME")
+    return (Path(base) if base else Path.home() / ".cache") / "attnforge" / "native"
+
+
+def _compiler() -> str | None:
+    cxx = os.environ.get("CXX") or "c++"
+    return shutil.which(cxx)
+
+
+def _flags() -> tuple[list[str], list[str]]:
+    """Compile and link flags for the installed torch (its headers and libraries)."""
+    from torch.utils import cpp_extension
+
+    abi = int(bool(torch._C._GLIBCXX_USE_CXX11_ABI))
+    inc = [f"-I{p}" for p in cpp_extension.include_paths()]
+    inc.append(f"-I{sysconfig.get_paths()['include']}")
+    libs = cpp_extension.library_paths()
+    link = [f"-L{p}" for p in libs] + [f"-Wl,-rpath,{p}" for p in libs]
+    link += ["-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python"]
+    return ["-O2", "-std=c++20", "-shared", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+            "-DTORCH_API_INCLUDE_EXTENSION_H", *inc], link  # fmt: skip
+
+
+def _name(cxx: str) -> str:
+    """The module's name: a hash of what its binary depends on."""
+    h = hashlib.sha256(SOURCE.read_bytes())
+    for part in (torch.__version__, sys.version, sysconfig.get_paths()["include"], cxx):
+        h.update(b"\0" + str(part).encode())
+    return f"attnforge_native_{h.hexdigest()[:16]}"
+
+
+def build(quiet: bool = False) -> Path:
+    """The extension's path, compiled first where it is not in the cache. A build writes aside
+    and renames, under a lock, so concurrent processes and an interrupted build leave no partial
+    file. Raises RuntimeError with the compiler's first error lines."""
+    cxx = _compiler()
+    if cxx is None:
+        raise RuntimeError(f"no C++ compiler ({os.environ.get('CXX') or 'c++'}) on PATH")
+    name = _name(cxx)
+    out_dir = cache_dir()
+    target = out_dir / f"{name}.so"
+    if target.exists():
+        return target
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if target.exists():  # another process built it while this one waited
+            return target
+        if not quiet:
+            print(f"attnforge: compiling the native launch path into {out_dir} (once; "
+                  "about 30 s)", file=sys.stderr, flush=True)  # fmt: skip
+        cflags, link = _flags()
+        tmp = out_dir / f".{name}.{os.getpid()}.tmp.so"
+        cmd = [cxx, *cflags, f"-DTORCH_EXTENSION_NAME={name}", str(SOURCE), "-o", str(tmp), *link]
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            if r.returncode != 0:
+                errors = [ln for ln in r.stderr.splitlines() if "error" in ln][:3]
+                raise RuntimeError(
+                    f"{Path(cxx).name} failed ({r.returncode}): "
+                    + ("; ".join(errors) or r.stderr.strip()[-400:])
+                )
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
+    return target
+
+
+def load(path: Path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _activate() -> None:
+    """Load (building where needed) and initialise the extension once a process; on any failure
+    note why and keep the Python path."""
+    global _mod, _state
+    if os.environ.get(_ENV) == "0":
+        _state = f"off ({_ENV}=0)"
+        return
+    if not launch.ENABLED:
+        _state = "off (the CPU interpreter, or a Triton without launch plans)"
+        return
+    if not torch.cuda.is_available():
+        _state = "off (no CUDA or ROCm device)"
+        return
+    try:
+        mod = load(build())
+        mod.init(hip=configs.is_hip())
+        # The stream the node launches on is the one torch (and Triton) would use.
+        probe = torch.empty(0, device="cuda")
+        if mod.stream_of(probe) != torch.cuda.current_stream().cuda_stream:
+            raise RuntimeError("c10's native stream handle differs from torch.cuda's")
+        mod.set_fallback(_backward)
+    except Exception as err:  # noqa: BLE001 - any failure keeps the Python path
+        _state = f"unavailable: {err}"
+        return
+    _mod, _state = mod, "active"
+
+
+def ready() -> bool:
+    """Whether the extension is active in this process (plans are handed to it)."""
+    return _mod is not None
+
+
+def status() -> str:
+    """'active', or why calls take the Python path (activating first where not tried)."""
+    if _state is None:
+        _activate()
+    return _state
+
+
+def forward(q, k, v, call: tuple):
+    """``out`` of a planned flash_attn call (with a C++ autograd node where a gradient will be
+    asked for), or None: no plan here (the Python path records one), or the native path is off.
+    ``call``: kernels/interface.py's tuple (cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi,
+    varlen, drop)."""
+    if _mod is None:
+        if _state is not None or not q.is_cuda:
+            return None
+        _activate()
+        if _mod is None:
+            return None
+    cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi, varlen, drop = call
+    if alibi is not None or drop is not None or not launch.ENABLED:
+        return None
+    token = launch.process_token()
+    if token is None:
+        return None
+    return _mod.flash(
+        q, k, v, cu_q, cu_k, max_q, max_k, batch, scale, mask.left, mask.right, mask.softcap,
+        varlen, token,
+    )  # fmt: skip
+
+
+def put_forward(pyplan, q, k, v, cu_q, cu_k, values: tuple, out, lse) -> None:
+    """Hand a Python forward plan (kernels/interface.py's ``_ForwardPlan``) over, under the key
+    :func:`forward` computes for the same call; ``pyplan.native`` becomes the native plan, or
+    False where its launch cannot be replayed here."""
+    desc = pyplan.launch.native
+    token = launch.process_token()
+    if _mod is None or desc is None or token is None:
+        pyplan.native = False
+        return
+    max_q, max_k, batch, scale, mask, varlen = values
+    plan = _mod.put_forward(
+        q, k, v, cu_q, cu_k, max_q, max_k, batch, scale, mask.left, mask.right, mask.softcap,
+        varlen, token, desc, out, lse,
+    )  # fmt: skip
+    if len(_PLANS) >= 2 * launch.MAX_PLANS:
+        _PLANS.clear()
+    _PLANS[plan.id] = pyplan
+    pyplan.native = plan
+
+
+def put_backward(native_plan, launches: tuple | None, do, q, k, v, out, lse) -> None:
+    """Hand a backward plan's launches (``launch.Launch``) over to its forward's native plan,
+    keyed by dO's layout. None (no plan), or launches a replay cannot rebuild, are handed over
+    as None: that key's calls go back to Python each time."""
+    descs = None if launches is None else [x.native for x in launches]
+    _mod.put_backward(
+        native_plan, do, q, k, v, out, lse, None if descs is None or None in descs else descs
+    )
+
+
+def counts() -> tuple[int, int, int]:
+    """(forwards replayed, backwards replayed, backwards sent back to Python) since the last
+    call; zeros where the extension is not active."""
+    return _mod.counts() if _mod is not None else (0, 0, 0)
+
+
+def clear() -> None:
+    """Forget every native plan (with launch.clear and when Python's forward table fills)."""
+    if _mod is not None:
+        _mod.clear()
+    _PLANS.clear()
+
+
+launch.FORWARD.on_clear = clear
+
+
+def _backward(plan, same, do, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, batch, scale, left,
+              right, softcap, varlen):  # fmt: skip
+    """A native node's backward without a native plan for dO's layout: the Python path, with its
+    forward's Python plan where the saved inputs still hold the forward's data (``same``), which
+    records the backward's plan and hands it to ``plan``."""
+    from .interface import Mask
+    from .interface import _backward as backward
+
+    pyplan = _PLANS.get(plan.id) if same else None
+    fplan = (pyplan, launch.pointers(q, k, v, cu_q, cu_k)) if pyplan is not None else None
+    mask = Mask(left=left, right=right, softcap=softcap)
+    return backward(
+        do, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, batch, scale, mask, None, varlen,
+        fplan=fplan, native_plan=plan if same else None,
+    )  # fmt: skip
+
+
+def launch_params(kernel, values: tuple, sources: tuple):
+    """A recorded launch's parameters for the native replay: (params, fills, scratch_bytes,
+    scratch_param, block, shared), or None where it cannot rebuild them. ``values``: the bound
+    arguments in parameter order, ``sources``: the call-tensor indices of the leading tensors.
+    Each non-constexpr parameter is 8 bytes holding its value's own bytes (Triton 3.6's
+    launchers: ``params`` of make_launcher), then the global and profile scratch pointers."""
+    try:
+        sig = list(kernel.src.signature.values())
+        md = kernel.metadata
+        if (
+            len(sig) != len(values)
+            or getattr(md, "num_ctas", 1) != 1
+            or getattr(md, "launch_cooperative_grid", False)
+            or getattr(md, "launch_pdl", False)
+            or getattr(md, "profile_scratch_size", 0)
+            or getattr(md, "global_scratch_align", 1) > 256
+        ):
+            return None
+        params, fills = [], []
+        for i, (ty, value) in enumerate(zip(sig, values, strict=True)):
+            if ty == "constexpr":
+                continue
+            if not isinstance(ty, str):
+                return None
+            if ty.startswith("*"):
+                if i >= len(sources):
+                    return None
+                fills.append((len(params), sources[i]))
+                params.append(0)
+                continue
+            pack = _PACK.get(ty)
+            if pack is None:
+                return None
+            params.append(pack(value))
+        scratch_param = len(params)
+        params += [0, 0]  # global scratch (allocated per launch where needed), profile scratch
+        warp = getattr(md, "warp_size", None) or md.target.warp_size
+        scratch = int(getattr(md, "global_scratch_size", 0) or 0)
+        return params, fills, scratch, scratch_param, md.num_warps * warp, md.shared
+    except (AttributeError, TypeError, ValueError, struct.error):
+        return None
+
+
+def _int(bits_: int):
+    mask = (1 << bits_) - 1
+    return lambda x: int(x) & mask
+
+
+def _float(fmt: str, width: str):
+    return lambda x: struct.unpack(width, struct.pack(fmt, float(x)))[0]
+
+
+def _bf16(x) -> int:
+    return struct.unpack("<I", struct.pack("<f", float(x)))[0] >> 16
+
+
+_PACK = {
+    "i1": _int(8), "u1": _int(8), "i8": _int(8), "u8": _int(8),
+    "i16": _int(16), "u16": _int(16), "i32": _int(32), "u32": _int(32),
+    "i64": _int(64), "u64": _int(64),
+    "fp16": _float("<e", "<H"), "bf16": _bf16,
+    "fp32": _float("<f", "<I"), "f32": _float("<f", "<I"), "fp64": _float("<d", "<Q"),
+}  # fmt: skip

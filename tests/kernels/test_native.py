@@ -1,0 +1,411 @@
+"""kernels/_native.py and kernels/native.cpp, the native launch path (issue 30 §2), on the CPU.
+
+The extension is compiled for real with the host's C++ compiler against the installed torch
+(once per machine: the build cache outlives the run, as the AOT tests' does) and loaded. On the
+CPU it runs in its test mode, where a replayed launch is noted (kernel, grid, block and every
+parameter's bytes) instead of handed to the driver; everything else is the code a GPU runs: the
+keys, the plans, the C++ autograd node, the backward's way back to Python. A GPU checks the
+launches themselves: ``kernels.check``'s attn cases compare the native replays bitwise with the
+Python path where it is active, and tools/host_probe.py --verify does the same.
+"""
+
+import os
+import struct
+import subprocess
+import sys
+import textwrap
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from kernels import _native, interface, launch
+from kernels.interface import Mask
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(_native.__file__)))
+
+
+@pytest.fixture(scope="module")
+def ext():
+    mod = _native.load(_native.build(quiet=True))
+    mod.init(hip=False, noting=True)
+    mod.clear()
+    mod.take_noted()
+    mod.counts()
+    yield mod
+    mod.clear()
+
+
+FWD_FN, DQ_FN, DKDV_FN = 0xF0, 0xD0, 0xDD
+SCALE = 0.125
+
+
+def fwd_desc(nparams=12):
+    """A forward launch: pointer parameters 0-4 take q, k, v, out, lse (call tensors 0, 1, 2,
+    5, 6); the rest are scalars, then the two scratch pointers."""
+    params = [0] * nparams
+    params[5] = 64  # an i32
+    params[6] = struct.unpack("<I", struct.pack("<f", SCALE))[0]  # an fp32
+    params[7] = (-3) & 0xFFFFFFFF  # a negative i32
+    fills = [(0, 0), (1, 1), (2, 2), (3, 5), (4, 6)]
+    return (FWD_FN, (4, 2, 1), 128, 1024, params, fills, 0, nparams - 2)
+
+
+# Backward tensors: do, q, k, v, out, lse, cu_q, cu_k, dq, dk, dv, delta.
+BWD_DESCS = [
+    (DQ_FN, (4, 2, 1), 256, 0, [0] * 8, [(0, 0), (1, 1), (2, 8), (3, 11), (4, 4)], 0, 6),
+    (DKDV_FN, (1, 2, 1), 256, 0, [0] * 7, [(0, 9), (1, 10), (2, 11)], 0, 5),
+]
+
+
+def qkv(shape=(2, 64, 4, 16), grad=True):
+    return tuple(torch.randn(shape, requires_grad=grad) for _ in range(3))
+
+
+def args(q, k, v, cu_q=None, cu_k=None, max_q=64, max_k=64, batch=2, scale=SCALE, left=None,
+         right=None, softcap=0.0, varlen=False, token=1):  # fmt: skip
+    return (q, k, v, cu_q, cu_k, max_q, max_k, batch, scale, left, right, softcap, varlen, token)
+
+
+def plan_for(ext, q, k, v, **kw):
+    a = args(q, k, v, **kw)
+    out = torch.empty(q.shape)
+    lse = torch.empty(q.shape[0], q.shape[2], q.shape[1])
+    return ext.put_forward(*a, fwd_desc(), out, lse), a
+
+
+class Fallback:
+    """The Python backward the node calls without a native plan: notes the call, answers with
+    ones (so the test sees its gradients), and hands BWD_DESCS over unless told not to."""
+
+    def __init__(self, ext, hand_over=True):
+        self.ext, self.hand_over, self.calls = ext, hand_over, []
+
+    def __call__(self, plan, same, do, q, k, v, out, lse, cu_q, cu_k, *values):
+        self.calls.append((plan.id, same, values, cu_q))
+        if self.hand_over and same:
+            self.ext.put_backward(plan, do, q, k, v, out, lse, BWD_DESCS)
+        return torch.ones_like(q), torch.ones_like(k), torch.ones_like(v)
+
+
+def ptr(t):
+    return t.data_ptr()
+
+
+def test_a_planned_call_launches_its_plan_with_the_calls_tensors(ext):
+    q, k, v = qkv()
+    plan, a = plan_for(ext, q, k, v)
+    ext.take_noted()
+    out = ext.flash(*a)
+    (fn, grid, block, shared, params), = ext.take_noted()  # fmt: skip
+    assert (fn, grid, block, shared) == (FWD_FN, (4, 2, 1), 128, 1024)
+    assert params[:3] == [ptr(q), ptr(k), ptr(v)]
+    assert params[3] == ptr(out) and params[4] not in (0, ptr(out))  # the LSE, allocated
+    assert params[5:8] == fwd_desc()[4][5:8]  # scalars as recorded
+    assert params[-2:] == [0, 0]  # no scratch
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert "Flash" in out.grad_fn.name()  # the C++ node
+    assert ext.counts()[0] == 1
+
+
+def test_the_key_separates_what_the_python_key_does(ext):
+    ext.clear()
+    q, k, v = qkv()
+    plan_for(ext, q, k, v)
+    assert ext.flash(*args(q, k, v)) is not None
+    misses = {
+        "strides": args(q.transpose(1, 2).contiguous().transpose(1, 2), k, v),
+        "dtype": args(q.half(), k, v),
+        "shape": args(*qkv((2, 64, 4, 8))),
+        "max_k": args(q, k, v, max_k=65),
+        "scale": args(q, k, v, scale=0.25),
+        "causal": args(q, k, v, right=0),
+        "left": args(q, k, v, left=8),
+        "softcap": args(q, k, v, softcap=30.0),
+        "process state": args(q, k, v, token=2),
+        "q is k": args(q, q, v),
+        "alignment": args(torch.randn(2 * 64 * 4 * 16 + 1)[1:].view(2, 64, 4, 16), k, v),
+    }
+    for what, a in misses.items():
+        assert ext.flash(*a) is None, what
+
+
+def test_the_backward_goes_to_python_once_then_replays(ext):
+    ext.clear()
+    fb = Fallback(ext)
+    ext.set_fallback(fb)
+    q, k, v = qkv()
+    plan, a = plan_for(ext, q, k, v)
+    do = torch.randn(q.shape)
+    out = ext.flash(*a)
+    out.backward(do)
+    assert fb.calls == [(plan.id, True, (64, 64, 2, SCALE, None, None, 0.0, False), None)]
+    assert torch.equal(q.grad, torch.ones_like(q))  # the fallback's answer reached the leaf
+    assert plan.backward_plans() == 1
+    q.grad = k.grad = v.grad = None
+    ext.take_noted()
+    out = ext.flash(*a)
+    out.backward(do)
+    assert len(fb.calls) == 1  # replayed natively
+    fwd, dq, dkdv = ext.take_noted()
+    assert (dq[0], dkdv[0]) == (DQ_FN, DKDV_FN)
+    assert dq[4][0] == ptr(do) and dq[4][1] == ptr(q) and dq[4][4] == ptr(out)
+    assert dq[4][2] == ptr(q.grad)  # dQ is the gradient autograd hands the leaf
+    assert dkdv[4][:2] == [ptr(k.grad), ptr(v.grad)]
+    assert dq[4][3] == dkdv[4][2]  # one delta, written by dQ, read by dK/dV
+    assert ext.counts()[1:] == (1, 1)
+
+
+def test_another_do_layout_goes_to_python(ext):
+    ext.clear()
+    fb = Fallback(ext)
+    ext.set_fallback(fb)
+    q, k, v = qkv()
+    plan, a = plan_for(ext, q, k, v)
+    ext.flash(*a).backward(torch.randn(q.shape))
+    ext.flash(*a).backward(torch.randn(2, 4, 64, 16).transpose(1, 2))
+    assert len(fb.calls) == 2 and plan.backward_plans() == 2
+
+
+def test_a_replaced_data_goes_to_python_without_a_hand_over(ext):
+    ext.clear()
+    fb = Fallback(ext)
+    ext.set_fallback(fb)
+    q, k, v = qkv()
+    plan, a = plan_for(ext, q, k, v)
+    out = ext.flash(*a)
+    with torch.no_grad():
+        q.data = torch.randn(q.shape)
+    out.backward(torch.randn(q.shape))
+    assert [c[1] for c in fb.calls] == [False]
+    assert plan.backward_plans() == 0
+
+
+def test_autograd_refuses_what_it_refuses_for_python_functions(ext):
+    ext.clear()
+    ext.set_fallback(Fallback(ext))
+    q, k, v = qkv()
+    plan, a = plan_for(ext, q, k, v)
+    out = ext.flash(*a)
+    out.mul_(2)  # the saved output changed in place
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.backward(torch.randn(q.shape))
+    out = ext.flash(*a)
+    out.sum().backward()
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        out.sum().backward()
+    out = ext.flash(*a)
+    out.sum().backward(retain_graph=True)
+    out.sum().backward()  # retain_graph keeps the saved tensors
+    with torch.no_grad():
+        assert ext.flash(*a).grad_fn is None
+    qn, kn, vn = (t.detach() for t in (q, k, v))
+    plan_for(ext, qn, kn, vn)
+    assert ext.flash(*args(qn, kn, vn)).grad_fn is None  # nothing requires grad
+
+
+def test_varlen_cu_seqlens_are_saved_and_checked(ext):
+    ext.clear()
+    fb = Fallback(ext, hand_over=False)
+    ext.set_fallback(fb)
+    q, k, v = qkv((96, 4, 16))
+    cu = torch.tensor([0, 40, 96], dtype=torch.int32)
+    out_ = torch.empty(q.shape)
+    lse = torch.empty(4, 96)
+    a = args(q, k, v, cu, cu, 56, 56, 2, varlen=True)
+    ext.put_forward(*a, fwd_desc(), out_, lse)
+    ext.flash(*a).sum().backward()
+    assert fb.calls[0][3] is cu
+    out = ext.flash(*a)
+    cu.add_(0)  # bumps the version: the saved cu_seqlens changed in place
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()
+
+
+def test_clear_forgets_every_plan(ext):
+    ext.clear()
+    q, k, v = qkv()
+    plan_for(ext, q, k, v)
+    assert ext.size() == 1
+    ext.clear()
+    assert ext.size() == 0 and ext.flash(*args(q, k, v)) is None
+
+
+def test_a_bad_description_is_refused(ext):
+    q, k, v = qkv()
+    out, lse = torch.empty(q.shape), torch.empty(2, 4, 64)
+    bad = list(fwd_desc())
+    bad[5] = [(12, 0)]  # a parameter past the end
+    with pytest.raises(RuntimeError, match="out of range"):
+        ext.put_forward(*args(q, k, v), tuple(bad), out, lse)
+    bad = list(fwd_desc())
+    bad[5] = [(0, 7)]  # a forward has 7 tensors
+    with pytest.raises(RuntimeError, match="reads tensor 7"):
+        ext.put_forward(*args(q, k, v), tuple(bad), out, lse)
+
+
+def _kernel(signature: dict, **meta):
+    md = dict(num_ctas=1, launch_cooperative_grid=False, launch_pdl=False, profile_scratch_size=0,
+              global_scratch_size=0, global_scratch_align=1, num_warps=4, shared=4096,
+              warp_size=32)  # fmt: skip
+    md.update(meta)
+    return SimpleNamespace(src=SimpleNamespace(signature=signature), metadata=SimpleNamespace(**md))
+
+
+def test_launch_params_pack_as_tritons_launcher_does():
+    sig = {"Q": "*bf16", "Out": "*bf16", "n": "i32", "m": "i64", "s": "fp32", "h": "fp16",
+           "flag": "i1", "BLOCK": "constexpr", "neg": "i32"}  # fmt: skip
+    got = _native.launch_params(_kernel(sig), (None, None, 7, 2**40, 0.5, 1.5, True, 64, -2),
+                                (3, 0))  # fmt: skip
+    params, fills, scratch, scratch_param, block, shared = got
+    assert fills == [(0, 3), (1, 0)]
+    assert params == [0, 0, 7, 2**40, 0x3F000000, 0x3E00, 1, 0xFFFFFFFE, 0, 0]
+    assert (scratch, scratch_param, block, shared) == (0, 8, 128, 4096)
+    amd = _native.launch_params(_kernel({"Q": "*fp16"}, warp_size=64, global_scratch_size=128),
+                                (None,), (0,))  # fmt: skip
+    assert amd[2] == 128 and amd[4] == 256  # scratch per program; 64-wide waves
+
+
+@pytest.mark.parametrize(
+    "sig,meta",
+    [
+        ({"d": "tensordesc<bf16[64, 64]>"}, {}),  # host-side TMA descriptors
+        ({"Q": "*bf16"}, {"num_ctas": 2}),  # clusters
+        ({"Q": "*bf16"}, {"profile_scratch_size": 64}),  # instrumentation
+        ({"Q": "*bf16"}, {"launch_pdl": True}),
+        ({"Q": "*bf16", "x": "u128"}, {}),  # a type it does not know
+    ],
+)
+def test_launches_a_replay_cannot_rebuild_are_not_handed_over(sig, meta):
+    values = (None,) * len(sig)
+    assert _native.launch_params(_kernel(sig, **meta), values, (0,)) is None
+
+
+def test_a_pointer_parameter_that_is_not_a_call_tensor_is_not_handed_over():
+    sig = {"Q": "*bf16", "n": "i32", "P": "*fp32"}
+    assert _native.launch_params(_kernel(sig), (None, 1, None), (0,)) is None
+
+
+def test_the_interpreter_keeps_the_python_path():
+    assert not launch.ENABLED
+    assert _native.status().startswith("off")
+    q, k, v = qkv((1, 16, 1, 16))
+    call = (None, None, 16, 16, 1, 0.25, Mask(), None, False, None)
+    assert _native.forward(q.half(), k.half(), v.half(), call) is None
+    out = interface.flash_attn_func(q.half(), k.half(), v.half())
+    assert out.grad_fn.name() == "_FlashAttnOutBackward"
+
+
+def test_a_failed_build_leaves_nothing_and_says_why(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNFORGE_NATIVE_DIR", str(tmp_path / "cache"))
+    cxx = tmp_path / "cxx"
+    cxx.write_text("#!/bin/sh\necho 'native.cpp:1:1: error: no such thing' >&2\nexit 1\n")
+    cxx.chmod(0o755)
+    monkeypatch.setenv("CXX", str(cxx))
+    with pytest.raises(RuntimeError, match="error: no such thing"):
+        _native.build(quiet=True)
+    assert [p.name for p in (tmp_path / "cache").iterdir() if not p.name.endswith(".lock")] == []
+    monkeypatch.setenv("CXX", str(tmp_path / "absent"))
+    with pytest.raises(RuntimeError, match="no C\\+\\+ compiler"):
+        _native.build(quiet=True)
+
+
+def test_concurrent_builds_compile_once(tmp_path):
+    """Two processes asking at once: one compiles (under the lock), the other waits for it."""
+    log = tmp_path / "calls"
+    cxx = tmp_path / "cxx"
+    cxx.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        echo x >> {log}
+        sleep 1
+        for a; do [ "$prev" = -o ] && echo built > "$a"; prev=$a; done
+    """))  # fmt: skip
+    cxx.chmod(0o755)
+    env = {**os.environ, "CXX": str(cxx), "ATTNFORGE_NATIVE_DIR": str(tmp_path / "cache")}
+    code = "from kernels import _native; print(_native.build(quiet=True))"
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                              text=True, cwd=ROOT) for _ in range(2)]  # fmt: skip
+    outs = {p.communicate(timeout=120)[0].strip() for p in procs}
+    assert all(p.returncode == 0 for p in procs)
+    assert len(outs) == 1 and log.read_text().count("x") == 1
+    built = [p for p in (tmp_path / "cache").iterdir() if p.suffix == ".so"]
+    assert [p.read_text() for p in built] == ["built\n"]  # renamed whole; no temporary left
+
+
+def test_the_command_line_says_why_it_is_off():
+    r = subprocess.run([sys.executable, "-m", "kernels.native", "status"], capture_output=True,
+                       text=True, env={**os.environ, "ATTNFORGE_NATIVE": "0"}, cwd=ROOT)  # fmt: skip
+    assert r.returncode == 1 and r.stdout.strip() == "off (ATTNFORGE_NATIVE=0)"
+    assert "RuntimeWarning" not in r.stderr
+
+
+class _Stand:
+    """A stand-in for a recorded Python launch (kernels.launch.Launch): fills call tensors by
+    position when the Python path replays it, and carries a native description."""
+
+    scratch = False
+
+    def __init__(self, native, **fills):
+        self.native = native
+        self.fills = {int(i.removeprefix("t")): x for i, x in fills.items()}
+        self.calls = 0
+
+    def __call__(self, stream, tensors):
+        self.calls += 1
+        for i, x in self.fills.items():
+            tensors[i].fill_(x)
+
+
+def test_the_python_path_hands_its_plans_over(ext, monkeypatch):
+    """The glue in kernels/interface.py and kernels/_native.py, with stand-in Python launches:
+    a call the native path misses takes the Python plan and hands it over; the next is native;
+    its backward goes back to Python once (through the forward's Python plan, whose backward
+    plan is handed over too) and then replays natively."""
+    monkeypatch.setattr(launch, "ENABLED", True)
+    monkeypatch.setattr(interface, "_stream", lambda: None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.delenv("ATTNFORGE_KERNELS_AUTOTUNE", raising=False)
+    monkeypatch.setattr(_native, "_mod", ext)
+    monkeypatch.setattr(_native, "_state", "active")
+    ext.set_fallback(_native._backward)
+    ext.clear()
+    launch.clear()
+    ext.take_noted()
+    ext.counts()
+    try:
+        shape = (1, 16, 2, 16)
+        q, k, v = (torch.randn(shape, requires_grad=True) for _ in range(3))
+        scale = shape[-1] ** -0.5
+        out0, lse0 = torch.empty_like(q), torch.empty(1, 2, 16)
+        fwd = _Stand(fwd_desc(), t5=2.0, t6=0.0)
+        fplan = interface._ForwardPlan(fwd, out0, lse0)
+        key = launch.call_key("fwd", (q, k, v, None, None),
+                              (16, 16, 1, scale, Mask(), False, None))  # fmt: skip
+        launch.FORWARD.put(key, fplan)
+        do = torch.ones(shape)
+        dq_l, dkdv_l = _Stand(BWD_DESCS[0], t8=3.0), _Stand(BWD_DESCS[1], t9=4.0, t10=5.0)
+        fplan.backward.put(launch.backward_key(do, q, k, v, out0, lse0),
+                           interface._BackwardPlan((dq_l, dkdv_l)))  # fmt: skip
+
+        out = interface.flash_attn_func(q, k, v)  # native misses; the Python plan replays
+        assert fwd.calls == 1 and torch.all(out == 2.0) and fplan.native
+        assert out.grad_fn.name() == "_FlashAttnOutBackward" and ext.size() == 1
+        out.backward(do)  # Python's backward, from the forward plan's table; handed over
+        assert dq_l.calls == 1 and fplan.native.backward_plans() == 0  # not on a Python hit
+
+        out = interface.flash_attn_func(q, k, v)  # native
+        assert fwd.calls == 1 and "Flash" in out.grad_fn.name()
+        out.backward(do)  # no native backward plan: back to Python, which hands it over
+        assert dq_l.calls == 2 and fplan.native.backward_plans() == 1
+        assert ext.counts() == (1, 0, 1)
+
+        q.grad = k.grad = v.grad = None
+        ext.take_noted()
+        interface.flash_attn_func(q, k, v).backward(do)  # native both ways
+        assert dq_l.calls == 2 and ext.counts() == (1, 1, 0)
+        assert [n[0] for n in ext.take_noted()] == [FWD_FN, DQ_FN, DKDV_FN]
+
+        launch.clear()  # Python's plans and the native ones go together
+        assert ext.size() == 0 and not _native._PLANS
+    finally:
+        launch.clear()
