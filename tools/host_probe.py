@@ -169,6 +169,7 @@ def profile(fn, n: int, top: int = 22) -> str:
 def verify() -> int:
     """Planned calls (kernels.launch) against the full path, bitwise, on fresh inputs: the
     first call of each signature records, the second replays. Returns the number of failures."""
+    from kernels import _native as native
     from kernels import launch
 
     hits = {"fwd": 0, "bwd": 0}
@@ -239,12 +240,19 @@ def verify() -> int:
     ]
     fails = 0
     launch.clear()
+    print(f"verify: native launch path {native.status()}", flush=True)
+    natives = [0, 0, 0]
     for i, c in enumerate(cases):
         before = dict(hits)
-        got = [step(c, 10 * i + s) for s in (1, 2)]  # records, then replays
+        native.counts()
+        # Records, then replays (natively where the native path is active: its forward and
+        # backward; the Python plans where it is not), then once more.
+        got = [step(c, 10 * i + s) for s in (1, 2, 3)]
+        n = native.counts()
+        natives = [a + b for a, b in zip(natives, n, strict=True)]
         launch.ENABLED, enabled = False, launch.ENABLED
         try:
-            want = [step(c, 10 * i + s) for s in (1, 2)]
+            want = [step(c, 10 * i + s) for s in (1, 2, 3)]
         finally:
             launch.ENABLED = enabled
         ok = all(torch.equal(a, b) for g, w in zip(got, want, strict=True)
@@ -253,11 +261,13 @@ def verify() -> int:
         shape = c["shape"][:6] + (str(c["shape"][6]).removeprefix("torch."), c["shape"][7])
         extra = {k: v for k, v in c.items() if k != "shape"}
         print(f"verify {shape} {extra}: {'ok' if ok else 'FAIL'}, replays fwd "
-              f"{hits['fwd'] - before['fwd']} bwd {hits['bwd'] - before['bwd']}", flush=True)  # fmt: skip
+              f"{hits['fwd'] - before['fwd']} bwd {hits['bwd'] - before['bwd']}, native fwd "
+              f"{n[0]} bwd {n[1]} back to Python {n[2]}", flush=True)  # fmt: skip
     print(f"verify: {len(cases) - fails}/{len(cases)} cases bitwise equal to the full path; "
           f"plans fwd {len(launch.FORWARD.plans)}, bwd {len(launch.BACKWARD.plans)} + "
           f"{sum(len(p.backward.plans) for p in launch.FORWARD.plans.values() if p)} "
-          "in forward plans")  # fmt: skip
+          f"in forward plans; native replays fwd {natives[0]} bwd {natives[1]}, backwards sent "
+          f"back to Python {natives[2]}")  # fmt: skip
     return fails
 
 

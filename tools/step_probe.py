@@ -3,6 +3,7 @@
     python tools/step_probe.py [--steps N] [--json FILE]
     python tools/step_probe.py --stub --device cpu    # the probe's own code, kernels stubbed
     python tools/step_probe.py --backward-key         # the backward's key under a planned forward
+    python tools/step_probe.py --native               # the native launch path against Python's
 
 Run from a checkout's root: it imports that checkout's ``kernels``. A step is
 ``flash_attn_func(q, k, v).backward(do)`` on leaves, then their gradients set to None (what
@@ -430,6 +431,67 @@ def backward_key_rows(name, b, sq, sk, hq, hk, d, dtype, causal, steps, dev, syn
     return {f"{name}: {what}": us for what, us in best.items()}
 
 
+def native_rows(name, b, sq, sk, hq, hk, d, dtype, causal, steps, dev, sync) -> dict:
+    """The step through the native launch path (kernels/native.py: the C++ node and launches)
+    against the same step through the Python path and SDPA-flash's, interleaved in one
+    process; then the forward alone under no_grad, both ways."""
+    from kernels import _native as native
+
+    q, k, v = (torch.randn(b, s, h, d, device=dev, dtype=dtype, requires_grad=True)
+               for s, h in ((sq, hq), (sk, hk), (sk, hk)))  # fmt: skip
+    do = torch.randn(b, sq, hq, d, device=dev, dtype=dtype)
+    qt, kt, vt = (t.detach().transpose(1, 2).clone().requires_grad_() for t in (q, k, v))
+    dot = do.transpose(1, 2)
+    gqa = {"enable_gqa": True} if hk != hq else {}
+    mod = native._mod
+
+    def sdpa_step():
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+            o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, **gqa)
+        o.backward(dot)
+        qt.grad = kt.grad = vt.grad = None
+
+    def ours(on: bool, grad: bool):
+        def step():
+            native._mod = mod if on else None
+            if grad:
+                interface.flash_attn_func(q, k, v, causal=causal).backward(do)
+                q.grad = k.grad = v.grad = None
+            else:
+                with torch.no_grad():
+                    interface.flash_attn_func(q, k, v, causal=causal)
+
+        return step
+
+    try:
+        best = interleaved(
+            {
+                "SDPA-flash step": sdpa_step,
+                "ours: step, native": ours(True, True),
+                "ours: step, Python path": ours(False, True),
+            },
+            steps,
+            sync,
+            rounds=7,
+        )
+        best.update(
+            interleaved(
+                {
+                    "ours: forward (no_grad), native": ours(True, False),
+                    "ours: forward (no_grad), Python path": ours(False, False),
+                },
+                steps * 2,
+                sync,
+                rounds=7,
+            )
+        )
+    finally:
+        native._mod = mod
+    return {f"{name}: {what}": us for what, us in best.items()}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=500)
@@ -442,8 +504,17 @@ def main() -> int:
         action="store_true",
         help="only the backward's key under a planned forward against the eight-tensor key",
     )
+    ap.add_argument(
+        "--native",
+        action="store_true",
+        help="the step through the native launch path against the Python path and SDPA-flash",
+    )
     a = ap.parse_args()
     dev = a.device
+    if a.native:
+        from kernels import _native as native
+
+        print(f"native launch path: {native.status()}", flush=True)
     sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
     if a.stub:
 
@@ -458,8 +529,8 @@ def main() -> int:
     rows: dict = {}
     for sh in SHAPES:
         if a.only in sh[0]:
-            rows.update((backward_key_rows if a.backward_key else shape_rows)(*sh, a.steps, dev,
-                                                                              sync))  # fmt: skip
+            fn = native_rows if a.native else backward_key_rows if a.backward_key else shape_rows
+            rows.update(fn(*sh, a.steps, dev, sync))
     if dev == "cuda":
         import triton
 
