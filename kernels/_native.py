@@ -95,18 +95,27 @@ def _name(cxx: str) -> str:
     return f"attnforge_native_{h.hexdigest()[:16]}"
 
 
-def build(quiet: bool = False) -> Path:
+def build(quiet: bool = False, again: bool = False) -> Path:
     """The extension's path, compiled first where it is not in the cache. A build writes aside
     and renames, under a lock, so concurrent processes and an interrupted build leave no partial
-    file. Raises RuntimeError with the compiler's first error lines."""
+    file. Raises RuntimeError with the compiler's first error lines; a failed build is noted
+    beside it, so later processes (validate's workers, each step of a job) do not spend the
+    compile again for the same source, torch and compiler until ``again`` (``python -m
+    kernels.native build``)."""
     cxx = _compiler()
     if cxx is None:
         raise RuntimeError(f"no C++ compiler ({os.environ.get('CXX') or 'c++'}) on PATH")
     name = _name(cxx)
     out_dir = cache_dir()
     target = out_dir / f"{name}.so"
+    failed = out_dir / f"{name}.failed"
     if target.exists():
         return target
+    if failed.exists() and not again:
+        raise RuntimeError(
+            f"{failed.read_text().strip()} (an earlier build; `python -m kernels.native build` "
+            "tries again)"
+        )
     out_dir.mkdir(parents=True, exist_ok=True)
     with open(out_dir / f".{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -122,10 +131,14 @@ def build(quiet: bool = False) -> Path:
             r = subprocess.run(cmd, capture_output=True, text=True)
             if r.returncode != 0:
                 errors = [ln for ln in r.stderr.splitlines() if "error" in ln][:3]
-                raise RuntimeError(
-                    f"{Path(cxx).name} failed ({r.returncode}): "
-                    + ("; ".join(errors) or r.stderr.strip()[-400:])
+                why = f"{Path(cxx).name} failed ({r.returncode}): " + (
+                    "; ".join(errors) or r.stderr.strip()[-400:]
                 )
+                note = out_dir / f".{name}.{os.getpid()}.failed"
+                note.write_text(why + "\n")
+                os.replace(note, failed)
+                raise RuntimeError(why)
+            failed.unlink(missing_ok=True)
             os.replace(tmp, target)
         finally:
             tmp.unlink(missing_ok=True)

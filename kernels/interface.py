@@ -434,7 +434,7 @@ class _ForwardPlan:
     """A recorded forward launch (``kernels.launch``): allocates out and LSE as the full path
     does, then launches; None when a fresh output is not 16-byte aligned (then the full path).
     ``backward``: the plans of the backward calls of this forward's outputs, by
-    ``launch.backward_key``. ``native``: this plan handed to kernels/native.py (its native
+    ``launch.backward_key``. ``native``: this plan handed to kernels/_native.py (its native
     plan), False where it cannot be, None before."""
 
     __slots__ = ("launch", "out_shape", "out_dtype", "lse_shape", "device", "backward", "native")
@@ -505,9 +505,9 @@ def _backward(
     :func:`_saved_plan` kept of the forward of ``out``: the plan it replayed or recorded, whose
     own table keys this call's plan by what the backward adds to the forward's key
     (``launch.backward_key``), while the saved inputs still hold the forward's data; its plan
-    is handed to the forward plan's native plan (kernels/native.py) when recorded.
-    ``native_plan``: the native plan of a native node's forward whose backward came here without a native plan
-    (kernels/native.py's ``_backward``); a replayed plan is handed to it too.
+    is handed to the forward plan's native plan (kernels/_native.py) when recorded.
+    ``native_plan``: the native plan of a native node whose backward came back here for want
+    of a native plan (kernels/_native.py's ``_backward``); a replayed plan is handed to it too.
 
     Two launches (dQ, which also computes delta = rowsum(O * dO), then dK/dV) except with
     ``atomic_dq`` (delta kernel, then dK/dV accumulating dQ). The small shapes are bound by host
@@ -853,8 +853,9 @@ def flash_attn_func(
 def _call(q, k, v, call: tuple, return_attn_probs: bool) -> AttnResult:
     """The forward of flash_attn_func and flash_attn_varlen_func: without autograd where no
     gradient will be asked for, through :class:`_FlashAttnOut` where only ``out`` is returned,
-    else through :class:`_FlashAttn` (``out`` and the LSE as outputs). A call kernels/native.py
-    has a plan for (one returning only ``out``) is launched there, its autograd node C++'s."""
+    else through :class:`_FlashAttn` (``out`` and the LSE as outputs). A call that
+    kernels/_native.py has a plan for (one returning only ``out``) is launched there, under a
+    C++ autograd node."""
     if not return_attn_probs:
         out = native.forward(q, k, v, call)
         if out is not None:

@@ -48,7 +48,7 @@ _INT32 = 2**31 - 1
 
 class Table:
     """Plans by key, bounded (``limit``: MAX_PLANS where not given). ``on_clear``: called when the
-    table empties itself or is cleared (FORWARD's: kernels/native.py's plans go with it)."""
+    table empties itself or is cleared (FORWARD's: kernels/_native.py's plans go with it)."""
 
     __slots__ = ("plans", "limit", "on_clear")
 
@@ -122,7 +122,7 @@ _TOKENS: dict = {}
 
 def process_token() -> int | None:
     """:func:`_process` as a small int (the same state, the same int, within a process), for
-    kernels/native.py's keys; None where nothing is to be planned."""
+    kernels/_native.py's keys; None where nothing is to be planned."""
     process = _process()
     if process is None:
         return None

@@ -8,7 +8,7 @@
 // outputs, launches the recorded Triton kernels with the driver's launch call
 // (cuLaunchKernel, or hipModuleLaunchKernel on ROCm) and builds a C++ autograd node, as
 // PyTorch's own attention ops do. Every decision is still Python's: a plan is what the Python
-// path launched for a call with the same key (kernels/native.py exports it), and a call or a
+// path launched for a call with the same key (kernels/_native.py exports it), and a call or a
 // backward without a plan here goes back to Python.
 //
 // A launch is kept as the kernel's parameters, 8 bytes each (the value's own bytes first, as a
@@ -55,7 +55,7 @@ struct Noted {
 };
 std::vector<Noted> g_noted;
 
-// What the backward calls where it has no plan: kernels/native.py's `_backward`.
+// What the backward calls where it has no plan: kernels/_native.py's `_backward`.
 py::object* g_fallback = nullptr;
 
 // Replays and returns to Python since the last `counts()` (tests, tools/host_probe.py).
@@ -119,6 +119,10 @@ void put_identity(Key& key, std::initializer_list<const at::Tensor*> ts) {
   }
 }
 
+uint64_t pointer(const at::Tensor& t) {
+  return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(t.data_ptr()));
+}
+
 struct Launch {
   uint64_t function = 0;
   unsigned grid[3] = {1, 1, 1};
@@ -133,14 +137,12 @@ struct Launch {
     void* ptrs[kMaxParams];
     const size_t n = params.size();
     std::memcpy(values, params.data(), n * sizeof(uint64_t));
-    for (const auto& f : fills) {
-      values[f.first] = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(tensors[f.second]->data_ptr()));
-    }
+    for (const auto& f : fills) values[f.first] = pointer(*tensors[f.second]);
     at::Tensor scratch;
     if (scratch_bytes > 0) {
       const int64_t programs = int64_t(grid[0]) * grid[1] * grid[2];
       scratch = at::empty({programs * scratch_bytes}, like.options().dtype(at::kByte));
-      values[scratch_param] = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(scratch.data_ptr()));
+      values[scratch_param] = pointer(scratch);
     }
     for (size_t i = 0; i < n; ++i) ptrs[i] = &values[i];
     if (g_noting) {
@@ -245,9 +247,7 @@ struct Call : torch::CustomClassHolder {
   at::Tensor cu_q, cu_k;  // the call's cu_seqlens (undefined where not varlen), saved by it
 };
 
-uint64_t pointer_of(const at::Tensor& t) {
-  return t.defined() ? static_cast<uint64_t>(reinterpret_cast<uintptr_t>(t.data_ptr())) : 0;
-}
+uint64_t pointer_of(const at::Tensor& t) { return t.defined() ? pointer(t) : 0; }
 
 bool aligned(std::initializer_list<const at::Tensor*> ts) {
   for (const at::Tensor* t : ts) {

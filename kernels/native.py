@@ -21,8 +21,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.action == "build":
         try:
-            print(build())
-        except RuntimeError as err:
+            print(build(again=True))
+        except (RuntimeError, OSError) as err:
             print(f"kernels.native: {err}", file=sys.stderr)
             return 1
         return 0

@@ -432,7 +432,7 @@ def backward_key_rows(name, b, sq, sk, hq, hk, d, dtype, causal, steps, dev, syn
 
 
 def native_rows(name, b, sq, sk, hq, hk, d, dtype, causal, steps, dev, sync) -> dict:
-    """The step through the native launch path (kernels/native.py: the C++ node and launches)
+    """The step through the native launch path (kernels/_native.py: the C++ node and launches)
     against the same step through the Python path and SDPA-flash's, interleaved in one
     process; then the forward alone under no_grad, both ways."""
     from kernels import _native as native
