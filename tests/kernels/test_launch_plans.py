@@ -12,6 +12,7 @@ from triton.backends.nvidia.compiler import CUDABackend
 
 from kernels import interface, launch
 from kernels.interface import Mask
+from tests.kernels.standins import Fill
 
 _NO_MASK = Mask()
 
@@ -136,21 +137,6 @@ def test_the_backward_key_holds_what_the_backward_adds_to_the_forwards(fwd_key, 
     assert launch.backward_key(do, q, k, v, out, lse) is None
 
 
-class _Fill:
-    """A stand-in for a recorded launch: fills tensors of the call (by position) with values."""
-
-    scratch = False
-
-    def __init__(self, **fills):
-        self.fills = {int(i.removeprefix("t")): x for i, x in fills.items()}
-        self.calls = 0
-
-    def __call__(self, stream, tensors):
-        self.calls += 1
-        for i, x in self.fills.items():
-            tensors[i].fill_(x)
-
-
 def test_a_planned_forwards_backward_is_planned_in_the_forwards_plan(fwd_key, monkeypatch):
     """The replay's wiring, with stand-in launches on the CPU: a step whose forward replays a
     plan takes its backward from that plan's table, keyed by launch.backward_key; a dO that
@@ -165,11 +151,11 @@ def test_a_planned_forwards_backward_is_planned_in_the_forwards_plan(fwd_key, mo
         q, k, v = (x.requires_grad_() for x in _qkv(shape, torch.float32))
         scale = shape[-1] ** -0.5
         out0, lse0 = torch.empty_like(q), torch.empty(1, 2, 16)
-        fwd = _Fill(t5=2.0, t6=0.0)  # (q, k, v, cu_q, cu_k, out, lse): finite for the backward
+        fwd = Fill(t5=2.0, t6=0.0)  # (q, k, v, cu_q, cu_k, out, lse): finite for the backward
         fplan = interface._ForwardPlan(fwd, out0, lse0)
         launch.FORWARD.put(fwd_key(q, k, v, max_q=16, max_k=16, batch=1, scale=scale), fplan)
         do = torch.ones(shape)
-        dq_launch, dkdv_launch = _Fill(t8=3.0), _Fill(t9=4.0, t10=5.0)  # ..., dq, dk, dv, delta
+        dq_launch, dkdv_launch = Fill(t8=3.0), Fill(t9=4.0, t10=5.0)  # ..., dq, dk, dv, delta
         bkey = launch.backward_key(do, q, k, v, out0, lse0)
         fplan.backward.put(bkey, interface._BackwardPlan((dq_launch, dkdv_launch)))
 

@@ -21,6 +21,7 @@ import torch
 
 from kernels import _native, interface, launch
 from kernels.interface import Mask
+from tests.kernels.standins import Fill
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(_native.__file__)))
 
@@ -92,6 +93,17 @@ def ptr(t):
     return t.data_ptr()
 
 
+def fresh(ext, hand_over=True):
+    """No plans, a noting Python backward, and one planned call: (fallback, q, k, v, plan,
+    the call's arguments)."""
+    ext.clear()
+    fb = Fallback(ext, hand_over)
+    ext.set_fallback(fb)
+    q, k, v = qkv()
+    plan, a = plan_for(ext, q, k, v)
+    return fb, q, k, v, plan, a
+
+
 def test_a_planned_call_launches_its_plan_with_the_calls_tensors(ext):
     q, k, v = qkv()
     plan, a = plan_for(ext, q, k, v)
@@ -131,11 +143,7 @@ def test_the_key_separates_what_the_python_key_does(ext):
 
 
 def test_the_backward_goes_to_python_once_then_replays(ext):
-    ext.clear()
-    fb = Fallback(ext)
-    ext.set_fallback(fb)
-    q, k, v = qkv()
-    plan, a = plan_for(ext, q, k, v)
+    fb, q, k, v, plan, a = fresh(ext)
     do = torch.randn(q.shape)
     out = ext.flash(*a)
     out.backward(do)
@@ -157,22 +165,14 @@ def test_the_backward_goes_to_python_once_then_replays(ext):
 
 
 def test_another_do_layout_goes_to_python(ext):
-    ext.clear()
-    fb = Fallback(ext)
-    ext.set_fallback(fb)
-    q, k, v = qkv()
-    plan, a = plan_for(ext, q, k, v)
+    fb, q, k, v, plan, a = fresh(ext)
     ext.flash(*a).backward(torch.randn(q.shape))
     ext.flash(*a).backward(torch.randn(2, 4, 64, 16).transpose(1, 2))
     assert len(fb.calls) == 2 and plan.backward_plans() == 2
 
 
 def test_a_replaced_data_goes_to_python_without_a_hand_over(ext):
-    ext.clear()
-    fb = Fallback(ext)
-    ext.set_fallback(fb)
-    q, k, v = qkv()
-    plan, a = plan_for(ext, q, k, v)
+    fb, q, k, v, plan, a = fresh(ext)
     out = ext.flash(*a)
     with torch.no_grad():
         q.data = torch.randn(q.shape)
@@ -182,10 +182,7 @@ def test_a_replaced_data_goes_to_python_without_a_hand_over(ext):
 
 
 def test_autograd_refuses_what_it_refuses_for_python_functions(ext):
-    ext.clear()
-    ext.set_fallback(Fallback(ext))
-    q, k, v = qkv()
-    plan, a = plan_for(ext, q, k, v)
+    _, q, k, v, plan, a = fresh(ext)
     out = ext.flash(*a)
     out.mul_(2)  # the saved output changed in place
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
@@ -304,7 +301,15 @@ def test_a_failed_build_leaves_nothing_and_says_why(tmp_path, monkeypatch):
     monkeypatch.setenv("CXX", str(cxx))
     with pytest.raises(RuntimeError, match="error: no such thing"):
         _native.build(quiet=True)
-    assert [p.name for p in (tmp_path / "cache").iterdir() if not p.name.endswith(".lock")] == []
+    left = sorted(p.suffix for p in (tmp_path / "cache").iterdir() if p.suffix != ".lock")
+    assert left == [".failed"]  # no partial module; the failure, for the next processes
+    cxx.write_text("#!/bin/sh\necho compiled >> " + str(tmp_path / "calls") + "\nexit 1\n")
+    with pytest.raises(RuntimeError, match="an earlier build"):
+        _native.build(quiet=True)  # not compiled again
+    assert not (tmp_path / "calls").exists()
+    with pytest.raises(RuntimeError, match="failed"):
+        _native.build(quiet=True, again=True)  # python -m kernels.native build
+    assert (tmp_path / "calls").read_text() == "compiled\n"
     monkeypatch.setenv("CXX", str(tmp_path / "absent"))
     with pytest.raises(RuntimeError, match="no C\\+\\+ compiler"):
         _native.build(quiet=True)
@@ -333,27 +338,11 @@ def test_concurrent_builds_compile_once(tmp_path):
 
 
 def test_the_command_line_says_why_it_is_off():
+    env = {**os.environ, "ATTNFORGE_NATIVE": "0"}
     r = subprocess.run([sys.executable, "-m", "kernels.native", "status"], capture_output=True,
-                       text=True, env={**os.environ, "ATTNFORGE_NATIVE": "0"}, cwd=ROOT)  # fmt: skip
+                       text=True, env=env, cwd=ROOT)  # fmt: skip
     assert r.returncode == 1 and r.stdout.strip() == "off (ATTNFORGE_NATIVE=0)"
     assert "RuntimeWarning" not in r.stderr
-
-
-class _Stand:
-    """A stand-in for a recorded Python launch (kernels.launch.Launch): fills call tensors by
-    position when the Python path replays it, and carries a native description."""
-
-    scratch = False
-
-    def __init__(self, native, **fills):
-        self.native = native
-        self.fills = {int(i.removeprefix("t")): x for i, x in fills.items()}
-        self.calls = 0
-
-    def __call__(self, stream, tensors):
-        self.calls += 1
-        for i, x in self.fills.items():
-            tensors[i].fill_(x)
 
 
 def test_the_python_path_hands_its_plans_over(ext, monkeypatch):
@@ -377,13 +366,13 @@ def test_the_python_path_hands_its_plans_over(ext, monkeypatch):
         q, k, v = (torch.randn(shape, requires_grad=True) for _ in range(3))
         scale = shape[-1] ** -0.5
         out0, lse0 = torch.empty_like(q), torch.empty(1, 2, 16)
-        fwd = _Stand(fwd_desc(), t5=2.0, t6=0.0)
+        fwd = Fill(fwd_desc(), t5=2.0, t6=0.0)
         fplan = interface._ForwardPlan(fwd, out0, lse0)
         key = launch.call_key("fwd", (q, k, v, None, None),
                               (16, 16, 1, scale, Mask(), False, None))  # fmt: skip
         launch.FORWARD.put(key, fplan)
         do = torch.ones(shape)
-        dq_l, dkdv_l = _Stand(BWD_DESCS[0], t8=3.0), _Stand(BWD_DESCS[1], t9=4.0, t10=5.0)
+        dq_l, dkdv_l = Fill(BWD_DESCS[0], t8=3.0), Fill(BWD_DESCS[1], t9=4.0, t10=5.0)
         fplan.backward.put(launch.backward_key(do, q, k, v, out0, lse0),
                            interface._BackwardPlan((dq_l, dkdv_l)))  # fmt: skip
 
