@@ -11,5 +11,13 @@ COPY contract /opt/attnforge/src/contract
 ENV PYTHONPATH=/opt/attnforge/src
 WORKDIR /opt/attnforge/src
 
+# The kernels' native launch path (kernels/native.cpp; docs/kernels.md), compiled here for a GPU
+# build of torch so that no container spends its first call compiling it. A build that fails is
+# noted in the cache, and calls take the Python path (`python3 -m kernels.native status` says
+# why); a CPU torch has no use for it.
+ENV ATTNFORGE_NATIVE_DIR=/opt/attnforge/native
+RUN if python3 -c "import sys, torch; sys.exit(not (torch.version.hip or torch.version.cuda))"; \
+    then python3 -m kernels.native build || echo "kernels.native: not built; the Python path"; fi
+
 COPY attnforge-manifest.json /opt/attnforge/versions.json
 CMD ["python3", "-m", "validate", "all"]
