@@ -28,6 +28,10 @@ KNOB_PREFIXES = (
     "TORCH_ROCM_", "PYTORCH_", "HIP_", "HSA_", "ROCM_", "AOTRITON_", "FLASH_ATTENTION_",
     "TRITON_", "MIOPEN_", "ATTNFORGE_",
 )  # fmt: skip
+# Variables with those prefixes that name a place in the image, not which kernels run: the
+# validated image's build of the kernels' native launch path (kernels/_native.py). A venv keeps
+# its own build in its user's cache; pointing it at the image's folder would find nothing there.
+NOT_KNOBS = frozenset({"ATTNFORGE_NATIVE_DIR"})
 # Files an installer writes into dist-info itself: they are not in the wheel.
 INSTALLER_FILES = ("INSTALLER", "REQUESTED", "direct_url.json", "RECORD")
 
@@ -125,7 +129,11 @@ def probe(records: bool = False, verify: bool = False) -> dict:
             "prefix": sys.prefix,
             "in_venv": sys.prefix != sys.base_prefix,
         },
-        "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(KNOB_PREFIXES)},
+        "env": {
+            k: v
+            for k, v in sorted(os.environ.items())
+            if k.startswith(KNOB_PREFIXES) and k not in NOT_KNOBS
+        },
         "path_entries": [p for p in sys.path if p],
         "dists": dists,
     }

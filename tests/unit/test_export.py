@@ -124,6 +124,17 @@ VALIDATED = manifest(("torch", "2.14.0+rocm10.1.0"), ("rocm-sdk-device-gfx1151",
 KNOB = {"TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL": "1"}
 
 
+def test_the_probe_carries_knobs_but_not_the_images_native_build_folder(monkeypatch):
+    """ATTNFORGE_NATIVE_DIR names where the validated image keeps its build of the kernels'
+    native launch path: a venv keeps its own, so the export must not point it there."""
+    monkeypatch.setenv("ATTNFORGE_NATIVE_DIR", "/opt/attnforge/native")
+    monkeypatch.setenv("ATTNFORGE_NATIVE", "0")
+    monkeypatch.setenv("TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL", "1")
+    env = envprobe.probe()["env"]
+    assert env["ATTNFORGE_NATIVE"] == "0" and env["TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL"] == "1"
+    assert "ATTNFORGE_NATIVE_DIR" not in env
+
+
 @pytest.mark.parametrize(
     "case, env_probe, kinds, words",
     [
