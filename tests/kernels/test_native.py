@@ -120,6 +120,18 @@ def test_a_planned_call_launches_its_plan_with_the_calls_tensors(ext):
     assert ext.counts()[0] == 1
 
 
+def test_an_empty_grid_launches_nothing(ext):
+    ext.clear()
+    q, k, v = qkv((2, 0, 4, 16))
+    desc = list(fwd_desc())
+    desc[1] = (0, 8, 1)  # no query blocks: Triton's launchers make no launch
+    out, lse = torch.empty(q.shape), torch.empty(2, 4, 0)
+    ext.put_forward(*args(q, k, v, max_q=0), tuple(desc), out, lse)
+    ext.take_noted()
+    assert ext.flash(*args(q, k, v, max_q=0)).shape == q.shape
+    assert ext.take_noted() == []
+
+
 def test_the_key_separates_what_the_python_key_does(ext):
     ext.clear()
     q, k, v = qkv()
