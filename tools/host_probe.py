@@ -168,7 +168,8 @@ def profile(fn, n: int, top: int = 22) -> str:
 
 def verify() -> int:
     """Planned calls (kernels.launch) against the full path, bitwise, on fresh inputs: the
-    first call of each signature records, the second replays. Returns the number of failures."""
+    first call of each signature records, the second and third replay (natively, forward and
+    backward, where the native launch path is active). Returns the number of failures."""
     from kernels import _native as native
     from kernels import launch
 
