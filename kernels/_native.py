@@ -179,11 +179,6 @@ def _activate() -> None:
     _mod, _state = mod, "active"
 
 
-def ready() -> bool:
-    """Whether the extension is active in this process (plans are handed to it)."""
-    return _mod is not None
-
-
 def status() -> str:
     """'active', or why calls take the Python path (activating first where not tried)."""
     if _state is None:
@@ -215,12 +210,16 @@ def forward(q, k, v, call: tuple):
 
 
 def put_forward(pyplan, q, k, v, cu_q, cu_k, values: tuple, out, lse) -> None:
-    """Hand a Python forward plan (kernels/interface.py's ``_ForwardPlan``) over, under the key
-    :func:`forward` computes for the same call; ``pyplan.native`` becomes the native plan, or
-    False where its launch cannot be replayed here."""
+    """Hand a Python forward plan (kernels/interface.py's ``_ForwardPlan``; FP8, the only call
+    with an output dtype of its own, is never planned) over, under the key :func:`forward`
+    computes for the same call, unless it was handed over already or the extension is not
+    active (then a later replay may hand it over); ``pyplan.native`` becomes the native plan,
+    or False where its launch cannot be replayed here."""
+    if pyplan.native is not None or _mod is None:
+        return
     desc = pyplan.launch.native
     token = launch.process_token()
-    if _mod is None or desc is None or token is None:
+    if desc is None or token is None:
         pyplan.native = False
         return
     max_q, max_k, batch, scale, mask, varlen = values
@@ -265,11 +264,11 @@ def _backward(plan, same, do, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, batch
     """A native node's backward without a native plan for dO's layout: the Python path, with its
     forward's Python plan where the saved inputs still hold the forward's data (``same``), which
     records the backward's plan and hands it to ``plan``."""
-    from .interface import Mask
+    from .interface import Mask, _saved_plan
     from .interface import _backward as backward
 
     pyplan = _PLANS.get(plan.id) if same else None
-    fplan = (pyplan, launch.pointers(q, k, v, cu_q, cu_k)) if pyplan is not None else None
+    fplan = _saved_plan([pyplan] if pyplan is not None else [], q, k, v, cu_q, cu_k)
     mask = Mask(left=left, right=right, softcap=softcap)
     return backward(
         do, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, batch, scale, mask, None, varlen,

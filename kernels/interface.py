@@ -297,8 +297,7 @@ def _forward(
         if plan is not None:
             res = plan(q, k, v, cu_q, cu_k)
             if res is not None:
-                if plan.native is None and native.ready() and out_dtype is None:
-                    native.put_forward(plan, q, k, v, cu_q, cu_k, values, *res)
+                native.put_forward(plan, q, k, v, cu_q, cu_k, values, *res)
                 if planned is not None:
                     planned.append(plan)
                 return res
@@ -397,7 +396,7 @@ def _forward(
         )
         plan = _ForwardPlan(rec, out, lse) if rec is not None else False
         launch.FORWARD.put(key, plan)
-        if plan and native.ready() and out_dtype is None:
+        if plan:
             native.put_forward(plan, q, k, v, cu_q, cu_k, values, out, lse)
         if plan and planned is not None:
             planned.append(plan)
