@@ -243,10 +243,86 @@ def put_backward(native_plan, launches: tuple | None, do, q, k, v, out, lse) -> 
     )
 
 
-def counts() -> tuple[int, int, int]:
-    """(forwards replayed, backwards replayed, backwards sent back to Python) since the last
-    call; zeros where the extension is not active."""
-    return _mod.counts() if _mod is not None else (0, 0, 0)
+def kv(
+    q,
+    k_cache,
+    v_cache,
+    cache_seqlens,
+    cache_batch_idx,
+    softmax_scale,
+    causal,
+    window_size,
+    softcap,
+    num_splits,
+    return_softmax_lse,
+):
+    """A planned ``flash_attn_with_kvcache`` step that reads the cache as it is (the caller
+    passes only calls without new keys, rotary, left padding, paging or ALiBi): out, or (out,
+    LSE); None where this call has no plan here (the Python path then hands one over) or the
+    native path is off."""
+    if _mod is None:
+        if _state is not None or not q.is_cuda:
+            return None
+        _activate()
+        if _mod is None:
+            return None
+    token = launch.process_token()
+    if token is None:
+        return None
+    try:
+        left, right = window_size
+        return _mod.kv(
+            q, k_cache, v_cache, cache_seqlens, cache_batch_idx, softmax_scale, bool(causal),
+            int(left), int(right), float(softcap or 0.0), num_splits, bool(return_softmax_lse),
+            token,
+        )  # fmt: skip
+    except (TypeError, ValueError):
+        return None  # arguments of other types: Python's path says what is wrong, or plans
+
+
+def put_kv(
+    pyplan,
+    q,
+    k_cache,
+    v_cache,
+    cache_seqlens,
+    cache_batch_idx,
+    softmax_scale,
+    causal,
+    window_size,
+    softcap,
+    num_splits,
+    return_softmax_lse,
+) -> None:
+    """Hand a Python decoding plan (kernels/kvcache.py's ``_KVPlan``) over under the key
+    :func:`kv` computes for the same call, once; ``pyplan.native`` becomes True, or False where
+    a replay here could not pass the kernel the call's own tensors."""
+    if pyplan.native is not None or _mod is None:
+        return
+    desc = pyplan.launch.native
+    token = launch.process_token()
+    ok = False
+    if desc is not None and token is not None:
+        call = pyplan.call
+        splits, tiles, tile_rows, tile_elems = pyplan.scratch or (0, 0, 0, 0)
+        lse_shape = [call.batch, q.shape[2], call.seqlen_q] if call.lse else []
+        try:
+            left, right = window_size
+            ok = _mod.put_kv(
+                q, k_cache, v_cache, cache_seqlens, cache_batch_idx, softmax_scale,
+                bool(causal), int(left), int(right), float(softcap or 0.0), num_splits,
+                bool(return_softmax_lse), token, desc, list(q.shape), lse_shape,
+                splits * tiles * (tile_elems + tile_rows), tiles, call.seqlen_cache,
+            )  # fmt: skip
+        except (TypeError, ValueError):
+            ok = False
+    pyplan.native = ok
+
+
+def counts() -> tuple[int, int, int, int]:
+    """(forwards replayed, backwards replayed, backwards sent back to Python, decoding steps
+    replayed) since the last call; zeros where the extension is not active."""
+    return _mod.counts() if _mod is not None else (0, 0, 0, 0)
 
 
 def clear() -> None:

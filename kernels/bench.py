@@ -399,6 +399,30 @@ def host_time(calls: int = 2000) -> dict:
     fns = {"ours": lambda: flash_attn_func(q, k, v), "sdpa-flash": sdpa}
     for name in ("ours", "sdpa-flash", "sdpa-cudnn"):
         fns[f"decode b1 x 4096: {name}"] = lambda fn=decode[name]: fn(dq, kc, vc)
+    # A loop's step as flash_attn's API is meant for: the new token's key and value appended at
+    # cache_seqlens (the same row every call here), attention over the cache up to it.
+    from . import launch
+    from .kvcache import flash_attn_with_kvcache
+
+    kn, vn = (torch.randn(1, 1, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    lens = torch.full((1,), 4000, dtype=torch.int32, device="cuda")
+
+    def append():
+        return flash_attn_with_kvcache(dq, kc, vc, kn, vn, cache_seqlens=lens, causal=True)
+
+    def unplanned(fn):
+        def go():
+            launch.ENABLED, enabled = False, launch.ENABLED
+            try:
+                return fn()
+            finally:
+                launch.ENABLED = enabled
+
+        return go
+
+    fns["decode b1 x 4096 + append: ours"] = append
+    fns["decode b1 x 4096 + append: ours, unplanned"] = unplanned(append)
+    fns["decode b1 x 4096: ours, unplanned"] = unplanned(lambda: decode["ours"](dq, kc, vc))
     out = {}
     for name, fn in fns.items():
         with torch.no_grad():

@@ -339,7 +339,7 @@ def _forward(
         c = _tma_config(c, ("fwd",), qs.t, ks.t, vs.t)
         t = c.fwd
         grid = (_cdiv(max_q, t.block_m), batch * hq)
-        _recording(_attn_fwd, launched)[grid](
+        launch.recording(_attn_fwd, launched)[grid](
             qs.t,
             ks.t,
             vs.t,
@@ -404,29 +404,6 @@ def _forward(
         causal = mask.left is None and mask.right == 0
         _unnormalise_sdmask(drop.sdmask, _get_block_size_n(q.device, d, True, causal))
     return out, lse
-
-
-def _recording(fn, into: list | None):
-    """``fn``, or where ``into`` is a list, ``fn`` with each ``[grid](*args, **kwargs)`` launch
-    noted there with the compiled kernel it returned (for ``kernels.launch.record``)."""
-    if into is None:
-        return fn
-    return _Noting(fn, into)
-
-
-class _Noting:
-    __slots__ = ("fn", "into")
-
-    def __init__(self, fn, into: list):
-        self.fn, self.into = fn, into
-
-    def __getitem__(self, grid):
-        def go(*args, **kwargs):
-            kernel = self.fn[grid](*args, **kwargs)
-            self.into.append((self.fn, grid, args, kwargs, kernel))
-            return kernel
-
-        return go
 
 
 class _ForwardPlan:
@@ -609,7 +586,7 @@ def _backward(
             tq = c.bwd_q
             st = (*qkvdo, *dqs, *outs.strides)
             align = flash.stride_align(*st)
-            _recording(_attn_bwd_dq, launched)[(_cdiv(max_q, tq.block_m), batch * hq)](
+            launch.recording(_attn_bwd_dq, launched)[(_cdiv(max_q, tq.block_m), batch * hq)](
                 qs.t,
                 ks.t,
                 vs.t,
@@ -649,12 +626,12 @@ def _backward(
             _tma_allocator()
             flash_sm90.launch_bwd_dkdv(
                 qs.t, ks.t, vs.t, dos.t, dk, dv, lse, delta, scale, causal=mask.right == 0,
-                wrap=None if launched is None else lambda fn: _Noting(fn, launched),
+                wrap=None if launched is None else lambda fn: launch.Noting(fn, launched),
             )  # fmt: skip
         else:
             st = (*qkvdo, *dks, *dvs, *dqs)
             align = flash.stride_align(*st)
-            _recording(_attn_bwd_dkdv, launched)[(_cdiv(max_k, tk.block_n), batch * hk)](
+            launch.recording(_attn_bwd_dkdv, launched)[(_cdiv(max_k, tk.block_n), batch * hk)](
                 qs.t,
                 ks.t,
                 vs.t,

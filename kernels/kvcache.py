@@ -28,7 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
-from . import arguments, configs
+from . import _native as native
+from . import arguments, configs, launch
 from ._compat import patch_interpreter
 from .arguments import AttnResult, KVCacheResult
 from .configs import Tile
@@ -557,10 +558,12 @@ def _cdiv(a: int, b: int) -> int:
 def _launch(
     q, k_cache, v_cache, out, lse, *, tile, merge_d, cu_q, seqlens_k, k_start, block_table, batch_idx,
     slopes, sa, batch, seqlen_q, max_rows, kv_rows, scale, left, right, softcap, num_splits,
-    varlen,
+    varlen, launched: list | None = None,
 ):  # fmt: skip
     """Run the cache kernel into ``out`` (and ``lse`` unless it is None): one launch, split or
-    not. Pointers a launch does not use go as None (nothing for the launcher to convert)."""
+    not. Pointers a launch does not use go as None (nothing for the launcher to convert).
+    ``launched``: a list that gets the launch, its 13 pointer arguments and its split scratch's
+    shape (for :class:`_KVPlan`)."""
     d, hq, hk = q.shape[-1], q.shape[-2], k_cache.shape[-2]
     if softcap > 0:
         cap_in, cap_out = scale / softcap, softcap * LOG2E
@@ -576,13 +579,15 @@ def _launch(
         lst = lse.stride()[:2] if lse is not None else (0, 0)
     m_blocks = _cdiv(max_rows, tile.block_m)
     bd = configs.padded_head_dim(d)
-    part = count = None
+    part = count = scratch = None
     tiles = m_blocks * batch * hk
     # The kernel addresses the partials with 32-bit offsets.
     num_splits = min(num_splits, (2**31 - 1) // (tiles * tile.block_m * (bd + 1)))
     if num_splits > 1:
-        part, count = _split_scratch(q.device, num_splits, tiles, tile.block_m, tile.block_m * bd)
-    _kv_fwd[(m_blocks, batch * hk, num_splits)](
+        scratch = (num_splits, tiles, tile.block_m, tile.block_m * bd)
+        part, count = _split_scratch(q.device, *scratch)
+    noted = [] if launched is not None else None
+    launch.recording(_kv_fwd, noted)[(m_blocks, batch * hk, num_splits)](
         q, k_cache, v_cache, out, lse, part, count, cu_q, seqlens_k, k_start,
         block_table, batch_idx, slopes,
         *qst, *k_cache.stride()[:3], *v_cache.stride()[:3], *ost, *lst,
@@ -596,6 +601,10 @@ def _launch(
         HAS_SOFTCAP=softcap > 0, HAS_ALIBI=slopes is not None, SPLIT=part is not None,
         STORE_LSE=lse is not None, MERGE_D=min(merge_d or bd, bd), **_launch_options(tile),
     )  # fmt: skip
+    if noted:
+        pointers = (q, k_cache, v_cache, out, lse, part, count, cu_q, seqlens_k, k_start,
+                    block_table, batch_idx, slopes)  # fmt: skip
+        launched.append((*noted[0], pointers, scratch))
 
 
 @torch.no_grad()
@@ -641,7 +650,84 @@ def flash_attn_with_kvcache(
     (B, max_blocks) int32. With ``k``/``v`` (B, S_new, Hk, D) the caches are updated in place at
     ``cache_seqlens`` first (keys rotated when ``rotary_cos``/``rotary_sin`` are given). Returns
     out (B, Sq, Hq, D), and the LSE (B, Hq, Sq) with ``return_softmax_lse``. Forward only.
+
+    A decoding loop calls this with the same kinds of arguments every step, so a call whose key
+    (``kernels.launch.call_key``: each tensor's dtype, shape, strides, device and alignment, the
+    values) an earlier call recorded skips that call's checks and choices and replays its launch
+    (:class:`_KVPlan`); the cache update and the lengths are computed from this call's tensors
+    each time, as on the full path.
     """
+    tensors = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+               cache_batch_idx, cache_leftpad, block_table)  # fmt: skip
+    if not launch.ENABLED or alibi_slopes is not None:
+        call = _decide(*tensors, softmax_scale, causal, window_size, softcap,
+                       rotary_interleaved, alibi_slopes, num_splits, return_softmax_lse)  # fmt: skip
+        return _run(call, *tensors, alibi_slopes)
+    given = isinstance(cache_seqlens, torch.Tensor)
+    # A step that reads the cache as it is passes the kernel the call's own tensors: the native
+    # launch path (kernels/_native.py) replays it from C++ where it has its plan.
+    reads = (
+        k is None and v is None and rotary_cos is None and rotary_sin is None
+        and cache_leftpad is None and block_table is None and (given or cache_seqlens is None)
+    )  # fmt: skip
+    native_args = (q, k_cache, v_cache, cache_seqlens, cache_batch_idx, softmax_scale, causal,
+                   window_size, softcap, num_splits, return_softmax_lse)  # fmt: skip
+    if reads:
+        res = native.kv(*native_args)
+        if res is not None:
+            return res
+    values = (
+        None if given else cache_seqlens, softmax_scale, causal, window_size, softcap,
+        rotary_interleaved, num_splits, return_softmax_lse,
+    )  # fmt: skip
+    key, plan = launch.find(launch.KVCACHE, launch.call_key("kv", tensors, values))
+    if plan is None:
+        call = _decide(*tensors, softmax_scale, causal, window_size, softcap,
+                       rotary_interleaved, None, num_splits, return_softmax_lse)  # fmt: skip
+        launched = [] if key is not None else None
+        res = _run(call, *tensors, None, None, launched)
+        if launched is None:
+            return res
+        plan = _KVPlan.of(call, launched) if len(launched) == 1 else None
+        launch.KVCACHE.put(key, plan if plan is not None else False)
+        if plan is None:
+            return res
+    else:
+        res = _run(plan.call, *tensors, None, plan)
+    if reads and plan.native is None:
+        native.put_kv(plan, *native_args)
+    return res
+
+
+@dataclass(frozen=True)
+class _KVCall:
+    """What one call's checks and choices decided: everything its plan key fixes."""
+
+    batch: int
+    seqlen_q: int
+    seqlen_cache: int
+    seqlen_new: int
+    paged: bool
+    scale: float
+    left: int | None
+    right: int | None
+    softcap: float
+    local: bool  # queries move with the new keys (rotary)
+    interleaved: bool
+    tile: Tile
+    merge_d: int
+    rows: int
+    num_splits: int
+    lse: bool
+
+
+def _decide(
+    q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+    cache_leftpad, block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved,
+    alibi_slopes, num_splits, return_softmax_lse,
+) -> _KVCall:  # fmt: skip
+    """Check a call's arguments (raising flash_attn's errors, before anything is written) and
+    make its choices: tiles, splits, mask."""
     if q.dim() != 4:
         raise ArgumentError(
             f"q must be (batch, seqlen_q, heads, head_dim), got shape {tuple(q.shape)}"
@@ -655,14 +741,15 @@ def flash_attn_with_kvcache(
             raise ArgumentError("cache_batch_idx cannot be combined with block_table (paged KV)")
         if cache_leftpad is not None:
             raise ArgumentError("cache_leftpad cannot be combined with block_table (paged KV)")
-        block_table = _block_table(block_table, batch, device)
-        seqlen_cache = block_table.shape[1] * k_cache.shape[1]
+        seqlen_cache = _block_table(block_table, batch, device).shape[1] * k_cache.shape[1]
     else:
         seqlen_cache = k_cache.shape[1]
         if cache_batch_idx is not None:
-            cache_batch_idx = _int32(cache_batch_idx, "cache_batch_idx", batch, device)
+            _int32(cache_batch_idx, "cache_batch_idx", batch, device)
         elif k_cache.shape[0] < batch:
             raise ArgumentError(f"k_cache holds {k_cache.shape[0]} sequences, q has {batch}")
+    if cache_leftpad is not None:
+        _int32(cache_leftpad, "cache_leftpad", batch, device)
     if k is not None or v is not None:
         if k is None or v is None:
             raise ArgumentError("new keys need new values (pass both k and v, or neither)")
@@ -672,21 +759,8 @@ def flash_attn_with_kvcache(
             raise ArgumentTypeError("k and v must have q's dtype")
         if k.dim() != 4 or k.shape != v.shape or (k.shape[0], *k.shape[2:]) != (batch, hk, d):
             raise ArgumentError(f"k and v must be (batch={batch}, seqlen_new, {hk}, {d})")
-    seqlen_new = k.shape[1] if k is not None else 0
-    if cache_seqlens is None:
-        cache_seqlens = _full_lengths(device, batch, seqlen_cache)
-    elif isinstance(cache_seqlens, int):
-        cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=device)
-    else:
-        cache_seqlens = _int32(cache_seqlens, "cache_seqlens", batch, device)
-    if paged:
-        # flash_attn checks this too: keys past the block table would be read from nowhere.
-        longest = int(cache_seqlens.max().item()) + seqlen_new
-        if longest > seqlen_cache:
-            raise ArgumentError(
-                f"cache_seqlens + new keys reach {longest} rows, past the {seqlen_cache} that "
-                "block_table addresses; give block_table more columns"
-            )
+    if cache_seqlens is not None and not isinstance(cache_seqlens, int):
+        _int32(cache_seqlens, "cache_seqlens", batch, device)
     scale = softmax_scale if softmax_scale is not None else d**-0.5
     if seqlen_q == 1 and alibi_slopes is None:
         causal = False  # one query row at the bottom sees every key anyway (flash_api.cpp)
@@ -702,29 +776,7 @@ def flash_attn_with_kvcache(
                 f"rotary_cos/sin must be (seqlen_ro, rotary_dim / 2) with rotary_dim <= {d} and a "
                 f"multiple of 16, got {tuple(rotary_cos.shape)} and {tuple(rotary_sin.shape)}"
             )
-    if k is not None:
-        # Queries move along with the keys under a causal mask or a window; otherwise every
-        # query sits at the first new position (flash_attn's docstring).
-        local = left is not None or right is not None
-        q = _update_cache(
-            q, k, v, k_cache, v_cache, cache_seqlens, cache_batch_idx, block_table,
-            rotary_cos, rotary_sin, rotary_interleaved, local,
-        )  # fmt: skip
-    # A decoding step without new keys reads the lengths as given (no extra GPU launch).
-    seqlens_k = cache_seqlens + seqlen_new if seqlen_new else cache_seqlens
-    k_start = None
-    if cache_leftpad is not None:
-        k_start = _int32(cache_leftpad, "cache_leftpad", batch, device)
-        seqlens_k = seqlens_k - k_start
-    if seqlens_k.dtype != torch.int32 or not seqlens_k.is_contiguous():
-        seqlens_k = seqlens_k.to(torch.int32).contiguous()
-    if q.stride(-1) != 1:
-        q = q.contiguous()
-    slopes, sa_b, sa_h = arguments.alibi_slopes(alibi_slopes, batch, hq, device)
-    out = torch.empty(q.shape, dtype=q.dtype, device=device)
-    lse = None
-    if return_softmax_lse:
-        lse = torch.empty((batch, hq, seqlen_q), dtype=torch.float32, device=device)
+    arguments.alibi_slopes(alibi_slopes, batch, hq, device)  # its shape error, before writing
     rows = seqlen_q * (hq // hk)
     family = configs.device_family(device)
     kc = kv_config(family, d)
@@ -736,13 +788,113 @@ def flash_attn_with_kvcache(
     num_splits = max(1, min(int(num_splits), 128, _cdiv(seqlen_cache, tile.block_n)))
     if decoding:
         tile = kc.decode_tile(num_splits, seqlen_cache)
-    _launch(
-        q, k_cache, v_cache, out, lse, tile=tile, merge_d=kc.merge_d, cu_q=None, seqlens_k=seqlens_k, k_start=k_start,
-        block_table=block_table, batch_idx=cache_batch_idx, slopes=slopes, sa=(sa_b, sa_h),
-        batch=batch, seqlen_q=seqlen_q, max_rows=rows, kv_rows=seqlen_cache, scale=scale, left=left, right=right,
-        softcap=cap, num_splits=num_splits, varlen=False,
+    return _KVCall(
+        batch, seqlen_q, seqlen_cache, k.shape[1] if k is not None else 0, paged, scale, left,
+        right, cap, left is not None or right is not None, bool(rotary_interleaved), tile,
+        kc.merge_d, rows,
+        num_splits, bool(return_softmax_lse),
     )  # fmt: skip
-    return (out, lse) if return_softmax_lse else out
+
+
+def _run(
+    call: _KVCall, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+    cache_batch_idx, cache_leftpad, block_table, alibi_slopes, plan=None, launched=None,
+):  # fmt: skip
+    """The tensor work of a decided call: the lengths, the cache update, the launch (``plan``'s
+    where given and this call's pointers are aligned as its recording's were)."""
+    device, batch = q.device, call.batch
+    if call.paged:
+        block_table = _block_table(block_table, batch, device)
+    elif cache_batch_idx is not None:
+        cache_batch_idx = _int32(cache_batch_idx, "cache_batch_idx", batch, device)
+    if cache_seqlens is None:
+        cache_seqlens = _full_lengths(device, batch, call.seqlen_cache)
+    elif isinstance(cache_seqlens, int):
+        cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=device)
+    else:
+        cache_seqlens = _int32(cache_seqlens, "cache_seqlens", batch, device)
+    k_start = None
+    if cache_leftpad is not None:
+        k_start = _int32(cache_leftpad, "cache_leftpad", batch, device)
+    if call.paged:
+        # flash_attn checks this too: keys past the block table would be read from nowhere.
+        longest = int(cache_seqlens.max().item()) + call.seqlen_new
+        if longest > call.seqlen_cache:
+            raise ArgumentError(
+                f"cache_seqlens + new keys reach {longest} rows, past the {call.seqlen_cache} "
+                "that block_table addresses; give block_table more columns"
+            )
+    if k is not None:
+        # Queries move along with the keys under a causal mask or a window; otherwise every
+        # query sits at the first new position (flash_attn's docstring).
+        q = _update_cache(
+            q, k, v, k_cache, v_cache, cache_seqlens, cache_batch_idx, block_table,
+            rotary_cos, rotary_sin, call.interleaved, call.local,
+        )  # fmt: skip
+    # A decoding step without new keys reads the lengths as given (no extra GPU launch).
+    seqlens_k = cache_seqlens + call.seqlen_new if call.seqlen_new else cache_seqlens
+    if k_start is not None:
+        seqlens_k = seqlens_k - k_start
+    if seqlens_k.dtype != torch.int32 or not seqlens_k.is_contiguous():
+        seqlens_k = seqlens_k.to(torch.int32).contiguous()
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    out = torch.empty(q.shape, dtype=q.dtype, device=device)
+    lse = None
+    if call.lse:
+        lse = torch.empty((batch, q.shape[2], call.seqlen_q), dtype=torch.float32, device=device)
+    if plan is None or not plan.replay(q, k_cache, v_cache, out, lse, seqlens_k, k_start,
+                                       block_table, cache_batch_idx):  # fmt: skip
+        slopes, sa_b, sa_h = arguments.alibi_slopes(alibi_slopes, batch, q.shape[2], device)
+        _launch(
+            q, k_cache, v_cache, out, lse, tile=call.tile, merge_d=call.merge_d, cu_q=None,
+            seqlens_k=seqlens_k, k_start=k_start, block_table=block_table,
+            batch_idx=cache_batch_idx, slopes=slopes, sa=(sa_b, sa_h), batch=batch,
+            seqlen_q=call.seqlen_q, max_rows=call.rows, kv_rows=call.seqlen_cache,
+            scale=call.scale, left=call.left, right=call.right, softcap=call.softcap,
+            num_splits=call.num_splits, varlen=False, launched=launched,
+        )  # fmt: skip
+    return (out, lse) if call.lse else out
+
+
+class _KVPlan:
+    """A recorded cache-kernel launch (``kernels.launch``) and the call's decisions. A replay
+    takes the split scratch of its own stream, and its 13 pointer arguments (in ``_kv_fwd``'s
+    order; unused ones None) must be 16-byte aligned as the recording's were (Triton
+    specialises on it); else the full launch runs."""
+
+    __slots__ = ("call", "launch", "scratch", "aligns", "native")
+    replays = 0  # replays made in this process (kernels.check reports them)
+
+    def __init__(self, call: _KVCall, rec, scratch, aligns: tuple):
+        self.call, self.launch, self.scratch, self.aligns = call, rec, scratch, aligns
+        # Handed over to kernels/_native.py: True, False where it cannot be, None before.
+        self.native = None
+
+    @classmethod
+    def of(cls, call: _KVCall, launched: list):
+        """The plan of a call's one noted launch, or None where it cannot be replayed."""
+        fn, grid, args, kwargs, kernel, pointers, scratch = launched[0]
+        rec = launch.record(fn, grid, args, kwargs, kernel, pointers)
+        if rec is None:
+            return None
+        return cls(call, rec, scratch, _aligns(pointers))
+
+    def replay(self, q, k_cache, v_cache, out, lse, seqlens_k, k_start, block_table, batch_idx):
+        part = count = None
+        if self.scratch is not None:
+            part, count = _split_scratch(q.device, *self.scratch)
+        pointers = (q, k_cache, v_cache, out, lse, part, count, None, seqlens_k, k_start,
+                    block_table, batch_idx, None)  # fmt: skip
+        if _aligns(pointers) != self.aligns:
+            return False
+        self.launch(_stream_of(q.device), pointers)
+        _KVPlan.replays += 1
+        return True
+
+
+def _aligns(tensors) -> tuple:
+    return tuple(-1 if t is None else t.data_ptr() % 16 for t in tensors)
 
 
 def _block_table(block_table, batch: int, device):

@@ -75,12 +75,14 @@ class Table:
 
 FORWARD = Table()
 BACKWARD = Table()
+KVCACHE = Table()  # flash_attn_with_kvcache's (kernels/kvcache.py)
 
 
 def clear() -> None:
     """Forget every plan (tests; the next calls take the full path once)."""
     FORWARD.clear()
     BACKWARD.clear()
+    KVCACHE.clear()
 
 
 def hooks_set() -> bool:
@@ -237,10 +239,16 @@ class Launch:
 def sources_of(values: tuple, tensors: tuple):
     """(sources, rest) when ``values`` (a launch's bound arguments in parameter order) start
     with tensors that are all among ``tensors`` (by identity) and hold no other tensor; else
-    None (the launch passed something a later call would not have: a copy, a slopes tensor)."""
-    ids = {id(t): i for i, t in enumerate(tensors) if t is not None}
+    None (the launch passed something a later call would not have: a copy, a slopes tensor).
+    A None among the leading pointers (a pointer the launch does not use, which Triton makes a
+    constexpr) is taken from a position of ``tensors`` that holds None, where one does."""
+    ids: dict = {}
+    for i, t in enumerate(tensors):
+        ids.setdefault(id(t), i)
     n = 0
-    while n < len(values) and isinstance(values[n], torch.Tensor):
+    while n < len(values) and (
+        isinstance(values[n], torch.Tensor) or (values[n] is None and id(None) in ids)
+    ):
         n += 1
     if n == 0 or any(isinstance(x, torch.Tensor) for x in values[n:]):
         return None
@@ -248,6 +256,29 @@ def sources_of(values: tuple, tensors: tuple):
     if None in sources:
         return None
     return sources, tuple(values[n:])
+
+
+def recording(fn, into: list | None):
+    """``fn``, or where ``into`` is a list, ``fn`` with each ``[grid](*args, **kwargs)`` launch
+    noted there with the compiled kernel it returned (for :func:`record`)."""
+    if into is None:
+        return fn
+    return Noting(fn, into)
+
+
+class Noting:
+    __slots__ = ("fn", "into")
+
+    def __init__(self, fn, into: list):
+        self.fn, self.into = fn, into
+
+    def __getitem__(self, grid):
+        def go(*args, **kwargs):
+            kernel = self.fn[grid](*args, **kwargs)
+            self.into.append((self.fn, grid, args, kwargs, kernel))
+            return kernel
+
+        return go
 
 
 def record(fn, grid, args: tuple, kwargs: dict, kernel, tensors: tuple):

@@ -43,6 +43,9 @@ constexpr size_t kMaxBackward = 16;    // per forward plan, as its Python table
 using LaunchFn = int (*)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                          unsigned, void*, void**, void**);
 LaunchFn g_launch = nullptr;
+// cuStreamIsCapturing and hipStreamIsCapturing: (stream, status*), status 0 where not capturing.
+using CapturingFn = int (*)(void*, int*);
+CapturingFn g_capturing = nullptr;
 bool g_hip = false;
 
 // Tests on the CPU: launches are noted here instead of made.
@@ -59,7 +62,7 @@ std::vector<Noted> g_noted;
 py::object* g_fallback = nullptr;
 
 // Replays and returns to Python since the last `counts()` (tests, tools/host_probe.py).
-std::atomic<int64_t> g_forwards{0}, g_backwards{0}, g_fallbacks{0};
+std::atomic<int64_t> g_forwards{0}, g_backwards{0}, g_fallbacks{0}, g_kv{0};
 
 using Key = std::vector<int64_t>;
 struct KeyHash {
@@ -421,6 +424,155 @@ void put_backward(const c10::intrusive_ptr<ForwardPlan>& plan, const at::Tensor&
   plan->backward[key] = bp;
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// flash_attn_with_kvcache (kernels/kvcache.py): a planned decoding step that reads the cache as
+// it is (no new keys, rotary, left padding, paging or ALiBi: those keep Python's path, whose
+// tensor work they need), with q's last dimension contiguous and int32 contiguous lengths and
+// batch indices, as Python then passes them to the kernel unchanged.
+
+// The kernel's pointer parameters, in _kv_fwd's order (kernels/kvcache.py, _KVPlan).
+enum { KQ, KK, KV, KOUT, KLSE, KPART, KCOUNT, KCUQ, KSEQLENS, KSTART, KTABLE, KBIDX, KSLOPES,
+       N_KV };
+
+struct KVPlan : torch::CustomClassHolder {
+  Launch launch;
+  std::vector<int64_t> out_shape, lse_shape;  // lse_shape empty: no LSE
+  int64_t part_numel = 0, count_numel = 0;    // split scratch (0: none)
+  int64_t batch = 0, rows = 0;                // the whole cache's lengths where none are given
+};
+
+std::unordered_map<Key, c10::intrusive_ptr<KVPlan>, KeyHash> g_kv_plans;
+
+// Per stream and shape: split partials and zeroed counters (the kernel leaves them at zero), and
+// whole-cache lengths: as kvcache.py's _SCRATCH, a few entries of at most 16 MiB, made outside
+// graph capture only (a buffer made while capturing would be filled only on replay).
+constexpr size_t kScratchEntries = 8;
+constexpr int64_t kScratchBytes = 16 << 20;
+std::unordered_map<Key, at::Tensor, KeyHash> g_scratch;
+
+bool capturing(void* stream) {
+  if (g_noting || g_capturing == nullptr) return false;
+  int status = 0;
+  return g_capturing(stream, &status) != 0 || status != 0;
+}
+
+// The kept tensor for (kind, stream, device, size...), made by `make` where missing; undefined
+// where it cannot be kept (large, or while the stream captures a graph).
+template <typename Make>
+at::Tensor scratch(std::initializer_list<int64_t> what, void* stream, const at::Tensor& like,
+                   int64_t bytes, Make make) {
+  Key key(what);
+  key.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(stream)));
+  key.push_back(like.device().index());
+  auto it = g_scratch.find(key);
+  if (it != g_scratch.end()) return it->second;
+  if (bytes > kScratchBytes || capturing(stream)) return at::Tensor();
+  if (g_scratch.size() >= kScratchEntries) g_scratch.erase(g_scratch.begin());
+  at::Tensor t = make();
+  g_scratch.emplace(std::move(key), t);
+  return t;
+}
+
+Key kv_key(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+           const at::Tensor& seqlens, const at::Tensor& batch_idx, std::optional<double> scale,
+           bool causal, int64_t left, int64_t right, double softcap,
+           std::optional<int64_t> num_splits, bool lse, int64_t token) {
+  Key key;
+  key.reserve(64);
+  key.push_back(token);
+  for (const at::Tensor* t : {&q, &k_cache, &v_cache, &seqlens, &batch_idx}) put_tensor(key, *t);
+  put_identity(key, {&q, &k_cache, &v_cache, &seqlens, &batch_idx});
+  key.insert(key.end(), {scale ? bits(*scale) : kNone, causal ? 1 : 0, left, right,
+                         bits(softcap), num_splits.value_or(kNone), lse ? 1 : 0});
+  return key;
+}
+
+// A planned decoding step's out (and LSE), or None: no plan here, or its scratch cannot be
+// kept (then Python's path, which allocates its own).
+py::object kv(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+              const std::optional<at::Tensor>& seqlens_, const std::optional<at::Tensor>& bidx_,
+              std::optional<double> scale, bool causal, int64_t left, int64_t right,
+              double softcap, std::optional<int64_t> num_splits, bool return_lse, int64_t token) {
+  const at::Tensor seqlens = or_undefined(seqlens_), bidx = or_undefined(bidx_);
+  c10::intrusive_ptr<KVPlan> plan;
+  try {
+    auto it = g_kv_plans.find(kv_key(q, k_cache, v_cache, seqlens, bidx, scale, causal, left,
+                                     right, softcap, num_splits, return_lse, token));
+    if (it == g_kv_plans.end()) return py::none();
+    plan = it->second;
+  } catch (const c10::Error&) {
+    return py::none();
+  }
+  void* stream = current_stream(q);
+  at::Tensor part, count, lengths = seqlens;
+  if (plan->part_numel > 0) {
+    part = scratch({0, plan->part_numel}, stream, q, 4 * plan->part_numel,
+                   [&] { return at::empty({plan->part_numel}, q.options().dtype(at::kFloat)); });
+    count = scratch({1, plan->count_numel}, stream, q, 4 * plan->count_numel,
+                    [&] { return at::zeros({plan->count_numel}, q.options().dtype(at::kInt)); });
+    if (!part.defined() || !count.defined()) return py::none();
+  }
+  if (!lengths.defined()) {
+    lengths = scratch({2, plan->batch, plan->rows}, stream, q, 4 * plan->batch, [&] {
+      return at::full({plan->batch}, plan->rows, q.options().dtype(at::kInt));
+    });
+    if (!lengths.defined()) return py::none();
+  }
+  at::Tensor out = at::empty(plan->out_shape, q.options());
+  at::Tensor lse;
+  if (return_lse) lse = at::empty(plan->lse_shape, q.options().dtype(at::kFloat));
+  if (!aligned({&out, &lengths}) || (lse.defined() && !aligned({&lse})) ||
+      (part.defined() && !aligned({&part, &count}))) {
+    return py::none();
+  }
+  const at::Tensor none;
+  const at::Tensor* tensors[N_KV] = {&q,    &k_cache, &v_cache, &out,  &lse,  &part, &count,
+                                     &none, &lengths, &none,    &none, &bidx, &none};
+  plan->launch(stream, tensors, q);
+  g_kv.fetch_add(1, std::memory_order_relaxed);
+  if (return_lse) return py::make_tuple(out, lse);
+  return py::cast(out);
+}
+
+// A Python plan handed over (kernels/_native.py put_kv): the call's inputs for its key, the
+// launch, the outputs' shapes and the split scratch's sizes. Refused (false) where a replay here
+// would pass the kernel other tensors than the call's: Python makes q contiguous, the lengths
+// and batch indices int32 contiguous.
+bool put_kv(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+            const std::optional<at::Tensor>& seqlens_, const std::optional<at::Tensor>& bidx_,
+            std::optional<double> scale, bool causal, int64_t left, int64_t right, double softcap,
+            std::optional<int64_t> num_splits, bool return_lse, int64_t token,
+            const py::tuple& desc, const std::vector<int64_t>& out_shape,
+            const std::vector<int64_t>& lse_shape, int64_t part_numel, int64_t count_numel,
+            int64_t rows) {
+  const at::Tensor seqlens = or_undefined(seqlens_), bidx = or_undefined(bidx_);
+  auto int32_vector = [](const at::Tensor& t) {
+    return !t.defined() || (t.scalar_type() == at::kInt && t.dim() == 1 && t.is_contiguous());
+  };
+  if (q.stride(-1) != 1 || !int32_vector(seqlens) || !int32_vector(bidx)) return false;
+  auto plan = c10::make_intrusive<KVPlan>();
+  plan->launch = launch_from(desc);
+  for (const auto& f : plan->launch.fills) {
+    const int32_t i = f.second;
+    TORCH_CHECK(i < N_KV && i != KCUQ && i != KSTART && i != KTABLE && i != KSLOPES &&
+                    (i != KLSE || !lse_shape.empty()) &&
+                    ((i != KPART && i != KCOUNT) || part_numel > 0) &&
+                    (i != KBIDX || bidx.defined()),
+                "attnforge native: a cache launch reads tensor ", i);
+  }
+  plan->out_shape = out_shape;
+  plan->lse_shape = lse_shape;
+  plan->part_numel = part_numel;
+  plan->count_numel = count_numel;
+  plan->batch = q.size(0);
+  plan->rows = rows;
+  if (g_kv_plans.size() >= kMaxPlans) g_kv_plans.clear();
+  g_kv_plans[kv_key(q, k_cache, v_cache, seqlens, bidx, scale, causal, left, right, softcap,
+                    num_splits, return_lse, token)] = plan;
+  return true;
+}
+
 void init(bool hip, bool noting) {
   g_hip = hip;
   g_noting = noting;
@@ -432,6 +584,9 @@ void init(bool hip, bool noting) {
   TORCH_CHECK(handle != nullptr, "attnforge native: cannot open ", lib);
   g_launch = reinterpret_cast<LaunchFn>(dlsym(handle, sym));
   TORCH_CHECK(g_launch != nullptr, "attnforge native: ", lib, " has no ", sym);
+  g_capturing = reinterpret_cast<CapturingFn>(
+      dlsym(handle, hip ? "hipStreamIsCapturing" : "cuStreamIsCapturing"));
+  TORCH_CHECK(g_capturing != nullptr, "attnforge native: ", lib, " has no stream capture query");
 }
 
 py::list take_noted() {
@@ -462,11 +617,20 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("flash", &flash);
   m.def("put_forward", &put_forward);
   m.def("put_backward", &put_backward);
-  m.def("clear", [] { g_forward.clear(); });
+  m.def("kv", &kv);
+  m.def("put_kv", &put_kv);
+  m.def("clear", [] {
+    g_forward.clear();
+    g_kv_plans.clear();
+  });
+  m.def("clear_kv", [] { g_kv_plans.clear(); });
   m.def("size", [] { return g_forward.size(); });
+  m.def("kv_size", [] { return g_kv_plans.size(); });
+  m.def("scratch_size", [] { return g_scratch.size(); });
   m.def("take_noted", &take_noted);
   m.def("counts", [] {
-    return py::make_tuple(g_forwards.exchange(0), g_backwards.exchange(0), g_fallbacks.exchange(0));
+    return py::make_tuple(g_forwards.exchange(0), g_backwards.exchange(0), g_fallbacks.exchange(0),
+                          g_kv.exchange(0));
   });
   m.def("stream_of", [](const at::Tensor& t) {
     return reinterpret_cast<uintptr_t>(current_stream(t));

@@ -242,7 +242,7 @@ def verify() -> int:
     fails = 0
     launch.clear()
     print(f"verify: native launch path {native.status()}", flush=True)
-    natives = [0, 0, 0]
+    natives = [0, 0, 0, 0]
     for i, c in enumerate(cases):
         before = dict(hits)
         native.counts()
@@ -269,6 +269,89 @@ def verify() -> int:
           f"{sum(len(p.backward.plans) for p in launch.FORWARD.plans.values() if p)} "
           f"in forward plans; native replays fwd {natives[0]} bwd {natives[1]}, backwards sent "
           f"back to Python {natives[2]}")  # fmt: skip
+    return fails + verify_decode()
+
+
+def verify_decode() -> int:
+    """flash_attn_with_kvcache's plans against its full path, bitwise (out, LSE and the caches
+    after an append), on copies of one cache: a call records, the next replays (the Python plan,
+    which hands a cache-reading step to the native launch path), the third replays natively
+    where the step only reads the cache. Returns the number of failures."""
+    from kernels import _native as native
+    from kernels import kvcache, launch
+
+    bf, fp = torch.bfloat16, torch.float16
+    # (batch, cache rows, query heads, KV heads, head dim, dtype, seqlen_q, new keys, kwargs)
+    cases = [
+        (1, 4096, 32, 8, 128, bf, 1, 0, {}),  # kernels.bench --decode's batch-1 step
+        (2, 1000, 8, 2, 64, fp, 1, 0, {"lens": True, "lse": True, "window_size": (64, 0)}),
+        (3, 700, 8, 8, 128, bf, 2, 0, {"lens": True, "bidx": True, "softcap": 30.0}),
+        (2, 333, 16, 4, 128, bf, 1, 0, {"lens": True, "num_splits": 3, "lse": True}),
+        (2, 1024, 8, 2, 128, bf, 1, 1, {"lens": True, "rotary": True, "causal": True}),
+        (2, 512, 8, 2, 64, bf, 1, 0, {"lens": True, "page": 256}),
+        (2, 900, 8, 2, 64, fp, 3, 3, {"lens": True, "leftpad": True, "causal": True}),
+    ]
+    fails, natives = 0, 0
+    for i, (b, rows, hq, hk, d, dt, sq, new, opts) in enumerate(cases):
+        g = torch.Generator(device="cuda").manual_seed(100 + i)
+
+        def rnd(*shape, g=g, dt=dt):
+            return torch.randn(*shape, generator=g, device="cuda", dtype=dt)
+
+        page = opts.get("page")
+        n_cache = b + 1 if opts.get("bidx") else b
+        kc, vc = (rnd(2 * b * rows // page, page, hk, d) if page else rnd(n_cache, rows, hk, d)
+                  for _ in range(2))  # fmt: skip
+        q = rnd(b, sq, hq, d)
+        kw = {"num_splits": opts.get("num_splits", 0), "causal": opts.get("causal", False)}
+        kw["return_softmax_lse"] = opts.get("lse", False)
+        for name in ("window_size", "softcap"):
+            if name in opts:
+                kw[name] = opts[name]
+        if opts.get("lens"):
+            lens = [rows - new - 7 * j for j in range(b)]
+            kw["cache_seqlens"] = torch.tensor(lens, dtype=torch.int32, device="cuda")
+        if new:
+            kw["k"], kw["v"] = rnd(b, new, hk, d), rnd(b, new, hk, d)
+        if opts.get("rotary"):
+            angle = torch.rand(rows, d // 4, generator=g, device="cuda") * 6.2832
+            kw["rotary_cos"], kw["rotary_sin"] = angle.cos().to(dt), angle.sin().to(dt)
+        if opts.get("bidx"):
+            kw["cache_batch_idx"] = torch.tensor([2, 0, 1][:b], dtype=torch.int32, device="cuda")
+        if opts.get("leftpad"):
+            kw["cache_leftpad"] = torch.tensor([5 * j for j in range(b)], dtype=torch.int32,
+                                               device="cuda")  # fmt: skip
+        if page:
+            perm = torch.randperm(2 * b * rows // page, generator=g, device="cuda")
+            kw["block_table"] = perm[: b * rows // page].reshape(b, -1).to(torch.int32)
+
+        def call(kc=kc, vc=vc, q=q, kw=kw):
+            k2, v2 = kc.clone(), vc.clone()
+            res = kvcache.flash_attn_with_kvcache(q, k2, v2, **kw)
+            res = res if isinstance(res, tuple) else (res,)
+            return [*res, k2, v2]
+
+        native.counts()
+        start = kvcache._KVPlan.replays
+        got = [call() for _ in range(3)]
+        n = native.counts()[3]
+        replays = kvcache._KVPlan.replays - start
+        natives += n
+        launch.ENABLED, enabled = False, launch.ENABLED
+        try:
+            want = call()
+        finally:
+            launch.ENABLED = enabled
+        ok = all(torch.equal(a, w) for g_ in got for a, w in zip(g_, want, strict=True))
+        fails += not ok
+        print(f"verify decode {(b, rows, hq, hk, d, str(dt).removeprefix('torch.'), sq, new)} "
+              f"{opts}: {'ok' if ok else 'FAIL'}, plan replays {replays}, native {n}",
+              flush=True)  # fmt: skip
+    print(
+        f"verify decode: {len(cases) - fails}/{len(cases)} cases bitwise equal to the full "
+        f"path; plans {len(launch.KVCACHE.plans)}, native replays {natives}",
+        flush=True,
+    )
     return fails
 
 

@@ -183,12 +183,17 @@ def compare_kvcache(case: Case, device, seed: int = 0) -> dict:
         for i in range(b):
             k_in[block_table[i].long()] = kc[i].reshape(per_seq, page, hk, d)
             v_in[block_table[i].long()] = vc[i].reshape(per_seq, page, hk, d)
-    out, lse = flash_attn_with_kvcache(
-        q, k_in, v_in, k_new, v_new, rotary_cos=cos, rotary_sin=sin, cache_seqlens=seqlens,
-        block_table=block_table, causal=causal, window_size=window, softcap=softcap,
-        rotary_interleaved=interleaved, alibi_slopes=slopes, num_splits=case.splits,
-        return_softmax_lse=True, **extra,
+    call_kw = dict(
+        rotary_cos=cos, rotary_sin=sin, cache_seqlens=seqlens, block_table=block_table,
+        causal=causal, window_size=window, softcap=softcap, rotary_interleaved=interleaved,
+        alibi_slopes=slopes, num_splits=case.splits, return_softmax_lse=True, **extra,
     )  # fmt: skip
+    before = (k_in.clone(), v_in.clone()) if _replayed(slopes) else None
+    out, lse = flash_attn_with_kvcache(q, k_in, v_in, k_new, v_new, **call_kw)
+    replays = None
+    if before is not None:
+        replays = _replays(flash_attn_with_kvcache, q, before, k_new, v_new, call_kw,
+                           (out, lse, k_in, v_in))  # fmt: skip
     if page:
         k_after = torch.stack([k_in[block_table[i].long()].reshape(cap, hk, d) for i in range(b)])
         v_after = torch.stack([v_in[block_table[i].long()].reshape(cap, hk, d) for i in range(b)])
@@ -210,7 +215,43 @@ def compare_kvcache(case: Case, device, seed: int = 0) -> dict:
         pt, _ = attention_ref(q_ref[i : i + 1], ki, vi, upcast=False, **kw)
         judge.tensor("out", out[i : i + 1], ref, pt)
         judge.lse(lse[i : i + 1], ref_lse)
-    return {"ok": judge.ok, "metrics": judge.metrics()}
+    metrics = judge.metrics()
+    if replays is not None:
+        metrics.update(replays)
+    ok = judge.ok and (replays is None or replays["replays_equal"] == 1.0)
+    return {"ok": ok, "metrics": metrics}
+
+
+def _replayed(slopes) -> bool:
+    """Whether a call like this one is planned (kernels/launch.py; ALiBi is not)."""
+    from .. import launch
+
+    return launch.ENABLED and slopes is None
+
+
+def _replays(fn, q, before, k_new, v_new, kw: dict, want: tuple) -> dict:
+    """The checked call three times more on copies of the caches as they were before it: the
+    first replays the plan the checked call recorded (and hands it to the native launch path
+    where it takes the call), the others replay again, natively where it does. Each output, LSE
+    and cache bitwise against ``want`` (the checked run's); how many replays each path made."""
+    import torch
+
+    from .. import _native
+    from ..kvcache import _KVPlan
+
+    _native.counts()
+    start = _KVPlan.replays
+    equal = True
+    for _ in range(3):
+        kc, vc = before[0].clone(), before[1].clone()
+        out, lse = fn(q, kc, vc, k_new, v_new, **kw)
+        got = (out, lse, kc, vc)
+        equal = equal and all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    return {
+        "replays_equal": float(equal),
+        "plan_replays": float(_KVPlan.replays - start),
+        "native_replays": float(_native.counts()[3]),
+    }
 
 
 def compare_paged_varlen(case: Case, device, seed: int = 0) -> dict:

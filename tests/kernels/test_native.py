@@ -173,7 +173,7 @@ def test_the_backward_goes_to_python_once_then_replays(ext):
     assert dq[4][2] == ptr(q.grad)  # dQ is the gradient autograd hands the leaf
     assert dkdv[4][:2] == [ptr(k.grad), ptr(v.grad)]
     assert dq[4][3] == dkdv[4][2]  # one delta, written by dQ, read by dK/dV
-    assert ext.counts()[1:] == (1, 1)
+    assert ext.counts()[1:3] == (1, 1)
 
 
 def test_another_do_layout_goes_to_python(ext):
@@ -398,15 +398,201 @@ def test_the_python_path_hands_its_plans_over(ext, monkeypatch):
         assert fwd.calls == 1 and "Flash" in out.grad_fn.name()
         out.backward(do)  # no native backward plan: back to Python, which hands it over
         assert dq_l.calls == 2 and fplan.native.backward_plans() == 1
-        assert ext.counts() == (1, 0, 1)
+        assert ext.counts()[:3] == (1, 0, 1)
 
         q.grad = k.grad = v.grad = None
         ext.take_noted()
         interface.flash_attn_func(q, k, v).backward(do)  # native both ways
-        assert dq_l.calls == 2 and ext.counts() == (1, 1, 0)
+        assert dq_l.calls == 2 and ext.counts()[:3] == (1, 1, 0)
         assert [n[0] for n in ext.take_noted()] == [FWD_FN, DQ_FN, DKDV_FN]
 
         launch.clear()  # Python's plans and the native ones go together
         assert ext.size() == 0 and not _native._PLANS
     finally:
         launch.clear()
+
+
+# --- flash_attn_with_kvcache (kernels/kvcache.py): a decoding step that reads the cache -------
+
+KV_FN = 0xC0
+# _kv_fwd's pointer parameters: q, k_cache, v_cache, out, lse, part, count, cu_q, seqlens_k,
+# k_start, block_table, batch_idx, slopes (indices into the call's 13 tensors).
+# A parameter per pointer the launch passes (Triton makes an unused one, None, a constexpr).
+
+
+def kv_desc(lse=False, split=True, bidx=False):
+    used = [0, 1, 2, 3] + [4] * lse + [5, 6] * split + [8] + [11] * bidx
+    fills = [(p, t) for p, t in enumerate(used)]
+    n = len(used) + 4  # two scalars, then the two scratch pointers
+    return (KV_FN, (1, 8, 4), 128, 2048, [0] * n, fills, 0, n - 2)
+
+
+def kv_inputs(b=2, rows=64, hq=8, hk=2, d=16):
+    q = torch.randn(b, 1, hq, d)
+    return q, torch.randn(b, rows, hk, d), torch.randn(b, rows, hk, d)
+
+
+def kv_args(q, kc, vc, seqlens=None, bidx=None, scale=None, causal=False, left=-1, right=-1,
+            softcap=0.0, splits=0, lse=False, token=1):  # fmt: skip
+    return (q, kc, vc, seqlens, bidx, scale, causal, left, right, softcap, splits, lse, token)
+
+
+def put_kv(ext, *a, splits=4, tiles=4):
+    q, kc, lse = a[0], a[1], a[11]
+    lse_shape = [q.shape[0], q.shape[2], q.shape[1]] if lse else []
+    part = splits * tiles * (16 * 16 + 16) if splits > 1 else 0
+    desc = kv_desc(lse, splits > 1, a[4] is not None)
+    return ext.put_kv(*a, desc, list(q.shape), lse_shape, part, tiles, kc.shape[1])
+
+
+def int32s(ptr: int, n: int) -> list[int]:
+    """``n`` int32 at a host address (a kept CPU tensor's, in the test mode)."""
+    import ctypes
+
+    return list((ctypes.c_int32 * n).from_address(ptr))
+
+
+def test_a_planned_decoding_step_launches_with_the_calls_tensors(ext):
+    ext.clear()
+    ext.take_noted()
+    ext.counts()
+    q, kc, vc = kv_inputs()
+    lens = torch.tensor([10, 20], dtype=torch.int32)
+    bidx = torch.tensor([1, 0], dtype=torch.int32)
+    a = kv_args(q, kc, vc, lens, bidx)
+    assert ext.kv(*a) is None  # no plan yet
+    assert put_kv(ext, *a) is True and ext.kv_size() == 1
+    out = ext.kv(*a)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    (fn, grid, block, shared, params), = ext.take_noted()  # fmt: skip
+    assert (fn, grid, block, shared) == (KV_FN, (1, 8, 4), 128, 2048)
+    assert params[:3] == [ptr(q), ptr(kc), ptr(vc)] and params[3] == ptr(out)
+    assert params[4] != 0 and params[5] != 0  # the split partials and counters
+    assert params[6] == ptr(lens) and params[7] == ptr(bidx)  # the call's own, unconverted
+    assert ext.counts()[3] == 1
+    out, lse = ext.kv(*kv_args(q, kc, vc, lens, bidx, lse=True)) or (None, None)
+    assert out is None  # another key: the LSE was not planned
+    put_kv(ext, *kv_args(q, kc, vc, lens, bidx, lse=True))
+    out, lse = ext.kv(*kv_args(q, kc, vc, lens, bidx, lse=True))
+    assert lse.shape == (2, 8, 1) and lse.dtype == torch.float32
+    assert ext.take_noted()[0][4][4] == ptr(lse)
+
+
+def test_whole_cache_lengths_and_split_scratch_are_kept(ext):
+    """Without cache_seqlens every sequence is the whole cache: a kept int32 tensor of the rows
+    count; the split partials and the zeroed counters are kept too, so a decoding loop allocates
+    and fills them once (kernels/kvcache.py's _SCRATCH does the same for the Python path)."""
+    ext.clear()
+    ext.take_noted()
+    q, kc, vc = kv_inputs(b=3, rows=48)
+    a = kv_args(q, kc, vc)
+    put_kv(ext, *a, splits=4, tiles=6)
+    ext.kv(*a)
+    ext.kv(*a)
+    first, second = (n[4] for n in ext.take_noted())
+    assert first[4:7] == second[4:7] and 0 not in first[4:7]  # part, count, lengths kept
+    assert int32s(first[6], 3) == [48, 48, 48]
+    assert int32s(first[5], 6) == [0] * 6
+    other = kv_inputs(b=3, rows=96)
+    put_kv(ext, *kv_args(*other), splits=4, tiles=6)
+    ext.kv(*kv_args(*other))
+    (_, _, _, _, third), = ext.take_noted()  # fmt: skip
+    assert third[4:6] == first[4:6]  # the same scratch shape: the same buffers
+    assert int32s(third[6], 3) == [96, 96, 96]
+
+
+def test_the_kv_key_separates_what_the_python_key_does(ext):
+    ext.clear()
+    q, kc, vc = kv_inputs()
+    lens = torch.tensor([10, 20], dtype=torch.int32)
+    put_kv(ext, *kv_args(q, kc, vc, lens))
+    assert ext.kv(*kv_args(q, kc, vc, lens)) is not None
+    misses = [
+        kv_args(q, kc, vc, None),  # whole cache against given lengths
+        kv_args(q, kc, vc, lens, scale=0.5),
+        kv_args(q, kc, vc, lens, causal=True),
+        kv_args(q, kc, vc, lens, left=8),
+        kv_args(q, kc, vc, lens, softcap=30.0),
+        kv_args(q, kc, vc, lens, splits=3),
+        kv_args(q, kc, vc, lens, token=2),
+        kv_args(q.half(), kc.half(), vc.half(), lens),
+        kv_args(q, kc[:, :32], vc[:, :32], lens),  # strides the same, rows fewer
+        kv_args(q, kc, kc, lens),  # one tensor twice
+    ]
+    for a in misses:
+        assert ext.kv(*a) is None
+    ext.take_noted()
+
+
+def test_put_kv_refuses_steps_python_would_pass_other_tensors(ext):
+    ext.clear()
+    q, kc, vc = kv_inputs()
+    lens64 = torch.tensor([10, 20])
+    assert put_kv(ext, *kv_args(q, kc, vc, lens64)) is False  # Python converts it to int32
+    strided = torch.randn(2, 1, 8, 32)[..., ::2]
+    assert put_kv(ext, *kv_args(strided, kc, vc)) is False  # Python makes q contiguous
+    assert ext.kv_size() == 0
+    bad = list(kv_desc())
+    bad[5] = [(0, 9)]  # k_start: only Python's path has one
+    with pytest.raises(RuntimeError, match="reads tensor 9"):
+        ext.put_kv(*kv_args(q, kc, vc), tuple(bad), list(q.shape), [], 0, 0, 64)
+
+
+def test_the_decoding_path_hands_its_plans_over(ext, monkeypatch):
+    """The glue in kernels/kvcache.py: a step the native path misses replays the Python plan
+    and hands it over; the next is native. A step that appends keys keeps the Python plan."""
+    from kernels import kvcache
+
+    monkeypatch.setattr(launch, "ENABLED", True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.delenv("ATTNFORGE_KERNELS_AUTOTUNE", raising=False)
+    monkeypatch.setattr(_native, "_mod", ext)
+    monkeypatch.setattr(_native, "_state", "active")
+    ext.clear()
+    launch.clear()
+    ext.take_noted()
+    ext.counts()
+    try:
+        q, kc, vc = (t.half() for t in kv_inputs())
+        lens = torch.tensor([10, 20], dtype=torch.int32)
+
+        def plan_for(**kw):
+            tensors = (q, kc, vc, kw.get("k"), kw.get("v"), None, None, lens, None, None, None)
+            values = (None, None, False, (-1, -1), 0.0, True, 0, False)
+            call = kvcache._decide(*tensors, None, False, (-1, -1), 0.0, True, None, 0, False)
+            fill = Fill(kv_desc(), t3=2.0)
+            plan = kvcache._KVPlan(call, fill, (4, 4, 16, 256), ())
+            launch.KVCACHE.put(launch.call_key("kv", tensors, values), plan)
+            return plan, fill
+
+        plan, fill = plan_for()
+        monkeypatch.setattr(kvcache._KVPlan, "replay", _replay_with(fill))
+        out = kvcache.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens)
+        assert fill.calls == 1 and torch.all(out == 2.0) and plan.native is True
+        assert ext.kv_size() == 1 and ext.counts()[3] == 0
+        out = kvcache.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens)
+        assert fill.calls == 1 and ext.counts()[3] == 1  # native
+        assert ext.take_noted()[0][4][3] == ptr(out)
+
+        k_new, v_new = (torch.randn(2, 1, 2, 16).half() for _ in range(2))
+        plan2, fill2 = plan_for(k=k_new, v=v_new)
+        monkeypatch.setattr(kvcache._KVPlan, "replay", _replay_with(fill2))
+        for _ in range(2):
+            kvcache.flash_attn_with_kvcache(q, kc, vc, k_new, v_new, cache_seqlens=lens)
+        assert fill2.calls == 2 and plan2.native is None and ext.counts()[3] == 0
+        assert torch.equal(kc[0, 10], k_new[0, 0]) and torch.equal(vc[1, 20], v_new[1, 0])
+    finally:
+        launch.clear()
+        ext.clear()
+
+
+def _replay_with(fill):
+    """_KVPlan.replay with the stand-in launch: the call's 13 pointer tensors, as the real one
+    builds them (the split scratch is Python's own, not the native path's)."""
+
+    def replay(self, q, k_cache, v_cache, out, lse, seqlens_k, k_start, block_table, batch_idx):
+        fill(None, (q, k_cache, v_cache, out, lse, None, None, None, seqlens_k, k_start,
+                    block_table, batch_idx, None))  # fmt: skip
+        return True
+
+    return replay
