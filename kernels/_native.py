@@ -17,6 +17,9 @@ calls the Python path has planned already:
 - The node's backward replays the backward plan its forward's plan holds for dO's layout. One
   it does not hold goes back to Python (:func:`_backward`, under the GIL), which records it and
   hands it here (:func:`put_backward`); so does a backward whose saved inputs' data moved.
+- ``flash_attn_with_kvcache`` steps on a contiguous cache first ask :func:`kv`: the cache
+  update's launch (new keys, rotary) and the attention's, from the plan kernels/kvcache.py
+  recorded for a step with the same key and handed over (:func:`put_kv`).
 - Every decision stays Python's: a plan is what the Python path launched, with the same
   parameters, for a call with the same key. Launches whose parameters a replay cannot rebuild
   (Hopper's Gluon kernels with host-side TMA descriptors, cluster launches, profiling scratch)
@@ -243,23 +246,12 @@ def put_backward(native_plan, launches: tuple | None, do, q, k, v, out, lse) -> 
     )
 
 
-def kv(
-    q,
-    k_cache,
-    v_cache,
-    cache_seqlens,
-    cache_batch_idx,
-    softmax_scale,
-    causal,
-    window_size,
-    softcap,
-    num_splits,
-    return_softmax_lse,
-):
-    """A planned ``flash_attn_with_kvcache`` step that reads the cache as it is (the caller
-    passes only calls without new keys, rotary, left padding, paging or ALiBi): out, or (out,
-    LSE); None where this call has no plan here (the Python path then hands one over) or the
-    native path is off."""
+def kv(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+       cache_leftpad, softmax_scale, causal, window_size, softcap, rotary_interleaved,
+       num_splits, return_softmax_lse):  # fmt: skip
+    """A planned ``flash_attn_with_kvcache`` step on a contiguous cache (the caller passes no
+    block table, and lengths as a tensor or None): out, or (out, LSE); None where this step has
+    no plan here (the Python path then hands one over) or the native path is off."""
     if _mod is None:
         if _state is not None or not q.is_cuda:
             return None
@@ -272,46 +264,38 @@ def kv(
     try:
         left, right = window_size
         return _mod.kv(
-            q, k_cache, v_cache, cache_seqlens, cache_batch_idx, softmax_scale, bool(causal),
-            int(left), int(right), float(softcap or 0.0), num_splits, bool(return_softmax_lse),
-            token,
+            q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+            cache_leftpad, softmax_scale, bool(causal), int(left), int(right),
+            float(softcap or 0.0), bool(rotary_interleaved), num_splits,
+            bool(return_softmax_lse), token,
         )  # fmt: skip
     except (TypeError, ValueError):
         return None  # arguments of other types: Python's path says what is wrong, or plans
 
 
-def put_kv(
-    pyplan,
-    q,
-    k_cache,
-    v_cache,
-    cache_seqlens,
-    cache_batch_idx,
-    softmax_scale,
-    causal,
-    window_size,
-    softcap,
-    num_splits,
-    return_softmax_lse,
-) -> None:
+def put_kv(pyplan, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+           cache_batch_idx, cache_leftpad, softmax_scale, causal, window_size, softcap,
+           rotary_interleaved, num_splits, return_softmax_lse) -> None:  # fmt: skip
     """Hand a Python decoding plan (kernels/kvcache.py's ``_KVPlan``) over under the key
-    :func:`kv` computes for the same call, once; ``pyplan.native`` becomes True, or False where
-    a replay here could not pass the kernel the call's own tensors."""
+    :func:`kv` computes for the same step, once; ``pyplan.native`` becomes True, or False where
+    a replay here could not pass the kernels the tensors Python passes."""
     if pyplan.native is not None or _mod is None:
         return
     desc = pyplan.launch.native
+    append = pyplan.append.native if pyplan.append is not None else None
     token = launch.process_token()
     ok = False
-    if desc is not None and token is not None:
+    if desc is not None and token is not None and (pyplan.append is None or append is not None):
         call = pyplan.call
         splits, tiles, tile_rows, tile_elems = pyplan.scratch or (0, 0, 0, 0)
         lse_shape = [call.batch, q.shape[2], call.seqlen_q] if call.lse else []
         try:
             left, right = window_size
             ok = _mod.put_kv(
-                q, k_cache, v_cache, cache_seqlens, cache_batch_idx, softmax_scale,
-                bool(causal), int(left), int(right), float(softcap or 0.0), num_splits,
-                bool(return_softmax_lse), token, desc, list(q.shape), lse_shape,
+                q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                cache_batch_idx, cache_leftpad, softmax_scale, bool(causal), int(left),
+                int(right), float(softcap or 0.0), bool(rotary_interleaved), num_splits,
+                bool(return_softmax_lse), token, append, desc, list(q.shape), lse_shape,
                 splits * tiles * (tile_elems + tile_rows), tiles, call.seqlen_cache,
             )  # fmt: skip
         except (TypeError, ValueError):

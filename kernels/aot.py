@@ -449,7 +449,7 @@ def jobs_for(arch: str, spec: dict, head_dims, over_2gib: bool = False) -> list[
     """(head dim, kernel) for every kernel of the family's default config on one arch."""
     from .configs import config_for, for_tensors
     from .flash import FP8_DOT
-    from .kvcache import aot_kernels
+    from .kvcache_kernels import aot_kernels
 
     found = []
     for d in head_dims:
@@ -460,7 +460,8 @@ def jobs_for(arch: str, spec: dict, head_dims, over_2gib: bool = False) -> list[
         variants += _small_grid(base, spec["family"], d)
         variants += _head_dim_fwd(base, spec["family"], d)
         variants += _short_kv(base, spec["family"], d)
-        # The KV-cache kernels (kernels/kvcache.py: split-KV decode with its merge, paged prefill).
+        # The KV-cache kernels (kernels/kvcache_kernels.py: split-KV decode with its merge, paged
+        # prefill, the cache update).
         gluon = _gluon_kernels(d, cfg) if spec["vendor"] == "nvidia" else []
         found += [(d, job) for job in base + variants + aot_kernels(d, spec["family"]) + gluon]
     return found
@@ -469,7 +470,7 @@ def jobs_for(arch: str, spec: dict, head_dims, over_2gib: bool = False) -> list[
 # The modules the compiled kernels, their configs and signatures come from (jobs_for, and this
 # file's options and measurements); compile_sources adds what they import.
 COMPILE_MODULES = ("kernels/aot.py", "kernels/flash.py", "kernels/flash_sm90.py",
-                   "kernels/kvcache.py", "kernels/configs.py")  # fmt: skip
+                   "kernels/kvcache_kernels.py", "kernels/configs.py")  # fmt: skip
 _SOURCE_PACKAGES = ("kernels", "contract")
 
 

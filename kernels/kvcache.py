@@ -7,461 +7,49 @@ rotary embedding of the keys), then the queries attend to the first ``cache_seql
 cache rows; causal masks and windows are aligned bottom-right on that length; ``cache_leftpad``
 drops the first rows of a sequence; ``block_table`` maps a sequence's pages to cache blocks.
 
-The kernel (``_kv_fwd``) packs the query heads of one KV head's GQA group into the rows of a tile
-(row ``r`` is query position ``r // group`` of head ``hk * group + r % group``), so a decoding step
-(seqlen_q = 1) still fills 16-row matrix tiles, and reads K/V either from a contiguous cache row
-or, paged, through the block table one key row at a time (any page size). Split-KV: with
-``num_splits > 1`` each program handles one slice of the keys and writes an fp32 partial output
-and its LSE; the last program of a tile to finish (an atomic counter) merges the slices in the
-same launch. ``num_splits=0`` picks the count so that short batches of decoding still fill the
-GPU: from a table measured per family (``DECODE_SPLIT_WAVES``), else with flash_attn's heuristic
-(``num_splits_heuristic`` in flash_api.cpp).
+The kernels and their configs are kernels/kvcache_kernels.py's; this module checks a call,
+makes its choices, keeps the split scratch, and plans and launches: a step with new keys is two
+launches (``_kv_append``, then ``_kv_fwd``), one without is one.
 """
 
 from __future__ import annotations
 
 import functools
-import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import triton
-import triton.language as tl
 
 from . import _native as native
 from . import arguments, configs, launch
-from ._compat import patch_interpreter
 from .arguments import AttnResult, KVCacheResult
 from .configs import Tile
 from .errors import ArgumentError, ArgumentTypeError
-from .flash import _LN2, _LOG2E, LOG2E, _dot, _mm, _scores
+from .flash import LOG2E
+from .kvcache_kernels import (  # noqa: F401 - the configs' names, as this module had them
+    APPEND_TILE,
+    DECODE_SPLIT_WAVES,
+    MIN_SPLIT_KEYS,
+    KVConfig,
+    _kv_append,
+    _kv_fwd,
+    auto_num_splits,
+    kv_config,
+    num_splits_heuristic,
+)
 
 __all__ = [
     "flash_attn_with_kvcache",
     "paged_varlen_forward",
-    "apply_rotary",
     "num_splits_heuristic",
     "auto_num_splits",
 ]
-
-patch_interpreter()
-
-# fmt: off
-
-
-@triton.jit(do_not_specialize=["seqlen_q", "kv_rows", "left", "right", "num_splits"])
-def _kv_fwd(
-    Q, K, V, Out, LSE, Part, Count, CuQ, SeqlensK, KStart, BlockTable, BatchIdx, Slopes,
-    sq_b, sq_s, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, so_b, so_s, so_h, sl_b, sl_h,
-    sbt_b, sa_b, sa_h, seqlen_q, kv_rows, num_heads_k, group, qk_scale, cap_in, cap_out, left, right, num_splits,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    PAGE_SIZE: tl.constexpr, IS_VARLEN_Q: tl.constexpr, PAGED: tl.constexpr,
-    HAS_BATCH_IDX: tl.constexpr, HAS_KSTART: tl.constexpr, HAS_LEFT: tl.constexpr,
-    HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-    SPLIT: tl.constexpr, STORE_LSE: tl.constexpr, MERGE_D: tl.constexpr,
-):
-    """One program per (row block of a GQA group, batch, kv head, key split). Split, the last
-    program of a (row block, batch, kv head) to finish merges every split's partial."""
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    split = tl.program_id(2)
-    b = pid_bh // num_heads_k
-    hk = pid_bh % num_heads_k
-    if IS_VARLEN_Q:
-        q_start = tl.load(CuQ + b)
-        seqlen_q = tl.load(CuQ + b + 1) - q_start
-    else:
-        q_start = pid_bh * 0
-    n_rows = seqlen_q * group
-    m0 = pid_m * BLOCK_M
-    if m0 >= n_rows:  # only varlen grids (never split) have such programs
-        return
-    EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
-    b64 = b.to(tl.int64)
-    seqlen_k = tl.load(SeqlensK + b)  # keys after the left padding
-    if HAS_KSTART:
-        k_start = tl.load(KStart + b)
-    else:
-        k_start = 0
-    rows = m0 + tl.arange(0, BLOCK_M)
-    row_ok = rows < n_rows
-    qi = rows // group  # query position
-    h = hk * group + (rows - qi * group)  # query head
-    offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d[None, :] < HEAD_DIM
-    q_rows = b64 * sq_b + (q_start + qi).to(tl.int64) * sq_s + h * sq_h
-    if EVEN_D:
-        q_mask = row_ok[:, None]
-    else:
-        q_mask = row_ok[:, None] & d_ok
-    q = tl.load(Q + q_rows[:, None] + offs_d[None, :], mask=q_mask, other=0.0)
-    if HAS_ALIBI:
-        alibi2 = tl.load(Slopes + b * sa_b + h * sa_h, mask=row_ok, other=0.0) * _LOG2E
-        alibi2 = alibi2[:, None]
-    else:
-        alibi2 = 0.0
-    diag = seqlen_k - seqlen_q
-    # This split's keys, whole BLOCK_N tiles, narrowed to what the block's rows can see.
-    if SPLIT:
-        chunk = tl.cdiv(tl.cdiv(seqlen_k, num_splits), BLOCK_N) * BLOCK_N
-        lo = split * chunk
-        hi = tl.minimum(lo + chunk, seqlen_k)
-    else:
-        lo = 0
-        hi = seqlen_k
-    qi_lo = m0 // group
-    qi_hi = (tl.minimum(m0 + BLOCK_M, n_rows) - 1) // group
-    if HAS_RIGHT:
-        hi = tl.minimum(hi, qi_hi + diag + right + 1)
-    if HAS_LEFT:
-        lo = tl.maximum(lo, (tl.maximum(qi_lo + diag - left, 0) // BLOCK_N) * BLOCK_N)
-    if PAGED:
-        bt_row = BlockTable + b64 * sbt_b
-        k_base = K + hk * sk_h
-        v_base = V + hk * sv_h
-    else:
-        if HAS_BATCH_IDX:
-            cb = tl.load(BatchIdx + b).to(tl.int64)
-        else:
-            cb = b64
-        k_base = K + cb * sk_b + hk * sk_h
-        v_base = V + cb * sv_b + hk * sv_h
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    offs_n0 = tl.arange(0, BLOCK_N)
-    for n0 in tl.range(lo, hi, BLOCK_N):
-        offs_n = n0 + offs_n0
-        pos = offs_n + k_start  # row of the sequence in the cache
-        # Rows past what the cache (or block table) holds are never read, whatever the lengths.
-        key_ok = (offs_n < seqlen_k) & (pos < kv_rows)
-        if PAGED:
-            blk = tl.load(bt_row + pos // PAGE_SIZE, mask=key_ok, other=0).to(tl.int64)
-            in_page = pos % PAGE_SIZE
-            k_rows = blk * sk_b + in_page * sk_s
-            v_rows = blk * sv_b + in_page * sv_s
-        else:
-            k_rows = pos * sk_s
-            v_rows = pos * sv_s
-        if EVEN_D:
-            kv_mask = key_ok[:, None]
-        else:
-            kv_mask = key_ok[:, None] & d_ok
-        k = tl.load(k_base + k_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        qk = _mm(q, tl.trans(k))
-        rel = offs_n[None, :] - qi[:, None] - diag
-        s = _scores(qk, rel, key_ok[None, :], qk_scale, cap_in, cap_out, alibi2, left, right,
-                    HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, True)
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no inf - inf on empty rows
-        p = tl.exp2(s - m_use[:, None])
-        alpha = tl.exp2(m_i - m_use)
-        acc = acc * alpha[:, None]
-        v = tl.load(v_base + v_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        acc = _dot(p.to(v.dtype), v, acc)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        m_i = m_new
-    empty = l_i == 0.0
-    l_safe = tl.where(empty, 1.0, l_i)
-    out = acc / l_safe[:, None]
-    lse_ln = (m_i + tl.log2(l_safe)) * _LN2
-    if EVEN_D:
-        o_mask = row_ok[:, None]
-    else:
-        o_mask = row_ok[:, None] & d_ok
-    o_rows = b64 * so_b + (q_start + qi).to(tl.int64) * so_s + h * so_h
-    if SPLIT:
-        # Partial result of this slice (an empty slice has LSE -inf and weighs nothing), as
-        # the tile's rows: split s of tile t at Part[s][t] (BLOCK_M x BLOCK_D), its LSEs after
-        # all of those. One buffer, 32-bit offsets (the host keeps it under 2**31 values) and
-        # no strides: AMD's scalar registers run out first in the merge below (a buffer
-        # resource is 4 SGPRs a base pointer).
-        n_tiles = tl.num_programs(0) * tl.num_programs(1)
-        tile = pid_bh * tl.num_programs(0) + pid_m
-        o_step = n_tiles * (BLOCK_M * BLOCK_D)
-        l_step = n_tiles * BLOCK_M
-        t_rows = tl.arange(0, BLOCK_M)
-        o_offs = t_rows[:, None] * BLOCK_D + offs_d[None, :]
-        o_at = tile * (BLOCK_M * BLOCK_D)
-        l_at = num_splits * o_step + tile * BLOCK_M  # the LSE partials follow the outputs
-        tl.store(Part + (o_at + split * o_step) + o_offs, out, mask=o_mask)
-        tl.store(Part + (l_at + split * l_step) + t_rows, tl.where(empty, float("-inf"), lse_ln),
-                 mask=row_ok)
-        # One launch instead of a second, combine kernel ("split-K with a semaphore"): every
-        # thread's stores come before the barrier, the barrier before one acquire-release
-        # increment of this row block's counter; the program that counts last sees every
-        # partial, merges them with LSE weights, and resets the counter for the next call.
-        tl.debug_barrier()
-        count = Count + tile
-        if tl.atomic_add(count, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
-            tl.store(count, 0)
-            # MERGE_D columns at a time (the merge's tiles stay small beside the main loop's),
-            # one pass with a running maximum; each split's loads are issued one split ahead
-            # of their use, so the L2 round trips overlap instead of adding up.
-            for d0 in range(0, BLOCK_D, MERGE_D):
-                offs_m = d0 + tl.arange(0, MERGE_D)
-                m_offs = t_rows[:, None] * BLOCK_D + offs_m[None, :]
-                m_mask = row_ok[:, None] & (offs_m[None, :] < HEAD_DIM)
-                o_at_s = o_at
-                l_at_s = l_at
-                m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-                macc = tl.zeros([BLOCK_M, MERGE_D], dtype=tl.float32)
-                total = tl.zeros([BLOCK_M], dtype=tl.float32)
-                lse_n = tl.load(Part + l_at_s + t_rows, mask=row_ok, other=float("-inf"))
-                o_n = tl.load(Part + o_at_s + m_offs, mask=m_mask, other=0.0)
-                for s in range(1, num_splits + 1):
-                    lse_s = lse_n
-                    o_s = o_n
-                    more = t_rows < (num_splits - s) * BLOCK_M  # all rows while splits remain
-                    l_at_s += l_step
-                    o_at_s += o_step
-                    lse_n = tl.load(Part + l_at_s + t_rows, mask=row_ok & more,
-                                    other=float("-inf"))
-                    o_n = tl.load(Part + o_at_s + m_offs, mask=m_mask & more[:, None], other=0.0)
-                    m_new = tl.maximum(m, lse_s)
-                    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-                    alpha = tl.exp2((m - m_use) * _LOG2E)
-                    w = tl.exp2((lse_s - m_use) * _LOG2E)
-                    macc = macc * alpha[:, None] + w[:, None] * o_s
-                    total = total * alpha + w
-                    m = m_new
-                m_use = tl.where(m == float("-inf"), 0.0, m)
-                none = total == 0.0
-                t_safe = tl.where(none, 1.0, total)
-                tl.store(Out + o_rows[:, None] + offs_m[None, :],
-                         (macc / t_safe[:, None]).to(Out.dtype.element_ty), mask=m_mask)
-                if STORE_LSE:
-                    lse = tl.where(none, float("inf"), m_use + tl.log(t_safe))
-                    tl.store(LSE + b64 * sl_b + h * sl_h + q_start + qi, lse,
-                             mask=row_ok & (d0 == 0))
-    else:
-        tl.store(Out + o_rows[:, None] + offs_d[None, :], out.to(Out.dtype.element_ty),
-                 mask=o_mask)
-        if STORE_LSE:
-            lse = tl.where(empty, float("inf"), lse_ln)
-            tl.store(LSE + b64 * sl_b + h * sl_h + q_start + qi, lse, mask=row_ok)
-
-
-# fmt: on
-
-
-# --------------------------------------------------------------------------------------------
-# configs
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class KVConfig:
-    """Tiles of the cache kernel: ``decode`` when a GQA group's rows (seqlen_q x group) fit 16
-    rows, ``prefill`` otherwise; ``merge_d``: head-dim columns the last split merges at a time
-    (0: all at once)."""
-
-    decode: Tile
-    prefill: Tile
-    merge_d: int = 0
-    # The decode tile of a split launch whose splits each read at least ``long_keys`` keys
-    # (None: ``decode`` throughout).
-    decode_long: Tile | None = None
-    long_keys: int = 0
-
-    def merge_columns(self, padded_head_dim: int) -> int:
-        return min(self.merge_d or padded_head_dim, padded_head_dim)
-
-    def decode_tile(self, num_splits: int, seqlen_cache: int) -> Tile:
-        """The decode tile of a launch of ``num_splits`` splits over ``seqlen_cache`` keys."""
-        if self.decode_long is not None and num_splits > 1:
-            if seqlen_cache // num_splits >= self.long_keys:
-                return self.decode_long
-        return self.decode
-
-
-@functools.lru_cache(maxsize=256)
-def kv_config(family: str, head_dim: int) -> KVConfig:
-    """Default tiles per family and (padded) head dim; docs/kernels.md has the AOT figures."""
-    d = configs.padded_head_dim(head_dim)
-    kc = _kv_config(family, d)
-    if family == "interpreter":
-        return kc
-    newer = configs.newer_triton_tiles(family, d)
-    if "kv_prefill" in newer:
-        kc = replace(kc, prefill=newer["kv_prefill"])
-    decode = DECODE_ON_NEWER_TRITON.get((configs.triton_release(), family, d))
-    return replace(kc, decode=decode) if decode is not None else kc
-
-
-# Decode tiles where a newer Triton line (recipes/tritons.yaml) compiles the split decode with
-# the merge in the last split to more registers than the two-launch kernel it replaced: each row
-# keeps that line's spills at 0 and its occupancy at the old kernel's or above (kernels.aot,
-# 2026-11-26; the old kernel's waves in the comments).
-DECODE_ON_NEWER_TRITON = {
-    ((3, 7), "cdna4", 64): Tile(16, 32, 4, 1, 2),  # gfx950: 8 waves (7; 16x64: 6)
-    ((3, 8), "cdna4", 64): Tile(16, 32, 4, 1, 2),  # gfx950: 7 waves (7; 16x64: 6)
-    ((3, 8), "cdna3", 64): Tile(16, 64, 4, 1, 2),  # gfx942: 4 waves (4; wpe5 spills 54)
-    ((3, 8), "cdna2", 64): Tile(16, 64, 4, 1, 2),  # gfx90a: 4 waves (4; wpe5 spills 5)
-    ((3, 8), "cdna2", 128): Tile(16, 64, 4, 1, 3),  # gfx90a: 3 waves (3; wpe2: 2)
-    ((3, 9), "cdna3", 128): Tile(16, 64, 4, 1, 3),  # gfx942: 3 waves (3; wpe2: 2)
-    ((3, 9), "rdna4", 64): Tile(16, 64, 4, 1, 8),  # gfx1201: 9 waves (8; wpe2: 7)
-    ((3, 9), "rdna4", 128): Tile(16, 16, 4, 1, 2),  # gfx1201: 10 waves (9; 16x32: 8)
-}
-
-
-def _kv_config(family: str, d: int) -> KVConfig:
-    if family == "interpreter":
-        t = Tile(16, 16, 1, 1)
-        return KVConfig(t, t, merge_d=16)  # several merge chunks in the CPU tests
-    # AMD: the split merge 64 columns at a time; whole 16 x 256 fp32 tiles (three live) cost
-    # gfx1150 spills and gfx942/gfx1201 a wave of occupancy at d=256 (kernels.aot).
-    if family in ("rdna3", "rdna3.5", "rdna4"):
-        # d=128 decoding with 64-key tiles spills 93 VGPRs on gfx1151; 32-key tiles do not.
-        if d <= 64:
-            return KVConfig(Tile(16, 64, 4, 1, 2), Tile(64, 32, 4, 1, 2), 64)
-        if d <= 128:
-            return KVConfig(Tile(16, 32, 4, 1, 2), Tile(64, 32, 4, 1, 2), 64)
-        return KVConfig(Tile(16, 16, 4, 1, 1), Tile(16, 16, 4, 1, 1), 64)
-    if family in ("cdna2", "cdna3", "cdna4"):
-        if d <= 64:
-            # waves_per_eu 5 keeps gfx942's split decode at 94 VGPRs (5 waves; 99 and 4 without)
-            return KVConfig(Tile(16, 64, 4, 1, 5), Tile(128, 32, 4, 1, 2), 64)
-        if d <= 128:
-            return KVConfig(Tile(16, 64, 4, 1, 2), Tile(128, 32, 4, 1, 2), 64)
-        return KVConfig(Tile(16, 32, 4, 1, 1), Tile(64, 16, 4, 1, 1), 64)
-    if family == "hopper":
-        if d == 128:
-            # Splits of 4096 keys or more (batch 1 with 64k-128k keys) read faster with 64-key
-            # tiles: 108.7 / 193.1 against 109.7 / 195.7 us at 16 splits (docs/benchmarks.md,
-            # "Decoding at batch 1 with long caches"); shorter splits keep 128 (4k: 18.9 / 19.6).
-            return KVConfig(Tile(16, 128, 4, 3), Tile(128, 64, 8, 3),
-                            decode_long=Tile(16, 64, 4, 3), long_keys=4096)  # fmt: skip
-        if d <= 128:
-            return KVConfig(Tile(16, 128, 4, 3), Tile(128, 64, 8, 3))
-        return KVConfig(Tile(16, 64, 4, 2), Tile(64, 64, 8, 2), 64)
-    if d <= 128:  # ampere and other NVIDIA; 4-warp 64x64 prefill spills 32 bytes at d=128
-        return KVConfig(Tile(16, 128, 4, 2), Tile(64, 64, 8, 2))
-    # d=256: whole-row merging spills 4 bytes on sm80; 64 columns at a time does not.
-    return KVConfig(Tile(16, 64, 4, 2), Tile(64, 32, 8, 2), 64)
-
-
-@functools.lru_cache(maxsize=1024)
-def num_splits_heuristic(
-    work_blocks: int, num_sms: int, num_key_blocks: int, max_splits: int = 128
-) -> int:
-    """flash_attn's ``num_splits_heuristic`` (csrc/flash_attn/flash_api.cpp): the fewest splits
-    that reach 85% of the best wave efficiency, 1 when the grid nearly fills the GPU already."""
-    if work_blocks >= 0.8 * num_sms:
-        return 1
-    max_splits = min(max_splits, num_sms, num_key_blocks)
-    eff = {}
-    for n in range(1, max_splits + 1):
-        # A split count with the same keys per split as n - 1 is that count in disguise.
-        if n > 1 and -(-num_key_blocks // n) == -(-num_key_blocks // (n - 1)):
-            continue
-        waves = work_blocks * n / num_sms
-        eff[n] = waves / math.ceil(waves)
-    best = max(eff.values(), default=0.0)
-    for n in sorted(eff):
-        if eff[n] >= 0.85 * best:
-            return n
-    return 1
-
-
-# Keys a split reads at least when the count is picked for the caller: the last split merges
-# every split's partial in turn (about 0.5 µs a split on an H100), so a split should carry
-# several times that in reads. On an H100 (docs/benchmarks.md, issue 30 decode), batch 1 with
-# 4096 keys: 16 splits of 256 keys 21.8 µs, 8 of 512 18.3 µs, 4 of 1024 19.7 µs.
-MIN_SPLIT_KEYS = 512
-
-
-# Split counts measured per family, for ``num_splits=0``: ((cache keys up to, waves), ...), the
-# first row whose bound holds gives the programs a decoding step aims for, ``waves`` x the GPU's
-# SMs / CUs (rounded down to whole splits of every (row block, batch, KV head) tile), and the
-# last row's bound is None. Families not listed take flash_attn's heuristic.
-# Hopper, from two sweeps of 4-64 splits on an H100 (docs/benchmarks.md, "Decoding at batch 1
-# with long caches"): batch 1 (8 tiles) runs fastest with 8 splits up to 16k keys (4k: 18.9 us
-# against 22.1 at 16; 16k: 41.3 against 43.8 at 16 and 44.4 at flash_attn's 15) and with 16, one
-# full wave, at 64k-128k (109.7 / 195.7 against 111.9 / 201.6 at flash_attn's 14, whose
-# unfilled SMs stay idle; 24 or 33 splits cost 5-10 us more); batch 8 (64 tiles) with 1 split
-# up to 16k keys (60.4 / 188.1 against 61.6 / 189.4 at 2). AMD: untimed, flash_attn's heuristic
-# as before; an AMD runner would time ``kernels.bench --decode --splits`` and add its row here.
-DECODE_SPLIT_WAVES: dict[str, tuple[tuple[int | None, float], ...]] = {
-    "hopper": ((16384, 0.5), (None, 1.0)),
-}
-
-
-@functools.lru_cache(maxsize=1024)
-def auto_num_splits(
-    work_blocks: int, num_sms: int, seqlen_cache: int, block_n: int, family: str = ""
-) -> int:
-    """Splits for ``num_splits=0``: the family's row of ``DECODE_SPLIT_WAVES``, else flash_attn's
-    heuristic over the cache's key tiles; at most one split per ``MIN_SPLIT_KEYS`` keys."""
-    table = DECODE_SPLIT_WAVES.get(family)
-    if table is None:
-        n = num_splits_heuristic(work_blocks, num_sms, -(-seqlen_cache // block_n))
-    elif work_blocks >= 0.8 * num_sms:
-        n = 1  # the grid nearly fills the GPU already (as flash_attn's heuristic)
-    else:
-        waves = next(w for bound, w in table if bound is None or seqlen_cache <= bound)
-        n = int(num_sms * waves) // work_blocks
-    return max(1, min(n, seqlen_cache // MIN_SPLIT_KEYS))
 
 
 def _num_sms(device) -> int:
     if configs.INTERPRET or device.type != "cuda":
         return 1
     return configs.compute_units(device)  # cached per device: decoding asks on every step
-
-
-# --------------------------------------------------------------------------------------------
-# rotary, append
-# --------------------------------------------------------------------------------------------
-
-
-def apply_rotary(
-    x: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    positions: torch.Tensor,
-    interleaved: bool,
-) -> torch.Tensor:
-    """flash_attn's rotary embedding (flash_attn/layers/rotary.py, ops/triton/rotary.py) of the
-    first ``2 * cos.shape[1]`` dims of ``x`` (b, s, h, d) at ``positions`` (b, s).
-
-    Computed in fp32 and cast back, like flash_attn's Triton kernel; positions at or past
-    ``cos.shape[0]`` are left unrotated (that kernel loads cos = 1, sin = 0 there).
-    """
-    rd = cos.shape[1] * 2
-    inside = positions < cos.shape[0]
-    idx = positions.clamp(max=cos.shape[0] - 1).long()
-    c = torch.where(inside[..., None], cos[idx].float(), 1.0)[:, :, None, :]  # (b, s, 1, rd/2)
-    s = torch.where(inside[..., None], sin[idx].float(), 0.0)[:, :, None, :]
-    xr = x[..., :rd].float()
-    if interleaved:
-        x0, x1 = xr[..., 0::2], xr[..., 1::2]
-        rot = torch.stack((x0 * c - x1 * s, x0 * s + x1 * c), dim=-1).flatten(-2)
-    else:
-        x0, x1 = xr[..., : rd // 2], xr[..., rd // 2 :]
-        rot = torch.cat((x0 * c - x1 * s, x0 * s + x1 * c), dim=-1)
-    return torch.cat((rot.to(x.dtype), x[..., rd:]), dim=-1)
-
-
-def _append(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table):
-    """Write k/v (b, s_new, hk, d) into the caches at rows cache_seqlens[b] + t, in place.
-
-    Indexing is per dimension, so a write past a sequence's cache (or its block table) raises
-    an index error instead of landing in another sequence.
-    """
-    b, s_new = k.shape[0], k.shape[1]
-    pos = cache_seqlens.long()[:, None] + torch.arange(s_new, device=k.device)[None, :]
-    if block_table is not None:
-        page = k_cache.shape[1]
-        rows = torch.arange(b, device=k.device)[:, None].expand(b, s_new)
-        blocks = block_table.long()[rows, pos // page]
-        k_cache[blocks, pos % page] = k
-        v_cache[blocks, pos % page] = v
-    else:
-        bidx = torch.arange(b, device=k.device) if cache_batch_idx is None else cache_batch_idx
-        rows = bidx.long()[:, None].expand(b, s_new)
-        k_cache[rows, pos] = k
-        v_cache[rows, pos] = v
 
 
 # --------------------------------------------------------------------------------------------
@@ -607,23 +195,6 @@ def _launch(
         launched.append((*noted[0], pointers, scratch))
 
 
-@torch.no_grad()
-def _update_cache(
-    q, k, v, k_cache, v_cache, cache_seqlens, cache_batch_idx, block_table, rotary_cos,
-    rotary_sin, interleaved: bool, local: bool,
-):  # fmt: skip
-    """Rotate the new keys (and q) if rotary tables are given, write k/v into the caches; the
-    (rotated) q. No autograd: the caches are written in place, as flash_attn's kernel does."""
-    if rotary_cos is not None:
-        start = cache_seqlens.long()[:, None]
-        k_pos = start + torch.arange(k.shape[1], device=q.device)
-        q_pos = start + torch.arange(q.shape[1], device=q.device) * int(local)
-        k = apply_rotary(k, rotary_cos, rotary_sin, k_pos, interleaved)
-        q = apply_rotary(q, rotary_cos, rotary_sin, q_pos, interleaved)
-    _append(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table)
-    return q
-
-
 def flash_attn_with_kvcache(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -664,15 +235,15 @@ def flash_attn_with_kvcache(
                        rotary_interleaved, alibi_slopes, num_splits, return_softmax_lse)  # fmt: skip
         return _run(call, *tensors, alibi_slopes)
     given = isinstance(cache_seqlens, torch.Tensor)
-    # A step that reads the cache as it is passes the kernel the call's own tensors: the native
-    # launch path (kernels/_native.py) replays it from C++ where it has its plan.
-    reads = (
-        k is None and v is None and rotary_cos is None and rotary_sin is None
-        and cache_leftpad is None and block_table is None and (given or cache_seqlens is None)
+    # A step on a contiguous cache: the native launch path (kernels/_native.py) replays it from
+    # C++ where it has its plan (paged steps read the lengths on the host, to check them).
+    native_ok = block_table is None and (given or cache_seqlens is None)
+    native_args = (
+        q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+        cache_leftpad, softmax_scale, causal, window_size, softcap, rotary_interleaved,
+        num_splits, return_softmax_lse,
     )  # fmt: skip
-    native_args = (q, k_cache, v_cache, cache_seqlens, cache_batch_idx, softmax_scale, causal,
-                   window_size, softcap, num_splits, return_softmax_lse)  # fmt: skip
-    if reads:
+    if native_ok:
         res = native.kv(*native_args)
         if res is not None:
             return res
@@ -688,13 +259,13 @@ def flash_attn_with_kvcache(
         res = _run(call, *tensors, None, None, launched)
         if launched is None:
             return res
-        plan = _KVPlan.of(call, launched) if len(launched) == 1 else None
+        plan = _KVPlan.of(call, launched)
         launch.KVCACHE.put(key, plan if plan is not None else False)
         if plan is None:
             return res
     else:
         res = _run(plan.call, *tensors, None, plan)
-    if reads and plan.native is None:
+    if native_ok and plan.native is None:
         native.put_kv(plan, *native_args)
     return res
 
@@ -759,7 +330,14 @@ def _decide(
             raise ArgumentTypeError("k and v must have q's dtype")
         if k.dim() != 4 or k.shape != v.shape or (k.shape[0], *k.shape[2:]) != (batch, hk, d):
             raise ArgumentError(f"k and v must be (batch={batch}, seqlen_new, {hk}, {d})")
-    if cache_seqlens is not None and not isinstance(cache_seqlens, int):
+    seqlen_new = k.shape[1] if k is not None else 0
+    if isinstance(cache_seqlens, int):
+        if cache_seqlens + seqlen_new > seqlen_cache and not paged:  # paged: _run's check
+            raise ArgumentError(
+                f"cache_seqlens {cache_seqlens} + {seqlen_new} new keys is past the cache's "
+                f"{seqlen_cache} rows"
+            )
+    elif cache_seqlens is not None:
         _int32(cache_seqlens, "cache_seqlens", batch, device)
     scale = softmax_scale if softmax_scale is not None else d**-0.5
     if seqlen_q == 1 and alibi_slopes is None:
@@ -789,7 +367,7 @@ def _decide(
     if decoding:
         tile = kc.decode_tile(num_splits, seqlen_cache)
     return _KVCall(
-        batch, seqlen_q, seqlen_cache, k.shape[1] if k is not None else 0, paged, scale, left,
+        batch, seqlen_q, seqlen_cache, seqlen_new, paged, scale, left,
         right, cap, left is not None or right is not None, bool(rotary_interleaved), tile,
         kc.merge_d, rows,
         num_splits, bool(return_softmax_lse),
@@ -824,21 +402,20 @@ def _run(
                 f"cache_seqlens + new keys reach {longest} rows, past the {call.seqlen_cache} "
                 "that block_table addresses; give block_table more columns"
             )
-    if k is not None:
-        # Queries move along with the keys under a causal mask or a window; otherwise every
-        # query sits at the first new position (flash_attn's docstring).
-        q = _update_cache(
-            q, k, v, k_cache, v_cache, cache_seqlens, cache_batch_idx, block_table,
-            rotary_cos, rotary_sin, call.interleaved, call.local,
-        )  # fmt: skip
-    # A decoding step without new keys reads the lengths as given (no extra GPU launch).
-    seqlens_k = cache_seqlens + call.seqlen_new if call.seqlen_new else cache_seqlens
-    if k_start is not None:
-        seqlens_k = seqlens_k - k_start
-    if seqlens_k.dtype != torch.int32 or not seqlens_k.is_contiguous():
-        seqlens_k = seqlens_k.to(torch.int32).contiguous()
     if q.stride(-1) != 1:
         q = q.contiguous()
+    if k is not None:
+        # One launch writes the new keys (rotated) and values into the cache, the rotated
+        # queries and the lengths the attention reads.
+        pointers = _append_pointers(q, k, v, k_cache, v_cache, cache_seqlens, k_start,
+                                    block_table, cache_batch_idx, rotary_cos, rotary_sin)  # fmt: skip
+        if plan is None or not plan.replay_append(pointers):
+            _launch_append(call, pointers, launched)
+        q = pointers[5] if pointers[5] is not None else q
+        seqlens_k = pointers[7]
+    else:
+        # A decoding step without new keys reads the lengths as given (no extra GPU launch).
+        seqlens_k = cache_seqlens if k_start is None else (cache_seqlens - k_start)
     out = torch.empty(q.shape, dtype=q.dtype, device=device)
     lse = None
     if call.lse:
@@ -857,28 +434,88 @@ def _run(
     return (out, lse) if call.lse else out
 
 
+def _append_pointers(
+    q, k, v, k_cache, v_cache, cache_seqlens, k_start, block_table, batch_idx, cos, sin
+) -> tuple:
+    """``_kv_append``'s 13 pointer arguments (None where unused): new keys, values and rotary
+    tables with a unit-stride last dimension, and the fresh rotated queries and lengths."""
+    k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (k, v))
+    q_out = None
+    if cos is not None:
+        cos, sin = (t if t.stride(-1) == 1 else t.contiguous() for t in (cos, sin))
+        q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lengths = torch.empty((q.shape[0],), dtype=torch.int32, device=q.device)
+    return (q, k, v, k_cache, v_cache, q_out, cache_seqlens, lengths, k_start, block_table,
+            batch_idx, cos, sin)  # fmt: skip
+
+
+def _launch_append(call: _KVCall, pointers: tuple, launched: list | None) -> None:
+    """Launch ``_kv_append`` on ``pointers`` (:func:`_append_pointers`); ``launched`` gets it
+    as ``_launch`` notes its launch."""
+    q, k, v, k_cache, v_cache, q_out, _, _, _, block_table, batch_idx, cos, sin = pointers
+    batch, s_new, hk, d = k.shape
+    hq = q.shape[2]
+    rotary = cos is not None
+    tokens = s_new + (call.seqlen_q if rotary else 0)
+    bd = configs.padded_head_dim(d)
+    rot_half = cos.shape[1] if rotary else 0
+    noted = [] if launched is not None else None
+    launch.recording(_kv_append, noted)[(batch * tokens, max(hk, hq) if rotary else hk)](
+        *pointers,
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *k_cache.stride()[:3],
+        *v_cache.stride()[:3], *(q_out.stride()[:3] if rotary else (0, 0, 0)),
+        block_table.stride(0) if block_table is not None else 0,
+        cos.stride(0) if rotary else 0, sin.stride(0) if rotary else 0,
+        s_new, call.seqlen_q, hk, hq, call.seqlen_cache if block_table is None else
+        block_table.shape[1] * k_cache.shape[1], cos.shape[0] if rotary else 0,
+        HEAD_DIM=d, BLOCK_D=bd, ROT_HALF=rot_half,
+        BLOCK_R=triton.next_power_of_2(rot_half) if rotary else 1,
+        INTERLEAVED=call.interleaved, LOCAL=call.local,
+        PAGE_SIZE=k_cache.shape[1] if block_table is not None else 1,
+        PAGED=block_table is not None, HAS_BATCH_IDX=batch_idx is not None,
+        HAS_KSTART=pointers[8] is not None,
+        ROUND_BF16=configs.INTERPRET and q.dtype == torch.bfloat16,
+        **APPEND_TILE.launch_options(configs.is_hip()),
+    )  # fmt: skip
+    if noted:
+        launched.append((*noted[0], pointers, None))
+
+
 class _KVPlan:
     """A recorded cache-kernel launch (``kernels.launch``) and the call's decisions. A replay
     takes the split scratch of its own stream, and its 13 pointer arguments (in ``_kv_fwd``'s
     order; unused ones None) must be 16-byte aligned as the recording's were (Triton
     specialises on it); else the full launch runs."""
 
-    __slots__ = ("call", "launch", "scratch", "aligns", "native")
+    __slots__ = ("call", "launch", "scratch", "aligns", "append", "append_aligns", "native")
     replays = 0  # replays made in this process (kernels.check reports them)
 
-    def __init__(self, call: _KVCall, rec, scratch, aligns: tuple):
+    def __init__(self, call: _KVCall, rec, scratch, aligns: tuple, append=None, append_aligns=()):
         self.call, self.launch, self.scratch, self.aligns = call, rec, scratch, aligns
+        # The cache update's launch (_kv_append) of a step with new keys, else None.
+        self.append, self.append_aligns = append, append_aligns
         # Handed over to kernels/_native.py: True, False where it cannot be, None before.
         self.native = None
 
     @classmethod
     def of(cls, call: _KVCall, launched: list):
-        """The plan of a call's one noted launch, or None where it cannot be replayed."""
-        fn, grid, args, kwargs, kernel, pointers, scratch = launched[0]
-        rec = launch.record(fn, grid, args, kwargs, kernel, pointers)
-        if rec is None:
+        """The plan of a call's noted launches (the cache update's, where it had new keys, then
+        the attention's), or None where they cannot be replayed."""
+        if len(launched) != (2 if call.seqlen_new else 1):
             return None
-        return cls(call, rec, scratch, _aligns(pointers))
+        recs = [launch.record(*x[:5], x[5]) for x in launched]
+        if None in recs:
+            return None
+        fn, grid, args, kwargs, kernel, pointers, scratch = launched[-1]
+        if len(recs) == 1:
+            return cls(call, recs[0], scratch, _aligns(pointers))
+        return cls(call, recs[1], scratch, _aligns(pointers), recs[0], _aligns(launched[0][5]))
+
+    def replay_append(self, pointers: tuple) -> bool:
+        if self.append is None or _aligns(pointers) != self.append_aligns:
+            return False
+        self.append(_stream_of(pointers[0].device), pointers)
+        return True
 
     def replay(self, q, k_cache, v_cache, out, lse, seqlens_k, k_start, block_table, batch_idx):
         part = count = None
@@ -953,36 +590,3 @@ def paged_varlen_forward(
         left=left, right=right, softcap=cap, num_splits=1, varlen=True,
     )  # fmt: skip
     return (out, lse, None) if return_attn_probs else out
-
-
-def aot_kernels(
-    head_dim: int, family: str, dtype: str = "bf16", page_size: int = 16
-) -> list[tuple]:
-    """(name, jit fn, pointer types, constexprs, tile) of the cache kernels for ``kernels.aot``:
-    split-KV decoding from a paged cache (causal; the last split merges them all), with the long
-    splits' tile where the family has one (``kv_decode_long``), and paged varlen prefill."""
-    kc = kv_config(family, head_dim)
-    bd = configs.padded_head_dim(head_dim)
-    p = f"*{dtype}"
-    ptrs = dict(
-        Q=p, K=p, V=p, Out=p, LSE="*fp32", Part="*fp32", Count="*i32", CuQ="*i32",
-        SeqlensK="*i32", KStart="*i32", BlockTable="*i32", BatchIdx="*i32", Slopes="*fp32",
-    )  # fmt: skip
-    flags = dict(
-        HEAD_DIM=head_dim, BLOCK_D=bd, PAGE_SIZE=page_size, PAGED=True, HAS_BATCH_IDX=False,
-        HAS_KSTART=False, HAS_LEFT=False, HAS_RIGHT=True, HAS_SOFTCAP=False, HAS_ALIBI=False,
-        STORE_LSE=True, MERGE_D=kc.merge_columns(bd),
-    )  # fmt: skip
-
-    def tiles(t):
-        return dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n)
-
-    decode = [("kv_decode", kc.decode)]
-    if kc.decode_long is not None:
-        decode.append(("kv_decode_long", kc.decode_long))
-    return [
-        *((name, _kv_fwd, ptrs, dict(flags, IS_VARLEN_Q=False, SPLIT=True, **tiles(t)), t)
-          for name, t in decode),
-        ("kv_prefill", _kv_fwd, ptrs,
-         dict(flags, IS_VARLEN_Q=True, SPLIT=False, **tiles(kc.prefill)), kc.prefill),
-    ]  # fmt: skip

@@ -426,17 +426,23 @@ void put_backward(const c10::intrusive_ptr<ForwardPlan>& plan, const at::Tensor&
 
 
 // ---------------------------------------------------------------------------------------------
-// flash_attn_with_kvcache (kernels/kvcache.py): a planned decoding step that reads the cache as
-// it is (no new keys, rotary, left padding, paging or ALiBi: those keep Python's path, whose
-// tensor work they need), with q's last dimension contiguous and int32 contiguous lengths and
-// batch indices, as Python then passes them to the kernel unchanged.
+// flash_attn_with_kvcache (kernels/kvcache.py): a planned decoding step on a contiguous cache,
+// with or without new keys (rotary, left padding and batch indices included). Paged caches keep
+// Python's path, which reads the lengths on the host to check them against the block table, as
+// does a step whose tensors Python would convert first (q's last dimension strided; lengths,
+// indices or padding not int32 and contiguous; new keys or rotary tables strided).
 
-// The kernel's pointer parameters, in _kv_fwd's order (kernels/kvcache.py, _KVPlan).
+// _kv_fwd's pointer parameters (kernels/kvcache.py, _KVPlan.replay), and _kv_append's
+// (_append_pointers).
 enum { KQ, KK, KV, KOUT, KLSE, KPART, KCOUNT, KCUQ, KSEQLENS, KSTART, KTABLE, KBIDX, KSLOPES,
        N_KV };
+enum { AQ, AK, AV, AKC, AVC, AQOUT, ASEQLENS, ALENGTHS, ASTART, ATABLE, ABIDX, ACOS, ASIN,
+       N_APPEND };
 
 struct KVPlan : torch::CustomClassHolder {
   Launch launch;
+  std::optional<Launch> append;               // the cache update of a step with new keys
+  bool rotary = false;                        // the update writes rotated queries
   std::vector<int64_t> out_shape, lse_shape;  // lse_shape empty: no LSE
   int64_t part_numel = 0, count_numel = 0;    // split scratch (0: none)
   int64_t batch = 0, rows = 0;                // the whole cache's lengths where none are given
@@ -474,31 +480,43 @@ at::Tensor scratch(std::initializer_list<int64_t> what, void* stream, const at::
   return t;
 }
 
-Key kv_key(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-           const at::Tensor& seqlens, const at::Tensor& batch_idx, std::optional<double> scale,
-           bool causal, int64_t left, int64_t right, double softcap,
-           std::optional<int64_t> num_splits, bool lse, int64_t token) {
+// A step's tensors, in the order of kernels/kvcache.py's key (flash_attn_with_kvcache's
+// arguments; undefined for None).
+enum { TQ, TKC, TVC, TK, TV, TCOS, TSIN, TSEQLENS, TBIDX, TLEFTPAD, N_STEP };
+
+Key kv_key(const at::Tensor* const* t, std::optional<double> scale, bool causal, int64_t left,
+           int64_t right, double softcap, bool interleaved, std::optional<int64_t> num_splits,
+           bool lse, int64_t token) {
   Key key;
-  key.reserve(64);
+  key.reserve(96);
   key.push_back(token);
-  for (const at::Tensor* t : {&q, &k_cache, &v_cache, &seqlens, &batch_idx}) put_tensor(key, *t);
-  put_identity(key, {&q, &k_cache, &v_cache, &seqlens, &batch_idx});
+  for (int i = 0; i < N_STEP; ++i) put_tensor(key, *t[i]);
+  put_identity(key, {t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9]});
   key.insert(key.end(), {scale ? bits(*scale) : kNone, causal ? 1 : 0, left, right,
-                         bits(softcap), num_splits.value_or(kNone), lse ? 1 : 0});
+                         bits(softcap), interleaved ? 1 : 0, num_splits.value_or(kNone),
+                         lse ? 1 : 0});
   return key;
 }
 
-// A planned decoding step's out (and LSE), or None: no plan here, or its scratch cannot be
-// kept (then Python's path, which allocates its own).
+using OptT = std::optional<at::Tensor>;
+
+// A planned decoding step's out (and LSE), or None: no plan here, or its scratch cannot be kept
+// (then Python's path, which allocates its own).
 py::object kv(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-              const std::optional<at::Tensor>& seqlens_, const std::optional<at::Tensor>& bidx_,
+              const OptT& k_, const OptT& v_, const OptT& cos_, const OptT& sin_,
+              const OptT& seqlens_, const OptT& bidx_, const OptT& leftpad_,
               std::optional<double> scale, bool causal, int64_t left, int64_t right,
-              double softcap, std::optional<int64_t> num_splits, bool return_lse, int64_t token) {
-  const at::Tensor seqlens = or_undefined(seqlens_), bidx = or_undefined(bidx_);
+              double softcap, bool interleaved, std::optional<int64_t> num_splits,
+              bool return_lse, int64_t token) {
+  const at::Tensor k = or_undefined(k_), v = or_undefined(v_), cos = or_undefined(cos_),
+                   sin = or_undefined(sin_), seqlens = or_undefined(seqlens_),
+                   bidx = or_undefined(bidx_), leftpad = or_undefined(leftpad_);
+  const at::Tensor* step[N_STEP] = {&q, &k_cache, &v_cache, &k, &v, &cos, &sin,
+                                    &seqlens, &bidx, &leftpad};
   c10::intrusive_ptr<KVPlan> plan;
   try {
-    auto it = g_kv_plans.find(kv_key(q, k_cache, v_cache, seqlens, bidx, scale, causal, left,
-                                     right, softcap, num_splits, return_lse, token));
+    auto it = g_kv_plans.find(kv_key(step, scale, causal, left, right, softcap, interleaved,
+                                     num_splits, return_lse, token));
     if (it == g_kv_plans.end()) return py::none();
     plan = it->second;
   } catch (const c10::Error&) {
@@ -513,7 +531,11 @@ py::object kv(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& 
                     [&] { return at::zeros({plan->count_numel}, q.options().dtype(at::kInt)); });
     if (!part.defined() || !count.defined()) return py::none();
   }
-  if (!lengths.defined()) {
+  at::Tensor q_att = q, q_out;
+  if (plan->append) {
+    if (plan->rotary) q_out = at::empty(q.sizes(), q.options());
+    lengths = at::empty({plan->batch}, q.options().dtype(at::kInt));
+  } else if (!lengths.defined()) {
     lengths = scratch({2, plan->batch, plan->rows}, stream, q, 4 * plan->batch, [&] {
       return at::full({plan->batch}, plan->rows, q.options().dtype(at::kInt));
     });
@@ -522,44 +544,70 @@ py::object kv(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& 
   at::Tensor out = at::empty(plan->out_shape, q.options());
   at::Tensor lse;
   if (return_lse) lse = at::empty(plan->lse_shape, q.options().dtype(at::kFloat));
-  if (!aligned({&out, &lengths}) || (lse.defined() && !aligned({&lse})) ||
-      (part.defined() && !aligned({&part, &count}))) {
-    return py::none();
+  for (const at::Tensor* t : {&out, &lengths, &lse, &part, &count, &q_out}) {
+    if (t->defined() && !aligned({t})) return py::none();
   }
   const at::Tensor none;
-  const at::Tensor* tensors[N_KV] = {&q,    &k_cache, &v_cache, &out,  &lse,  &part, &count,
-                                     &none, &lengths, &none,    &none, &bidx, &none};
+  if (plan->append) {
+    const at::Tensor* a[N_APPEND] = {&q,      &k,      &v,       &k_cache, &v_cache,
+                                     &q_out,  &seqlens, &lengths, &leftpad, &none,
+                                     &bidx,   &cos,    &sin};
+    (*plan->append)(stream, a, q);
+    if (plan->rotary) q_att = q_out;
+  }
+  const at::Tensor* tensors[N_KV] = {&q_att, &k_cache, &v_cache, &out,    &lse,  &part, &count,
+                                     &none,  &lengths, &leftpad, &none,   &bidx, &none};
   plan->launch(stream, tensors, q);
   g_kv.fetch_add(1, std::memory_order_relaxed);
   if (return_lse) return py::make_tuple(out, lse);
   return py::cast(out);
 }
 
-// A Python plan handed over (kernels/_native.py put_kv): the call's inputs for its key, the
-// launch, the outputs' shapes and the split scratch's sizes. Refused (false) where a replay here
-// would pass the kernel other tensors than the call's: Python makes q contiguous, the lengths
-// and batch indices int32 contiguous.
+// A Python plan handed over (kernels/_native.py put_kv): the step's inputs for its key, the
+// launches (the update's, or None; the attention's), the outputs' shapes and the split scratch's
+// sizes. Refused (false) where a replay here would pass the kernels other tensors than Python
+// does (see above).
 bool put_kv(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-            const std::optional<at::Tensor>& seqlens_, const std::optional<at::Tensor>& bidx_,
+            const OptT& k_, const OptT& v_, const OptT& cos_, const OptT& sin_,
+            const OptT& seqlens_, const OptT& bidx_, const OptT& leftpad_,
             std::optional<double> scale, bool causal, int64_t left, int64_t right, double softcap,
-            std::optional<int64_t> num_splits, bool return_lse, int64_t token,
-            const py::tuple& desc, const std::vector<int64_t>& out_shape,
-            const std::vector<int64_t>& lse_shape, int64_t part_numel, int64_t count_numel,
-            int64_t rows) {
-  const at::Tensor seqlens = or_undefined(seqlens_), bidx = or_undefined(bidx_);
+            bool interleaved, std::optional<int64_t> num_splits, bool return_lse, int64_t token,
+            const py::object& append_desc, const py::tuple& desc,
+            const std::vector<int64_t>& out_shape, const std::vector<int64_t>& lse_shape,
+            int64_t part_numel, int64_t count_numel, int64_t rows) {
+  const at::Tensor k = or_undefined(k_), v = or_undefined(v_), cos = or_undefined(cos_),
+                   sin = or_undefined(sin_), seqlens = or_undefined(seqlens_),
+                   bidx = or_undefined(bidx_), leftpad = or_undefined(leftpad_);
   auto int32_vector = [](const at::Tensor& t) {
     return !t.defined() || (t.scalar_type() == at::kInt && t.dim() == 1 && t.is_contiguous());
   };
-  if (q.stride(-1) != 1 || !int32_vector(seqlens) || !int32_vector(bidx)) return false;
+  auto unit_last = [](const at::Tensor& t) { return !t.defined() || t.stride(-1) == 1; };
+  const bool append = k.defined();
+  if (q.stride(-1) != 1 || !int32_vector(seqlens) || !int32_vector(bidx) ||
+      !int32_vector(leftpad) || !unit_last(k) || !unit_last(v) || !unit_last(cos) ||
+      !unit_last(sin) || (append != !append_desc.is_none()) || (append && !seqlens.defined()) ||
+      (leftpad.defined() && !append)) {
+    return false;
+  }
   auto plan = c10::make_intrusive<KVPlan>();
   plan->launch = launch_from(desc);
+  bool att_defined[N_KV] = {true, true, true, true, !lse_shape.empty(), part_numel > 0,
+                            part_numel > 0, false, true, leftpad.defined(), false,
+                            bidx.defined(), false};
   for (const auto& f : plan->launch.fills) {
-    const int32_t i = f.second;
-    TORCH_CHECK(i < N_KV && i != KCUQ && i != KSTART && i != KTABLE && i != KSLOPES &&
-                    (i != KLSE || !lse_shape.empty()) &&
-                    ((i != KPART && i != KCOUNT) || part_numel > 0) &&
-                    (i != KBIDX || bidx.defined()),
-                "attnforge native: a cache launch reads tensor ", i);
+    TORCH_CHECK(f.second < N_KV && att_defined[f.second],
+                "attnforge native: a cache launch reads tensor ", f.second);
+  }
+  if (append) {
+    plan->append = launch_from(append_desc.cast<py::tuple>());
+    plan->rotary = cos.defined();
+    bool app_defined[N_APPEND] = {true, true, true, true, true, cos.defined(), true, true,
+                                  leftpad.defined(), false, bidx.defined(), cos.defined(),
+                                  sin.defined()};
+    for (const auto& f : plan->append->fills) {
+      TORCH_CHECK(f.second < N_APPEND && app_defined[f.second],
+                  "attnforge native: a cache update reads tensor ", f.second);
+    }
   }
   plan->out_shape = out_shape;
   plan->lse_shape = lse_shape;
@@ -567,9 +615,11 @@ bool put_kv(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_
   plan->count_numel = count_numel;
   plan->batch = q.size(0);
   plan->rows = rows;
+  const at::Tensor* step[N_STEP] = {&q, &k_cache, &v_cache, &k, &v, &cos, &sin,
+                                    &seqlens, &bidx, &leftpad};
   if (g_kv_plans.size() >= kMaxPlans) g_kv_plans.clear();
-  g_kv_plans[kv_key(q, k_cache, v_cache, seqlens, bidx, scale, causal, left, right, softcap,
-                    num_splits, return_lse, token)] = plan;
+  g_kv_plans[kv_key(step, scale, causal, left, right, softcap, interleaved, num_splits,
+                    return_lse, token)] = plan;
   return true;
 }
 

@@ -274,9 +274,9 @@ def verify() -> int:
 
 def verify_decode() -> int:
     """flash_attn_with_kvcache's plans against its full path, bitwise (out, LSE and the caches
-    after an append), on copies of one cache: a call records, the next replays (the Python plan,
-    which hands a cache-reading step to the native launch path), the third replays natively
-    where the step only reads the cache. Returns the number of failures."""
+    after an append), on copies of one cache: a call records (and hands a step on a contiguous
+    cache to the native launch path), the next two replay, natively where it took the step.
+    Returns the number of failures."""
     from kernels import _native as native
     from kernels import kvcache, launch
 

@@ -133,7 +133,7 @@ def _native_replays(leaves, do, call: tuple, want: tuple) -> dict | None:
         out = _call(q, k, v, call, False)
         got = (out, *torch.autograd.grad(out, (q, k, v), do))
         equal = equal and all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
-    fwd, bwd, back = _native.counts()
+    fwd, bwd, back, _ = _native.counts()
     return {"native_equal": float(equal), "native_fwd": float(fwd), "native_bwd": float(bwd),
             "native_to_python": float(back)}  # fmt: skip
 

@@ -230,10 +230,10 @@ def _replayed(slopes) -> bool:
 
 
 def _replays(fn, q, before, k_new, v_new, kw: dict, want: tuple) -> dict:
-    """The checked call three times more on copies of the caches as they were before it: the
-    first replays the plan the checked call recorded (and hands it to the native launch path
-    where it takes the call), the others replay again, natively where it does. Each output, LSE
-    and cache bitwise against ``want`` (the checked run's); how many replays each path made."""
+    """The checked call three times more on copies of the caches as they were before it,
+    replaying the plan the checked call recorded (natively where the native launch path took
+    it: a contiguous cache). Each output, LSE and cache bitwise against ``want`` (the checked
+    run's); how many replays each path made."""
     import torch
 
     from .. import _native

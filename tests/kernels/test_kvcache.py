@@ -7,7 +7,11 @@ and windows are aligned bottom-right on that length, rotary as flash_attn's appl
 judge.
 """
 
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +20,8 @@ from kernels import flash_attn_varlen_func, flash_attn_with_kvcache, kvcache
 from kernels.checks import judge
 from kernels.checks.reference import attention_ref, flash_window, rotary_ref
 from kernels.kvcache import auto_num_splits, num_splits_heuristic
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _rand(*shape, dtype, g):
@@ -407,14 +413,21 @@ def test_paged_cache_too_short_for_the_lengths_is_refused():
         flash_attn_with_kvcache(q, kc, kc.clone(), cache_seqlens=33, block_table=bt)
 
 
-def test_append_past_the_cache_raises_instead_of_writing_elsewhere():
+def test_append_past_the_cache_is_refused_or_kept_in_the_sequences_rows():
     q, kc, vc = _small()
     kc = torch.zeros(2, 32, 2, 16, dtype=torch.float16)
     vc = kc.clone()
     k = torch.ones(1, 2, 2, 16, dtype=torch.float16)
-    with pytest.raises(IndexError):
+    with pytest.raises(ValueError, match="past the cache's 32 rows"):
         flash_attn_with_kvcache(q, kc, vc, k, k.clone(), cache_seqlens=31)
-    assert not kc[1].any()  # the next sequence's rows were not written
+    assert not kc.any()  # refused before anything was written
+    # Lengths in a tensor are not read on the host: the key that fits is written, the other is
+    # not, no row of the next sequence is touched, and attention reads the 32 rows.
+    lens = torch.tensor([31], dtype=torch.int32)
+    out = flash_attn_with_kvcache(q, kc, vc, k, k.clone(), cache_seqlens=lens)
+    assert kc[0, 31].eq(1).all() and not kc[0, :31].any() and not kc[1].any()
+    want = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=torch.tensor([32], dtype=torch.int32))
+    assert torch.equal(out, want)
 
 
 # The GPU check grid's packed / kv-cache cases (kernels/checks/kvcache.py), run here on tiny shapes.
@@ -474,16 +487,63 @@ def test_a_check_case_fails_when_the_rule_does(monkeypatch):
 
 def test_every_family_has_kv_tiles_and_kernels_aot_compiles_both():
     from kernels import aot, configs
-    from kernels.kvcache import aot_kernels, kv_config
+    from kernels.kvcache_kernels import aot_kernels, kv_config
 
     for family in configs.FAMILIES:
         for d in aot.ALL_HEAD_DIMS:
             kc = kv_config(family, d)
             # A decoding step's GQA group (seqlen_q x group rows) fills one 16-row matrix tile.
             assert kc.decode.block_m == 16 and min(kc.decode.block_n, kc.prefill.block_m) >= 16
-    assert [k[0] for k in aot_kernels(128, "cdna3")] == ["kv_decode", "kv_prefill"]
+    assert [k[0] for k in aot_kernels(128, "cdna3")] == ["kv_decode", "kv_prefill", "kv_append"]
     assert [k[0] for k in aot_kernels(128, "hopper")] == [
         "kv_decode",
         "kv_decode_long",
         "kv_prefill",
+        "kv_append",
     ]
+
+
+_UPDATE_VARIANTS = """
+import json, sys
+from kernels import aot
+from kernels.kvcache_kernels import aot_kernels
+
+spec = aot.load_arches()["gfx1151"]
+((name, fn, ptrs, consts, tile),) = [j for j in aot_kernels(128, spec["family"])
+                                     if j[0] == "kv_append"]
+out = []
+for rotary in (True, False):
+    for layout in ("paged", "contig", "leftpad-bidx"):
+        c, p = dict(consts), dict(ptrs)
+        if not rotary:
+            c.update(ROT_HALF=0, BLOCK_R=1, Cos=None, Sin=None, QOut=None)
+        if layout != "paged":
+            c.update(PAGED=False, PAGE_SIZE=1, BlockTable=None)
+        if layout == "leftpad-bidx":
+            for flag, ptr in (("HAS_KSTART", "KStart"), ("HAS_BATCH_IDX", "BatchIdx")):
+                c[flag] = True
+                c.pop(ptr)
+                p[ptr] = "*i32"
+        for ptr, value in c.items():
+            if value is None:
+                p.pop(ptr, None)
+        r = aot._compile_amd("gfx1151", spec, name, fn, p, c, tile)
+        out.append([rotary, layout, r.spills, r.problems])
+print(json.dumps(out))
+"""
+
+
+def test_every_cache_update_variant_compiles_for_amd():
+    """The interpreter runs only the branches a case takes; a GPU compiles them all. Every
+    variant of the cache update a step can launch (rotary or not; paged, contiguous, with left
+    padding and batch indices) compiles for gfx1151 on the CPU, without spills."""
+    import json
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", _UPDATE_VARIANTS], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    reports = json.loads(proc.stdout.splitlines()[-1])
+    assert len(reports) == 6
+    for rotary, layout, spills, problems in reports:
+        assert spills == 0 and not problems, (rotary, layout, spills, problems)

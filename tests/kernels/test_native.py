@@ -412,19 +412,26 @@ def test_the_python_path_hands_its_plans_over(ext, monkeypatch):
         launch.clear()
 
 
-# --- flash_attn_with_kvcache (kernels/kvcache.py): a decoding step that reads the cache -------
+# --- flash_attn_with_kvcache (kernels/kvcache.py): decoding steps on a contiguous cache --------
 
-KV_FN = 0xC0
-# _kv_fwd's pointer parameters: q, k_cache, v_cache, out, lse, part, count, cu_q, seqlens_k,
-# k_start, block_table, batch_idx, slopes (indices into the call's 13 tensors).
-# A parameter per pointer the launch passes (Triton makes an unused one, None, a constexpr).
+KV_FN, APPEND_FN = 0xC0, 0xA0
+# A parameter per pointer a launch passes (Triton makes an unused one, None, a constexpr), in
+# the order of _kv_fwd's 13 pointers (q, k_cache, v_cache, out, lse, part, count, cu_q,
+# seqlens_k, k_start, block_table, batch_idx, slopes) and _kv_append's (q, k, v, k_cache,
+# v_cache, q_out, cache_seqlens, lengths, k_start, block_table, batch_idx, cos, sin).
 
 
-def kv_desc(lse=False, split=True, bidx=False):
-    used = [0, 1, 2, 3] + [4] * lse + [5, 6] * split + [8] + [11] * bidx
-    fills = [(p, t) for p, t in enumerate(used)]
+def kv_desc(lse=False, split=True, bidx=False, leftpad=False):
+    used = [0, 1, 2, 3] + [4] * lse + [5, 6] * split + [8] + [9] * leftpad + [11] * bidx
     n = len(used) + 4  # two scalars, then the two scratch pointers
-    return (KV_FN, (1, 8, 4), 128, 2048, [0] * n, fills, 0, n - 2)
+    return (KV_FN, (1, 8, 4), 128, 2048, [0] * n, list(enumerate(used)), 0, n - 2)
+
+
+def append_desc(rotary=False, bidx=False, leftpad=False):
+    used = [0, 1, 2, 3, 4] + [5] * rotary + [6, 7] + [8] * leftpad + [10] * bidx
+    used += [11, 12] * rotary
+    n = len(used) + 3
+    return (APPEND_FN, (2, 2, 1), 32, 0, [0] * n, list(enumerate(used)), 0, n - 2)
 
 
 def kv_inputs(b=2, rows=64, hq=8, hk=2, d=16):
@@ -432,17 +439,21 @@ def kv_inputs(b=2, rows=64, hq=8, hk=2, d=16):
     return q, torch.randn(b, rows, hk, d), torch.randn(b, rows, hk, d)
 
 
-def kv_args(q, kc, vc, seqlens=None, bidx=None, scale=None, causal=False, left=-1, right=-1,
-            softcap=0.0, splits=0, lse=False, token=1):  # fmt: skip
-    return (q, kc, vc, seqlens, bidx, scale, causal, left, right, softcap, splits, lse, token)
+def kv_args(q, kc, vc, k=None, v=None, cos=None, sin=None, seqlens=None, bidx=None,
+            leftpad=None, scale=None, causal=False, left=-1, right=-1, softcap=0.0,
+            interleaved=True, splits=0, lse=False, token=1):  # fmt: skip
+    return (q, kc, vc, k, v, cos, sin, seqlens, bidx, leftpad, scale, causal, left, right,
+            softcap, interleaved, splits, lse, token)  # fmt: skip
 
 
-def put_kv(ext, *a, splits=4, tiles=4):
-    q, kc, lse = a[0], a[1], a[11]
+def put_kv(ext, *a, splits=4, tiles=4, append=None):
+    q, kc, k, cos, bidx, leftpad, lse = a[0], a[1], a[3], a[5], a[8], a[9], a[17]
     lse_shape = [q.shape[0], q.shape[2], q.shape[1]] if lse else []
     part = splits * tiles * (16 * 16 + 16) if splits > 1 else 0
-    desc = kv_desc(lse, splits > 1, a[4] is not None)
-    return ext.put_kv(*a, desc, list(q.shape), lse_shape, part, tiles, kc.shape[1])
+    desc = kv_desc(lse, splits > 1, bidx is not None, leftpad is not None)
+    if append is None and k is not None:
+        append = append_desc(cos is not None, bidx is not None, leftpad is not None)
+    return ext.put_kv(*a, append, desc, list(q.shape), lse_shape, part, tiles, kc.shape[1])
 
 
 def int32s(ptr: int, n: int) -> list[int]:
@@ -459,7 +470,7 @@ def test_a_planned_decoding_step_launches_with_the_calls_tensors(ext):
     q, kc, vc = kv_inputs()
     lens = torch.tensor([10, 20], dtype=torch.int32)
     bidx = torch.tensor([1, 0], dtype=torch.int32)
-    a = kv_args(q, kc, vc, lens, bidx)
+    a = kv_args(q, kc, vc, seqlens=lens, bidx=bidx)
     assert ext.kv(*a) is None  # no plan yet
     assert put_kv(ext, *a) is True and ext.kv_size() == 1
     out = ext.kv(*a)
@@ -470,12 +481,41 @@ def test_a_planned_decoding_step_launches_with_the_calls_tensors(ext):
     assert params[4] != 0 and params[5] != 0  # the split partials and counters
     assert params[6] == ptr(lens) and params[7] == ptr(bidx)  # the call's own, unconverted
     assert ext.counts()[3] == 1
-    out, lse = ext.kv(*kv_args(q, kc, vc, lens, bidx, lse=True)) or (None, None)
-    assert out is None  # another key: the LSE was not planned
-    put_kv(ext, *kv_args(q, kc, vc, lens, bidx, lse=True))
-    out, lse = ext.kv(*kv_args(q, kc, vc, lens, bidx, lse=True))
+    assert ext.kv(*kv_args(q, kc, vc, seqlens=lens, bidx=bidx, lse=True)) is None  # another key
+    put_kv(ext, *kv_args(q, kc, vc, seqlens=lens, bidx=bidx, lse=True))
+    out, lse = ext.kv(*kv_args(q, kc, vc, seqlens=lens, bidx=bidx, lse=True))
     assert lse.shape == (2, 8, 1) and lse.dtype == torch.float32
     assert ext.take_noted()[0][4][4] == ptr(lse)
+
+
+def test_a_step_with_new_keys_updates_the_cache_then_attends(ext):
+    """The update's launch gets the new keys, the rotary tables, the call's lengths and fresh
+    rotated queries and lengths; the attention's then reads those two."""
+    ext.clear()
+    ext.take_noted()
+    q, kc, vc = kv_inputs()
+    k, v = torch.randn(2, 1, 2, 16), torch.randn(2, 1, 2, 16)
+    cos, sin = torch.randn(64, 8), torch.randn(64, 8)
+    lens = torch.tensor([10, 20], dtype=torch.int32)
+    pad = torch.tensor([2, 0], dtype=torch.int32)
+    a = kv_args(q, kc, vc, k, v, cos, sin, seqlens=lens, leftpad=pad, causal=True)
+    assert put_kv(ext, *a) is True
+    out = ext.kv(*a)
+    (fa, *_, pa), (fk, *_, pk) = ext.take_noted()  # fmt: skip
+    assert (fa, fk) == (APPEND_FN, KV_FN)
+    assert pa[:5] == [ptr(q), ptr(k), ptr(v), ptr(kc), ptr(vc)]
+    q_rot, lengths = pa[5], pa[7]
+    assert q_rot not in (0, ptr(q)) and pa[6] == ptr(lens) and pa[8] == ptr(pad)
+    assert lengths not in (0, ptr(lens)) and pa[9:11] == [ptr(cos), ptr(sin)]
+    assert pk[0] == q_rot and pk[3] == ptr(out) and pk[6] == lengths and pk[7] == ptr(pad)
+    ext.kv(*a)  # fresh rotated queries and lengths each step
+    (_, *_, pa2), _ = ext.take_noted()  # fmt: skip
+    assert pa2[7] != 0
+    without = kv_args(q, kc, vc, k, v, seqlens=lens, causal=True)
+    assert put_kv(ext, *without) is True
+    ext.kv(*without)
+    (_, *_, pa), (_, *_, pk) = ext.take_noted()  # fmt: skip
+    assert pk[0] == ptr(q) and pk[6] == pa[6]  # no rotary: the call's q; the fresh lengths
 
 
 def test_whole_cache_lengths_and_split_scratch_are_kept(ext):
@@ -505,19 +545,26 @@ def test_the_kv_key_separates_what_the_python_key_does(ext):
     ext.clear()
     q, kc, vc = kv_inputs()
     lens = torch.tensor([10, 20], dtype=torch.int32)
-    put_kv(ext, *kv_args(q, kc, vc, lens))
-    assert ext.kv(*kv_args(q, kc, vc, lens)) is not None
+    k, v = torch.randn(2, 1, 2, 16), torch.randn(2, 1, 2, 16)
+    cos, sin = torch.randn(64, 8), torch.randn(64, 8)
+    put_kv(ext, *kv_args(q, kc, vc, seqlens=lens))
+    put_kv(ext, *kv_args(q, kc, vc, k, v, cos, sin, seqlens=lens))
+    assert ext.kv(*kv_args(q, kc, vc, seqlens=lens)) is not None
+    assert ext.kv(*kv_args(q, kc, vc, k, v, cos, sin, seqlens=lens)) is not None
     misses = [
-        kv_args(q, kc, vc, None),  # whole cache against given lengths
-        kv_args(q, kc, vc, lens, scale=0.5),
-        kv_args(q, kc, vc, lens, causal=True),
-        kv_args(q, kc, vc, lens, left=8),
-        kv_args(q, kc, vc, lens, softcap=30.0),
-        kv_args(q, kc, vc, lens, splits=3),
-        kv_args(q, kc, vc, lens, token=2),
-        kv_args(q.half(), kc.half(), vc.half(), lens),
-        kv_args(q, kc[:, :32], vc[:, :32], lens),  # strides the same, rows fewer
-        kv_args(q, kc, kc, lens),  # one tensor twice
+        kv_args(q, kc, vc),  # whole cache against given lengths
+        kv_args(q, kc, vc, seqlens=lens, scale=0.5),
+        kv_args(q, kc, vc, seqlens=lens, causal=True),
+        kv_args(q, kc, vc, seqlens=lens, left=8),
+        kv_args(q, kc, vc, seqlens=lens, softcap=30.0),
+        kv_args(q, kc, vc, seqlens=lens, splits=3),
+        kv_args(q, kc, vc, seqlens=lens, token=2),
+        kv_args(q.half(), kc.half(), vc.half(), seqlens=lens),
+        kv_args(q, kc[:, :32], vc[:, :32], seqlens=lens),  # strides the same, rows fewer
+        kv_args(q, kc, kc, seqlens=lens),  # one tensor twice
+        kv_args(q, kc, vc, k, v, seqlens=lens),  # no rotary
+        kv_args(q, kc, vc, k, v, cos, sin, seqlens=lens, interleaved=False),
+        kv_args(q, kc, vc, k[:, :, :1], v[:, :, :1], cos, sin, seqlens=lens),
     ]
     for a in misses:
         assert ext.kv(*a) is None
@@ -527,20 +574,32 @@ def test_the_kv_key_separates_what_the_python_key_does(ext):
 def test_put_kv_refuses_steps_python_would_pass_other_tensors(ext):
     ext.clear()
     q, kc, vc = kv_inputs()
-    lens64 = torch.tensor([10, 20])
-    assert put_kv(ext, *kv_args(q, kc, vc, lens64)) is False  # Python converts it to int32
+    lens = torch.tensor([10, 20], dtype=torch.int32)
+    k, v = torch.randn(2, 1, 2, 16), torch.randn(2, 1, 2, 16)
     strided = torch.randn(2, 1, 8, 32)[..., ::2]
-    assert put_kv(ext, *kv_args(strided, kc, vc)) is False  # Python makes q contiguous
+    refused = [
+        kv_args(q, kc, vc, seqlens=lens.long()),  # Python converts it to int32
+        kv_args(strided, kc, vc),  # Python makes q contiguous
+        kv_args(q, kc, vc, seqlens=lens, leftpad=lens),  # Python subtracts the padding
+        kv_args(q, kc, vc, torch.randn(2, 1, 2, 32)[..., ::2], v, seqlens=lens),
+    ]
+    for a in refused:
+        assert put_kv(ext, *a) is False
     assert ext.kv_size() == 0
     bad = list(kv_desc())
-    bad[5] = [(0, 9)]  # k_start: only Python's path has one
+    bad[5] = [(0, 9)]  # k_start where the step has no padding
     with pytest.raises(RuntimeError, match="reads tensor 9"):
-        ext.put_kv(*kv_args(q, kc, vc), tuple(bad), list(q.shape), [], 0, 0, 64)
+        ext.put_kv(*kv_args(q, kc, vc), None, tuple(bad), list(q.shape), [], 0, 0, 64)
+    bad = list(append_desc())
+    bad[5] = [(0, 11)]  # cos where the step has no rotary
+    with pytest.raises(RuntimeError, match="update reads tensor 11"):
+        ext.put_kv(*kv_args(q, kc, vc, k, v, seqlens=lens), tuple(bad), kv_desc(split=False),
+                   list(q.shape), [], 0, 0, 64)  # fmt: skip
 
 
 def test_the_decoding_path_hands_its_plans_over(ext, monkeypatch):
     """The glue in kernels/kvcache.py: a step the native path misses replays the Python plan
-    and hands it over; the next is native. A step that appends keys keeps the Python plan."""
+    and hands it over; the next is native; a step with new keys likewise, with its update."""
     from kernels import kvcache
 
     monkeypatch.setattr(launch, "ENABLED", True)
@@ -576,11 +635,16 @@ def test_the_decoding_path_hands_its_plans_over(ext, monkeypatch):
 
         k_new, v_new = (torch.randn(2, 1, 2, 16).half() for _ in range(2))
         plan2, fill2 = plan_for(k=k_new, v=v_new)
+        update = Fill(append_desc(), t3=5.0)  # a stand-in cache update: fills the key cache
+        plan2.append = update
         monkeypatch.setattr(kvcache._KVPlan, "replay", _replay_with(fill2))
-        for _ in range(2):
-            kvcache.flash_attn_with_kvcache(q, kc, vc, k_new, v_new, cache_seqlens=lens)
-        assert fill2.calls == 2 and plan2.native is None and ext.counts()[3] == 0
-        assert torch.equal(kc[0, 10], k_new[0, 0]) and torch.equal(vc[1, 20], v_new[1, 0])
+        monkeypatch.setattr(kvcache._KVPlan, "replay_append", _replay_append)
+        kvcache.flash_attn_with_kvcache(q, kc, vc, k_new, v_new, cache_seqlens=lens)
+        assert update.calls == fill2.calls == 1 and torch.all(kc == 5.0) and plan2.native
+        assert ext.counts()[3] == 0
+        kvcache.flash_attn_with_kvcache(q, kc, vc, k_new, v_new, cache_seqlens=lens)
+        assert update.calls == fill2.calls == 1 and ext.counts()[3] == 1  # native
+        assert [n[0] for n in ext.take_noted()] == [APPEND_FN, KV_FN]
     finally:
         launch.clear()
         ext.clear()
@@ -596,3 +660,8 @@ def _replay_with(fill):
         return True
 
     return replay
+
+
+def _replay_append(self, pointers):
+    self.append(None, pointers)
+    return True

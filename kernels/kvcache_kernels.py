@@ -1,0 +1,553 @@
+"""The KV-cache kernels and their configs: ``_kv_fwd`` (attention against a cache, split-KV
+decoding merged by the last split, paged prefill) and ``_kv_append`` (a step's cache update);
+kernels/kvcache.py calls them (``flash_attn_with_kvcache``, paged-KV prefill). This module and
+what it imports are the sources of an AOT compile (``kernels.aot.compile_sources``): host code
+lives in kernels/kvcache.py so that changing it compiles nothing again.
+
+The kernel (``_kv_fwd``) packs the query heads of one KV head's GQA group into the rows of a tile
+(row ``r`` is query position ``r // group`` of head ``hk * group + r % group``), so a decoding step
+(seqlen_q = 1) still fills 16-row matrix tiles, and reads K/V either from a contiguous cache row
+or, paged, through the block table one key row at a time (any page size). Split-KV: with
+``num_splits > 1`` each program handles one slice of the keys and writes an fp32 partial output
+and its LSE; the last program of a tile to finish (an atomic counter) merges the slices in the
+same launch. ``num_splits=0`` picks the count so that short batches of decoding still fill the
+GPU: from a table measured per family (``DECODE_SPLIT_WAVES``), else with flash_attn's heuristic
+(``num_splits_heuristic`` in flash_api.cpp).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, replace
+
+import triton
+import triton.language as tl
+
+from . import configs
+from ._compat import patch_interpreter
+from .configs import Tile
+from .flash import _LN2, _LOG2E, _dot, _mm, _scores
+
+patch_interpreter()
+
+# fmt: off
+
+
+@triton.jit(do_not_specialize=["seqlen_q", "kv_rows", "left", "right", "num_splits"])
+def _kv_fwd(
+    Q, K, V, Out, LSE, Part, Count, CuQ, SeqlensK, KStart, BlockTable, BatchIdx, Slopes,
+    sq_b, sq_s, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, so_b, so_s, so_h, sl_b, sl_h,
+    sbt_b, sa_b, sa_h, seqlen_q, kv_rows, num_heads_k, group, qk_scale, cap_in, cap_out, left, right, num_splits,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, IS_VARLEN_Q: tl.constexpr, PAGED: tl.constexpr,
+    HAS_BATCH_IDX: tl.constexpr, HAS_KSTART: tl.constexpr, HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    SPLIT: tl.constexpr, STORE_LSE: tl.constexpr, MERGE_D: tl.constexpr,
+):
+    """One program per (row block of a GQA group, batch, kv head, key split). Split, the last
+    program of a (row block, batch, kv head) to finish merges every split's partial."""
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    split = tl.program_id(2)
+    b = pid_bh // num_heads_k
+    hk = pid_bh % num_heads_k
+    if IS_VARLEN_Q:
+        q_start = tl.load(CuQ + b)
+        seqlen_q = tl.load(CuQ + b + 1) - q_start
+    else:
+        q_start = pid_bh * 0
+    n_rows = seqlen_q * group
+    m0 = pid_m * BLOCK_M
+    if m0 >= n_rows:  # only varlen grids (never split) have such programs
+        return
+    EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
+    b64 = b.to(tl.int64)
+    seqlen_k = tl.load(SeqlensK + b)  # keys after the left padding
+    if HAS_KSTART:
+        k_start = tl.load(KStart + b)
+    else:
+        k_start = 0
+    rows = m0 + tl.arange(0, BLOCK_M)
+    row_ok = rows < n_rows
+    qi = rows // group  # query position
+    h = hk * group + (rows - qi * group)  # query head
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d[None, :] < HEAD_DIM
+    q_rows = b64 * sq_b + (q_start + qi).to(tl.int64) * sq_s + h * sq_h
+    if EVEN_D:
+        q_mask = row_ok[:, None]
+    else:
+        q_mask = row_ok[:, None] & d_ok
+    q = tl.load(Q + q_rows[:, None] + offs_d[None, :], mask=q_mask, other=0.0)
+    if HAS_ALIBI:
+        alibi2 = tl.load(Slopes + b * sa_b + h * sa_h, mask=row_ok, other=0.0) * _LOG2E
+        alibi2 = alibi2[:, None]
+    else:
+        alibi2 = 0.0
+    diag = seqlen_k - seqlen_q
+    # This split's keys, whole BLOCK_N tiles, narrowed to what the block's rows can see.
+    if SPLIT:
+        chunk = tl.cdiv(tl.cdiv(seqlen_k, num_splits), BLOCK_N) * BLOCK_N
+        lo = split * chunk
+        hi = tl.minimum(lo + chunk, seqlen_k)
+    else:
+        lo = 0
+        hi = seqlen_k
+    qi_lo = m0 // group
+    qi_hi = (tl.minimum(m0 + BLOCK_M, n_rows) - 1) // group
+    if HAS_RIGHT:
+        hi = tl.minimum(hi, qi_hi + diag + right + 1)
+    if HAS_LEFT:
+        lo = tl.maximum(lo, (tl.maximum(qi_lo + diag - left, 0) // BLOCK_N) * BLOCK_N)
+    if PAGED:
+        bt_row = BlockTable + b64 * sbt_b
+        k_base = K + hk * sk_h
+        v_base = V + hk * sv_h
+    else:
+        if HAS_BATCH_IDX:
+            cb = tl.load(BatchIdx + b).to(tl.int64)
+        else:
+            cb = b64
+        k_base = K + cb * sk_b + hk * sk_h
+        v_base = V + cb * sv_b + hk * sv_h
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    offs_n0 = tl.arange(0, BLOCK_N)
+    for n0 in tl.range(lo, hi, BLOCK_N):
+        offs_n = n0 + offs_n0
+        pos = offs_n + k_start  # row of the sequence in the cache
+        # Rows past what the cache (or block table) holds are never read, whatever the lengths.
+        key_ok = (offs_n < seqlen_k) & (pos < kv_rows)
+        if PAGED:
+            blk = tl.load(bt_row + pos // PAGE_SIZE, mask=key_ok, other=0).to(tl.int64)
+            in_page = pos % PAGE_SIZE
+            k_rows = blk * sk_b + in_page * sk_s
+            v_rows = blk * sv_b + in_page * sv_s
+        else:
+            k_rows = pos * sk_s
+            v_rows = pos * sv_s
+        if EVEN_D:
+            kv_mask = key_ok[:, None]
+        else:
+            kv_mask = key_ok[:, None] & d_ok
+        k = tl.load(k_base + k_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        qk = _mm(q, tl.trans(k))
+        rel = offs_n[None, :] - qi[:, None] - diag
+        s = _scores(qk, rel, key_ok[None, :], qk_scale, cap_in, cap_out, alibi2, left, right,
+                    HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, True)
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no inf - inf on empty rows
+        p = tl.exp2(s - m_use[:, None])
+        alpha = tl.exp2(m_i - m_use)
+        acc = acc * alpha[:, None]
+        v = tl.load(v_base + v_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        acc = _dot(p.to(v.dtype), v, acc)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        m_i = m_new
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    out = acc / l_safe[:, None]
+    lse_ln = (m_i + tl.log2(l_safe)) * _LN2
+    if EVEN_D:
+        o_mask = row_ok[:, None]
+    else:
+        o_mask = row_ok[:, None] & d_ok
+    o_rows = b64 * so_b + (q_start + qi).to(tl.int64) * so_s + h * so_h
+    if SPLIT:
+        # Partial result of this slice (an empty slice has LSE -inf and weighs nothing), as
+        # the tile's rows: split s of tile t at Part[s][t] (BLOCK_M x BLOCK_D), its LSEs after
+        # all of those. One buffer, 32-bit offsets (the host keeps it under 2**31 values) and
+        # no strides: AMD's scalar registers run out first in the merge below (a buffer
+        # resource is 4 SGPRs a base pointer).
+        n_tiles = tl.num_programs(0) * tl.num_programs(1)
+        tile = pid_bh * tl.num_programs(0) + pid_m
+        o_step = n_tiles * (BLOCK_M * BLOCK_D)
+        l_step = n_tiles * BLOCK_M
+        t_rows = tl.arange(0, BLOCK_M)
+        o_offs = t_rows[:, None] * BLOCK_D + offs_d[None, :]
+        o_at = tile * (BLOCK_M * BLOCK_D)
+        l_at = num_splits * o_step + tile * BLOCK_M  # the LSE partials follow the outputs
+        tl.store(Part + (o_at + split * o_step) + o_offs, out, mask=o_mask)
+        tl.store(Part + (l_at + split * l_step) + t_rows, tl.where(empty, float("-inf"), lse_ln),
+                 mask=row_ok)
+        # One launch instead of a second, combine kernel ("split-K with a semaphore"): every
+        # thread's stores come before the barrier, the barrier before one acquire-release
+        # increment of this row block's counter; the program that counts last sees every
+        # partial, merges them with LSE weights, and resets the counter for the next call.
+        tl.debug_barrier()
+        count = Count + tile
+        if tl.atomic_add(count, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
+            tl.store(count, 0)
+            # MERGE_D columns at a time (the merge's tiles stay small beside the main loop's),
+            # one pass with a running maximum; each split's loads are issued one split ahead
+            # of their use, so the L2 round trips overlap instead of adding up.
+            for d0 in range(0, BLOCK_D, MERGE_D):
+                offs_m = d0 + tl.arange(0, MERGE_D)
+                m_offs = t_rows[:, None] * BLOCK_D + offs_m[None, :]
+                m_mask = row_ok[:, None] & (offs_m[None, :] < HEAD_DIM)
+                o_at_s = o_at
+                l_at_s = l_at
+                m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+                macc = tl.zeros([BLOCK_M, MERGE_D], dtype=tl.float32)
+                total = tl.zeros([BLOCK_M], dtype=tl.float32)
+                lse_n = tl.load(Part + l_at_s + t_rows, mask=row_ok, other=float("-inf"))
+                o_n = tl.load(Part + o_at_s + m_offs, mask=m_mask, other=0.0)
+                for s in range(1, num_splits + 1):
+                    lse_s = lse_n
+                    o_s = o_n
+                    more = t_rows < (num_splits - s) * BLOCK_M  # all rows while splits remain
+                    l_at_s += l_step
+                    o_at_s += o_step
+                    lse_n = tl.load(Part + l_at_s + t_rows, mask=row_ok & more,
+                                    other=float("-inf"))
+                    o_n = tl.load(Part + o_at_s + m_offs, mask=m_mask & more[:, None], other=0.0)
+                    m_new = tl.maximum(m, lse_s)
+                    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+                    alpha = tl.exp2((m - m_use) * _LOG2E)
+                    w = tl.exp2((lse_s - m_use) * _LOG2E)
+                    macc = macc * alpha[:, None] + w[:, None] * o_s
+                    total = total * alpha + w
+                    m = m_new
+                m_use = tl.where(m == float("-inf"), 0.0, m)
+                none = total == 0.0
+                t_safe = tl.where(none, 1.0, total)
+                tl.store(Out + o_rows[:, None] + offs_m[None, :],
+                         (macc / t_safe[:, None]).to(Out.dtype.element_ty), mask=m_mask)
+                if STORE_LSE:
+                    lse = tl.where(none, float("inf"), m_use + tl.log(t_safe))
+                    tl.store(LSE + b64 * sl_b + h * sl_h + q_start + qi, lse,
+                             mask=row_ok & (d0 == 0))
+    else:
+        tl.store(Out + o_rows[:, None] + offs_d[None, :], out.to(Out.dtype.element_ty),
+                 mask=o_mask)
+        if STORE_LSE:
+            lse = tl.where(empty, float("inf"), lse_ln)
+            tl.store(LSE + b64 * sl_b + h * sl_h + q_start + qi, lse, mask=row_ok)
+
+
+@triton.jit
+def _round_bf16(x):
+    """fp32 ``x`` rounded to the nearest bf16 (ties to even), still fp32: the CPU interpreter
+    casts fp32 to bf16 by truncation (Triton 3.6), a GPU to the nearest."""
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _rotary_row(
+    Src, Dst, Cos, Sin, pos, seqlen_ro, s_ro_cos, s_ro_sin,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, ROT_HALF: tl.constexpr,
+    BLOCK_R: tl.constexpr, INTERLEAVED: tl.constexpr, ROUND_BF16: tl.constexpr,
+):
+    """Dst[:HEAD_DIM] = Src[:HEAD_DIM] with its first 2 * ROT_HALF dims rotated by the angle of
+    row ``pos`` of cos/sin (flash_attn's rotary: GPT-NeoX halves, or interleaved pairs; fp32,
+    then cast to the nearest; unrotated at positions past the tables). ROT_HALF 0: a copy."""
+    offs = tl.arange(0, BLOCK_D)
+    if ROT_HALF > 0:
+        r = tl.arange(0, BLOCK_R)
+        r_ok = r < ROT_HALF
+        inside = pos < seqlen_ro
+        pos64 = pos.to(tl.int64)
+        c = tl.load(Cos + pos64 * s_ro_cos + r, mask=r_ok & inside, other=1.0).to(tl.float32)
+        s = tl.load(Sin + pos64 * s_ro_sin + r, mask=r_ok & inside, other=0.0).to(tl.float32)
+        if INTERLEAVED:
+            i0 = 2 * r
+            i1 = 2 * r + 1
+        else:
+            i0 = r
+            i1 = r + ROT_HALF
+        x0 = tl.load(Src + i0, mask=r_ok, other=0.0).to(tl.float32)
+        x1 = tl.load(Src + i1, mask=r_ok, other=0.0).to(tl.float32)
+        y0 = x0 * c - x1 * s
+        y1 = x0 * s + x1 * c
+        if ROUND_BF16:
+            y0 = _round_bf16(y0)
+            y1 = _round_bf16(y1)
+        tl.store(Dst + i0, y0.to(Dst.dtype.element_ty), mask=r_ok)
+        tl.store(Dst + i1, y1.to(Dst.dtype.element_ty), mask=r_ok)
+        rest = (offs >= 2 * ROT_HALF) & (offs < HEAD_DIM)
+    else:
+        rest = offs < HEAD_DIM
+    tl.store(Dst + offs, tl.load(Src + offs, mask=rest), mask=rest)
+
+
+@triton.jit(do_not_specialize=["seqlen_new", "seqlen_q", "cache_rows", "seqlen_ro"])
+def _kv_append(
+    Q, K, V, KCache, VCache, QOut, CacheSeqlens, SeqlensK, KStart, BlockTable, BatchIdx, Cos, Sin,
+    sq_b, sq_s, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, skc_b, skc_s, skc_h, svc_b, svc_s,
+    svc_h, sqo_b, sqo_s, sqo_h, sbt_b, s_ro_cos, s_ro_sin,
+    seqlen_new, seqlen_q, num_heads_k, num_heads_q, cache_rows, seqlen_ro,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, ROT_HALF: tl.constexpr,
+    BLOCK_R: tl.constexpr, INTERLEAVED: tl.constexpr, LOCAL: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, HAS_BATCH_IDX: tl.constexpr,
+    HAS_KSTART: tl.constexpr, ROUND_BF16: tl.constexpr,
+):
+    """A step's cache update in one launch, before ``_kv_fwd``: one program per (batch, token,
+    head). Tokens below ``seqlen_new`` write the new key (rotated at cache_seqlens + token) and
+    value of a KV head into the cache; with rotary, the next ``seqlen_q`` tokens write query
+    heads rotated into QOut (at cache_seqlens + token under a causal mask or a window, else at
+    cache_seqlens). Token 0 of head 0 writes the lengths ``_kv_fwd`` reads: cache_seqlens +
+    seqlen_new, less the left padding. A key past its sequence's cache rows is not written, and
+    the lengths stop at those rows (lengths given as a tensor are not checked on the host: that
+    would wait for the GPU every step)."""
+    if ROT_HALF > 0:
+        tokens = seqlen_new + seqlen_q
+    else:
+        tokens = seqlen_new
+    pid = tl.program_id(0)
+    h = tl.program_id(1)
+    b = pid // tokens
+    t = pid - b * tokens
+    b64 = b.to(tl.int64)
+    start = tl.load(CacheSeqlens + b)
+    if (t == 0) & (h == 0):
+        n = tl.minimum(start + seqlen_new, cache_rows)  # what the cache holds of them
+        if HAS_KSTART:
+            n -= tl.load(KStart + b)
+        tl.store(SeqlensK + b, n)
+    if t < seqlen_new:
+        pos = start + t
+        if (h < num_heads_k) & (pos < cache_rows):
+            if PAGED:
+                block = tl.load(BlockTable + b64 * sbt_b + pos // PAGE_SIZE).to(tl.int64)
+                seq, row = block, (pos % PAGE_SIZE).to(tl.int64)
+            else:
+                if HAS_BATCH_IDX:
+                    seq = tl.load(BatchIdx + b).to(tl.int64)
+                else:
+                    seq = b64
+                row = pos.to(tl.int64)
+            src = b64 * sk_b + t.to(tl.int64) * sk_s + h * sk_h
+            _rotary_row(K + src, KCache + seq * skc_b + row * skc_s + h * skc_h, Cos, Sin,
+                        pos, seqlen_ro, s_ro_cos, s_ro_sin, HEAD_DIM, BLOCK_D, ROT_HALF,
+                        BLOCK_R, INTERLEAVED, ROUND_BF16)
+            src = b64 * sv_b + t.to(tl.int64) * sv_s + h * sv_h
+            _rotary_row(V + src, VCache + seq * svc_b + row * svc_s + h * svc_h, Cos, Sin,
+                        pos, seqlen_ro, s_ro_cos, s_ro_sin, HEAD_DIM, BLOCK_D, 0, BLOCK_R,
+                        INTERLEAVED, False)
+    elif ROT_HALF > 0:  # (no query tokens without rotary)
+        i = t - seqlen_new
+        if h < num_heads_q:
+            if LOCAL:
+                pos = start + i
+            else:
+                pos = start
+            i64 = i.to(tl.int64)
+            _rotary_row(Q + b64 * sq_b + i64 * sq_s + h * sq_h,
+                        QOut + b64 * sqo_b + i64 * sqo_s + h * sqo_h, Cos, Sin, pos, seqlen_ro,
+                        s_ro_cos, s_ro_sin, HEAD_DIM, BLOCK_D, ROT_HALF, BLOCK_R, INTERLEAVED,
+                        ROUND_BF16)
+
+
+# fmt: on
+
+
+# --------------------------------------------------------------------------------------------
+# configs
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KVConfig:
+    """Tiles of the cache kernel: ``decode`` when a GQA group's rows (seqlen_q x group) fit 16
+    rows, ``prefill`` otherwise; ``merge_d``: head-dim columns the last split merges at a time
+    (0: all at once)."""
+
+    decode: Tile
+    prefill: Tile
+    merge_d: int = 0
+    # The decode tile of a split launch whose splits each read at least ``long_keys`` keys
+    # (None: ``decode`` throughout).
+    decode_long: Tile | None = None
+    long_keys: int = 0
+
+    def merge_columns(self, padded_head_dim: int) -> int:
+        return min(self.merge_d or padded_head_dim, padded_head_dim)
+
+    def decode_tile(self, num_splits: int, seqlen_cache: int) -> Tile:
+        """The decode tile of a launch of ``num_splits`` splits over ``seqlen_cache`` keys."""
+        if self.decode_long is not None and num_splits > 1:
+            if seqlen_cache // num_splits >= self.long_keys:
+                return self.decode_long
+        return self.decode
+
+
+@functools.lru_cache(maxsize=256)
+def kv_config(family: str, head_dim: int) -> KVConfig:
+    """Default tiles per family and (padded) head dim; docs/kernels.md has the AOT figures."""
+    d = configs.padded_head_dim(head_dim)
+    kc = _kv_config(family, d)
+    if family == "interpreter":
+        return kc
+    newer = configs.newer_triton_tiles(family, d)
+    if "kv_prefill" in newer:
+        kc = replace(kc, prefill=newer["kv_prefill"])
+    decode = DECODE_ON_NEWER_TRITON.get((configs.triton_release(), family, d))
+    return replace(kc, decode=decode) if decode is not None else kc
+
+
+# Decode tiles where a newer Triton line (recipes/tritons.yaml) compiles the split decode with
+# the merge in the last split to more registers than the two-launch kernel it replaced: each row
+# keeps that line's spills at 0 and its occupancy at the old kernel's or above (kernels.aot,
+# 2026-11-26; the old kernel's waves in the comments).
+DECODE_ON_NEWER_TRITON = {
+    ((3, 7), "cdna4", 64): Tile(16, 32, 4, 1, 2),  # gfx950: 8 waves (7; 16x64: 6)
+    ((3, 8), "cdna4", 64): Tile(16, 32, 4, 1, 2),  # gfx950: 7 waves (7; 16x64: 6)
+    ((3, 8), "cdna3", 64): Tile(16, 64, 4, 1, 2),  # gfx942: 4 waves (4; wpe5 spills 54)
+    ((3, 8), "cdna2", 64): Tile(16, 64, 4, 1, 2),  # gfx90a: 4 waves (4; wpe5 spills 5)
+    ((3, 8), "cdna2", 128): Tile(16, 64, 4, 1, 3),  # gfx90a: 3 waves (3; wpe2: 2)
+    ((3, 9), "cdna3", 128): Tile(16, 64, 4, 1, 3),  # gfx942: 3 waves (3; wpe2: 2)
+    ((3, 9), "rdna4", 64): Tile(16, 64, 4, 1, 8),  # gfx1201: 9 waves (8; wpe2: 7)
+    ((3, 9), "rdna4", 128): Tile(16, 16, 4, 1, 2),  # gfx1201: 10 waves (9; 16x32: 8)
+}
+
+
+def _kv_config(family: str, d: int) -> KVConfig:
+    if family == "interpreter":
+        t = Tile(16, 16, 1, 1)
+        return KVConfig(t, t, merge_d=16)  # several merge chunks in the CPU tests
+    # AMD: the split merge 64 columns at a time; whole 16 x 256 fp32 tiles (three live) cost
+    # gfx1150 spills and gfx942/gfx1201 a wave of occupancy at d=256 (kernels.aot).
+    if family in ("rdna3", "rdna3.5", "rdna4"):
+        # d=128 decoding with 64-key tiles spills 93 VGPRs on gfx1151; 32-key tiles do not.
+        if d <= 64:
+            return KVConfig(Tile(16, 64, 4, 1, 2), Tile(64, 32, 4, 1, 2), 64)
+        if d <= 128:
+            return KVConfig(Tile(16, 32, 4, 1, 2), Tile(64, 32, 4, 1, 2), 64)
+        return KVConfig(Tile(16, 16, 4, 1, 1), Tile(16, 16, 4, 1, 1), 64)
+    if family in ("cdna2", "cdna3", "cdna4"):
+        if d <= 64:
+            # waves_per_eu 5 keeps gfx942's split decode at 94 VGPRs (5 waves; 99 and 4 without)
+            return KVConfig(Tile(16, 64, 4, 1, 5), Tile(128, 32, 4, 1, 2), 64)
+        if d <= 128:
+            return KVConfig(Tile(16, 64, 4, 1, 2), Tile(128, 32, 4, 1, 2), 64)
+        return KVConfig(Tile(16, 32, 4, 1, 1), Tile(64, 16, 4, 1, 1), 64)
+    if family == "hopper":
+        if d == 128:
+            # Splits of 4096 keys or more (batch 1 with 64k-128k keys) read faster with 64-key
+            # tiles: 108.7 / 193.1 against 109.7 / 195.7 us at 16 splits (docs/benchmarks.md,
+            # "Decoding at batch 1 with long caches"); shorter splits keep 128 (4k: 18.9 / 19.6).
+            return KVConfig(Tile(16, 128, 4, 3), Tile(128, 64, 8, 3),
+                            decode_long=Tile(16, 64, 4, 3), long_keys=4096)  # fmt: skip
+        if d <= 128:
+            return KVConfig(Tile(16, 128, 4, 3), Tile(128, 64, 8, 3))
+        return KVConfig(Tile(16, 64, 4, 2), Tile(64, 64, 8, 2), 64)
+    if d <= 128:  # ampere and other NVIDIA; 4-warp 64x64 prefill spills 32 bytes at d=128
+        return KVConfig(Tile(16, 128, 4, 2), Tile(64, 64, 8, 2))
+    # d=256: whole-row merging spills 4 bytes on sm80; 64 columns at a time does not.
+    return KVConfig(Tile(16, 64, 4, 2), Tile(64, 32, 8, 2), 64)
+
+
+@functools.lru_cache(maxsize=1024)
+def num_splits_heuristic(
+    work_blocks: int, num_sms: int, num_key_blocks: int, max_splits: int = 128
+) -> int:
+    """flash_attn's ``num_splits_heuristic`` (csrc/flash_attn/flash_api.cpp): the fewest splits
+    that reach 85% of the best wave efficiency, 1 when the grid nearly fills the GPU already."""
+    if work_blocks >= 0.8 * num_sms:
+        return 1
+    max_splits = min(max_splits, num_sms, num_key_blocks)
+    eff = {}
+    for n in range(1, max_splits + 1):
+        # A split count with the same keys per split as n - 1 is that count in disguise.
+        if n > 1 and -(-num_key_blocks // n) == -(-num_key_blocks // (n - 1)):
+            continue
+        waves = work_blocks * n / num_sms
+        eff[n] = waves / math.ceil(waves)
+    best = max(eff.values(), default=0.0)
+    for n in sorted(eff):
+        if eff[n] >= 0.85 * best:
+            return n
+    return 1
+
+
+# Keys a split reads at least when the count is picked for the caller: the last split merges
+# every split's partial in turn (about 0.5 µs a split on an H100), so a split should carry
+# several times that in reads. On an H100 (docs/benchmarks.md, issue 30 decode), batch 1 with
+# 4096 keys: 16 splits of 256 keys 21.8 µs, 8 of 512 18.3 µs, 4 of 1024 19.7 µs.
+MIN_SPLIT_KEYS = 512
+
+
+# Split counts measured per family, for ``num_splits=0``: ((cache keys up to, waves), ...), the
+# first row whose bound holds gives the programs a decoding step aims for, ``waves`` x the GPU's
+# SMs / CUs (rounded down to whole splits of every (row block, batch, KV head) tile), and the
+# last row's bound is None. Families not listed take flash_attn's heuristic.
+# Hopper, from two sweeps of 4-64 splits on an H100 (docs/benchmarks.md, "Decoding at batch 1
+# with long caches"): batch 1 (8 tiles) runs fastest with 8 splits up to 16k keys (4k: 18.9 us
+# against 22.1 at 16; 16k: 41.3 against 43.8 at 16 and 44.4 at flash_attn's 15) and with 16, one
+# full wave, at 64k-128k (109.7 / 195.7 against 111.9 / 201.6 at flash_attn's 14, whose
+# unfilled SMs stay idle; 24 or 33 splits cost 5-10 us more); batch 8 (64 tiles) with 1 split
+# up to 16k keys (60.4 / 188.1 against 61.6 / 189.4 at 2). AMD: untimed, flash_attn's heuristic
+# as before; an AMD runner would time ``kernels.bench --decode --splits`` and add its row here.
+DECODE_SPLIT_WAVES: dict[str, tuple[tuple[int | None, float], ...]] = {
+    "hopper": ((16384, 0.5), (None, 1.0)),
+}
+
+
+@functools.lru_cache(maxsize=1024)
+def auto_num_splits(
+    work_blocks: int, num_sms: int, seqlen_cache: int, block_n: int, family: str = ""
+) -> int:
+    """Splits for ``num_splits=0``: the family's row of ``DECODE_SPLIT_WAVES``, else flash_attn's
+    heuristic over the cache's key tiles; at most one split per ``MIN_SPLIT_KEYS`` keys."""
+    table = DECODE_SPLIT_WAVES.get(family)
+    if table is None:
+        n = num_splits_heuristic(work_blocks, num_sms, -(-seqlen_cache // block_n))
+    elif work_blocks >= 0.8 * num_sms:
+        n = 1  # the grid nearly fills the GPU already (as flash_attn's heuristic)
+    else:
+        waves = next(w for bound, w in table if bound is None or seqlen_cache <= bound)
+        n = int(num_sms * waves) // work_blocks
+    return max(1, min(n, seqlen_cache // MIN_SPLIT_KEYS))
+
+
+# One warp a (token, head) row: the update moves a few hundred bytes a program.
+APPEND_TILE = Tile(1, 1, 1, 1)
+
+
+def aot_kernels(
+    head_dim: int, family: str, dtype: str = "bf16", page_size: int = 16
+) -> list[tuple]:
+    """(name, jit fn, pointer types, constexprs, tile) of the cache kernels for ``kernels.aot``:
+    split-KV decoding from a paged cache (causal; the last split merges them all), with the long
+    splits' tile where the family has one (``kv_decode_long``), and paged varlen prefill."""
+    kc = kv_config(family, head_dim)
+    bd = configs.padded_head_dim(head_dim)
+    p = f"*{dtype}"
+    ptrs = dict(
+        Q=p, K=p, V=p, Out=p, LSE="*fp32", Part="*fp32", Count="*i32", CuQ="*i32",
+        SeqlensK="*i32", KStart="*i32", BlockTable="*i32", BatchIdx="*i32", Slopes="*fp32",
+    )  # fmt: skip
+    flags = dict(
+        HEAD_DIM=head_dim, BLOCK_D=bd, PAGE_SIZE=page_size, PAGED=True, HAS_BATCH_IDX=False,
+        HAS_KSTART=False, HAS_LEFT=False, HAS_RIGHT=True, HAS_SOFTCAP=False, HAS_ALIBI=False,
+        STORE_LSE=True, MERGE_D=kc.merge_columns(bd),
+    )  # fmt: skip
+
+    def tiles(t):
+        return dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n)
+
+    decode = [("kv_decode", kc.decode)]
+    if kc.decode_long is not None:
+        decode.append(("kv_decode_long", kc.decode_long))
+    # A step's cache update with rotary over the whole head dim (the most it does), paged.
+    append_ptrs = dict(
+        Q=p, K=p, V=p, KCache=p, VCache=p, QOut=p, CacheSeqlens="*i32", SeqlensK="*i32",
+        KStart="*i32", BlockTable="*i32", BatchIdx="*i32", Cos=p, Sin=p,
+    )  # fmt: skip
+    half = head_dim // 2 // 8 * 8
+    append = dict(
+        HEAD_DIM=head_dim, BLOCK_D=bd, ROT_HALF=half, BLOCK_R=triton.next_power_of_2(half),
+        INTERLEAVED=False, LOCAL=True, PAGE_SIZE=page_size, PAGED=True, HAS_BATCH_IDX=False,
+        HAS_KSTART=False, ROUND_BF16=False, KStart=None, BatchIdx=None,
+    )  # fmt: skip
+    return [
+        *((name, _kv_fwd, ptrs, dict(flags, IS_VARLEN_Q=False, SPLIT=True, **tiles(t)), t)
+          for name, t in decode),
+        ("kv_prefill", _kv_fwd, ptrs,
+         dict(flags, IS_VARLEN_Q=True, SPLIT=False, **tiles(kc.prefill)), kc.prefill),
+        ("kv_append", _kv_append, append_ptrs, append, APPEND_TILE),
+    ]  # fmt: skip
