@@ -18,9 +18,10 @@ flash_attn callers and diffusers' projections give; SDPA gets the transposed vie
 bf16, one query token, the whole cache visible) against every SDPA backend fed the same cache:
 the (b, s, h, d) cache transposed to SDPA's (b, h, s, d) view with ``enable_gqa=True``, no copy.
 ``--splits`` times ours at those ``num_splits`` too (``ours-sN``), the data for a family's row of
-``kvcache.DECODE_SPLIT_WAVES``.
+``kvcache_kernels.DECODE_SPLIT_WAVES``.
 ``--host`` times back-to-back calls with no L2 flush (the larger of host and GPU time per call): a
-forward at a tiny shape, and a decoding step at batch 1 with 4096 keys.
+forward at a tiny shape, and a decoding step at batch 1 with 4096 keys, without and with a new
+key appended (flash_attn's decoding loop), ours also unplanned (the full path every call).
 """
 
 from __future__ import annotations
@@ -376,7 +377,9 @@ def host_time(calls: int = 2000) -> dict:
     """Microseconds per call, back to back with no L2 flush between them (the larger of the
     host's and the GPU's time per call): the forward at a tiny shape (1, 16, 1, 64), and one
     decoding step at batch 1 with 4096 keys (the ``--decode`` table's first row, where the GPU
-    takes about 20 µs and the flush in ``do_bench`` hides a host time above that)."""
+    takes about 20 µs and the flush in ``do_bench`` hides a host time below about 80 µs),
+    without and with a new key appended at ``cache_seqlens``; ours also with the launch plans
+    off (``launch.ENABLED``: the checks, choices and Triton's launch path every call)."""
     import time
 
     import torch
@@ -571,7 +574,8 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--host",
         action="store_true",
-        help="back-to-back time per call: a tiny forward, a batch-1 decoding step",
+        help="back-to-back time per call: a tiny forward, a batch-1 decoding step (and with an "
+        "appended key)",
     )
     ap.add_argument(
         "--variant",
