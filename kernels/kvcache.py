@@ -285,6 +285,7 @@ class _KVCall:
     softcap: float
     local: bool  # queries move with the new keys (rotary)
     interleaved: bool
+    update: bool  # a cache update launch: new keys, or rotary for q
     tile: Tile
     merge_d: int
     rows: int
@@ -367,9 +368,9 @@ def _decide(
     if decoding:
         tile = kc.decode_tile(num_splits, seqlen_cache)
     return _KVCall(
-        batch, seqlen_q, seqlen_cache, seqlen_new, paged, scale, left,
-        right, cap, left is not None or right is not None, bool(rotary_interleaved), tile,
-        kc.merge_d, rows,
+        batch, seqlen_q, seqlen_cache, seqlen_new, paged, scale, left, right, cap,
+        left is not None or right is not None, bool(rotary_interleaved),
+        k is not None and (seqlen_new > 0 or rotary_cos is not None), tile, kc.merge_d, rows,
         num_splits, bool(return_softmax_lse),
     )  # fmt: skip
 
@@ -404,7 +405,7 @@ def _run(
             )
     if q.stride(-1) != 1:
         q = q.contiguous()
-    if k is not None:
+    if call.update:
         # One launch writes the new keys (rotated) and values into the cache, the rotated
         # queries and the lengths the attention reads.
         pointers = _append_pointers(q, k, v, k_cache, v_cache, cache_seqlens, k_start,
@@ -466,8 +467,7 @@ def _launch_append(call: _KVCall, pointers: tuple, launched: list | None) -> Non
         *v_cache.stride()[:3], *(q_out.stride()[:3] if rotary else (0, 0, 0)),
         block_table.stride(0) if block_table is not None else 0,
         cos.stride(0) if rotary else 0, sin.stride(0) if rotary else 0,
-        s_new, call.seqlen_q, hk, hq, call.seqlen_cache if block_table is None else
-        block_table.shape[1] * k_cache.shape[1], cos.shape[0] if rotary else 0,
+        s_new, call.seqlen_q, hk, hq, call.seqlen_cache, cos.shape[0] if rotary else 0,
         HEAD_DIM=d, BLOCK_D=bd, ROT_HALF=rot_half,
         BLOCK_R=triton.next_power_of_2(rot_half) if rotary else 1,
         INTERLEAVED=call.interleaved, LOCAL=call.local,
@@ -482,10 +482,11 @@ def _launch_append(call: _KVCall, pointers: tuple, launched: list | None) -> Non
 
 
 class _KVPlan:
-    """A recorded cache-kernel launch (``kernels.launch``) and the call's decisions. A replay
-    takes the split scratch of its own stream, and its 13 pointer arguments (in ``_kv_fwd``'s
-    order; unused ones None) must be 16-byte aligned as the recording's were (Triton
-    specialises on it); else the full launch runs."""
+    """A call's decisions and recorded launches (``kernels.launch``): the cache update's, where
+    the call has one, and the attention's. A replay takes the split scratch of its own stream,
+    and each launch's 13 pointer arguments (in the kernel's order; unused ones None) must be
+    16-byte aligned as the recording's were (Triton specialises on it); else that launch runs
+    the full way."""
 
     __slots__ = ("call", "launch", "scratch", "aligns", "append", "append_aligns", "native")
     replays = 0  # replays made in this process (kernels.check reports them)
@@ -501,7 +502,7 @@ class _KVPlan:
     def of(cls, call: _KVCall, launched: list):
         """The plan of a call's noted launches (the cache update's, where it had new keys, then
         the attention's), or None where they cannot be replayed."""
-        if len(launched) != (2 if call.seqlen_new else 1):
+        if len(launched) != (2 if call.update else 1):
             return None
         recs = [launch.record(*x[:5], x[5]) for x in launched]
         if None in recs:

@@ -547,3 +547,15 @@ def test_every_cache_update_variant_compiles_for_amd():
     assert len(reports) == 6
     for rotary, layout, spills, problems in reports:
         assert spills == 0 and not problems, (rotary, layout, spills, problems)
+
+
+def test_no_new_keys_leave_the_cache_and_the_lengths_as_given():
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 1, 4, 16, generator=g).half()
+    kc, vc = (torch.randn(2, 32, 2, 16, generator=g).half() for _ in range(2))
+    lens = torch.tensor([5, 20], dtype=torch.int32)
+    none = torch.zeros(2, 0, 2, 16, dtype=torch.float16)
+    want = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens)
+    before = kc.clone()
+    got = flash_attn_with_kvcache(q, kc, vc, none, none.clone(), cache_seqlens=lens)
+    assert torch.equal(got, want) and torch.equal(kc, before)
