@@ -189,17 +189,21 @@ def status() -> str:
     return _state
 
 
+def _activated(q) -> bool:
+    """Whether the extension is active, activating it at the first call on a GPU tensor."""
+    if _state is not None or not q.is_cuda:
+        return False
+    _activate()
+    return _mod is not None
+
+
 def forward(q, k, v, call: tuple):
     """``out`` of a planned flash_attn call (with a C++ autograd node where a gradient will be
     asked for), or None: no plan here (the Python path records one), or the native path is off.
     ``call``: kernels/interface.py's tuple (cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi,
     varlen, drop)."""
-    if _mod is None:
-        if _state is not None or not q.is_cuda:
-            return None
-        _activate()
-        if _mod is None:
-            return None
+    if _mod is None and not _activated(q):
+        return None
     cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi, varlen, drop = call
     if alibi is not None or drop is not None or not launch.ENABLED:
         return None
@@ -252,12 +256,8 @@ def kv(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_b
     """A planned ``flash_attn_with_kvcache`` step on a contiguous cache (the caller passes no
     block table, and lengths as a tensor or None): out, or (out, LSE); None where this step has
     no plan here (the Python path then hands one over) or the native path is off."""
-    if _mod is None:
-        if _state is not None or not q.is_cuda:
-            return None
-        _activate()
-        if _mod is None:
-            return None
+    if _mod is None and not _activated(q):
+        return None
     token = launch.process_token()
     if token is None:
         return None
