@@ -121,6 +121,9 @@ def test_the_only_problems_are_the_known_ones_and_the_matrix_unit_is_used(aot_su
     problems = {(r["arch"], r["head_dim"], r["kernel"]) for r in reports if r["problems"]}
     assert problems == known, f"triton {version}: {[r for r in reports if r['problems']]}"
     for r in reports:
+        if r["kernel"] == "kv_append":  # the cache update copies and rotates rows
+            assert not r["matrix_instrs"], (version, r)
+            continue
         assert any(k.startswith(("v_wmma_", "v_mfma_", "wgmma", "mma.sync"))
                    for k in r["matrix_instrs"]), (version, r["arch"], r["kernel"])  # fmt: skip
 
