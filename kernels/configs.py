@@ -402,7 +402,7 @@ def forward_config(cfg: AttnConfig, family: str, head_dim: int, max_q: int, max_
 # Triton 3.6 (the dev extra's and the cpu stack's) and lines without rows keep the tiles above.
 # Spill-free and at no lower occupancy than 3.6's figures where measured (docs/kernels.md, "On
 # every Triton a stack ships"); compile-checked only, untimed on AMD hardware. Keys of a row:
-# AttnConfig tile fields (fwd, bwd_kv, bwd_q) and ``kv_prefill`` (kernels/kvcache.py).
+# AttnConfig tile fields (fwd, bwd_kv, bwd_q) and ``kv_prefill`` (kernels/kvcache_kernels.py).
 _RDNA3 = ("rdna3", "rdna3.5")
 NEWER_TRITON_TILES = {
     **{((3, 7), f, 128): {"fwd": Tile(32, 16, 4, 1, 2)} for f in _RDNA3},
