@@ -473,9 +473,7 @@ def _launch_append(call: _KVCall, pointers: tuple, launched: list | None) -> Non
         INTERLEAVED=call.interleaved, LOCAL=call.local,
         PAGE_SIZE=k_cache.shape[1] if block_table is not None else 1,
         PAGED=block_table is not None, HAS_BATCH_IDX=batch_idx is not None,
-        HAS_KSTART=pointers[8] is not None,
-        ROUND_BF16=configs.INTERPRET and q.dtype == torch.bfloat16,
-        **APPEND_TILE.launch_options(configs.is_hip()),
+        HAS_KSTART=pointers[8] is not None, **APPEND_TILE.launch_options(configs.is_hip()),
     )  # fmt: skip
     if noted:
         launched.append((*noted[0], pointers, None))

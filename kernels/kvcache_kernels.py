@@ -228,19 +228,10 @@ def _kv_fwd(
 
 
 @triton.jit
-def _round_bf16(x):
-    """fp32 ``x`` rounded to the nearest bf16 (ties to even), still fp32: the CPU interpreter
-    casts fp32 to bf16 by truncation (Triton 3.6), a GPU to the nearest."""
-    bits = x.to(tl.uint32, bitcast=True)
-    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-    return bits.to(tl.float32, bitcast=True)
-
-
-@triton.jit
 def _rotary_row(
     Src, Dst, Cos, Sin, pos, seqlen_ro, s_ro_cos, s_ro_sin,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, ROT_HALF: tl.constexpr,
-    BLOCK_R: tl.constexpr, INTERLEAVED: tl.constexpr, ROUND_BF16: tl.constexpr,
+    BLOCK_R: tl.constexpr, INTERLEAVED: tl.constexpr,
 ):
     """Dst[:HEAD_DIM] = Src[:HEAD_DIM] with its first 2 * ROT_HALF dims rotated by the angle of
     row ``pos`` of cos/sin (flash_attn's rotary: GPT-NeoX halves, or interleaved pairs; fp32,
@@ -261,13 +252,8 @@ def _rotary_row(
             i1 = r + ROT_HALF
         x0 = tl.load(Src + i0, mask=r_ok, other=0.0).to(tl.float32)
         x1 = tl.load(Src + i1, mask=r_ok, other=0.0).to(tl.float32)
-        y0 = x0 * c - x1 * s
-        y1 = x0 * s + x1 * c
-        if ROUND_BF16:
-            y0 = _round_bf16(y0)
-            y1 = _round_bf16(y1)
-        tl.store(Dst + i0, y0.to(Dst.dtype.element_ty), mask=r_ok)
-        tl.store(Dst + i1, y1.to(Dst.dtype.element_ty), mask=r_ok)
+        tl.store(Dst + i0, (x0 * c - x1 * s).to(Dst.dtype.element_ty), mask=r_ok)
+        tl.store(Dst + i1, (x0 * s + x1 * c).to(Dst.dtype.element_ty), mask=r_ok)
         rest = (offs >= 2 * ROT_HALF) & (offs < HEAD_DIM)
     else:
         rest = offs < HEAD_DIM
@@ -283,7 +269,7 @@ def _kv_append(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, ROT_HALF: tl.constexpr,
     BLOCK_R: tl.constexpr, INTERLEAVED: tl.constexpr, LOCAL: tl.constexpr,
     PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, HAS_BATCH_IDX: tl.constexpr,
-    HAS_KSTART: tl.constexpr, ROUND_BF16: tl.constexpr,
+    HAS_KSTART: tl.constexpr,
 ):
     """A step's cache update in one launch, before ``_kv_fwd``: one program per (batch, token,
     head). Tokens below ``seqlen_new`` write the new key (rotated at cache_seqlens + token) and
@@ -323,11 +309,11 @@ def _kv_append(
             src = b64 * sk_b + t.to(tl.int64) * sk_s + h * sk_h
             _rotary_row(K + src, KCache + seq * skc_b + row * skc_s + h * skc_h, Cos, Sin,
                         pos, seqlen_ro, s_ro_cos, s_ro_sin, HEAD_DIM, BLOCK_D, ROT_HALF,
-                        BLOCK_R, INTERLEAVED, ROUND_BF16)
+                        BLOCK_R, INTERLEAVED)
             src = b64 * sv_b + t.to(tl.int64) * sv_s + h * sv_h
             _rotary_row(V + src, VCache + seq * svc_b + row * svc_s + h * svc_h, Cos, Sin,
                         pos, seqlen_ro, s_ro_cos, s_ro_sin, HEAD_DIM, BLOCK_D, 0, BLOCK_R,
-                        INTERLEAVED, False)
+                        INTERLEAVED)
     elif ROT_HALF > 0:  # (no query tokens without rotary)
         i = t - seqlen_new
         if h < num_heads_q:
@@ -338,8 +324,7 @@ def _kv_append(
             i64 = i.to(tl.int64)
             _rotary_row(Q + b64 * sq_b + i64 * sq_s + h * sq_h,
                         QOut + b64 * sqo_b + i64 * sqo_s + h * sqo_h, Cos, Sin, pos, seqlen_ro,
-                        s_ro_cos, s_ro_sin, HEAD_DIM, BLOCK_D, ROT_HALF, BLOCK_R, INTERLEAVED,
-                        ROUND_BF16)
+                        s_ro_cos, s_ro_sin, HEAD_DIM, BLOCK_D, ROT_HALF, BLOCK_R, INTERLEAVED)
 
 
 # fmt: on
@@ -542,7 +527,7 @@ def aot_kernels(
     append = dict(
         HEAD_DIM=head_dim, BLOCK_D=bd, ROT_HALF=half, BLOCK_R=triton.next_power_of_2(half),
         INTERLEAVED=False, LOCAL=True, PAGE_SIZE=page_size, PAGED=True, HAS_BATCH_IDX=False,
-        HAS_KSTART=False, ROUND_BF16=False, KStart=None, BatchIdx=None,
+        HAS_KSTART=False, KStart=None, BatchIdx=None,
     )  # fmt: skip
     return [
         *((name, _kv_fwd, ptrs, dict(flags, IS_VARLEN_Q=False, SPLIT=True, **tiles(t)), t)
