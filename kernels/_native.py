@@ -262,15 +262,25 @@ def kv(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_b
     if token is None:
         return None
     try:
-        left, right = window_size
-        return _mod.kv(
+        return _mod.kv(*_step(
             q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
-            cache_leftpad, softmax_scale, bool(causal), int(left), int(right),
-            float(softcap or 0.0), bool(rotary_interleaved), num_splits,
-            bool(return_softmax_lse), token,
-        )  # fmt: skip
+            cache_leftpad, softmax_scale, causal, window_size, softcap, rotary_interleaved,
+            num_splits, return_softmax_lse,
+        ), token)  # fmt: skip
     except (TypeError, ValueError):
         return None  # arguments of other types: Python's path says what is wrong, or plans
+
+
+def _step(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+          cache_leftpad, softmax_scale, causal, window_size, softcap, rotary_interleaved,
+          num_splits, return_softmax_lse) -> tuple:  # fmt: skip
+    """A decoding step's arguments as native.cpp's ``kv`` and ``put_kv`` take them (the window
+    as two ints, softcap None as 0); TypeError or ValueError for values of other types."""
+    left, right = window_size
+    return (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+            cache_leftpad, softmax_scale, bool(causal), int(left), int(right),
+            float(softcap or 0.0), bool(rotary_interleaved), num_splits,
+            bool(return_softmax_lse))  # fmt: skip
 
 
 def put_kv(pyplan, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
@@ -290,14 +300,14 @@ def put_kv(pyplan, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seql
         splits, tiles, tile_rows, tile_elems = pyplan.scratch or (0, 0, 0, 0)
         lse_shape = [call.batch, q.shape[2], call.seqlen_q] if call.lse else []
         try:
-            left, right = window_size
-            ok = _mod.put_kv(
+            step = _step(
                 q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
-                cache_batch_idx, cache_leftpad, softmax_scale, bool(causal), int(left),
-                int(right), float(softcap or 0.0), bool(rotary_interleaved), num_splits,
-                bool(return_softmax_lse), token, append, desc, list(q.shape), lse_shape,
-                splits * tiles * (tile_elems + tile_rows), tiles, call.seqlen_cache,
+                cache_batch_idx, cache_leftpad, softmax_scale, causal, window_size, softcap,
+                rotary_interleaved, num_splits, return_softmax_lse,
             )  # fmt: skip
+            ok = _mod.put_kv(*step, token, append, desc, list(q.shape), lse_shape,
+                             splits * tiles * (tile_elems + tile_rows), tiles,
+                             call.seqlen_cache)  # fmt: skip
         except (TypeError, ValueError):
             ok = False
     pyplan.native = ok
