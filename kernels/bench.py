@@ -5,7 +5,8 @@ causal; forward+backward 3.5x that. Times are medians of ``triton.testing.do_ben
 
     python -m kernels.bench [--quick] [--json FILE] [--variant NAME=JSON ...]
     python -m kernels.bench --workloads [--layout bshd|bhsd|both] [--mode fwd|fwd+bwd]
-    python -m kernels.bench --decode [--quick] [--splits N,N,...]
+    python -m kernels.bench --decode [--quick] [--splits N,N,...] [--batches N,...]
+                                     [--caches N,...] [--gpu-time]
     python -m kernels.bench --host
 
 The sweep shapes are made as (b, h, s, d) tensors and handed to the kernels as BSHD views (SDPA's
@@ -18,7 +19,8 @@ flash_attn callers and diffusers' projections give; SDPA gets the transposed vie
 bf16, one query token, the whole cache visible) against every SDPA backend fed the same cache:
 the (b, s, h, d) cache transposed to SDPA's (b, h, s, d) view with ``enable_gqa=True``, no copy.
 ``--splits`` times ours at those ``num_splits`` too (``ours-sN``), the data for a family's row of
-``kvcache_kernels.DECODE_SPLIT_WAVES``.
+``kvcache_kernels.DECODE_SPLIT_WAVES``. ``--gpu-time`` times each step as the GPU's work alone
+(CUDA graphs of flushed steps less the flushes), without the launch gaps ``do_bench`` includes.
 ``--host`` times back-to-back calls with no L2 flush (the larger of host and GPU time per call): a
 forward at a tiny shape, and a decoding step at batch 1 with 4096 keys, without and with a new
 key appended (flash_attn's decoding loop), ours also unplanned (the full path every call).
@@ -314,8 +316,55 @@ def _decode_providers(splits=()):
     }
 
 
-def run_decode(batches=DECODE_BATCHES, caches=DECODE_CACHES, splits=()) -> dict:
-    """Microseconds per decoding step and the K/V read rate (GB/s), per batch and cache length."""
+def graph_ms(fn, steps: int = 20, rounds: int = 5) -> float:
+    """GPU time of one call of ``fn`` alone, in ms: a CUDA graph of ``steps`` calls, each after
+    ``do_bench``'s 256 MB L2 flush, less a graph of the flushes alone (medians of ``rounds``
+    replays). No host time and no launch gaps; the warm-up runs on the capture stream, so what a
+    kernel keeps per stream (the split scratch) exists before the capture."""
+    import statistics
+
+    import torch
+
+    flush = torch.empty(int(256e6 // 4), dtype=torch.int, device="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graphs = []
+    for with_fn in (True, False):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=stream):
+            for _ in range(steps):
+                flush.zero_()
+                if with_fn:
+                    fn()
+        graphs.append(g)
+
+    def replay_ms(g) -> float:
+        times = []
+        for _ in range(rounds):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            g.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return statistics.median(times)
+
+    for g in graphs:
+        g.replay()  # the first replay uploads the graph
+    return (replay_ms(graphs[0]) - replay_ms(graphs[1])) / steps
+
+
+def run_decode(
+    batches=DECODE_BATCHES, caches=DECODE_CACHES, splits=(), gpu_time: bool = False
+) -> dict:
+    """Microseconds per decoding step and the K/V read rate (GB/s), per batch and cache length:
+    medians of ``do_bench`` (with the host's launch gaps), or with ``gpu_time`` the GPU's time
+    alone (:func:`graph_ms`)."""
     import torch
     from triton.testing import do_bench
 
@@ -333,6 +382,8 @@ def run_decode(batches=DECODE_BATCHES, caches=DECODE_CACHES, splits=()) -> dict:
 
             def step_ms(fn, a=(q, kc, vc)):
                 with torch.no_grad():
+                    if gpu_time:
+                        return graph_ms(lambda: fn(*a))
                     return do_bench(lambda: fn(*a), warmup=25, rep=100, return_mode="median")
 
             times, rates, errors = _time_each(provs, step_ms, kv_bytes / 1e6)
@@ -347,7 +398,7 @@ def run_decode(batches=DECODE_BATCHES, caches=DECODE_CACHES, splits=()) -> dict:
             print(f"decode b={b:3d} cache={s:6d} {cells}", flush=True)
             del q, kc, vc, step_ms  # step_ms holds the cache too: free it before the next
             torch.cuda.empty_cache()
-    return {"decode_rows": rows, "heads": list(DECODE_HEADS)}
+    return {"decode_rows": rows, "heads": list(DECODE_HEADS), "gpu_time": gpu_time}
 
 
 def decode_table(result) -> str:
@@ -544,6 +595,10 @@ def table(result) -> str:
     return "\n".join(lines)
 
 
+def _ints(value: str) -> tuple[int, ...]:
+    return tuple(int(n) for n in value.split(","))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m kernels.bench", description=__doc__.splitlines()[0]
@@ -567,9 +622,17 @@ def main(argv=None) -> int:
     )
     ap.add_argument(
         "--splits",
-        type=lambda v: tuple(int(n) for n in v.split(",")),
+        type=_ints,
         default=(),
         help="--decode: also time ours at these num_splits (comma-separated)",
+    )
+    ap.add_argument("--batches", type=_ints, help="--decode: these batch sizes (comma-separated)")
+    ap.add_argument("--caches", type=_ints, help="--decode: these cache lengths (comma-separated)")
+    ap.add_argument(
+        "--gpu-time",
+        action="store_true",
+        help="--decode: the GPU's time per step alone (CUDA graphs of flushed steps) instead of "
+        "do_bench's, which includes the host's launch gaps",
     )
     ap.add_argument(
         "--host",
@@ -598,7 +661,11 @@ def main(argv=None) -> int:
         return 0
     if args.decode:
         sizes = dict(batches=(1, 64), caches=(4096, 131072)) if args.quick else {}
-        result = run_decode(splits=args.splits, **sizes)
+        if args.batches:
+            sizes["batches"] = args.batches
+        if args.caches:
+            sizes["caches"] = args.caches
+        result = run_decode(splits=args.splits, gpu_time=args.gpu_time, **sizes)
         result["device"] = torch.cuda.get_device_name()
         result["torch"] = torch.__version__
         if args.json:
