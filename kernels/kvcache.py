@@ -144,13 +144,13 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def _launch(
-    q, k_cache, v_cache, out, lse, *, tile, merge_d, cu_q, seqlens_k, k_start, block_table, batch_idx,
+    q, k_cache, v_cache, out, lse, *, tile, config, cu_q, seqlens_k, k_start, block_table, batch_idx,
     slopes, sa, batch, seqlen_q, max_rows, kv_rows, scale, left, right, softcap, num_splits,
     varlen, launched: list | None = None,
 ):  # fmt: skip
     """Run the cache kernel into ``out`` (and ``lse`` unless it is None): one launch, split or
     not. Pointers a launch does not use go as None (nothing for the launcher to convert).
-    ``launched``: a list that gets the launch, its 13 pointer arguments and its split scratch's
+    ``config``: the KV config whose merge shape a split launch takes. ``launched``: a list that gets the launch, its 13 pointer arguments and its split scratch's
     shape (for :class:`_KVPlan`)."""
     d, hq, hk = q.shape[-1], q.shape[-2], k_cache.shape[-2]
     if softcap > 0:
@@ -187,7 +187,7 @@ def _launch(
         IS_VARLEN_Q=varlen, PAGED=block_table is not None, HAS_BATCH_IDX=batch_idx is not None,
         HAS_KSTART=k_start is not None, HAS_LEFT=left is not None, HAS_RIGHT=right is not None,
         HAS_SOFTCAP=softcap > 0, HAS_ALIBI=slopes is not None, SPLIT=part is not None,
-        STORE_LSE=lse is not None, MERGE_D=min(merge_d or bd, bd), **_launch_options(tile),
+        STORE_LSE=lse is not None, **config.merge(bd), **_launch_options(tile),
     )  # fmt: skip
     if noted:
         pointers = (q, k_cache, v_cache, out, lse, part, count, cu_q, seqlens_k, k_start,
@@ -287,7 +287,7 @@ class _KVCall:
     interleaved: bool
     update: bool  # a cache update launch: new keys, or rotary for q
     tile: Tile
-    merge_d: int
+    config: KVConfig  # the split merge's shape (``tile`` is the launch's tile)
     rows: int
     num_splits: int
     lse: bool
@@ -370,7 +370,7 @@ def _decide(
     return _KVCall(
         batch, seqlen_q, seqlen_cache, seqlen_new, paged, scale, left, right, cap,
         left is not None or right is not None, bool(rotary_interleaved),
-        k is not None and (seqlen_new > 0 or rotary_cos is not None), tile, kc.merge_d, rows,
+        k is not None and (seqlen_new > 0 or rotary_cos is not None), tile, kc, rows,
         num_splits, bool(return_softmax_lse),
     )  # fmt: skip
 
@@ -425,7 +425,7 @@ def _run(
                                        block_table, cache_batch_idx):  # fmt: skip
         slopes, sa_b, sa_h = arguments.alibi_slopes(alibi_slopes, batch, q.shape[2], device)
         _launch(
-            q, k_cache, v_cache, out, lse, tile=call.tile, merge_d=call.merge_d, cu_q=None,
+            q, k_cache, v_cache, out, lse, tile=call.tile, config=call.config, cu_q=None,
             seqlens_k=seqlens_k, k_start=k_start, block_table=block_table,
             batch_idx=cache_batch_idx, slopes=slopes, sa=(sa_b, sa_h), batch=batch,
             seqlen_q=call.seqlen_q, max_rows=call.rows, kv_rows=call.seqlen_cache,
@@ -582,7 +582,7 @@ def paged_varlen_forward(
     max_rows = int(max_seqlen_q) * (hq // hk)
     _launch(
         q, k_cache, v_cache, out, lse, cu_q=cu_q, seqlens_k=seqlens_k, k_start=None,
-        tile=kc.decode if max_rows <= kc.decode.block_m else kc.prefill, merge_d=kc.merge_d,
+        tile=kc.decode if max_rows <= kc.decode.block_m else kc.prefill, config=kc,
         block_table=block_table, batch_idx=None, slopes=slopes, sa=(sa_b, sa_h), batch=batch,
         seqlen_q=int(max_seqlen_q), max_rows=max_rows,
         kv_rows=seqlen_cache, scale=scale,

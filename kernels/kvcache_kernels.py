@@ -44,6 +44,7 @@ def _kv_fwd(
     HAS_BATCH_IDX: tl.constexpr, HAS_KSTART: tl.constexpr, HAS_LEFT: tl.constexpr,
     HAS_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     SPLIT: tl.constexpr, STORE_LSE: tl.constexpr, MERGE_D: tl.constexpr,
+    MERGE_M: tl.constexpr, MERGE_S: tl.constexpr,
 ):
     """One program per (row block of a GQA group, batch, kv head, key split). Split, the last
     program of a (row block, batch, kv head) to finish merges every split's partial."""
@@ -180,45 +181,53 @@ def _kv_fwd(
         count = Count + tile
         if tl.atomic_add(count, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
             tl.store(count, 0)
-            # MERGE_D columns at a time (the merge's tiles stay small beside the main loop's),
-            # one pass with a running maximum; each split's loads are issued one split ahead
-            # of their use, so the L2 round trips overlap instead of adding up.
-            for d0 in range(0, BLOCK_D, MERGE_D):
-                offs_m = d0 + tl.arange(0, MERGE_D)
-                m_offs = t_rows[:, None] * BLOCK_D + offs_m[None, :]
-                m_mask = row_ok[:, None] & (offs_m[None, :] < HEAD_DIM)
-                o_at_s = o_at
-                l_at_s = l_at
-                m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-                macc = tl.zeros([BLOCK_M, MERGE_D], dtype=tl.float32)
-                total = tl.zeros([BLOCK_M], dtype=tl.float32)
-                lse_n = tl.load(Part + l_at_s + t_rows, mask=row_ok, other=float("-inf"))
-                o_n = tl.load(Part + o_at_s + m_offs, mask=m_mask, other=0.0)
-                for s in range(1, num_splits + 1):
-                    lse_s = lse_n
-                    o_s = o_n
-                    more = t_rows < (num_splits - s) * BLOCK_M  # all rows while splits remain
-                    l_at_s += l_step
-                    o_at_s += o_step
-                    lse_n = tl.load(Part + l_at_s + t_rows, mask=row_ok & more,
-                                    other=float("-inf"))
-                    o_n = tl.load(Part + o_at_s + m_offs, mask=m_mask & more[:, None], other=0.0)
-                    m_new = tl.maximum(m, lse_s)
-                    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-                    alpha = tl.exp2((m - m_use) * _LOG2E)
-                    w = tl.exp2((lse_s - m_use) * _LOG2E)
-                    macc = macc * alpha[:, None] + w[:, None] * o_s
-                    total = total * alpha + w
-                    m = m_new
-                m_use = tl.where(m == float("-inf"), 0.0, m)
-                none = total == 0.0
-                t_safe = tl.where(none, 1.0, total)
-                tl.store(Out + o_rows[:, None] + offs_m[None, :],
-                         (macc / t_safe[:, None]).to(Out.dtype.element_ty), mask=m_mask)
-                if STORE_LSE:
-                    lse = tl.where(none, float("inf"), m_use + tl.log(t_safe))
-                    tl.store(LSE + b64 * sl_b + h * sl_h + q_start + qi, lse,
-                             mask=row_ok & (d0 == 0))
+            # The merge is the tail every split waits for. It reads MERGE_M rows x MERGE_S splits
+            # x MERGE_D columns of partials (and their LSEs) in one load, over the rows that
+            # exist, with a running maximum across chunks of splits: a decoding step's GQA group
+            # (4 of the tile's 16 rows) with up to MERGE_S splits takes one L2 round trip, not
+            # one a split; a tile of 16 real rows takes 4 a chunk of splits.
+            n_real = tl.minimum(n_rows - m0, BLOCK_M)  # the tile's rows that exist
+            mr = tl.arange(0, MERGE_M)
+            ms = tl.arange(0, MERGE_S)
+            md = tl.arange(0, MERGE_D)
+            for r0 in range(0, n_real, MERGE_M):
+                r = r0 + mr
+                r_ok = r < n_real
+                g_rows = m0 + r
+                g_qi = g_rows // group
+                g_h = hk * group + (g_rows - g_qi * group)
+                g_out = b64 * so_b + (q_start + g_qi).to(tl.int64) * so_s + g_h * so_h
+                for d0 in range(0, BLOCK_D, MERGE_D):
+                    cols = d0 + md
+                    c_ok = cols < HEAD_DIM
+                    m = tl.full([MERGE_M], float("-inf"), dtype=tl.float32)
+                    total = tl.zeros([MERGE_M], dtype=tl.float32)
+                    macc = tl.zeros([MERGE_M, MERGE_D], dtype=tl.float32)
+                    for s0 in range(0, num_splits, MERGE_S):
+                        s = s0 + ms
+                        rs_ok = r_ok[:, None] & (s[None, :] < num_splits)
+                        lse_s = tl.load(Part + l_at + s[None, :] * l_step + r[:, None],
+                                        mask=rs_ok, other=float("-inf"))
+                        o_s = tl.load(Part + o_at + s[None, :, None] * o_step
+                                      + (r[:, None, None] * BLOCK_D + cols[None, None, :]),
+                                      mask=rs_ok[:, :, None] & c_ok[None, None, :], other=0.0)
+                        m_new = tl.maximum(m, tl.max(lse_s, 1))
+                        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+                        alpha = tl.exp2((m - m_use) * _LOG2E)
+                        w = tl.exp2((lse_s - m_use[:, None]) * _LOG2E)
+                        macc = macc * alpha[:, None] + tl.sum(w[:, :, None] * o_s, 1)
+                        total = total * alpha + tl.sum(w, 1)
+                        m = m_new
+                    m_use = tl.where(m == float("-inf"), 0.0, m)
+                    none = total == 0.0
+                    t_safe = tl.where(none, 1.0, total)
+                    tl.store(Out + g_out[:, None] + cols[None, :],
+                             (macc / t_safe[:, None]).to(Out.dtype.element_ty),
+                             mask=r_ok[:, None] & c_ok[None, :])
+                    if STORE_LSE:
+                        lse = tl.where(none, float("inf"), m_use + tl.log(t_safe))
+                        tl.store(LSE + b64 * sl_b + g_h * sl_h + q_start + g_qi, lse,
+                                 mask=r_ok & (d0 == 0))
     else:
         tl.store(Out + o_rows[:, None] + offs_d[None, :], out.to(Out.dtype.element_ty),
                  mask=o_mask)
@@ -338,19 +347,23 @@ def _kv_append(
 @dataclass(frozen=True)
 class KVConfig:
     """Tiles of the cache kernel: ``decode`` when a GQA group's rows (seqlen_q x group) fit 16
-    rows, ``prefill`` otherwise; ``merge_d``: head-dim columns the last split merges at a time
-    (0: all at once)."""
+    rows, ``prefill`` otherwise. The last split merges ``merge_rows`` rows x ``merge_splits``
+    splits x ``merge_d`` head-dim columns (0: all) of partials at a time."""
 
     decode: Tile
     prefill: Tile
     merge_d: int = 0
+    merge_rows: int = 4
+    merge_splits: int = 8
     # The decode tile of a split launch whose splits each read at least ``long_keys`` keys
     # (None: ``decode`` throughout).
     decode_long: Tile | None = None
     long_keys: int = 0
 
-    def merge_columns(self, padded_head_dim: int) -> int:
-        return min(self.merge_d or padded_head_dim, padded_head_dim)
+    def merge(self, padded_head_dim: int) -> dict[str, int]:
+        """The merge's constexprs for a launch at this padded head dim."""
+        return dict(MERGE_M=self.merge_rows, MERGE_S=self.merge_splits,
+                    MERGE_D=min(self.merge_d or padded_head_dim, padded_head_dim))  # fmt: skip
 
     def decode_tile(self, num_splits: int, seqlen_cache: int) -> Tile:
         """The decode tile of a launch of ``num_splits`` splits over ``seqlen_cache`` keys."""
@@ -370,8 +383,12 @@ def kv_config(family: str, head_dim: int) -> KVConfig:
     newer = configs.newer_triton_tiles(family, d)
     if "kv_prefill" in newer:
         kc = replace(kc, prefill=newer["kv_prefill"])
-    decode = DECODE_ON_NEWER_TRITON.get((configs.triton_release(), family, d))
-    return replace(kc, decode=decode) if decode is not None else kc
+    line = (configs.triton_release(), family, d)
+    decode = DECODE_ON_NEWER_TRITON.get(line)
+    if decode is not None:
+        kc = replace(kc, decode=decode)
+    merge_d = MERGE_D_ON_NEWER_TRITON.get(line)
+    return replace(kc, merge_d=merge_d) if merge_d is not None else kc
 
 
 # Decode tiles where a newer Triton line (recipes/tritons.yaml) compiles the split decode with
@@ -389,11 +406,24 @@ DECODE_ON_NEWER_TRITON = {
     ((3, 9), "rdna4", 128): Tile(16, 16, 4, 1, 2),  # gfx1201: 10 waves (9; 16x32: 8)
 }
 
+# The split merge's columns a load (``KVConfig.merge_d``) where a newer Triton line compiles the
+# merge of 4 rows x 8 splits to fewer waves than the one-split-at-a-time merge it replaced on
+# that line (kernels.aot, 2026-11-26; that merge's registers and waves, then 4 x 8 x the row's):
+# fewer columns a load, more loads, the same waves.
+MERGE_D_ON_NEWER_TRITON = {
+    ((3, 7), "cdna4", 64): 32,  # gfx950: 60 VGPRs, 8 waves (76, 6); 4 x 8 x 32: 60, 8
+    ((3, 8), "cdna4", 64): 32,  # gfx950: 68, 7 (78, 6); 67, 7
+    ((3, 8), "hopper", 128): 64,  # sm90: 164 registers, 3 blocks (191, 2); 165, 3
+    ((3, 9), "hopper", 64): 16,  # sm90: 93, 5 (128, 4); 4 x 8 x 16: 96, 5
+    ((3, 9), "hopper", 128): 64,  # sm90: 164, 3 (193, 2); 165, 3
+}
+
 
 def _kv_config(family: str, d: int) -> KVConfig:
     if family == "interpreter":
         t = Tile(16, 16, 1, 1)
-        return KVConfig(t, t, merge_d=16)  # several merge chunks in the CPU tests
+        # several chunks of rows, splits and columns in the CPU tests
+        return KVConfig(t, t, merge_d=16, merge_rows=2, merge_splits=2)
     # AMD: the split merge 64 columns at a time; whole 16 x 256 fp32 tiles (three live) cost
     # gfx1150 spills and gfx942/gfx1201 a wave of occupancy at d=256 (kernels.aot).
     if family in ("rdna3", "rdna3.5", "rdna4"):
@@ -509,7 +539,7 @@ def aot_kernels(
     flags = dict(
         HEAD_DIM=head_dim, BLOCK_D=bd, PAGE_SIZE=page_size, PAGED=True, HAS_BATCH_IDX=False,
         HAS_KSTART=False, HAS_LEFT=False, HAS_RIGHT=True, HAS_SOFTCAP=False, HAS_ALIBI=False,
-        STORE_LSE=True, MERGE_D=kc.merge_columns(bd),
+        STORE_LSE=True, **kc.merge(bd),
     )  # fmt: skip
 
     def tiles(t):

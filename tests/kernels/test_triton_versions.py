@@ -207,3 +207,21 @@ def test_each_triton_line_gets_its_own_rows(on_triton):
     assert configs.config_for("rdna3.5", 64) == old["rdna3.5", 64]
     on_triton((3, 10))  # a line without rows keeps the tiles 3.6 measured
     assert configs.config_for("rdna3.5", 128) == old["rdna3.5", 128]
+
+
+def test_a_newer_line_can_merge_fewer_columns_a_load(on_triton):
+    """MERGE_D_ON_NEWER_TRITON: fewer columns a merge load where a line lost a wave, only there."""
+    from kernels.kvcache import kv_config
+
+    on_triton((3, 6))
+    measured = {(f, d): kv_config(f, d) for f in ("hopper", "cdna4") for d in (64, 128)}
+    assert measured["hopper", 128].merge(128) == dict(MERGE_M=4, MERGE_S=8, MERGE_D=128)
+    on_triton((3, 8))
+    assert kv_config("hopper", 128).merge(128)["MERGE_D"] == 64
+    assert kv_config("cdna4", 64).merge(64)["MERGE_D"] == 32
+    assert kv_config("hopper", 64) == measured["hopper", 64]
+    on_triton((3, 9))
+    assert kv_config("hopper", 64).merge(64)["MERGE_D"] == 16
+    assert kv_config("cdna4", 64) == measured["cdna4", 64]  # no 3.9 row for it
+    on_triton((3, 10))
+    assert {(f, d): kv_config(f, d) for f in ("hopper", "cdna4") for d in (64, 128)} == measured
