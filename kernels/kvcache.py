@@ -150,8 +150,9 @@ def _launch(
 ):  # fmt: skip
     """Run the cache kernel into ``out`` (and ``lse`` unless it is None): one launch, split or
     not. Pointers a launch does not use go as None (nothing for the launcher to convert).
-    ``config``: the KV config whose merge shape a split launch takes. ``launched``: a list that gets the launch, its 13 pointer arguments and its split scratch's
-    shape (for :class:`_KVPlan`)."""
+    ``config``: the KV config whose merge shape a split launch takes. ``launched``: a list that
+    gets the launch, its 13 pointer arguments and its split scratch's shape (for
+    :class:`_KVPlan`)."""
     d, hq, hk = q.shape[-1], q.shape[-2], k_cache.shape[-2]
     if softcap > 0:
         cap_in, cap_out = scale / softcap, softcap * LOG2E
