@@ -362,12 +362,13 @@ def _decide(
     kc = kv_config(family, d)
     decoding = rows <= kc.decode.block_m
     tile = kc.decode if decoding else kc.prefill
+    work = batch * hk * _cdiv(rows, tile.block_m)
+    sms = _num_sms(device)
     if num_splits is None or num_splits < 1:
-        work = batch * hk * _cdiv(rows, tile.block_m)
-        num_splits = auto_num_splits(work, _num_sms(device), seqlen_cache, tile.block_n, family)
+        num_splits = auto_num_splits(work, sms, seqlen_cache, tile.block_n, family)
     num_splits = max(1, min(int(num_splits), 128, _cdiv(seqlen_cache, tile.block_n)))
     if decoding:
-        tile = kc.decode_tile(num_splits, seqlen_cache)
+        tile = kc.decode_tile(num_splits, seqlen_cache, work * num_splits, sms)
     return _KVCall(
         batch, seqlen_q, seqlen_cache, seqlen_new, paged, scale, left, right, cap,
         left is not None or right is not None, bool(rotary_interleaved),

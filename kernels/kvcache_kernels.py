@@ -355,8 +355,8 @@ class KVConfig:
     merge_d: int = 0
     merge_rows: int = 4
     merge_splits: int = 8
-    # The decode tile of a split launch whose splits each read at least ``long_keys`` keys
-    # (None: ``decode`` throughout).
+    # The decode tile of a launch that fills one wave of the GPU (``decode_tile``) and whose
+    # programs each read at least ``long_keys`` keys (None: ``decode`` throughout).
     decode_long: Tile | None = None
     long_keys: int = 0
 
@@ -365,12 +365,14 @@ class KVConfig:
         return dict(MERGE_M=self.merge_rows, MERGE_S=self.merge_splits,
                     MERGE_D=min(self.merge_d or padded_head_dim, padded_head_dim))  # fmt: skip
 
-    def decode_tile(self, num_splits: int, seqlen_cache: int) -> Tile:
-        """The decode tile of a launch of ``num_splits`` splits over ``seqlen_cache`` keys."""
-        if self.decode_long is not None and num_splits > 1:
-            if seqlen_cache // num_splits >= self.long_keys:
-                return self.decode_long
-        return self.decode
+    def decode_tile(self, num_splits: int, seqlen_cache: int, programs: int, num_sms: int) -> Tile:
+        """The decode tile of a launch of ``programs`` programs (``num_splits`` splits over
+        ``seqlen_cache`` keys) on ``num_sms`` SMs / CUs: ``decode_long`` where the programs fill
+        one wave (80-100% of the SMs, as ``num_splits_heuristic`` counts a full grid) and each
+        reads at least ``long_keys`` keys."""
+        if self.decode_long is None or seqlen_cache // num_splits < self.long_keys:
+            return self.decode
+        return self.decode_long if 0.8 * num_sms <= programs <= num_sms else self.decode
 
 
 @functools.lru_cache(maxsize=256)
@@ -435,16 +437,20 @@ def _kv_config(family: str, d: int) -> KVConfig:
         return KVConfig(Tile(16, 16, 4, 1, 1), Tile(16, 16, 4, 1, 1), 64)
     if family in ("cdna2", "cdna3", "cdna4"):
         if d <= 64:
-            # waves_per_eu 5 keeps gfx942's split decode at 94 VGPRs (5 waves; 99 and 4 without)
+            # waves_per_eu 5 kept gfx942's split decode at 5 waves while the merge read one
+            # split at a time (99 VGPRs and 4 waves without); with the merge in one load, 92 (96
+            # without), 5 waves either way
             return KVConfig(Tile(16, 64, 4, 1, 5), Tile(128, 32, 4, 1, 2), 64)
         if d <= 128:
             return KVConfig(Tile(16, 64, 4, 1, 2), Tile(128, 32, 4, 1, 2), 64)
         return KVConfig(Tile(16, 32, 4, 1, 1), Tile(64, 16, 4, 1, 1), 64)
     if family == "hopper":
         if d == 128:
-            # Splits of 4096 keys or more (batch 1 with 64k-128k keys) read faster with 64-key
-            # tiles: 108.7 / 193.1 against 109.7 / 195.7 us at 16 splits (docs/benchmarks.md,
-            # "Decoding at batch 1 with long caches"); shorter splits keep 128 (4k: 18.9 / 19.6).
+            # Programs of 4096 keys or more read faster with 64-key tiles where they fill one
+            # wave (batch 1 at 16 splits, batch 16 at 1), slower at half a wave (batch 4 x 16k at
+            # 2 splits: 122.2 against 100.0 us) or at two and more (batch 64: 12.0 against 11.1
+            # ms); shorter splits keep 128 (docs/benchmarks.md, "The long-split tile where a
+            # launch fills one wave").
             return KVConfig(Tile(16, 128, 4, 3), Tile(128, 64, 8, 3),
                             decode_long=Tile(16, 64, 4, 3), long_keys=4096)  # fmt: skip
         if d <= 128:

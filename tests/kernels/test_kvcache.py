@@ -338,23 +338,28 @@ def test_hopper_split_counts_follow_the_measured_table(work, cache, expected):
 
 
 @pytest.mark.parametrize(
-    "splits, cache, long",
+    "batch, splits, cache, long",
     [
-        (16, 65536, True),  # 4096 keys a split
-        (16, 65535, False),
-        (8, 16384, False),
-        (2, 65536, True),
-        (1, 131072, False),  # one split: no merge, the measured default tile
+        (1, 16, 65536, True),  # 128 programs of 4096 keys on 132 SMs: one wave
+        (1, 16, 65535, False),  # 4095 keys a program
+        (1, 8, 16384, False),
+        (8, 2, 65536, True),
+        (16, 1, 4096, True),  # one split fills the wave too
+        (4, 2, 16384, False),  # 64 programs: half a wave
+        (12, 1, 131072, False),  # 96 programs: under 80% of the SMs
+        (32, 1, 131072, False),  # 256 programs: two waves
+        (1, 17, 131072, False),  # 136 programs: over one wave
     ],
 )
-def test_hopper_d128_long_splits_take_the_64_key_tile(splits, cache, long):
+def test_hopper_d128_programs_that_fill_one_wave_take_the_64_key_tile(batch, splits, cache, long):
     kc = kvcache.kv_config("hopper", 128)
-    tile = kc.decode_tile(splits, cache)
+    programs = batch * 8 * splits  # 8 KV heads, one 16-row tile each (GQA 32/8, one query)
+    tile = kc.decode_tile(splits, cache, programs, 132)
     assert tile == (kc.decode_long if long else kc.decode)
     assert kc.decode_long.block_n == 64 and kc.decode.block_n == 128
     # Other head dims and families have no long tile.
     assert (
-        kvcache.kv_config("hopper", 64).decode_tile(splits, cache)
+        kvcache.kv_config("hopper", 64).decode_tile(splits, cache, programs, 132)
         == kvcache.kv_config("hopper", 64).decode
     )
 
