@@ -385,40 +385,36 @@ def kv_config(family: str, head_dim: int) -> KVConfig:
     newer = configs.newer_triton_tiles(family, d)
     if "kv_prefill" in newer:
         kc = replace(kc, prefill=newer["kv_prefill"])
-    line = (configs.triton_release(), family, d)
-    decode = DECODE_ON_NEWER_TRITON.get(line)
-    if decode is not None:
-        kc = replace(kc, decode=decode)
-    merge_d = MERGE_D_ON_NEWER_TRITON.get(line)
-    return replace(kc, merge_d=merge_d) if merge_d is not None else kc
+    return replace(kc, **DECODE_ON_NEWER_TRITON.get((configs.triton_release(), family, d), {}))
 
 
-# Decode tiles where a newer Triton line (recipes/tritons.yaml) compiles the split decode with
-# the merge in the last split to more registers than the two-launch kernel it replaced: each row
-# keeps that line's spills at 0 and its occupancy at the old kernel's or above (kernels.aot,
-# 2026-11-26; the old kernel's waves in the comments).
+# The split decode's KVConfig fields where a newer Triton line (recipes/tritons.yaml) compiles it
+# to more registers than the kernel it replaced on that line (kernels.aot, 2026-11-26): each row
+# keeps the line's spills at 0 and its occupancy at the old kernel's or above.
+# - ``decode``: tiles where the merge in the last split cost a wave against the two-launch kernel
+#   (the comments: waves with the row's tile, then the old kernel's and the 3.6 tile's).
+# - ``merge_d``: fewer columns a merge load where the merge of 4 rows x 8 splits cost a wave
+#   against the merge one split at a time (the comments: that merge's registers and waves, then
+#   4 x 8 x the row's, then the row's).
 DECODE_ON_NEWER_TRITON = {
-    ((3, 7), "cdna4", 64): Tile(16, 32, 4, 1, 2),  # gfx950: 8 waves (7; 16x64: 6)
-    ((3, 8), "cdna4", 64): Tile(16, 32, 4, 1, 2),  # gfx950: 7 waves (7; 16x64: 6)
-    ((3, 8), "cdna3", 64): Tile(16, 64, 4, 1, 2),  # gfx942: 4 waves (4; wpe5 spills 54)
-    ((3, 8), "cdna2", 64): Tile(16, 64, 4, 1, 2),  # gfx90a: 4 waves (4; wpe5 spills 5)
-    ((3, 8), "cdna2", 128): Tile(16, 64, 4, 1, 3),  # gfx90a: 3 waves (3; wpe2: 2)
-    ((3, 9), "cdna3", 128): Tile(16, 64, 4, 1, 3),  # gfx942: 3 waves (3; wpe2: 2)
-    ((3, 9), "rdna4", 64): Tile(16, 64, 4, 1, 8),  # gfx1201: 9 waves (8; wpe2: 7)
-    ((3, 9), "rdna4", 128): Tile(16, 16, 4, 1, 2),  # gfx1201: 10 waves (9; 16x32: 8)
-}
-
-# The split merge's columns a load (``KVConfig.merge_d``) where a newer Triton line compiles the
-# merge of 4 rows x 8 splits to fewer waves than the one-split-at-a-time merge it replaced on
-# that line (kernels.aot, 2026-11-26; that merge's registers and waves, then 4 x 8 x the row's):
-# fewer columns a load, more loads, the same waves.
-MERGE_D_ON_NEWER_TRITON = {
-    ((3, 7), "cdna4", 64): 32,  # gfx950: 60 VGPRs, 8 waves (76, 6); 4 x 8 x 32: 60, 8
-    ((3, 8), "cdna4", 64): 32,  # gfx950: 68, 7 (78, 6); 67, 7
-    ((3, 8), "hopper", 128): 64,  # sm90: 164 registers, 3 blocks (191, 2); 165, 3
-    ((3, 9), "hopper", 64): 16,  # sm90: 93, 5 (128, 4); 4 x 8 x 16: 96, 5
-    ((3, 9), "hopper", 128): 64,  # sm90: 164, 3 (193, 2); 165, 3
-}
+    ((3, 7), "cdna4", 64): dict(
+        decode=Tile(16, 32, 4, 1, 2),  # gfx950: 8 waves (7; 16x64: 6)
+        merge_d=32,  # gfx950: 60 VGPRs, 8 waves (76, 6); 4 x 8 x 32: 60, 8
+    ),
+    ((3, 8), "cdna4", 64): dict(
+        decode=Tile(16, 32, 4, 1, 2),  # gfx950: 7 waves (7; 16x64: 6)
+        merge_d=32,  # gfx950: 68, 7 (78, 6); 67, 7
+    ),
+    ((3, 8), "cdna3", 64): dict(decode=Tile(16, 64, 4, 1, 2)),  # gfx942: 4 waves (4; wpe5 spills 54)
+    ((3, 8), "cdna2", 64): dict(decode=Tile(16, 64, 4, 1, 2)),  # gfx90a: 4 waves (4; wpe5 spills 5)
+    ((3, 8), "cdna2", 128): dict(decode=Tile(16, 64, 4, 1, 3)),  # gfx90a: 3 waves (3; wpe2: 2)
+    ((3, 9), "cdna3", 128): dict(decode=Tile(16, 64, 4, 1, 3)),  # gfx942: 3 waves (3; wpe2: 2)
+    ((3, 9), "rdna4", 64): dict(decode=Tile(16, 64, 4, 1, 8)),  # gfx1201: 9 waves (8; wpe2: 7)
+    ((3, 9), "rdna4", 128): dict(decode=Tile(16, 16, 4, 1, 2)),  # gfx1201: 10 waves (9; 16x32: 8)
+    ((3, 8), "hopper", 128): dict(merge_d=64),  # sm90: 164 registers, 3 blocks (191, 2); 165, 3
+    ((3, 9), "hopper", 64): dict(merge_d=16),  # sm90: 93, 5 (128, 4); 4 x 8 x 16: 96, 5
+    ((3, 9), "hopper", 128): dict(merge_d=64),  # sm90: 164, 3 (193, 2); 165, 3
+}  # fmt: skip
 
 
 def _kv_config(family: str, d: int) -> KVConfig:

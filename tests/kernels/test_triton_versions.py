@@ -210,7 +210,7 @@ def test_each_triton_line_gets_its_own_rows(on_triton):
 
 
 def test_a_newer_line_can_merge_fewer_columns_a_load(on_triton):
-    """MERGE_D_ON_NEWER_TRITON: fewer columns a merge load where a line lost a wave, only there."""
+    """DECODE_ON_NEWER_TRITON's merge_d: fewer columns a merge load where a line lost a wave."""
     from kernels.kvcache import kv_config
 
     on_triton((3, 6))
