@@ -15,10 +15,11 @@ export BASE_IMAGE WHEELHOUSE TRITONS_DIR
 
 .PHONY: demo test test-unit lint setup venv clean
 
-## demo: set up, then build and validate the cpu reference stack (the local base image, the
-## wheelhouse and the host's CA bundle are the build's defaults when they exist: no flags needed)
+## demo: set up, then build and validate the cpu reference stack (the local base image and the
+## host's CA bundle are the build's defaults when they exist; the wheelhouse is the one set-up
+## filled, build/wheelhouse unless WHEELHOUSE names another, as .ci/run's machine-wide one)
 demo: setup
-	$(BIN)/invoke build --arch cpu
+	$(BIN)/invoke build --arch cpu --wheelhouse $(WHEELHOUSE)
 	$(BIN)/invoke validate --arch cpu
 
 # The test workers share the cores with the engine, the registry and the processes each test

@@ -160,6 +160,13 @@ def outputs_env(base: Path | None = None, env: dict[str, str] | None = None) -> 
     }
 
 
+def no_engine_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment with no reachable engine. A dry run then plans every layer as `build`, with
+    its engine command, whatever this machine's engine holds: after `make demo` it holds the cpu
+    stack's images, and a plan read through it would call those layers `cached`."""
+    return {**(env if env is not None else os.environ), "DOCKER_HOST": "unix:///nonexistent.sock"}
+
+
 def run_invoke(
     cwd: Path, *args: str, env=None, timeout: int = 120
 ) -> subprocess.CompletedProcess[str]:

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from tests.conftest import REPO, outputs_env, run_invoke
+from tests.conftest import REPO, no_engine_env, outputs_env, run_invoke
 
 
 def invoke(*args, cwd=REPO, env=None):
@@ -73,8 +73,9 @@ def created_labels(plan_json: str) -> set[str]:
 
 def test_source_date_epoch_is_the_images_created_time_and_a_bad_one_is_refused(tmp_path):
     """The created label of every layer follows SOURCE_DATE_EPOCH (reproducible builds; under
-    Podman a time that differs between builds gives the layers above no cache), else now."""
-    env = {**os.environ, "SOURCE_DATE_EPOCH": "1767225600"}
+    Podman a time that differs between builds gives the layers above no cache), else now. Planned
+    with no engine, so that every layer has its build command whatever the engine holds."""
+    env = no_engine_env({**os.environ, "SOURCE_DATE_EPOCH": "1767225600"})
     proc = invoke("build", "--arch", "cpu", "--dry-run", "--json", env=env)
     assert proc.returncode == 0, proc.stderr
     assert created_labels(proc.stdout) == {"2026-01-01T00:00:00Z"}

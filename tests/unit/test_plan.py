@@ -26,7 +26,7 @@ from attnforge.plan import (
     topo_sort,
 )
 from attnforge.recipes import load_recipes
-from tests.conftest import REPO, run_invoke
+from tests.conftest import REPO, no_engine_env, run_invoke
 
 
 def statuses(plan):
@@ -375,8 +375,9 @@ def test_plan_json_is_what_dry_run_json_prints(recipes):
     assert data["arch"] == "gfx1151" and data["final_tag"] == "attnforge/default:gfx1151"
     assert data["expect"]["sdpa.default_backend"] == "flash"
     assert data["expect"]["torch.device_arch"] == "gfx1151"
-    env = dict(os.environ, DOCKER_HOST="unix:///nonexistent.sock")  # no engine: nothing cached
-    proc = run_invoke(REPO, "build", "--arch", "gfx1151", "--dry-run", "--json", env=env)
+    proc = run_invoke(
+        REPO, "build", "--arch", "gfx1151", "--dry-run", "--json", env=no_engine_env()
+    )
     printed = json.loads(proc.stdout)
     commands = {s["layer"]: s.pop("command") for s in printed["steps"]}
     for mine, theirs in zip(data["steps"], printed["steps"], strict=True):
@@ -388,10 +389,9 @@ def test_plan_json_is_what_dry_run_json_prints(recipes):
 
 
 def test_dry_run_plans_the_pytorch_org_stack_with_its_index_and_pins():
-    env = dict(os.environ, DOCKER_HOST="unix:///nonexistent.sock")  # no engine: nothing cached
     proc = run_invoke(
         REPO, "build", "--arch", "gfx1151", "--stack", "pytorch-org", "--dry-run", "--json",
-        env=env,
+        env=no_engine_env(),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     printed = json.loads(proc.stdout)
