@@ -4,6 +4,7 @@ BIN := $(VENV)/bin
 BASE_IMAGE ?= attnforge-local/debian:bookworm
 WHEELHOUSE ?= build/wheelhouse
 TRITONS_DIR ?= build/tritons
+NEWEST_TORCH_VENV ?= build/newest-torch
 CA_CERT ?= /etc/ssl/certs/ca-certificates.crt
 # pytest-xdist workers: one per core. --dist loadfile keeps each test file on one worker, in order,
 # so a module's shared tree, images and fixtures stay its own (e2e modules run their steps in order).
@@ -11,7 +12,7 @@ CA_CERT ?= /etc/ssl/certs/ca-certificates.crt
 # e2e module's own namespace (tests/e2e/conftest.py).
 TEST_WORKERS ?= auto
 PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadfile
-export BASE_IMAGE WHEELHOUSE TRITONS_DIR
+export BASE_IMAGE WHEELHOUSE TRITONS_DIR NEWEST_TORCH_VENV
 
 .PHONY: demo test test-unit lint setup venv clean
 
@@ -35,13 +36,14 @@ TEST_THREADS := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 BYTECODE := $(BIN)/python -m compileall -q attnforge validate kernels contract tools tasks.py tests >/dev/null
 
 ## test: set up (engine, base image, wheels, registry, buildx tools image, Podman, the stacks'
-## other Tritons), then every test, end-to-end included, on every core
+## other Tritons, the newest torch's venv), then every test, end-to-end included, on every core
 test:
-	tools/setup.sh all registry buildx-tools podman tritons
+	tools/setup.sh all registry buildx-tools podman tritons newest-torch
 	$(BYTECODE)
 	$(TEST_THREADS) ATTNFORGE_REQUIRE_E2E=1 ATTNFORGE_E2E_BASE_IMAGE=$(BASE_IMAGE) \
 	ATTNFORGE_E2E_WHEELHOUSE=$(abspath $(WHEELHOUSE)) ATTNFORGE_E2E_CA_CERT=$(CA_CERT) \
 	ATTNFORGE_TRITONS_DIR=$(abspath $(TRITONS_DIR)) \
+	ATTNFORGE_NEWEST_TORCH_PYTHON=$(abspath $(NEWEST_TORCH_VENV))/bin/python \
 	ATTNFORGE_E2E_REGISTRY=127.0.0.1:5000 $(BIN)/python -m pytest $(PYTEST_PARALLEL)
 
 ## test-unit: the tests that need no engine and are not marked slow (about 2.5 minutes on 2 cores)

@@ -3,7 +3,7 @@
 # reachable Docker engine, a local base image, a wheelhouse for the cpu stack and (for the
 # tests) a local registry. Safe to run again: every step checks before it acts.
 #
-#   tools/setup.sh STEP [STEP ...]    steps: venv engine base-image wheelhouse registry buildx-tools podman tritons all
+#   tools/setup.sh STEP [STEP ...]    steps: venv engine base-image wheelhouse registry buildx-tools podman tritons newest-torch all
 #
 # Nothing here needs the network beyond the distro's package mirror and PyPI; no registry is
 # pulled from: the base image is made with debootstrap and `docker import`.
@@ -140,6 +140,30 @@ wheelhouse() {
     || die "could not download ${want[*]}"
 }
 
+# The newest torch on PyPI with the Triton it requires (recipes/tritons.yaml's newest torch line,
+# tests/validate/test_newest_torch.py checks they agree): a venv of their own, in which the
+# validation suite and the kernels' CPU checks run, since that torch is what a user installs today
+# while the cpu stack keeps the last +cpu build PyPI serves. PyPI's 2.15.0 is a CUDA build (5.4 GB
+# with its nvidia-* wheels, 81 s to install here) that imports on a machine without a GPU. A
+# machine-wide pip constraint (PIP_CONSTRAINT, pip.conf) that caps torch would refuse the pin, so
+# this one install reads none. Made aside and renamed when complete.
+NEWEST_TORCH=("torch==2.15.0" "triton==3.9.0")
+NEWEST_TORCH_VENV=${NEWEST_TORCH_VENV:-build/newest-torch}
+newest_torch() {
+  local want; want="${NEWEST_TORCH[*]} numpy"
+  [ "$(cat "$NEWEST_TORCH_VENV/.pins" 2>/dev/null)" = "$want" ] && return 0
+  say "venv with ${NEWEST_TORCH[*]} at $NEWEST_TORCH_VENV"
+  rm -rf "$NEWEST_TORCH_VENV.tmp"
+  "$PY" -m venv "$NEWEST_TORCH_VENV.tmp"
+  local none; none=$(mktemp)
+  PIP_CONSTRAINT=$none "$NEWEST_TORCH_VENV.tmp/bin/pip" install -q "${NEWEST_TORCH[@]}" numpy \
+    || { rm -f "$none"; die "could not install ${NEWEST_TORCH[*]} into $NEWEST_TORCH_VENV.tmp"; }
+  rm -f "$none"
+  echo "$want" >"$NEWEST_TORCH_VENV.tmp/.pins"
+  rm -rf "$NEWEST_TORCH_VENV"
+  mv "$NEWEST_TORCH_VENV.tmp" "$NEWEST_TORCH_VENV"
+}
+
 # The Tritons the stacks ship besides the venv's (recipes/tritons.yaml, `python -m attnforge.tritons
 # --versions`), one folder each (pip --target, no dependencies) that tests/kernels/
 # test_triton_versions.py puts first on PYTHONPATH over the venv's torch. Each is written aside and
@@ -234,8 +258,9 @@ run_step() {
     buildx-tools) engine; buildx_tools ;;
     podman) engine; base_image; podman_engine ;;
     tritons) venv; tritons ;;
+    newest-torch) newest_torch ;;
     all) venv; engine; base_image; wheelhouse ;;
-    *) die "unknown step $1; valid: venv engine base-image wheelhouse registry buildx-tools podman tritons all" ;;
+    *) die "unknown step $1; valid: venv engine base-image wheelhouse registry buildx-tools podman tritons newest-torch all" ;;
   esac
 }
 

@@ -155,7 +155,13 @@ def can_use(torch, backend: str, params) -> tuple[bool | None, list[str]]:
     if fn is None:
         return None, [f"torch.backends.cuda.{CAN_USE[backend]} is missing in this torch"]
     with captured_warnings() as lines:
-        answer = bool(fn(params, True))
+        try:
+            answer = bool(fn(params, True))
+        except Exception as exc:  # noqa: BLE001 - the raise is PyTorch's answer, stated as one
+            # torch 2.15's can_use_cudnn_attention raises (cudaErrorInsufficientDriver) where a
+            # CUDA build has no GPU, instead of answering False: that is no crash of the case.
+            text = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:300]
+            return None, [f"{CAN_USE[backend]} raised {text}"]
     reasons = [ln for ln in lines if ln]
     if not answer and not reasons and not torch.backends.cuda.is_built():
         reasons = [
