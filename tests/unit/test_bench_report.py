@@ -141,6 +141,9 @@ def test_the_sweep_table_gives_tflops_and_both_ratios_and_reports_a_failed_memor
     # ours 0.5 ms, SDPA-flash 1.0, SDPA-cuDNN 0.4: 2.00 and 0.80
     assert "| (4, 16, 4096, 128) | no | fwd | " in text
     assert text.count("| **2.00** | 0.80 |") == 4
+    assert (
+        "At (4, 16, 4096, 128), not causal, ours over SDPA-flash: fwd 2.00x, fwd+bwd 2.00x." in text
+    )
     assert "error" in text  # the memory probe cannot run on meta tensors: said, not dropped
 
 
