@@ -64,17 +64,39 @@ def test_every_figure_the_readme_states_is_held_by_the_benchmarks_page():
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 
 
+def anchors(page: Path) -> set[str]:
+    """The heading anchors GitHub makes for a Markdown page (lower case, punctuation dropped,
+    spaces to hyphens, a repeated one numbered)."""
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    found: set[str] = set()
+    counts: dict[str, int] = {}
+    for heading in re.findall(r"^#+ (.+)$", text, flags=re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        found.add(f"{slug}-{counts[slug]}" if slug in counts else slug)
+        counts[slug] = counts.get(slug, 0) + 1
+    return found
+
+
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
-def test_every_relative_link_leads_to_a_file(page: Path):
+def test_every_relative_link_leads_to_a_file_and_its_heading(page: Path):
     text = re.sub(r"```.*?```|`[^`\n]*`", "", page.read_text(), flags=re.S)  # code is not a link
     broken = []
     for target in LINK.findall(text):
-        if re.match(r"[a-z]+:", target) or target.startswith("#"):
+        if re.match(r"[a-z]+:", target):
             continue
-        path = target.split("#", 1)[0]
-        if not (page.parent / path).exists():
+        path, _, anchor = target.partition("#")
+        linked = (page.parent / path) if path else page
+        if not linked.exists() or (
+            anchor and linked.suffix == ".md" and anchor not in anchors(linked)
+        ):
             broken.append(target)
     assert not broken, f"{page.relative_to(REPO)}: links to nothing: {broken}"
+
+
+def test_the_anchor_reader_follows_githubs_rule(tmp_path):
+    page = tmp_path / "p.md"
+    page.write_text("# Workload shapes, default and all-Triton paths\n## CI time\n## CI time\n")
+    assert anchors(page) == {"workload-shapes-default-and-all-triton-paths", "ci-time", "ci-time-1"}
 
 
 ISSUE = re.compile(r"\bissues?[ -]#?\d+|\bissue \d+'s", re.I)
