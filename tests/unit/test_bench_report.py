@@ -210,3 +210,17 @@ def test_two_files_of_one_kind_are_refused(fixtures, tmp_path, capsys):
     a, b = write(tmp_path, {"a": fixtures["decode"], "b": fixtures["decode"]})
     assert bench_report.main([str(a), str(b), "--out", str(tmp_path / "out")]) == 2
     assert "a second decode file" in capsys.readouterr().err
+
+
+def test_the_memory_table_gives_each_peak_in_mib_and_over_sdpa_flash(fixtures):
+    doc = {**fixtures["sweep"], "_date": "2026-12-04", "_file": "bench.json"}
+    mib = 2**20
+    # what a GPU run's probe records in place of the meta run's errors
+    peaks = {"ours": 1152, "sdpa-flash": 1540, "sdpa-cudnn": 1284}
+    memory = {**doc["memory"]}
+    for name, peak in peaks.items():
+        assert "error" in memory[name]
+        memory[name] = {"inputs_bytes": 512 * mib, "peak_bytes": peak * mib}
+    text = bench_report.sweep_tables({**doc, "memory": memory})
+    assert "Peak memory, fwd+bwd at (1,16,32768,128) bf16, inputs included:" in text
+    assert "| ours | 1152 MiB | 0.75 |" in text and "| SDPA-cuDNN | 1284 MiB | 0.83 |" in text
