@@ -229,13 +229,19 @@ def host_table(doc: dict) -> str:
     return "\n".join([provenance(doc), "", table(["call", "µs per call"], rows)])
 
 
-def plot_workloads(doc: dict, path: Path) -> None:
-    """Horizontal bars of every ours provider over SDPA-flash, one panel per mode."""
+def pyplot():
+    """matplotlib's pyplot on the Agg backend: files only, no display needed."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def plot_workloads(doc: dict, path: Path) -> None:
+    """Horizontal bars of every ours provider over SDPA-flash, one panel per mode."""
+    plt = pyplot()
     shapes, cols, cells = workload_grid(doc)
     modes = list(dict.fromkeys(m for m, _ in cols))
     series = [(p, lay) for p in ours_providers(doc) for lay in
@@ -260,11 +266,7 @@ def plot_workloads(doc: dict, path: Path) -> None:
 
 def plot_decode(doc: dict, path: Path) -> None:
     """Best SDPA over ours per cache length, one line per batch, and ours' µs per step."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     by_batch: dict = {}
     for r in doc["decode_rows"]:
         _, best_us = best_sdpa(r["us"])
@@ -291,8 +293,7 @@ def plot_decode(doc: dict, path: Path) -> None:
 
 
 def save(fig, path: Path, bottom: float = 0.0) -> None:
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     tmp = path.with_name(f".{path.name}.tmp")
     fig.tight_layout(rect=(0, bottom, 1, 1))
     fig.savefig(tmp, format="png", dpi=110)
