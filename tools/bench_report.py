@@ -10,7 +10,8 @@ the workload and decode files, NAME.png (the plot), where NAME is sweep, workloa
 decode-gpu or host. With --page, the block between `<!-- bench_report:NAME -->` and
 `<!-- /bench_report:NAME -->` in that page is replaced by NAME.md's tables. --date is the day the
 figures were measured (default: the JSON file's modification date, UTC). Every file is written
-aside and renamed into place, so a failed run leaves the last good tables and plots as they were.
+aside first and all are renamed into place at the end, so a failed run leaves the last good
+tables, plots and page as they were.
 Host side only: the standard library and matplotlib.
 """
 
@@ -294,18 +295,40 @@ def plot_decode(doc: dict, path: Path) -> None:
 
 def save(fig, path: Path, bottom: float = 0.0) -> None:
     plt = pyplot()
-    tmp = path.with_name(f".{path.name}.tmp")
     fig.tight_layout(rect=(0, bottom, 1, 1))
-    fig.savefig(tmp, format="png", dpi=110)
+    fig.savefig(path, format="png", dpi=110)
     plt.close(fig)
-    os.replace(tmp, path)
 
 
-def write_text(path: Path, text: str) -> None:
+def staged(path: Path) -> Path:
+    """A new temporary file beside ``path``, to be renamed onto it once everything is written."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    os.close(fd)
+    return Path(tmp)
+
+
+def write_all(out: Path, blocks: dict, docs: dict, page: tuple[Path, str] | None) -> None:
+    """NAME.md and NAME.png for every block, and the page: each written beside its place first,
+    then all renamed into place, so an error on the way leaves every old file as it was."""
+    out.mkdir(parents=True, exist_ok=True)
+    moves: list[tuple[Path, Path]] = []
+    try:
+        for name, text in blocks.items():
+            extra = "\n\n" + workload_tflops(docs[name]) if name == "workloads" else ""
+            moves.append((staged(out / f"{name}.md"), out / f"{name}.md"))
+            moves[-1][0].write_text(with_plot(text, f"{name}.png") + extra + "\n")
+            if name in PLOTS:
+                moves.append((staged(out / f"{name}.png"), out / f"{name}.png"))
+                PLOTS[name](docs[name], moves[-1][0])
+        if page is not None:
+            moves.append((staged(page[0]), page[0]))
+            moves[-1][0].write_text(page[1])
+    except BaseException:
+        for tmp, _ in moves:
+            tmp.unlink(missing_ok=True)
+        raise
+    for tmp, final in moves:
+        os.replace(tmp, final)
 
 
 RENDER = {"sweep": sweep_tables, "workloads": workload_tables, "decode": decode_tables,
@@ -373,14 +396,7 @@ def main(argv=None) -> int:
                 page = splice(args.page.read_text(), linked, str(args.page))
             except OSError as e:
                 raise ReportError(f"--page {args.page}: cannot read it ({e.strerror}).") from None
-        args.out.mkdir(parents=True, exist_ok=True)
-        for name, text in blocks.items():
-            extra = "\n\n" + workload_tflops(docs[name]) if name == "workloads" else ""
-            write_text(args.out / f"{name}.md", with_plot(text, f"{name}.png") + extra + "\n")
-            if name in PLOTS:
-                PLOTS[name](docs[name], args.out / f"{name}.png")
-        if page is not None:
-            write_text(args.page, page)
+        write_all(args.out, blocks, docs, (args.page, page) if page is not None else None)
     except ReportError as e:
         print(f"bench_report: {e}", file=sys.stderr)
         return 2

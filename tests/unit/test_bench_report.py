@@ -224,3 +224,27 @@ def test_the_memory_table_gives_each_peak_in_mib_and_over_sdpa_flash(fixtures):
     text = bench_report.sweep_tables({**doc, "memory": memory})
     assert "Peak memory, fwd+bwd at (1,16,32768,128) bf16, inputs included:" in text
     assert "| ours | 1152 MiB | 0.75 |" in text and "| SDPA-cuDNN | 1284 MiB | 0.83 |" in text
+
+
+def test_a_failure_on_the_way_leaves_the_last_tables_plots_and_page_as_they_were(
+    fixtures, tmp_path, monkeypatch
+):
+    files = write(tmp_path, {"workloads": fixtures["workloads"], "decode": fixtures["decode"]})
+    out, page = tmp_path / "out", tmp_path / "benchmarks.md"
+    shutil.copy(REPO / "docs" / "benchmarks.md", page)
+    out.mkdir()
+    for name in ("workloads.md", "workloads.png", "decode.md"):
+        (out / name).write_text(f"the last good {name}")
+
+    def broken_plot(doc, path):
+        raise RuntimeError("the plot failed")
+
+    monkeypatch.setitem(bench_report.PLOTS, "decode", broken_plot)
+    before = page.read_text()
+    with pytest.raises(RuntimeError, match="the plot failed"):
+        bench_report.main([*map(str, files), "--out", str(out), "--page", str(page)])
+    assert page.read_text() == before
+    assert sorted(p.name for p in out.iterdir()) == ["decode.md", "workloads.md", "workloads.png"]
+    for p in out.iterdir():
+        assert p.read_text() == f"the last good {p.name}"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
