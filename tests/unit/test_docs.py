@@ -1,0 +1,112 @@
+"""The docs hold together: every figure README.md states is one docs/benchmarks.md holds, every
+relative link of README.md and docs/ leads to a file, and the user-facing pages name features,
+not the issue numbers the work was tracked under (the history log keeps those)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+HISTORY = REPO / "docs" / "history"
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+USER_PAGES = [p for p in PAGES if HISTORY not in p.parents]
+
+NUM = r"\d[\d,]*(?:\.\d+)?"
+UNITS = r"x|s|ms|µs|us|minutes?|tests|passed|pass|skipped|skip|checks|GB|GiB|MiB|MB|TFLOP/s|%"
+# a number or a range of two, then its unit; not part of a word, a version or a path (gfx942,
+# 512x512, 3.6.0, sm90)
+FIGURE = re.compile(rf"(?<![\w.\-/]){NUM}(?:\s?[-–]\s?{NUM})?\s?(?:{UNITS})(?![\w/.]\d|[\w/])")
+# figures README states that are settings, not measurements: where each is set
+SETTINGS = {
+    "0.9x": ("recipes/stacks.yaml", r"min_ratio: 0\.9\b"),  # the AMD stacks' bench gate
+    "4 GiB": ("attnforge/hostinfo.py", r"4 GiB a job"),  # the default MAX_JOBS rule
+}
+
+
+def readme_figures(text: str) -> list[str]:
+    return [" ".join(m.group(0).split()) for m in FIGURE.finditer(text)]
+
+
+def holds(page: str, figure: str) -> bool:
+    """Whether the page states the figure: the same numbers with the same unit (a table cell
+    with the bare number is not enough: the page says which ratio the README quotes)."""
+    page = " ".join(page.replace("**", "").split())
+    m = re.fullmatch(rf"({NUM}(?:\s?[-–]\s?{NUM})?)\s?(.+)", figure)
+    number, unit = re.escape(m.group(1)).replace("\\-", "[-–]"), re.escape(m.group(2))
+    return bool(re.search(rf"(?<![\w.]){number}\s?{unit}(?!\w)", page))
+
+
+def test_the_figure_reader_finds_ratios_times_and_counts_but_not_versions_or_shapes():
+    text = ("forward at 1.67x flash, 136 s measured, about 1,850 tests, 12-24 µs a step, "
+            "triton 3.6.0, gfx942, 512x512, (4,16,4096,128), sm90")  # fmt: skip
+    assert readme_figures(text) == ["1.67x", "136 s", "1,850 tests", "12-24 µs"]
+    assert holds("forward **1.67x**, fwd+bwd 1.47x", "1.67x") and holds("took 12–24 µs", "12-24 µs")
+    assert not holds("| 1.67 |", "1.67x") and not holds("1.671x", "1.67x")
+    assert not holds("took 1136 s", "136 s") and not holds("136 ms", "136 s")
+
+
+def test_every_figure_the_readme_states_is_held_by_the_benchmarks_page():
+    readme = (REPO / "README.md").read_text()
+    page = (REPO / "docs" / "benchmarks.md").read_text()
+    figures = readme_figures(readme)
+    assert len(figures) >= 8, figures  # the README's speed, test-count and timing claims
+    missing = [f for f in figures if f not in SETTINGS and not holds(page, f)]
+    assert not missing, f"README.md states figures docs/benchmarks.md does not hold: {missing}"
+    for figure, (path, pattern) in SETTINGS.items():
+        if figure in figures:
+            assert re.search(pattern, (REPO / path).read_text()), f"{figure} is not set in {path}"
+
+
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def anchors(page: Path) -> set[str]:
+    """The heading anchors GitHub makes for a Markdown page (lower case, punctuation dropped,
+    spaces to hyphens, a repeated one numbered)."""
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    found: set[str] = set()
+    counts: dict[str, int] = {}
+    for heading in re.findall(r"^#+ (.+)$", text, flags=re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        found.add(f"{slug}-{counts[slug]}" if slug in counts else slug)
+        counts[slug] = counts.get(slug, 0) + 1
+    return found
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_relative_link_leads_to_a_file_and_its_heading(page: Path):
+    text = re.sub(r"```.*?```|`[^`\n]*`", "", page.read_text(), flags=re.S)  # code is not a link
+    broken = []
+    for target in LINK.findall(text):
+        if re.match(r"[a-z]+:", target):
+            continue
+        path, _, anchor = target.partition("#")
+        linked = (page.parent / path) if path else page
+        if not linked.exists() or (
+            anchor and linked.suffix == ".md" and anchor not in anchors(linked)
+        ):
+            broken.append(target)
+    assert not broken, f"{page.relative_to(REPO)}: links to nothing: {broken}"
+
+
+def test_the_anchor_reader_follows_githubs_rule(tmp_path):
+    page = tmp_path / "p.md"
+    page.write_text("# Workload shapes, default and all-Triton paths\n## CI time\n## CI time\n")
+    assert anchors(page) == {"workload-shapes-default-and-all-triton-paths", "ci-time", "ci-time-1"}
+
+
+ISSUE = re.compile(r"\bissues?[ -]#?\d+|\bissue \d+'s", re.I)
+
+
+@pytest.mark.parametrize("page", USER_PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_user_facing_pages_name_features_not_issue_numbers(page: Path):
+    found = [
+        f"{n}: {line.strip()[:80]}"
+        for n, line in enumerate(page.read_text().splitlines(), 1)
+        if ISSUE.search(line)
+    ]
+    assert not found, f"{page.relative_to(REPO)} names issue numbers: {found}"
