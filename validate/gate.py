@@ -99,9 +99,11 @@ def compare(params: Mapping[str, Any], records: Mapping[str, Mapping[str, Any]],
             seen: Mapping[str, Any]) -> tuple[str, str, dict[str, Any]]:  # fmt: skip
     """(status, message, details) of the comparison: each check of the image's gate state
     against its copy in the other state (``params['pairs']``: [image id, other id])."""
-    state = params.get("image_state", "off")
-    said = f"the image's environment sets {KNOB} {'=1 (gate on)' if state == 'on' else 'unset (gate off)'}"
-    details: dict[str, Any] = {"image_state": state, "other_state": other(state), "pairs": []}
+    state, value = params.get("image_state", "off"), params.get("image_value")
+    said = (f"the image's environment sets {KNOB}={value} (gate {state})" if value is not None
+            else f"the image's environment leaves {KNOB} unset (gate off)")  # fmt: skip
+    details: dict[str, Any] = {"image_state": state, "image_value": value,
+                               "other_state": other(state), "pairs": []}  # fmt: skip
     reason = params.get("why_not") or (NOT_ROCM if seen.get("torch.hip") is False else None)
     if reason:
         return "skip", f"{said}; not compared: {reason}", details
