@@ -84,7 +84,7 @@ def _device(torch) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _sync(torch, device: str) -> None:
+def sync_device(torch, device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
 
@@ -99,7 +99,7 @@ def probe(torch, device: str) -> str | None:
         a = torch.arange(64, dtype=torch.float32).reshape(8, 8) / 64
         want = (a @ a) * 2 + 1
         got = ((a.to(device) @ a.to(device)) * 2 + 1).cpu()
-        _sync(torch, device)
+        sync_device(torch, device)
     except Exception as exc:  # noqa: BLE001 - any error here is the deferred one
         return f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:400]
     if not torch.allclose(got, want, rtol=1e-3, atol=1e-3):
@@ -191,7 +191,7 @@ def profile_kernels(torch, fn, device: str) -> tuple[list[str], list[str]]:
         acts.append(ProfilerActivity.CUDA)
     with profile(activities=acts) as prof:
         fn()
-        _sync(torch, device)
+        sync_device(torch, device)
     kernels: list[str] = []
     ops: list[str] = []
     for evt in prof.events():
@@ -545,7 +545,7 @@ def _forced_one(run: CaseRun, b: str, ctx) -> bool:
     try:
         with forced(torch, b):
             out = run.call()
-            _sync(torch, run.device)
+            sync_device(torch, run.device)
     except Exception as exc:  # noqa: BLE001
         text = f"{type(exc).__name__}: {exc}".strip()
         first = text.splitlines()[0][:400]

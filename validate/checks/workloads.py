@@ -24,7 +24,6 @@ from validate.checks.sdpa import (
     CAN_USE,
     ENUM_NAMES,
     GPU_ONLY,
-    _sync,
     backend_from_ops,
     can_use,
     captured_warnings,
@@ -34,6 +33,7 @@ from validate.checks.sdpa import (
     profile_kernels,
     sdpa_call,
     sdpa_params,
+    sync_device,
 )
 from validate.gate import KNOB
 from validate.gate import apply as apply_gate
@@ -128,7 +128,7 @@ def _default_call(torch, s, c: Case, ins: tuple, device: str, row: dict[str, Any
             kernels, ops = profile_kernels(
                 torch, lambda: box.append(sdpa_call(torch, q, k, v, c)), device
             )
-        _sync(torch, device)
+        sync_device(torch, device)
     except Exception as exc:  # noqa: BLE001
         text = f"{type(exc).__name__}: {exc}".splitlines()[0][:400]
         if is_device_fault(text):
@@ -154,7 +154,7 @@ def _forced_call(torch, s, c: Case, ins: tuple, device: str, b: str, row: dict[s
     try:
         with forced(torch, b):
             out = sdpa_call(torch, *ins, c)
-            _sync(torch, device)
+            sync_device(torch, device)
     except Exception as exc:  # noqa: BLE001
         text = f"{type(exc).__name__}: {exc}".splitlines()[0][:400]
         if is_device_fault(text):
