@@ -12,6 +12,7 @@ spoiled, unless a test says otherwise.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 
@@ -293,3 +294,20 @@ def test_on_a_torch_that_is_not_rocm_the_other_state_is_a_skip_with_the_reason()
     assert copy["status"] == "skip" and copy["message"] == gate.NOT_ROCM
     assert records[gate.COMPARE_ID]["status"] == "skip"
     assert "not a ROCm build" in records[gate.COMPARE_ID]["message"]
+
+
+def test_the_command_line_takes_the_gate_facts_from_the_expect_file(tmp_path, run_validate):
+    expect = tmp_path / "expect.json"
+    expect.write_text(json.dumps({"stack": "default", "arch": "gfx1150", "expect": {},
+                                  "aotriton": EXPERIMENTAL}))  # fmt: skip
+    proc = run_validate("backends", "--quick", "--expect", str(expect), "--json",
+                        str(tmp_path / "r.json"), "--only", "env", "--only", gate.COMPARE_ID,
+                        "--only", f"sdpa.case.{TINY}*")  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    checks = {c["id"]: c for c in json.loads((tmp_path / "r.json").read_text())["checks"]}
+    assert checks[f"sdpa.case.{TINY}"]["status"] == "pass"
+    # Planned from the expect file's facts, then a skip here: CPU torch is not a ROCm build.
+    assert checks[f"sdpa.case.{TINY}@gate-on"]["message"] == gate.NOT_ROCM
+    cmp = checks[gate.COMPARE_ID]
+    assert cmp["status"] == "skip" and "not a ROCm build" in cmp["message"]
+    assert cmp["message"].startswith(f"the image's environment leaves {gate.KNOB} unset")
