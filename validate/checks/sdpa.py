@@ -293,41 +293,36 @@ def _rocm_name(value: Any) -> str:
     return str(getattr(value, "name", value)).split(".")[-1].lower()
 
 
-def _rocm_start(torch, ctx) -> tuple[dict[str, Any] | None, dict[str, Any], list[str]]:
-    """The API check and is_ck_sdpa_available: (a skip result or None, observations, notes),
-    with the APIs recorded in the returned observations' ``details`` entry."""
+def _rocm_start(
+    torch, ctx
+) -> tuple[dict[str, Any] | None, dict[str, Any], dict[str, Any], list[str]]:
+    """Which ROCm APIs this torch has, and is_ck_sdpa_available: (a skip result where the check
+    cannot go on, else None; observations; details; notes)."""
     bc = torch.backends.cuda
     has_pref = hasattr(bc, "preferred_rocm_fa_library")
     has_ck = hasattr(bc, "is_ck_sdpa_available")
+    obs: dict[str, Any] = {}
     details: dict[str, Any] = {
         "api": {"preferred_rocm_fa_library": has_pref, "is_ck_sdpa_available": has_ck}
     }
-    state = {"obs": {}, "details": details}
     if not getattr(torch.version, "hip", None):
-        return (
-            {
-                "status": "skip",
-                "message": "torch is not a ROCm build (torch.version.hip is None); "
-                "preferred_rocm_fa_library and is_ck_sdpa_available only mean something on ROCm",
-                "details": details,
-            },
-            state,
-            [],
-        )
+        message = ("torch is not a ROCm build (torch.version.hip is None); "
+                   "preferred_rocm_fa_library and is_ck_sdpa_available only mean something on ROCm")  # fmt: skip
+        return {"status": "skip", "message": message, "details": details}, obs, details, []
     notes = []
     if has_ck:
         ctx.progress("is_ck_sdpa_available")
         with captured_warnings() as lines:
-            state["obs"]["rocm.ck_sdpa_available"] = bool(bc.is_ck_sdpa_available())
+            obs["rocm.ck_sdpa_available"] = bool(bc.is_ck_sdpa_available())
         details["ck_sdpa_warnings"] = lines
     else:
         notes.append("is_ck_sdpa_available is missing (it arrived after preferred_rocm_fa_library)")
     if not has_pref:
         notes.append("preferred_rocm_fa_library is missing in this torch (added in 2.7)")
-        skip = {"status": "skip", "message": "; ".join(notes), "observations": state["obs"],
+        skip = {"status": "skip", "message": "; ".join(notes), "observations": obs,
                 "details": details}  # fmt: skip
-        return skip, state, notes
-    return None, state, notes
+        return skip, obs, details, notes
+    return None, obs, details, notes
 
 
 def _rocm_forced_flash(torch, ins: tuple, device: str) -> tuple[dict[str, Any], bool]:
@@ -375,10 +370,9 @@ def rocm(params: dict[str, Any], ctx) -> dict[str, Any]:
     import torch
 
     bc = torch.backends.cuda
-    skip, state, notes = _rocm_start(torch, ctx)
+    skip, obs, details, notes = _rocm_start(torch, ctx)
     if skip is not None:
         return skip
-    obs, details = state["obs"], state["details"]
     with captured_warnings() as lines:
         start = bc.preferred_rocm_fa_library()
     start_name = _rocm_name(start)
