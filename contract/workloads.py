@@ -70,6 +70,19 @@ def _qwen_image(width: int | None, height: int | None) -> list[dict]:
     return out
 
 
+# Flux.1-dev's text stream: T5 at max_length 512 (256 for schnell).
+FLUX_TEXT_TOKENS = 512
+
+
+def _flux(width: int | None, height: int | None) -> list[dict]:
+    # As Qwen-Image: VAE x8, 2x2 patches, joint attention over [text, image], 24 heads x 128,
+    # bf16. ComfyUI users saw black (NaN) images from bf16 SDPA on gfx1151 and gfx1201
+    # (Comfy-Org/ComfyUI#14249, #14379), which the workload check's forced runs look for.
+    w, h = (width, height) if width else WORKLOADS["flux"].resolutions[0]
+    s = FLUX_TEXT_TOKENS + (h // 16) * (w // 16)
+    return [shape(f"flux-{w}x{h}-joint", 1, 24, 24, s, s, 128, False, "bf16")]
+
+
 def _halvings(n: int, times: int) -> int:
     """A latent side after ``times`` stride-2 convolutions (kernel 3, padding 1): ceil each time."""
     for _ in range(times):
@@ -204,6 +217,20 @@ WORKLOADS: dict[str, Workload] = {
         _llm,
     ),
 }
+WORKLOADS["flux"] = Workload(
+    "flux",
+    "FLUX.1-dev MMDiT joint text+image attention: 24 heads x 128, non-causal, bf16, "
+    f"{FLUX_TEXT_TOKENS} text + (H/16)*(W/16) image tokens",
+    (
+        "black-forest-labs/flux src/flux/util.py (flux-dev: hidden_size 3072, num_heads 24) and "
+        "src/flux/cli.py (load_t5(max_length=256 if is_schnell else 512)), read 2026-12-04; "
+        "https://github.com/black-forest-labs/flux",
+        "Comfy-Org/ComfyUI#14249 (2026-06-05, bf16 NaN through SDPA's efficient backend on "
+        "gfx1151) and #14379 (2026-06-10, NaN on gfx1201); https://github.com/Comfy-Org/ComfyUI",
+    ),
+    ((1024, 1024),),
+    _flux,
+)
 WORKLOADS["vit"] = Workload(
     "vit",
     "ViT image encoders, patch 14, batch 1, fp16: SigLIP so400m (16 heads x 72, no class token) "
@@ -220,6 +247,10 @@ WORKLOADS["vit"] = Workload(
     _vit,
 )
 CUSTOM = "custom"
+
+
+def _with_resolutions() -> str:
+    return ", ".join(n for n, wl in WORKLOADS.items() if wl.resolutions)
 
 
 def names() -> list[str]:
@@ -275,7 +306,7 @@ def shapes(
     if name == CUSTOM:
         if resolution is not None:
             raise WorkloadError(
-                "--resolution applies to qwen-image, sd15, sdxl and vit; custom takes --shape."
+                f"--resolution applies to {_with_resolutions()}; custom takes --shape."
             )
         if not custom:
             raise WorkloadError("the custom workload needs --shape b,h,hkv,sq,sk,d[,causal].")
@@ -289,10 +320,10 @@ def shapes(
     if resolution is not None:
         if not wl.resolutions:
             raise WorkloadError(
-                f"--resolution applies to qwen-image, sd15, sdxl and vit, not {name} (its shapes are fixed)."
+                f"--resolution applies to {_with_resolutions()}, not {name} (its shapes are fixed)."
             )
         width, height = parse_resolution(resolution) if isinstance(resolution, str) else resolution
-        step = 16 if name == "qwen-image" else 8
+        step = 16 if name in ("qwen-image", "flux") else 8
         if width < 64 or height < 64 or width % step or height % step:
             raise WorkloadError(
                 f"{name} needs a width and height that are multiples of {step} and at least 64, "

@@ -231,7 +231,11 @@ def cmd_run(args: argparse.Namespace, argv: list[str]) -> int:
         except ExpectError as exc:
             raise UsageError(str(exc)) from None
     try:
-        checks = suite.plan(args.command, args.quick, spec.sdpa_limits if spec else None)
+        checks = suite.plan(
+            args.command,
+            args.quick,
+            *((spec.sdpa_limits, spec.aotriton, spec.arch) if spec else ()),
+        )
     except (OSError, ValueError, SyntaxError, KeyError) as exc:
         raise UsageError(f"{suite.EXTRA_CHECKS_ENV}: {exc}") from None
     only = None

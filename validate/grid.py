@@ -76,6 +76,10 @@ def _case(name: str, dtype: str, causal: bool, d: int, hq: int, hkv: int, sq: in
     return Case(name, dtype, causal, d, hq, hkv, sq, sk, why=why, **kw)
 
 
+# Sequence lengths of the tiny causal cases (ROCm/TheRock#7407 reported 8): one token (a decode
+# step), the reported 8, and 16, the end of the range below any tile.
+TINY_CAUSAL_SEQLENS = (1, 8, 16)
+
 # The one table of SDPA cases: each says why it is here. Cases with an upstream report name it.
 GRID = (
     _case(
@@ -276,6 +280,55 @@ GRID = (
         "head dim 512: refused on gfx11 (pytorch#194280) after silent saturation on gfx1151 "
         "(pytorch#189849); judged wherever a backend accepts it",
     ),
+    # Head dim 384: Wan 2.2's VAE attention came out silently corrupted on gfx1100
+    # (vllm-project/vllm-omni#7484). Above gfx11's 256 (recipes/arches.yaml sdpa_limits), so a
+    # torch with pytorch#194280 refuses it there as expected; anywhere a backend accepts it, it is
+    # judged.
+    _case(
+        "bf16-d384-s1024-h1",
+        "bf16",
+        False,
+        384,
+        1,
+        1,
+        1024,
+        1024,
+        "head dim 384, the single-head attention of Wan 2.2's VAE, silently corrupted on gfx1100 "
+        "(vllm-project/vllm-omni#7484); refused on gfx11 as head dim 512 is, judged elsewhere",
+    ),
+    # Tiny causal sequences: a deferred hipErrorInvalidValue after causal bf16 SDPA at
+    # (1,16,8,128) and (1,16,512,64) with the experimental AOTriton gate on (ROCm/TheRock#7407).
+    # Every case runs a checked op after its default and forced runs, so such a fault is
+    # charged to the case (and the backend) that left it.
+    *(
+        _case(
+            f"bf16-d128-s{n}-b1-h16-causal",
+            "bf16",
+            True,
+            128,
+            16,
+            16,
+            n,
+            n,
+            f"causal bf16 at sequence length {n}: a deferred hipErrorInvalidValue followed causal "
+            "bf16 SDPA at (1,16,8,128) (ROCm/TheRock#7407)",
+            batch=1,
+        )
+        for n in TINY_CAUSAL_SEQLENS
+    ),
+    _case(
+        "bf16-d64-s512-b1-h16-causal",
+        "bf16",
+        True,
+        64,
+        16,
+        16,
+        512,
+        512,
+        "the (1,16,512,64) neighbour of the tiny causal cases, reported with them "
+        "(ROCm/TheRock#7407)",
+        batch=1,
+    ),
     # Large magnitudes: NaN/Inf anywhere fails, naming the backend.
     _case(
         "bf16-d128-s512-big-logits",
@@ -303,16 +356,18 @@ GRID = (
     ),
 )
 # --quick: coverage per second. The reference case, GQA through enable_gqa, an odd head dim, and
-# one case each for the silent failures of 2026 that are cheapest to hit: a strided V, a mask,
-# head dim 512 and large bf16 values.
+# one case each for the silent failures of 2026 that are cheapest to hit: a strided V, a mask, a
+# head dim above gfx11's limit (384 rather than 512: the newer report, and not a power of two),
+# large bf16 values, and a tiny causal sequence (the cheapest case of all) for deferred faults.
 QUICK = (
     "fp16-d64-s512",
     "bf16-d128-s512-gqa4-causal",
     "fp16-d33-s77",
     "fp16-d128-s256-v-strided",
     "fp16-d64-s256-bool-padding",
-    "bf16-d512-s256",
+    "bf16-d384-s1024-h1",
     "bf16-d128-s512-big-v",
+    "bf16-d128-s8-b1-h16-causal",
 )
 REFERENCE_CASE = "fp16-d64-s512"
 CPU_MAX_SEQLEN = 256

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from contract.names import FAILING
-from validate import grid
+from validate import gate, grid
 from validate.runner import run_isolated
 
 COMMANDS = ("env", "backends", "flash-attn", "kernels", "apps", "all")
@@ -110,117 +110,119 @@ def placement(spec: dict[str, Any], observations: dict[str, Any]) -> dict[str, A
     return spec
 
 
-def plan(command: str, quick: bool, limits: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def _backend_specs(quick: bool, limits: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """sdpa.config, sdpa.rocm, the grid's cases and the workload check."""
+    specs = [
+        _spec(
+            "sdpa.config",
+            "validate.checks.sdpa:config",
+            "SDPA backends compiled/enabled",
+            worker=SDPA,
+            warm_up=[{"target": "validate.checks.sdpa:warm_up"}],
+        ),  # fmt: skip
+        # Alone: it sets the preferred ROCm library and runs flash under each, and a refused
+        # forced run would use up PyTorch's warn-once reasons before the cases state them.
+        _spec(
+            "sdpa.rocm", "validate.checks.sdpa:rocm", "ROCm flash-attention library", isolate=True
+        ),  # fmt: skip
+    ]
+    for case in grid.grid(quick):
+        params = {
+            "case": {k: v for k, v in case.to_json().items() if k != "gqa"},
+            "reference": case.name == grid.REFERENCE_CASE,
+            "limits": limits or {},
+        }
+        specs.append(_spec(f"sdpa.case.{case.name}", "validate.checks.sdpa:case",
+                           f"SDPA {case.name}", group="sdpa", worker=SDPA, params=params))  # fmt: skip
+    # After the grid: the default pick at real workloads' shapes (fused or math).
+    specs.append(_spec("sdpa.workloads", "validate.checks.workloads:run",
+                       "SDPA at workload shapes: fused or math", group="sdpa", worker=SDPA,
+                       params={"quick": quick}))  # fmt: skip
+    return specs
+
+
+def gate_specs(sdpa_specs: list[dict[str, Any]], aotriton: dict[str, Any] | None = None,
+               arch: str | None = None, environ: dict[str, str] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """The AOTriton gate as apps see it (validate/gate.py): where the recipes call the arch's
+    AOTriton experimental, a copy of each case and of the workload check in the gate state the
+    environment does not set, each in a fresh process (torch reads the variable once), then the
+    comparison, computed in the parent; elsewhere the comparison alone, a skip saying why."""
+    environ = os.environ if environ is None else environ
+    state = gate.state_of(environ)
+    why = gate.why_not(aotriton, arch)
+    flip = gate.other(state)
+    copies = []
+    for spec in [] if why else sdpa_specs:
+        if not spec["id"].startswith(("sdpa.case.", "sdpa.workloads")):
+            continue
+        params = {**spec["params"], "gate": flip, "reference": False}
+        copies.append({**spec, "id": spec["id"] + gate.SUFFIX[flip], "params": params,
+                       "title": f"{spec['title']} ({gate.KNOB} {flip})", "isolate": True,
+                       "skip_when": ["torch.hip", False, gate.NOT_ROCM]})  # fmt: skip
+    pairs = [[c["id"][: -len(gate.SUFFIX[flip])], c["id"]] for c in copies]
+    compare = _spec(gate.COMPARE_ID, "parent:validate.gate:compare",
+                    f"{gate.KNOB} as apps set it: both states compared", group="sdpa",
+                    required=False, parent=True,
+                    params={"image_state": state, "image_value": environ.get(gate.KNOB), "why_not": why,
+                            "pairs": pairs})  # fmt: skip
+    return [*copies, compare]
+
+
+def _flash_attn_specs() -> list[dict[str, Any]]:
+    installed = importlib.util.find_spec("flash_attn") is not None
+    specs = [
+        _spec(
+            "flash_attn.info",
+            "validate.checks.flash_attn:info",
+            "flash_attn package",
+            # Its own worker, started early, only where there is something to import (the
+            # package reads FLASH_ATTENTION_TRITON_AMD_ENABLE as it loads). Without it the
+            # check only meets ModuleNotFoundError, which the warm SDPA worker answers at
+            # once instead of a fresh process (1.8 s on an H100) that imports nothing.
+            warm_up=[{"target": "validate.checks.flash_attn:warm_up"}] if installed else [],
+            **({} if installed else {"worker": SDPA}),
+        ),
+        _spec("flash_attn.run", "validate.checks.flash_attn:run", "flash_attn fwd+bwd"),
+    ]
+    # The rocWMMA RDNA3 kernel ships only in its own layer's images: planned where it is
+    # installed (found without importing it, so the parent still needs no torch).
+    if importlib.util.find_spec("rocwmma_fattn") is not None:
+        specs.append(_spec("rdna3_minimal.run", "validate.checks.rdna3_minimal:run",
+                           "rocWMMA FA2 (RDNA3 minimal) fwd+bwd vs SDPA math"))  # fmt: skip
+    return specs
+
+
+def _app_specs(quick: bool) -> list[dict[str, Any]]:
+    # One worker for them all: transformers and diffusers are imported once.
+    specs = [_spec("apps.contracts", "validate.contracts:run",
+                   "ComfyUI and vLLM contract probes (flash_attn, SDPA)", worker="apps")]  # fmt: skip
+    for model in APP_MODELS_QUICK if quick else APP_MODELS:
+        warm = [{"target": "validate.checks.apps:warm_up", "params": {"models": [model]}}]
+        specs.append(_spec(f"apps.{model}", "validate.checks.apps:run",
+                           f"app model {model}, every attention implementation", worker="apps",
+                           params={"model": model}, warm_up=warm))  # fmt: skip
+    return specs
+
+
+def plan(command: str, quick: bool, limits: dict[str, Any] | None = None,
+         aotriton: dict[str, Any] | None = None, arch: str | None = None) -> list[dict[str, Any]]:  # fmt: skip
     """The static checks of a command (kernels cases are added once they are listed).
-    ``limits``: what the arch's torch refuses by design (the expect file's sdpa_limits)."""
+    ``limits``: what the arch's torch refuses by design (the expect file's sdpa_limits);
+    ``aotriton``: what the recipes say of its AOTriton (the expect file's aotriton), which decides
+    whether the SDPA checks also run in the other experimental-gate state."""
     groups = GROUPS[command]
     checks = [_spec("env", "validate.checks.env:run", "Environment and device", worker=MAIN)]
     if "backends" in groups:
-        checks.append(
-            _spec(
-                "sdpa.config",
-                "validate.checks.sdpa:config",
-                "SDPA backends compiled/enabled",
-                worker=SDPA,
-                warm_up=[{"target": "validate.checks.sdpa:warm_up"}],
-            )
-        )
-        # Alone: it sets the preferred ROCm library and runs flash under each, and a refused
-        # forced run would use up PyTorch's warn-once reasons before the cases state them.
-        checks.append(
-            _spec(
-                "sdpa.rocm",
-                "validate.checks.sdpa:rocm",
-                "ROCm flash-attention library",
-                isolate=True,
-            )
-        )
-        for case in grid.grid(quick):
-            checks.append(
-                _spec(
-                    f"sdpa.case.{case.name}",
-                    "validate.checks.sdpa:case",
-                    f"SDPA {case.name}",
-                    group="sdpa",
-                    worker=SDPA,
-                    params={
-                        "case": {k: v for k, v in case.to_json().items() if k != "gqa"},
-                        "reference": case.name == grid.REFERENCE_CASE,
-                        "limits": limits or {},
-                    },
-                )
-            )
-        # After the grid: the default pick at real workloads' shapes (fused or math).
-        checks.append(
-            _spec(
-                "sdpa.workloads",
-                "validate.checks.workloads:run",
-                "SDPA at workload shapes: fused or math",
-                group="sdpa",
-                worker=SDPA,
-                params={"quick": quick},
-            )
-        )
+        sdpa_specs = _backend_specs(quick, limits)
+        checks += sdpa_specs + gate_specs(sdpa_specs, aotriton, arch)
     if "flash-attn" in groups:
-        installed = importlib.util.find_spec("flash_attn") is not None
-        checks.append(
-            _spec(
-                "flash_attn.info",
-                "validate.checks.flash_attn:info",
-                "flash_attn package",
-                # Its own worker, started early, only where there is something to import (the
-                # package reads FLASH_ATTENTION_TRITON_AMD_ENABLE as it loads). Without it the
-                # check only meets ModuleNotFoundError, which the warm SDPA worker answers at
-                # once instead of a fresh process (1.8 s on an H100) that imports nothing.
-                warm_up=[{"target": "validate.checks.flash_attn:warm_up"}] if installed else [],
-                **({} if installed else {"worker": SDPA}),
-            )
-        )
-        checks.append(
-            _spec("flash_attn.run", "validate.checks.flash_attn:run", "flash_attn fwd+bwd")
-        )
-        # The rocWMMA RDNA3 kernel ships only in its own layer's images: planned where it is
-        # installed (found without importing it, so the parent still needs no torch).
-        if importlib.util.find_spec("rocwmma_fattn") is not None:
-            checks.append(
-                _spec(
-                    "rdna3_minimal.run",
-                    "validate.checks.rdna3_minimal:run",
-                    "rocWMMA FA2 (RDNA3 minimal) fwd+bwd vs SDPA math",
-                )  # fmt: skip
-            )
+        checks += _flash_attn_specs()
     if "kernels" in groups:
-        checks.append(
-            _spec(
-                "kernels.list",
-                "validate.checks.kernels:list_cases",
-                "Bundled kernels",
-                warm_up=[{"target": "validate.checks.kernels:warm_up", "params": {"quick": quick}}],
-            )
-        )
+        warm = [{"target": "validate.checks.kernels:warm_up", "params": {"quick": quick}}]
+        checks.append(_spec("kernels.list", "validate.checks.kernels:list_cases",
+                            "Bundled kernels", warm_up=warm))  # fmt: skip
     if "apps" in groups:
-        # One worker for them all: transformers and diffusers are imported once.
-        checks.append(
-            _spec(
-                "apps.contracts",
-                "validate.contracts:run",
-                "ComfyUI and vLLM contract probes (flash_attn, SDPA)",
-                worker="apps",
-            )
-        )
-        for model in APP_MODELS_QUICK if quick else APP_MODELS:
-            checks.append(
-                _spec(
-                    f"apps.{model}",
-                    "validate.checks.apps:run",
-                    f"app model {model}, every attention implementation",
-                    worker="apps",
-                    params={"model": model},
-                    warm_up=[
-                        {"target": "validate.checks.apps:warm_up", "params": {"models": [model]}}
-                    ],
-                )
-            )
+        checks += _app_specs(quick)
     extras = extra_checks()
     # An extra check may ask to run right after env, so that real checks follow it.
     checks[1:1] = [c for c in extras if c.get("position") == "first"]
@@ -270,22 +272,60 @@ def extra_checks(environ: dict[str, str] | None = None) -> list[dict[str, Any]]:
     return specs
 
 
-def _skip(spec: dict[str, Any], message: str) -> dict[str, Any]:
+def decided_record(
+    spec: dict[str, Any], status: str, message: str, **fields: Any
+) -> dict[str, Any]:
+    """A record for a check decided in the parent (a skip, the gate comparison)."""
     return {
         "id": spec["id"],
         "group": spec["group"],
         "title": spec["title"],
         "required": spec["required"],
-        "status": "skip",
+        "status": status,
         "message": message,
         "duration_s": 0.0,
         "returncode": None,
         "signal": None,
         "progress": [],
-        "observations": {},
-        "details": {},
+        "observations": fields.get("observations") or {},
+        "details": fields.get("details") or {},
         "metrics": {},
     }
+
+
+def _skip(spec: dict[str, Any], message: str) -> dict[str, Any]:
+    return decided_record(spec, "skip", message)
+
+
+def _precondition(spec: dict[str, Any], done: dict[str, Any], seen: dict[str, Any]) -> str | None:
+    """Why ``spec`` is a skip without running, from what ran before it; None to run it."""
+    dep = DEPENDS.get(spec["id"])
+    info = done.get(dep) if dep else None
+    if info is not None and info["status"] != "pass":
+        return f"{dep} is {info['status']}: {info['message']}"
+    when = spec.get("skip_when")
+    if when and when[0] in seen and seen[when[0]] == when[1]:
+        return when[2]
+    return None
+
+
+def _waits(spec: dict[str, Any], order_ids: set[str], started: set[str], done: dict) -> bool:
+    """Whether ``spec`` must wait: a check it depends on is running, or (the gate comparison) one
+    of the checks it compares has not finished."""
+    dep = DEPENDS.get(spec["id"])
+    if dep in started and dep not in done:
+        return True
+    inputs = [i for pair in spec.get("params", {}).get("pairs", []) for i in pair]
+    return bool(spec.get("parent")) and any(i in order_ids and i not in done for i in inputs)
+
+
+def _in_parent(spec: dict[str, Any], done: dict[str, Any], seen: dict[str, Any]) -> dict[str, Any]:
+    """The gate comparison (validate/gate.py), from the records of both states."""
+    status, message, details = gate.compare(spec["params"], done, seen)
+    obs = {"sdpa.aotriton_gate.image_state": details["image_state"]}
+    if status != "skip":
+        obs["sdpa.aotriton_gate.differences"] = details.get("differences", [])
+    return decided_record(spec, status, message, details=details, observations=obs)
 
 
 def _kernel_cases(list_spec: dict[str, Any], names: list[str]) -> list[dict[str, Any]]:
@@ -311,6 +351,68 @@ def _now(runner: Callable[..., dict[str, Any]], spec: dict[str, Any], timeout: f
     return fut
 
 
+class _Execution:
+    """The state of one ``execute``: the order (which grows by the listed kernels cases), the
+    records so far, the checks in flight and the observations placement() reads."""
+
+    def __init__(self, order, only, on_record, runner, workers, timeout):  # noqa: ANN001
+        self.order, self.only, self.on_record = order, only, on_record
+        self.runner, self.workers, self.timeout = runner, workers, timeout
+        self.done: dict[str, dict[str, Any]] = {}
+        self.started: set[str] = set()
+        self.running: dict[Future, dict[str, Any]] = {}
+        self.seen: dict[str, Any] = {}  # observations so far, for placement()
+        self.emitted = 0
+        self.threads = ThreadPoolExecutor(max_workers=workers) if workers > 1 else None
+
+    def finish(self, spec: dict[str, Any], rec: dict[str, Any]) -> None:
+        self.done[spec["id"]] = rec
+        self.seen.update(rec.get("observations") or {})
+        if spec["id"] == "kernels.list" and rec["status"] == "pass":
+            new = _kernel_cases(spec, list(rec["details"].get("cases", [])))
+            new = [s for s in new if self.only is None or self.only(s["id"])]
+            at = next(i for i, s in enumerate(self.order) if s["id"] == spec["id"]) + 1
+            self.order[at:at] = new
+        while self.emitted < len(self.order) and self.order[self.emitted]["id"] in self.done:
+            if self.on_record:
+                self.on_record(self.done[self.order[self.emitted]["id"]])
+            self.emitted += 1
+
+    def start_ready(self) -> None:
+        """Start every check that may start now, in plan order, up to ``workers`` at a time."""
+        ids = {s["id"] for s in self.order}
+        for spec in list(self.order):
+            if len(self.running) >= self.workers:
+                break
+            if spec["id"] in self.started or _waits(spec, ids, self.started, self.done):
+                continue
+            self.started.add(spec["id"])
+            reason = _precondition(spec, self.done, self.seen)
+            if reason is not None:
+                self.finish(spec, _skip(spec, reason))
+            elif spec.get("parent"):
+                self.finish(spec, _in_parent(spec, self.done, self.seen))
+            else:
+                placed = placement(spec, self.seen)
+                limit = float(spec.get("timeout", self.timeout))
+                if self.threads is None:
+                    fut = _now(self.runner, placed, limit)
+                else:
+                    fut = self.threads.submit(self.runner, placed, timeout=limit)
+                self.running[fut] = spec
+
+    def loop(self) -> None:
+        while True:
+            self.start_ready()
+            if not self.running:
+                if all(s["id"] in self.started for s in self.order):
+                    return
+                continue
+            finished, _ = wait(self.running, return_when=FIRST_COMPLETED)
+            for fut in finished:
+                self.finish(self.running.pop(fut), fut.result())
+
+
 def execute(
     checks: list[dict[str, Any]],
     timeout: float,
@@ -322,64 +424,18 @@ def execute(
     """Run the planned checks, up to ``workers`` at a time, and return their records in plan
     order (``on_record`` sees them in that order too). Kernels cases are discovered from
     kernels.list and take its place in the order; flash_attn.run waits for flash_attn.info and
-    is a skip when that did not pass."""
+    is a skip when that did not pass; the gate comparison waits for the checks it compares and
+    is computed here, in the parent."""
     order = [s for s in checks if only is None or only(s["id"])]
-    done: dict[str, dict[str, Any]] = {}
-    started: set[str] = set()
-    running: dict[Future, dict[str, Any]] = {}
-    seen: dict[str, Any] = {}  # observations so far, for placement()
-    emitted = 0
-    threads = ThreadPoolExecutor(max_workers=workers) if workers > 1 else None
-
-    def finish(spec: dict[str, Any], rec: dict[str, Any]) -> None:
-        nonlocal emitted
-        done[spec["id"]] = rec
-        seen.update(rec.get("observations") or {})
-        if spec["id"] == "kernels.list" and rec["status"] == "pass":
-            new = _kernel_cases(spec, list(rec["details"].get("cases", [])))
-            new = [s for s in new if only is None or only(s["id"])]
-            at = next(i for i, s in enumerate(order) if s["id"] == spec["id"]) + 1
-            order[at:at] = new
-        while emitted < len(order) and order[emitted]["id"] in done:
-            if on_record:
-                on_record(done[order[emitted]["id"]])
-            emitted += 1
-
+    run = _Execution(order, only, on_record, runner, workers, timeout)
     try:
-        while True:
-            for spec in list(order):
-                if len(running) >= workers:
-                    break
-                if spec["id"] in started:
-                    continue
-                dep = DEPENDS.get(spec["id"])
-                if dep in started and dep not in done:
-                    continue  # it is running; another check may go first
-                started.add(spec["id"])
-                info = done.get(dep) if dep else None
-                if info is not None and info["status"] != "pass":
-                    finish(spec, _skip(spec, f"{dep} is {info['status']}: {info['message']}"))
-                    continue
-                placed = placement(spec, seen)
-                limit = float(spec.get("timeout", timeout))
-                if threads is None:
-                    fut = _now(runner, placed, limit)
-                else:
-                    fut = threads.submit(runner, placed, timeout=limit)
-                running[fut] = spec
-            if not running:
-                if all(s["id"] in started for s in order):
-                    break
-                continue
-            finished, _ = wait(running, return_when=FIRST_COMPLETED)
-            for fut in finished:
-                finish(running.pop(fut), fut.result())
+        run.loop()
     finally:
-        if threads is not None:
+        if run.threads is not None:
             # On an error or Ctrl-C do not wait for the checks in flight: the caller closes
             # the pool, which kills their workers.
-            threads.shutdown(wait=not running, cancel_futures=True)
-    return [done[s["id"]] for s in order]
+            run.threads.shutdown(wait=not run.running, cancel_futures=True)
+    return [run.done[s["id"]] for s in order]
 
 
 def observations(records: list[dict[str, Any]]) -> dict[str, Any]:

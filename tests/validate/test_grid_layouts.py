@@ -72,9 +72,10 @@ def test_quick_keeps_the_reference_and_one_case_of_each_silent_failure():
     assert any(c.gqa for c in quick)
     assert any(c.layout == "v-strided" for c in quick)
     assert any(c.mask for c in quick)
-    assert any(c.head_dim == 512 for c in quick)
+    assert any(c.head_dim > 256 for c in quick)  # above gfx11's limit: judged or refused
     assert any(c.values != "normal" for c in quick)
-    assert len(quick) <= 7
+    assert any(c.causal and c.seqlen_q <= 16 for c in quick)  # tiny causal: deferred faults
+    assert len(quick) <= 8  # the lead times --quick on the GPU: a bounded count
 
 
 def test_a_case_with_an_unknown_layout_is_refused():

@@ -37,7 +37,8 @@ def test_every_workload_shape_records_the_pick_and_the_profiler_backend():
     rec = run(quick=False)
     assert rec["status"] == "pass", rec["message"]
     rows = rec["details"]["shapes"]
-    assert len(rows) == sum(len(workloads.shapes(n)) for n in workloads.WORKLOADS)
+    bf16_too = sum(len(workloads.shapes(n)) for n in fused_check.BF16_TOO)
+    assert len(rows) == sum(len(workloads.shapes(n)) for n in workloads.WORKLOADS) + bf16_too
     vit = [r["shape"] for r in rows if r["workload"] == "vit"]
     assert {"vit-224x224-siglip-so400m-d72-tiny", "vit-336x336-vit-h14-d80-tiny"} <= set(vit)
     for r in rows:

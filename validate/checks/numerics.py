@@ -11,7 +11,16 @@ import torch
 from contract import tolerance
 from validate.grid import Case
 
-__all__ = ["Case", "attention_math", "fwd_bwd_case", "judge", "make_inputs", "make_mask"]
+__all__ = [
+    "Case",
+    "attention_math",
+    "fwd_bwd_case",
+    "judge",
+    "judge_in_chunks",
+    "judge_maxima",
+    "make_inputs",
+    "make_mask",
+]
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -123,24 +132,16 @@ class Judgement:
         }
 
 
-def judge(out: torch.Tensor, ref: torch.Tensor, ref_lowp: torch.Tensor) -> Judgement:
-    """Apply the flash-attention rule to ``out`` against ``ref``, with ``ref_lowp`` the same
-    math in ``out``'s dtype (whose machine epsilon sets the rule's floor)."""
-    if out.shape != ref.shape:
-        return Judgement(
-            False, math.inf, math.nan, math.nan, f"shape {tuple(out.shape)} != {tuple(ref.shape)}"
-        )
-    outf, reff = out.float(), ref.float()
-    nonfinite = int((~torch.isfinite(outf)).sum().item())
-    ref_err = (ref_lowp.float() - reff).abs().max().item()
-    ref_max = reff.abs().max().item()
-    eps = torch.finfo(out.dtype).eps
+def judge_maxima(
+    err: float, ref_err: float, ref_max: float, nonfinite: int, eps: float
+) -> Judgement:
+    """The rule on its maxima: max|out - ref|, max|ref_lowp - ref|, max|ref| and the count of
+    non-finite values in the output (so that an output judged in pieces is judged as one)."""
     tol = tolerance.tolerance(ref_err, ref_max, eps)
     if nonfinite:
         return Judgement(
             False, math.nan, ref_err, tol, f"{nonfinite} non-finite values (NaN/inf) in the output"
         )
-    err = (outf - reff).abs().max().item()
     ok, tol = tolerance.within(err, ref_err, ref_max, eps)
     floor = tol - tolerance.FACTOR * ref_err
     msg = (
@@ -148,6 +149,52 @@ def judge(out: torch.Tensor, ref: torch.Tensor, ref_lowp: torch.Tensor) -> Judge
         f"({tolerance.FACTOR:g} x ref err {ref_err:.3g} + {floor:.3g})"
     )
     return Judgement(ok, err, ref_err, tol, msg)
+
+
+def _maxima(out: torch.Tensor, ref: torch.Tensor, ref_lowp: torch.Tensor) -> list[float]:
+    outf, reff = out.float(), ref.float()
+    nonfinite = int((~torch.isfinite(outf)).sum().item())
+    err = (outf - reff).abs().max().item() if not nonfinite else math.nan
+    return [err, (ref_lowp.float() - reff).abs().max().item(), reff.abs().max().item(), nonfinite]
+
+
+def judge(out: torch.Tensor, ref: torch.Tensor, ref_lowp: torch.Tensor) -> Judgement:
+    """Apply the flash-attention rule to ``out`` against ``ref``, with ``ref_lowp`` the same
+    math in ``out``'s dtype (whose machine epsilon sets the rule's floor)."""
+    if out.shape != ref.shape:
+        return Judgement(
+            False, math.inf, math.nan, math.nan, f"shape {tuple(out.shape)} != {tuple(ref.shape)}"
+        )
+    err, ref_err, ref_max, nonfinite = _maxima(out, ref, ref_lowp)
+    return judge_maxima(err, ref_err, ref_max, int(nonfinite), torch.finfo(out.dtype).eps)
+
+
+def judge_in_chunks(outs: dict[str, torch.Tensor], q, k, v, causal: bool,
+                    chunk_bytes: int = 256 << 20) -> dict[str, Judgement]:  # fmt: skip
+    """Judge several outputs of one (q, k, v) against the reference computed a few heads at a time
+    (whole groups of query heads per key/value head), so that the fp32 scores of a workload's
+    long sequences never exist at once; the maxima of the pieces decide, as one ``judge`` would."""
+    b, h, sq, _ = q.shape
+    rep = h // k.shape[1]
+    per_head = sq * k.shape[-2] * 4
+    step = max(rep, (chunk_bytes // max(per_head, 1)) // rep * rep)
+    acc = {name: [0.0, 0.0, 0.0, 0] for name in outs}
+    for i in range(b):
+        for h0 in range(0, h, step):
+            sl = slice(h0, min(h, h0 + step))
+            kv = slice(h0 // rep, (sl.stop + rep - 1) // rep)
+            qc, kc, vc = q[i : i + 1, sl], k[i : i + 1, kv], v[i : i + 1, kv]
+            ref = attention_math(qc, kc, vc, causal, upcast=True)
+            ref_lp = attention_math(qc, kc, vc, causal, upcast=False)
+            for name, out in outs.items():
+                got = _maxima(out[i : i + 1, sl], ref, ref_lp)
+                a = acc[name]
+                a[:3] = [
+                    x if math.isnan(x) or x >= y else y for x, y in zip(got[:3], a[:3], strict=True)
+                ]
+                a[3] += got[3]
+    eps = torch.finfo(q.dtype).eps
+    return {n: judge_maxima(a[0], a[1], a[2], int(a[3]), eps) for n, a in acc.items()}
 
 
 def fwd_bwd_case(attn, case: Case, device: str, reference=attention_math) -> dict[str, Judgement]:

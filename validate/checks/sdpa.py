@@ -13,9 +13,12 @@ import sys
 import tempfile
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from validate.checks.numerics import attention_math, judge, make_inputs, make_mask
+from validate.gate import KNOB
+from validate.gate import apply as apply_gate
 from validate.grid import BACKENDS, Case, for_cpu
 from validate.runner import is_device_fault
 
@@ -81,7 +84,7 @@ def _device(torch) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _sync(torch, device: str) -> None:
+def sync_device(torch, device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
 
@@ -96,7 +99,7 @@ def probe(torch, device: str) -> str | None:
         a = torch.arange(64, dtype=torch.float32).reshape(8, 8) / 64
         want = (a @ a) * 2 + 1
         got = ((a.to(device) @ a.to(device)) * 2 + 1).cpu()
-        _sync(torch, device)
+        sync_device(torch, device)
     except Exception as exc:  # noqa: BLE001 - any error here is the deferred one
         return f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:400]
     if not torch.allclose(got, want, rtol=1e-3, atol=1e-3):
@@ -194,7 +197,7 @@ def profile_kernels(torch, fn, device: str) -> tuple[list[str], list[str]]:
         acts.append(ProfilerActivity.CUDA)
     with profile(activities=acts) as prof:
         fn()
-        _sync(torch, device)
+        sync_device(torch, device)
     kernels: list[str] = []
     ops: list[str] = []
     for evt in prof.events():
@@ -296,24 +299,22 @@ def _rocm_name(value: Any) -> str:
     return str(getattr(value, "name", value)).split(".")[-1].lower()
 
 
-def rocm(params: dict[str, Any], ctx) -> dict[str, Any]:
-    """preferred_rocm_fa_library for each preference, and is_ck_sdpa_available (ROCm only)."""
-    import torch
-
+def _rocm_start(
+    torch, ctx
+) -> tuple[dict[str, Any] | None, dict[str, Any], dict[str, Any], list[str]]:
+    """Which ROCm APIs this torch has, and is_ck_sdpa_available: (a skip result where the check
+    cannot go on, else None; observations; details; notes)."""
     bc = torch.backends.cuda
     has_pref = hasattr(bc, "preferred_rocm_fa_library")
     has_ck = hasattr(bc, "is_ck_sdpa_available")
+    obs: dict[str, Any] = {}
     details: dict[str, Any] = {
         "api": {"preferred_rocm_fa_library": has_pref, "is_ck_sdpa_available": has_ck}
     }
     if not getattr(torch.version, "hip", None):
-        return {
-            "status": "skip",
-            "message": "torch is not a ROCm build (torch.version.hip is None); "
-            "preferred_rocm_fa_library and is_ck_sdpa_available only mean something on ROCm",
-            "details": details,
-        }
-    obs: dict[str, Any] = {}
+        message = ("torch is not a ROCm build (torch.version.hip is None); "
+                   "preferred_rocm_fa_library and is_ck_sdpa_available only mean something on ROCm")  # fmt: skip
+        return {"status": "skip", "message": message, "details": details}, obs, details, []
     notes = []
     if has_ck:
         ctx.progress("is_ck_sdpa_available")
@@ -324,58 +325,77 @@ def rocm(params: dict[str, Any], ctx) -> dict[str, Any]:
         notes.append("is_ck_sdpa_available is missing (it arrived after preferred_rocm_fa_library)")
     if not has_pref:
         notes.append("preferred_rocm_fa_library is missing in this torch (added in 2.7)")
-        return {
-            "status": "skip",
-            "message": "; ".join(notes),
-            "observations": obs,
-            "details": details,
-        }
+        skip = {"status": "skip", "message": "; ".join(notes), "observations": obs,
+                "details": details}  # fmt: skip
+        return skip, obs, details, notes
+    return None, obs, details, notes
+
+
+def _rocm_forced_flash(torch, ins: tuple, device: str) -> tuple[dict[str, Any], bool]:
+    """A forced flash run of the small ROCm case under the profiler: (entry fields, ok)."""
+    c, q, k, v, ref, ref_lp = ins
+    try:
+        with forced(torch, "flash"):
+            box: list = []
+            kernels, ops = profile_kernels(
+                torch, lambda: box.append(sdpa_call(torch, q, k, v, c)), device
+            )
+        j = judge(box[0], ref, ref_lp)
+        fields = {"run": "pass" if j.ok else "fail", "judgement": j.to_json(),
+                  "kernels": kernels, "aten_ops": ops}  # fmt: skip
+        return fields, j.ok
+    except Exception as exc:  # noqa: BLE001
+        text = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        if is_device_fault(text):
+            raise
+        return {"run": "error", "error": text}, True
+
+
+def _rocm_preference(torch, pref: str, ins: tuple, device: str, ctx) -> tuple[dict[str, Any], bool]:
+    """Set one preferred library, read it back with PyTorch's warnings, and run flash under it."""
+    bc = torch.backends.cuda
+    ctx.progress(f"preferred_rocm_fa_library({pref!r})")
+    entry: dict[str, Any] = {}
+    with captured_warnings() as lines:
+        try:
+            entry["read_back"] = _rocm_name(bc.preferred_rocm_fa_library(pref))
+            entry["set"] = "ok"
+        except Exception as exc:  # noqa: BLE001 - upstream raises when CK is unusable
+            entry["set"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    entry["warnings"] = lines
+    ok = True
+    if entry["set"] == "ok" and device == "cuda":
+        ctx.progress(f"forced flash run with preference {pref!r}")
+        fields, ok = _rocm_forced_flash(torch, ins, device)
+        entry.update(fields)
+    return entry, ok
+
+
+def rocm(params: dict[str, Any], ctx) -> dict[str, Any]:
+    """preferred_rocm_fa_library for each preference, and is_ck_sdpa_available (ROCm only)."""
+    import torch
+
+    bc = torch.backends.cuda
+    skip, obs, details, notes = _rocm_start(torch, ctx)
+    if skip is not None:
+        return skip
     with captured_warnings() as lines:
         start = bc.preferred_rocm_fa_library()
     start_name = _rocm_name(start)
     obs["rocm.preferred_fa_library"] = start_name
     obs["rocm.effective_fa_library"] = "ck" if start_name == "ck" else "aotriton"
     details["start_warnings"] = lines
-    per_pref = {}
     device = _device(torch)
-    case = Case("rocm-pref", "fp16", False, 64, 4, 4, 256, 256)
-    q, k, v = make_inputs(case, device)
-    ref = attention_math(q, k, v, False, upcast=True)
-    ref_lp = attention_math(q, k, v, False, upcast=False)
-    failed = []
+    c = Case("rocm-pref", "fp16", False, 64, 4, 4, 256, 256)
+    q, k, v = make_inputs(c, device)
+    ins = (c, q, k, v, attention_math(q, k, v, False, upcast=True),
+           attention_math(q, k, v, False, upcast=False))  # fmt: skip
+    per_pref, failed = {}, []
     try:
         for pref in ("default", "aotriton", "ck"):
-            ctx.progress(f"preferred_rocm_fa_library({pref!r})")
-            entry: dict[str, Any] = {}
-            with captured_warnings() as lines:
-                try:
-                    got = bc.preferred_rocm_fa_library(pref)
-                    entry["set"] = "ok"
-                    entry["read_back"] = _rocm_name(got)
-                except Exception as exc:  # noqa: BLE001 - upstream raises when CK is unusable
-                    entry["set"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
-            entry["warnings"] = lines
-            if entry["set"] == "ok" and device == "cuda":
-                ctx.progress(f"forced flash run with preference {pref!r}")
-                try:
-                    with forced(torch, "flash"):
-                        out_box: list = []
-                        kernels, ops = profile_kernels(
-                            torch,
-                            lambda box=out_box: box.append(sdpa_call(torch, q, k, v, case)),
-                            device,
-                        )
-                    j = judge(out_box[0], ref, ref_lp)
-                    entry.update(run="pass" if j.ok else "fail", judgement=j.to_json())
-                    entry.update(kernels=kernels, aten_ops=ops)
-                    if not j.ok:
-                        failed.append(pref)
-                except Exception as exc:  # noqa: BLE001
-                    text = f"{type(exc).__name__}: {exc}".splitlines()[0]
-                    if is_device_fault(text):
-                        raise
-                    entry.update(run="error", error=text)
-            per_pref[pref] = entry
+            per_pref[pref], ok = _rocm_preference(torch, pref, ins, device, ctx)
+            if not ok:
+                failed.append(pref)
     finally:
         with contextlib.suppress(Exception):
             bc.preferred_rocm_fa_library(start)
@@ -385,83 +405,101 @@ def rocm(params: dict[str, Any], ctx) -> dict[str, Any]:
         msg += f"; CK SDPA available: {obs['rocm.ck_sdpa_available']}"
     if notes:
         msg += "; " + "; ".join(notes)
+    status = "pass"
     if failed:
-        return {
-            "status": "fail",
-            "message": msg + f"; wrong flash output with preference {', '.join(failed)}",
-            "observations": obs,
-            "details": details,
-        }
-    return {"status": "pass", "message": msg, "observations": obs, "details": details}
+        status, msg = "fail", msg + f"; wrong flash output with preference {', '.join(failed)}"
+    return {"status": status, "message": msg, "observations": obs, "details": details}
 
 
-def case(params: dict[str, Any], ctx) -> dict[str, Any]:
-    """One grid case: can_use_* with reasons, default pick, and a forced run per backend."""
-    import torch
+@dataclass
+class CaseRun:
+    """One grid case in flight: its inputs, references and what the steps found so far."""
 
-    device = _device(torch)
-    c = Case(**params["case"])
-    if device == "cpu":
-        c = for_cpu(c)
-    details: dict[str, Any] = {"case": c.to_json(), "device": device, "backends": {}}
-    obs: dict[str, Any] = {}
-    if c.gqa and not _supports_gqa(torch):
-        return {
-            "status": "skip",
-            "message": "GQA needs scaled_dot_product_attention(enable_gqa=...) (torch >= 2.5)",
-            "details": details,
-        }
+    torch: Any
+    device: str
+    case: Case
+    params: dict[str, Any]
+    details: dict[str, Any]
+    q: Any = None
+    k: Any = None
+    v: Any = None
+    mask: Any = None
+    ref: Any = None
+    ref_lp: Any = None
+    refusal: dict[str, Any] | None = None
+    pick: str | None = None
+    fails: list[str] = field(default_factory=list)
+    crashed: str | None = None
+
+    def call(self):
+        return sdpa_call(self.torch, self.q, self.k, self.v, self.case, self.mask)
+
+    def result(self, status: str, message: str, obs: dict[str, Any]) -> dict[str, Any]:
+        return {"status": status, "message": message, "observations": obs, "details": self.details}
+
+
+def _prepare(run: CaseRun, ctx) -> None:
+    """Inputs as the case lays them out, its mask, the fp32 and same-dtype references, and
+    whether the arch's limits (recipes/arches.yaml, via the expect file) expect a refusal."""
     ctx.progress("inputs and references")
-    q, k, v = make_inputs(c, device)
-    mask = make_mask(c, device)
-    ref = attention_math(q, k, v, c.causal, upcast=True, attn_mask=mask)
-    ref_lp = attention_math(q, k, v, c.causal, upcast=False, attn_mask=mask)
-    details["strides"] = {n: list(t.stride()) for n, t in (("q", q), ("k", k), ("v", v))}
+    c, device = run.case, run.device
+    run.q, run.k, run.v = make_inputs(c, device)
+    run.mask = make_mask(c, device)
+    run.ref = attention_math(run.q, run.k, run.v, c.causal, upcast=True, attn_mask=run.mask)
+    run.ref_lp = attention_math(run.q, run.k, run.v, c.causal, upcast=False, attn_mask=run.mask)
+    run.details["strides"] = {n: list(t.stride()) for n, t in (("q", run.q), ("k", run.k),
+                                                              ("v", run.v))}  # fmt: skip
     # Where recipes/arches.yaml says this torch refuses the case on this arch (head dim 512 on
     # gfx11: pytorch#194280), a refusal is the expected outcome, stated with PyTorch's reason.
-    refusal = _expected_refusal(params, c)
-    if refusal:
-        details["expected_refusal"] = refusal
+    run.refusal = _expected_refusal(run.params, c)
+    if run.refusal:
+        run.details["expected_refusal"] = run.refusal
 
-    # can_use_* first: ROCm's "still experimental" reason is a TORCH_WARN_ONCE, so the
-    # first call in the process is the only one that states it.
+
+def _can_use_all(run: CaseRun, ctx) -> None:
+    """can_use_* with PyTorch's reasons, first in the process: ROCm's "still experimental" reason
+    is a TORCH_WARN_ONCE, so the first call in the process is the only one that states it."""
+    details = run.details
     try:
-        params_obj = sdpa_params(torch, q, k, v, c, mask)
+        params_obj = sdpa_params(run.torch, run.q, run.k, run.v, run.case, run.mask)
     except Exception as exc:  # noqa: BLE001
         params_obj = None
         details["sdpa_params_error"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
     for b in BACKENDS:
         entry: dict[str, Any] = {}
         details["backends"][b] = entry
-        if b in CAN_USE:
-            if params_obj is None:
-                entry["can_use"], entry["reasons"] = None, [details["sdpa_params_error"]]
-            else:
-                ctx.progress(f"can_use {b}")
-                entry["can_use"], entry["reasons"] = can_use(torch, b, params_obj)
+        if b not in CAN_USE:
+            continue
+        if params_obj is None:
+            entry["can_use"], entry["reasons"] = None, [details["sdpa_params_error"]]
+        else:
+            ctx.progress(f"can_use {b}")
+            entry["can_use"], entry["reasons"] = can_use(run.torch, b, params_obj)
 
+
+def _default_run(run: CaseRun, ctx) -> None:
+    """The default pick, one default call under the profiler judged against the reference, and
+    a checked op after it: a fault it leaves behind (ROCm/TheRock#7407: a deferred
+    hipErrorInvalidValue after causal bf16 SDPA at tiny lengths) is charged to it."""
+    torch, details = run.torch, run.details
     ctx.progress("default pick")
     with captured_warnings() as pick_warnings:
-        pick, how = fused_choice(torch, q, k, v, c, mask)
-    details["default_backend"] = pick
-    details["default_backend_source"] = how
+        pick, how = fused_choice(torch, run.q, run.k, run.v, run.case, run.mask)
+    details["default_backend"], details["default_backend_source"] = pick, how
     ctx.progress("default run under the profiler")
+    run_warnings: list[str] = []
     try:
-        out_box: list = []
+        box: list = []
         with captured_warnings() as run_warnings:
-            kernels, ops = profile_kernels(
-                torch, lambda: out_box.append(sdpa_call(torch, q, k, v, c, mask)), device
-            )
-        details["default_kernels"] = kernels
-        details["default_aten_ops"] = ops
-        details["profiler_backend"] = backend_from_ops(ops)
-        details["default_run"] = judge(out_box[0], ref, ref_lp).to_json()
+            kernels, ops = profile_kernels(torch, lambda: box.append(run.call()), run.device)
+        details.update(default_kernels=kernels, default_aten_ops=ops,
+                       profiler_backend=backend_from_ops(ops))  # fmt: skip
+        details["default_run"] = judge(box[0], run.ref, run.ref_lp).to_json()
     except Exception as exc:  # noqa: BLE001
         text = f"{type(exc).__name__}: {exc}".splitlines()[0]
         if is_device_fault(text):
             raise
         details["default_run"] = {"ok": False, "message": text}
-        run_warnings = []
     details["default_warnings"] = [
         w for w in pick_warnings + run_warnings if "profiler" not in w.lower()
     ][:10]
@@ -469,89 +507,124 @@ def case(params: dict[str, Any], ctx) -> dict[str, Any]:
         pick = details.get("profiler_backend")
         if pick:
             details["default_backend_source"] = "profiler (aten op name)"
-
-    fails, crashed = [], None
+    run.pick = pick
     if not details["default_run"].get("ok"):
-        fails.append(f"default run ({pick or '?'}): {details['default_run'].get('message')}")
+        fails_msg = details["default_run"].get("message")
+        run.fails.append(f"default run ({pick or '?'}): {fails_msg}")
+    ctx.progress("probe after the default run")
+    deferred = probe(torch, run.device)
+    if deferred:
+        details["default_run"].update(ok=False, deferred_fault=deferred)
+        run.crashed = (
+            f"the checked op after the default run (deferred, charged to the default run, "
+            f"{pick or '?'}): {deferred}"
+        )
+
+
+def _refused(run: CaseRun, b: str, entry: dict[str, Any], first: str) -> None:
+    """A forced run that raised: honest when can_use_* said no (math must always run)."""
+    entry["error"] = first
+    if entry.get("can_use") is True or b == "math":
+        entry["run"] = "fail"
+        run.fails.append(f"{b} raised although usable: {first}")
+        return
+    entry["run"] = "unsupported"
+    if run.refusal and b in run.refusal["backends"]:
+        entry["expected_refusal"] = True
+        entry["note"] = f"refused, as expected on this arch: {run.refusal['reason']}"
+
+
+def _forced_one(run: CaseRun, b: str, ctx) -> bool:
+    """One forced backend run, its probe and its judgement; False when the case must stop."""
+    torch, entry = run.torch, run.details["backends"][b]
+    if run.device == "cpu" and b in GPU_ONLY:
+        entry.update(run="skip", error=f"{ENUM_NAMES[b]} has no CPU kernel in PyTorch; needs a "
+                     "CUDA/ROCm device")  # fmt: skip
+        return True
+    ctx.progress(f"forced {b} run")
+    try:
+        with forced(torch, b):
+            out = run.call()
+            sync_device(torch, run.device)
+    except Exception as exc:  # noqa: BLE001
+        text = f"{type(exc).__name__}: {exc}".strip()
+        first = text.splitlines()[0][:400]
+        if is_device_fault(text):
+            entry.update(run="crash", error=first)
+            run.crashed = f"forced {b} run: {first}"
+            return False
+        _refused(run, b, entry, first)
+        return True
+    ctx.progress(f"probe after forced {b} run")
+    deferred = probe(torch, run.device)
+    if deferred:
+        entry.update(run="deferred-fault", error=deferred)
+        run.crashed = (
+            f"the checked op after the forced {b} run (deferred, charged to {b}): {deferred}"
+        )
+        return False
+    j = judge(out, run.ref, run.ref_lp)
+    entry.update(judgement=j.to_json(), run="pass" if j.ok else "fail")
+    if run.refusal and b in run.refusal["backends"]:
+        entry["note"] = (
+            f"accepted although a refusal is expected on this arch ({run.refusal['reason']}): "
+            "judged as any other run (a torch without that change?)"
+        )
+    if not j.ok:
+        run.fails.append(f"{b}: {j.message}")
+    return True
+
+
+def _reference_observations(run: CaseRun) -> dict[str, Any]:
+    """The sdpa.* observations the stack's expectations are read from (reference case only)."""
+    obs: dict[str, Any] = {}
+    if not run.params.get("reference"):
+        return obs
+    if run.pick is not None:
+        obs["sdpa.default_backend"] = run.pick
     for b in BACKENDS:
-        entry = details["backends"][b]
-        if device == "cpu" and b in GPU_ONLY:
-            entry["run"] = "skip"
-            entry["error"] = (
-                f"{ENUM_NAMES[b]} has no CPU kernel in PyTorch; needs a CUDA/ROCm device"
-            )
-            continue
-        ctx.progress(f"forced {b} run")
-        try:
-            with forced(torch, b):
-                out = sdpa_call(torch, q, k, v, c, mask)
-                _sync(torch, device)
-        except Exception as exc:  # noqa: BLE001
-            text = f"{type(exc).__name__}: {exc}".strip()
-            first = text.splitlines()[0][:400]
-            if is_device_fault(text):
-                entry.update(run="crash", error=first)
-                crashed = f"forced {b} run: {first}"
-                break
-            entry["error"] = first
-            # Refusing is honest when can_use_* said no; math must always run.
-            if entry.get("can_use") is True or b == "math":
-                entry["run"] = "fail"
-                fails.append(f"{b} raised although usable: {first}")
-            else:
-                entry["run"] = "unsupported"
-                if refusal and b in refusal["backends"]:
-                    entry["expected_refusal"] = True
-                    entry["note"] = f"refused, as expected on this arch: {refusal['reason']}"
-            continue
-        ctx.progress(f"probe after forced {b} run")
-        deferred = probe(torch, device)
-        if deferred:
-            entry.update(run="deferred-fault", error=deferred)
-            crashed = (
-                f"the checked op after the forced {b} run (deferred, charged to {b}): {deferred}"
-            )
+        e = run.details["backends"][b]
+        obs[f"sdpa.{b}.works"] = e.get("run") == "pass"
+        if b in CAN_USE and e.get("can_use") is not None:
+            obs[f"sdpa.{b}.can_use"] = e["can_use"]
+        if e.get("reasons"):
+            obs[f"sdpa.{b}.reasons"] = e["reasons"]
+    return obs
+
+
+def case(params: dict[str, Any], ctx) -> dict[str, Any]:
+    """One grid case: can_use_* with reasons, default pick, and a forced run per backend."""
+    gate = apply_gate(params)  # before this process's first SDPA call (torch reads it once)
+    import torch
+
+    device = _device(torch)
+    c = Case(**params["case"])
+    if device == "cpu":
+        c = for_cpu(c)
+    details: dict[str, Any] = {"case": c.to_json(), "device": device, "backends": {}}
+    if gate:
+        details["gate"] = {"variable": KNOB, "state": gate}
+    if c.gqa and not _supports_gqa(torch):
+        return {
+            "status": "skip",
+            "message": "GQA needs scaled_dot_product_attention(enable_gqa=...) (torch >= 2.5)",
+            "details": details,
+        }
+    run = CaseRun(torch, device, c, params, details)
+    _prepare(run, ctx)
+    _can_use_all(run, ctx)
+    _default_run(run, ctx)
+    for b in BACKENDS if run.crashed is None else ():
+        if not _forced_one(run, b, ctx):
             break
-        j = judge(out, ref, ref_lp)
-        entry["judgement"] = j.to_json()
-        entry["run"] = "pass" if j.ok else "fail"
-        if refusal and b in refusal["backends"]:
-            entry["note"] = (
-                f"accepted although a refusal is expected on this arch ({refusal['reason']}): "
-                "judged as any other run (a torch without that change?)"
-            )
-        if not j.ok:
-            fails.append(f"{b}: {j.message}")
-
-    if params.get("reference"):
-        obs["sdpa.default_backend"] = pick
-        for b in BACKENDS:
-            e = details["backends"][b]
-            obs[f"sdpa.{b}.works"] = e.get("run") == "pass"
-            if b in CAN_USE and e.get("can_use") is not None:
-                obs[f"sdpa.{b}.can_use"] = e["can_use"]
-            if e.get("reasons"):
-                obs[f"sdpa.{b}.reasons"] = e["reasons"]
-    if obs.get("sdpa.default_backend") is None:
-        obs.pop("sdpa.default_backend", None)
-
+    obs = _reference_observations(run)
     summary = ", ".join(f"{b} {details['backends'][b].get('run', '-')}" for b in BACKENDS)
-    summary = f"default {pick or '?'}; {summary}"
-    if crashed:
-        return {
-            "status": "crash",
-            "message": f"GPU fault in {crashed}",
-            "observations": obs,
-            "details": details,
-        }
-    if fails:
-        return {
-            "status": "fail",
-            "message": summary + " | " + "; ".join(fails),
-            "observations": obs,
-            "details": details,
-        }
-    return {"status": "pass", "message": summary, "observations": obs, "details": details}
+    summary = f"default {run.pick or '?'}; {summary}"
+    if run.crashed:
+        return run.result("crash", f"GPU fault in {run.crashed}", obs)
+    if run.fails:
+        return run.result("fail", summary + " | " + "; ".join(run.fails), obs)
+    return run.result("pass", summary, obs)
 
 
 def _expected_refusal(params: dict[str, Any], c: Case) -> dict[str, Any] | None:
