@@ -12,12 +12,15 @@ spilled into VGPR lanes cost no memory traffic and are reported, not failed. Spi
 ``configs.ACCEPTED_SPILLS`` (kept because they measured faster) are reported as accepted and do
 not fail either, unless they grew past the recorded size.
 
-Each compile's measurements are cached by (digest of the sources a compile depends on, Triton
-version, arch, kernel, head dim, config): an unchanged re-run reads them back in seconds instead
-of compiling for minutes. The sources are the kernel modules, the config tables and this file,
-with what they import from kernels/ and contract/ (``compile_sources``), not the host-side
-bench, interface or checks; no key holds a path, so another clone or venv finds the same entries. The cache lives in ``--cache-dir``, else ``$ATTNFORGE_BUILD_DIR/aot-cache``,
-else ``$XDG_CACHE_HOME/attnforge/aot`` (``~/.cache/attnforge/aot``); ``--no-cache`` compiles all.
+Each compile's measurements are cached per kernel (``CompileCache.key``): by the kernel's own
+source and the jit functions it calls (what Triton's ``cache_key`` hashes, less line numbers:
+kernels/compile_key.py), the Triton version, the arch and its arches.yaml entry, and the
+signature, constexprs and options of the compile. An unchanged re-run reads them back in seconds
+instead of compiling for minutes; editing host code or moving a file compiles nothing again, and
+editing one kernel compiles that kernel (and the kernels that call an edited jit function). No
+key holds a path, so another clone or venv finds the same entries. The cache lives in
+``--cache-dir``, else ``$ATTNFORGE_BUILD_DIR/aot-cache``, else ``$XDG_CACHE_HOME/attnforge/aot``
+(``~/.cache/attnforge/aot``); ``--no-cache`` compiles all.
 Progress (one line per kernel, with its time or "cached") goes to stderr.
 
 AMD kernels are specialized like the HIP JIT specializes them for tensors of at most 2 GiB
@@ -42,8 +45,8 @@ limit and an LDS limit:
 from __future__ import annotations
 
 import argparse
-import ast
 import hashlib
+import inspect
 import json
 import os
 import re
@@ -54,6 +57,8 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from .compile_key import source_key, stable_repr
 
 DEFAULT_HEAD_DIMS = (64, 128)
 ALL_HEAD_DIMS = (40, 64, 72, 80, 96, 128, 160, 256)
@@ -434,6 +439,11 @@ def _count(text: str, pattern: str) -> dict:
     return counts
 
 
+# The functions that compile a kernel and read its measurements: their source is in every cache
+# key, so a change to what a result holds compiles again.
+MEASURE = (_compile_amd, _amd_occupancy, _meta_int, _compile_nvidia, _ptxas, _count)
+
+
 def _tile_str(t) -> str:
     s = f"{t.block_m}x{t.block_n} w{t.num_warps} s{t.num_stages}"
     s += f" wpe{t.waves_per_eu}" if t.waves_per_eu else ""
@@ -467,84 +477,45 @@ def jobs_for(arch: str, spec: dict, head_dims, over_2gib: bool = False) -> list[
     return found
 
 
-# The modules the compiled kernels, their configs and signatures come from (jobs_for, and this
-# file's options and measurements); compile_sources adds what they import.
-COMPILE_MODULES = ("kernels/aot.py", "kernels/flash.py", "kernels/flash_sm90.py",
-                   "kernels/kvcache_kernels.py", "kernels/configs.py")  # fmt: skip
-_SOURCE_PACKAGES = ("kernels", "contract")
-
-
-def _imported(path: Path, package: str) -> set[str]:
-    """The modules of kernels/ and contract/ that ``path`` (a module of ``package``) imports
-    anywhere in its text, as paths relative to the repository ("kernels/flash.py")."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
-        if isinstance(node, ast.ImportFrom):
-            pkg = package if node.level == 1 else (node.module or "").split(".")[0]
-            if node.level > 1 or pkg not in _SOURCE_PACKAGES:
-                continue
-            rest = (node.module or "").split(".")[0 if node.level == 1 else 1 :]
-            if rest and rest[0]:  # from .flash import x / from contract.arches import x
-                found.add(f"{pkg}/{rest[0]}.py")
-            else:  # from . import arguments / from contract import arches
-                found |= {f"{pkg}/{a.name}.py" for a in node.names}
-        elif isinstance(node, ast.Import):
-            for alias in node.names:
-                parts = alias.name.split(".")
-                if parts[0] in _SOURCE_PACKAGES and len(parts) > 1:
-                    found.add(f"{parts[0]}/{parts[1]}.py")
-    return found
-
-
-def compile_sources(root: Path = REPO) -> list[str]:
-    """COMPILE_MODULES and every module of kernels/ or contract/ they import, directly or not
-    (paths relative to ``root``, sorted): the files a compile's result can depend on. Names that
-    are not modules (``from .configs import Tile``) are not files and drop out."""
-    seen: set[str] = set()
-    todo = list(COMPILE_MODULES)
-    while todo:
-        rel = todo.pop()
-        if rel in seen or not (root / rel).is_file():
-            continue
-        seen.add(rel)
-        todo += sorted(_imported(root / rel, rel.split("/")[0]) - seen)
-    return sorted(seen)
-
-
 class CompileCache:
     """Measurements of earlier compiles, one JSON file per key.
 
-    The key is everything a compile's result depends on: the digest of ``compile_sources`` (the
-    kernels, their configs, this file's compile options, by path relative to the repository and
-    content), the Triton version, the arch and its arches.yaml entry, the kernel, its
-    constexprs, pointer types and tile, and the 2 GiB variant. Nothing in it depends on where
-    the repository or Triton is installed, so a fresh clone or venv reads the same entries.
-    Only successful compiles are kept, so a failure is always tried again."""
+    The key is everything one compile's result depends on (``key``): the kernel's own source key
+    (``compile_key.source_key``: its source and its jit callees', Triton's ``cache_key`` less
+    line numbers), the Triton version, the arch and its arches.yaml entry, the signature,
+    constexprs and launch options given to ``triton.compile``, and the source of the functions
+    here that compile and measure (``MEASURE``). Host code, other kernels and file moves are in
+    no key, so they compile nothing again; nothing in it depends on where the repository or
+    Triton is installed, so a fresh clone or venv reads the same entries. Only successful
+    compiles are kept, so a failure is always tried again."""
 
-    def __init__(self, folder: Path, root: Path = REPO) -> None:
+    def __init__(self, folder: Path) -> None:
         self.folder = folder
-        self.root = root
-        self._sources = None
+        self._measure = None
 
-    def sources_digest(self) -> str:
-        if self._sources is None:
-            h = hashlib.sha256()
-            for rel in compile_sources(self.root):
-                h.update(rel.encode() + b"\0" + (self.root / rel).read_bytes() + b"\0")
-            self._sources = h.hexdigest()
-        return self._sources
+    def measure_digest(self) -> str:
+        """The digest of ``MEASURE``'s sources: a change to how a result is read is a new one."""
+        if self._measure is None:
+            texts = [inspect.getsource(f) for f in MEASURE]
+            self._measure = hashlib.sha256("\0".join(texts).encode()).hexdigest()
+        return self._measure
 
     def key(self, arch: str, spec: dict, d: int, job: Job, over_2gib: bool) -> str:
         import triton
 
         name, fn, ptrs, consts, tile = job
+        amd = spec["vendor"] == "amd"
+        sig, attrs = _signature(fn, ptrs, consts, pointer_range=amd and not over_2gib)
         doc = {
-            "sources": self.sources_digest(), "triton": triton.__version__, "arch": arch,
-            "spec": spec, "head_dim": d, "kernel": name, "fn": getattr(fn, "__name__", str(fn)),
-            "ptrs": ptrs, "consts": {k: _stable(v) for k, v in sorted(consts.items())},
-            "tile": _tile_str(tile), "over_2gib": over_2gib,
+            "source": source_key(fn), "measure": self.measure_digest(),
+            "triton": triton.__version__, "arch": arch, "spec": spec, "head_dim": d,
+            "kernel": name, "fn": getattr(fn, "__name__", str(fn)), "signature": sig,
+            "attrs": sorted((list(k), v) for k, v in attrs.items()),
+            "consts": {k: stable_repr(v) for k, v in sorted(consts.items())},
+            "options": tile.launch_options(hip=amd), "tile": _tile_str(tile),
+            "over_2gib": over_2gib,
         }  # fmt: skip
-        text = json.dumps(doc, sort_keys=True, default=_stable)
+        text = json.dumps(doc, sort_keys=True, default=stable_repr)
         return hashlib.sha256(text.encode()).hexdigest()
 
     def get(self, key: str) -> KernelReport | None:
@@ -563,12 +534,6 @@ class CompileCache:
             os.replace(tmp, self.folder / f"{key}.json")
         except OSError:
             pass  # a cache that cannot be written costs time, not the result
-
-
-def _stable(value) -> str:
-    """A constexpr as text that is the same in every process (no object addresses)."""
-    text = repr(value)
-    return re.sub(r" at 0x[0-9a-f]+", "", text)
 
 
 def default_cache_dir(env=os.environ) -> Path:

@@ -1,8 +1,8 @@
 """The KV-cache kernels and their configs: ``_kv_fwd`` (attention against a cache, split-KV
 decoding merged by the last split, paged prefill) and ``_kv_append`` (a step's cache update);
-kernels/kvcache.py calls them (``flash_attn_with_kvcache``, paged-KV prefill). This module and
-what it imports are the sources of an AOT compile (``kernels.aot.compile_sources``): host code
-lives in kernels/kvcache.py so that changing it compiles nothing again.
+kernels/kvcache.py calls them (``flash_attn_with_kvcache``, paged-KV prefill). The AOT compile
+cache keys each kernel by its own source and its jit callees' (``kernels.compile_key``), so host
+code here or in kernels/kvcache.py compiles nothing again when it changes.
 
 The kernel (``_kv_fwd``) packs the query heads of one KV head's GQA group into the rows of a tile
 (row ``r`` is query position ``r // group`` of head ``hk * group + r % group``), so a decoding step

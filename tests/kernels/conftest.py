@@ -27,7 +27,7 @@ def pytest_sessionfinish(session, exitstatus):
 
 def persistent_aot_cache() -> Path:
     """The AOT compile cache the kernels tests share across runs and clones (kernels/aot.py
-    CompileCache; its keys hold the compile's sources, Triton version, arch and config, no
+    CompileCache; its keys hold each kernel's source key, Triton version, arch and config, no
     paths): $ATTNFORGE_TEST_AOT_CACHE, else kernels.aot's per-user default outside any build
     folder, $XDG_CACHE_HOME/attnforge/aot (~/.cache/attnforge/aot). An unchanged kernel compiles
     once per machine; a fresh machine pays the cold compile once."""
