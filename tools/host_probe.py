@@ -30,7 +30,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 from triton.runtime import driver  # noqa: E402
 from triton.runtime.jit import JITFunction, compute_cache_key  # noqa: E402
 
-from kernels import interface  # noqa: E402
+from kernels.api import flash_attn as interface  # noqa: E402
 
 
 def per_call(fn, calls: int, rounds: int = 3) -> float:
@@ -167,14 +167,14 @@ def profile(fn, n: int, top: int = 22) -> str:
 
 
 def verify() -> int:
-    """Planned calls (kernels.launch) against the full path, bitwise, on fresh inputs: the
+    """Planned calls (kernels.launch.plans) against the full path, bitwise, on fresh inputs: the
     first call of each signature records, the second and third replay (natively, forward and
     backward, where the native launch path is active). Returns the number of failures."""
-    from kernels import _native as native
-    from kernels import launch
+    from kernels.launch import plans as launch
+    from kernels.launch import replay as native
 
     hits = {"fwd": 0, "bwd": 0}
-    for cls, kind in ((interface._ForwardPlan, "fwd"), (interface._BackwardPlan, "bwd")):
+    for cls, kind in ((interface.PyForwardPlan, "fwd"), (interface.PyBackwardPlan, "bwd")):
         orig = cls.__call__
 
         def counted(self, *a, _orig=orig, _kind=kind):
@@ -277,8 +277,9 @@ def verify_decode() -> int:
     after an append), on copies of one cache: a call records (and hands a step on a contiguous
     cache to the native launch path), the next two replay, natively where it took the step.
     Returns the number of failures."""
-    from kernels import _native as native
-    from kernels import kvcache, launch
+    from kernels.api import kvcache
+    from kernels.launch import plans as launch
+    from kernels.launch import replay as native
 
     bf, fp = torch.bfloat16, torch.float16
     # (batch, cache rows, query heads, KV heads, head dim, dtype, seqlen_q, new keys, kwargs)
@@ -332,10 +333,10 @@ def verify_decode() -> int:
             return [*res, k2, v2]
 
         native.counts()
-        start = kvcache._KVPlan.replays
+        start = kvcache.KVPlan.replays
         got = [call() for _ in range(3)]
         n = native.counts()[3]
-        replays = kvcache._KVPlan.replays - start
+        replays = kvcache.KVPlan.replays - start
         natives += n
         launch.ENABLED, enabled = False, launch.ENABLED
         try:
@@ -380,12 +381,12 @@ def main() -> int:
     mask = interface.Mask()
     fargs = (q, k, v, None, None, 16, 16, 1, scale, mask, None, False)
     with torch.no_grad(), Recorder() as rec:
-        interface._forward(*fargs)
+        interface.run_forward(*fargs)
     torch.cuda.synchronize()
     with torch.no_grad():
         rows["fwd: SDPA-flash"] = per_call(sdpa, calls)
         rows["fwd: flash_attn_func"] = per_call(lambda: interface.flash_attn_func(q, k, v), calls)
-        rows["fwd: _forward"] = per_call(lambda: interface._forward(*fargs), calls)
+        rows["fwd: run_forward"] = per_call(lambda: interface.run_forward(*fargs), calls)
         rows["fwd: two torch.empty"] = per_call(
             lambda: (
                 torch.empty((1, 16, 1, 64), dtype=torch.bfloat16, device=dev),
@@ -393,14 +394,14 @@ def main() -> int:
             ),
             calls,
         )
-        fwd = [c for c in rec.calls if c[0].fn.__name__ == "_attn_fwd"]
+        fwd = [c for c in rec.calls if c[0].fn.__name__ == "attn_fwd"]
         if fwd:
             fn, grid, args, kwargs = fwd[0]
-            jit_fwd = launch_rows("fwd _attn_fwd", fn, grid, args, kwargs, calls, rows)
+            jit_fwd = launch_rows("fwd attn_fwd", fn, grid, args, kwargs, calls, rows)
         else:
-            print("the forward did not launch _attn_fwd through Triton: no launch rows")
+            print("the forward did not launch attn_fwd through Triton: no launch rows")
             jit_fwd = None
-        prof_fwd = profile(lambda: interface._forward(*fargs), 1000)
+        prof_fwd = profile(lambda: interface.run_forward(*fargs), 1000)
         prof_launch = profile(jit_fwd, 1000) if jit_fwd else ""
 
     # Forward + backward at (2, 1024, 8, 80) fp16, BSHD (docs/benchmarks.md's small step).
@@ -425,18 +426,18 @@ def main() -> int:
 
     scale = d**-0.5
     fargs = (q.detach(), k.detach(), v.detach(), None, None, s, s, b, scale, mask, None, False)
-    out, lse = interface._forward(*fargs)
+    out, lse = interface.run_forward(*fargs)
     bargs = (do, *fargs[:3], out, lse, None, None, s, s, b, scale, mask, None, False)
     with Recorder() as rec:
-        interface._backward(*bargs)
+        interface.run_backward(*bargs)
     torch.cuda.synchronize()
     rows["step: SDPA-flash fwd+bwd"] = per_call(sdpa_step, calls // 4)
     rows["step: flash_attn_func fwd+bwd"] = per_call(step, calls // 4)
-    rows["bwd: _backward"] = per_call(lambda: interface._backward(*bargs), calls // 2)
+    rows["bwd: run_backward"] = per_call(lambda: interface.run_backward(*bargs), calls // 2)
     for fn, grid, args, kwargs in rec.calls:
         name = fn.fn.__name__
         launch_rows(f"bwd {name}", fn, grid, args, kwargs, calls // 2, rows)
-    prof_bwd = "" if a.no_profile else profile(lambda: interface._backward(*bargs), 500)
+    prof_bwd = "" if a.no_profile else profile(lambda: interface.run_backward(*bargs), 500)
 
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton "
           f"{triton.__version__}, Python {sys.version.split()[0]}")  # fmt: skip
@@ -444,9 +445,9 @@ def main() -> int:
     for name, us in rows.items():
         print(f"| {name} | {us:.1f} |")
     if not a.no_profile:
-        print("\ncProfile, 1000 _forward calls:\n" + prof_fwd)
-        print("\ncProfile, 1000 _attn_fwd[grid] launches:\n" + prof_launch)
-        print("\ncProfile, 500 _backward calls:\n" + prof_bwd)
+        print("\ncProfile, 1000 run_forward calls:\n" + prof_fwd)
+        print("\ncProfile, 1000 attn_fwd[grid] launches:\n" + prof_launch)
+        print("\ncProfile, 500 run_backward calls:\n" + prof_bwd)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)

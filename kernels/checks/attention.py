@@ -1,6 +1,6 @@
 """The ``attn`` cases: forward and backward through the kernels' autograd function, every
 output and gradient against :func:`~kernels.checks.reference.attention_ref`; where the native
-launch path is active (kernels/_native.py, a GPU), the same call three times through
+launch path is active (kernels/launch/replay.py, a GPU), the same call three times through
 ``flash_attn_func``'s entry, bitwise against the first run; and the SDPA shim's routing case."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ def compare(case: Case, device, seed: int = 0) -> dict:
     """Run one ``attn`` case; ``{"ok": bool, "metrics": {...}}``."""
     import torch
 
-    from ..interface import Mask, _FlashAttn
+    from ..api.flash_attn import FlashAttnFunction, Mask
     from .reference import attention_ref
 
     dtype = torch.bfloat16 if case.dtype == "bf16" else torch.float16
@@ -47,7 +47,7 @@ def compare(case: Case, device, seed: int = 0) -> dict:
         cu_k = torch.tensor(
             [0] + list(torch.tensor(lk).cumsum(0)), dtype=torch.int32, device=device
         )
-        out, lse = _FlashAttn.apply(
+        out, lse = FlashAttnFunction.apply(
             *cat, cu_q, cu_k, max(lq), max(lk), case.b, scale, mask, alibi, True
         )
         poisoned = False
@@ -71,7 +71,7 @@ def compare(case: Case, device, seed: int = 0) -> dict:
             # BHSD storage viewed as BSHD: exercised through strides, without a copy.
             q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
         q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
-        out, lse = _FlashAttn.apply(
+        out, lse = FlashAttnFunction.apply(
             q, k, v, None, None, case.sq, case.sk, case.b, scale, mask, alibi, False
         )
         poisoned = bool(torch.isnan(out).any())
@@ -116,13 +116,13 @@ def compare(case: Case, device, seed: int = 0) -> dict:
 
 def _native_replays(leaves, do, call: tuple, want: tuple) -> dict | None:
     """Where the native launch path is active and takes this call (no ALiBi): the call three
-    times through flash_attn_func's entry (``interface._call``; the first hands the plans over
+    times through flash_attn_func's entry (``interface.call_entry``; the first hands the plans over
     where the Python path recorded them, the others replay them natively), each output and
     gradient bitwise against ``want`` (the checked run's); metrics, or None where not run."""
     import torch
 
-    from .. import _native
-    from ..interface import _call
+    from ..api.flash_attn import call_entry
+    from ..launch import replay as _native
 
     if call[7] is not None or _native.status() != "active":
         return None
@@ -130,7 +130,7 @@ def _native_replays(leaves, do, call: tuple, want: tuple) -> dict | None:
     equal = True
     for _ in range(3):
         q, k, v = (t.detach().clone().requires_grad_() for t in leaves)
-        out = _call(q, k, v, call, False)
+        out = call_entry(q, k, v, call, False)
         got = (out, *torch.autograd.grad(out, (q, k, v), do))
         equal = equal and all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
     fwd, bwd, back, _ = _native.counts()
@@ -160,7 +160,7 @@ def run_shim(device) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from .. import sdpa_shim
+    from ..api import sdpa as sdpa_shim
 
     sdpa_shim.reset_stats()
     was = sdpa_shim.enabled()

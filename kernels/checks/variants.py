@@ -27,7 +27,7 @@ def _peek_seed_offset(device, increment: int) -> tuple[int, int]:
     generator as it was (so the call itself takes the same ones)."""
     import torch
 
-    from ..interface import philox_seed_offset
+    from ..api.flash_attn import philox_seed_offset
 
     if device.type == "cuda":
         gen = torch.cuda.default_generators[device.index or 0]
@@ -70,7 +70,7 @@ def compare_dropout(case: Case, device, seed: int = 0) -> dict:
     """Run one ``dropout`` case; ``{"ok": bool, "metrics": {...}}``."""
     import torch
 
-    from ..interface import (
+    from ..api.flash_attn import (
         _get_block_size_n,
         flash_attn_func,
         flash_attn_varlen_func,
@@ -185,7 +185,7 @@ def compare_fp8(case: Case, device, seed: int = 0) -> dict:
     """Run one ``fp8`` case; ``{"ok": bool, "metrics": {...}}`` or ``{"skip": reason}``."""
     import torch
 
-    from ..interface import flash_attn_fp8_func, fp8_dtype_for
+    from ..api.flash_attn import flash_attn_fp8_func, fp8_dtype_for
     from .reference import attention_ref, fp8_emulation
 
     try:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from kernels import aot
-from kernels.configs import ACCEPTED_SPILLS, config_for
+from kernels.device.configs import ACCEPTED_SPILLS, config_for
+from kernels.tools import compile_check as aot
 from tests.conftest import outputs_env, run_invoke
 
 REPO = Path(__file__).resolve().parents[2]
@@ -197,8 +197,8 @@ def test_unknown_arch_is_a_user_error():
 @pytest.mark.slow
 def test_dropout_and_fp8_variants_compile_without_spills(aot_run):
     # Issue 13: every arch gets the dropout forward and backward, the FP8 forward only where its
-    # matrix unit multiplies e4m3 natively (kernels.flash.FP8_DOT); none of them spills.
-    from kernels.flash import FP8_DOT
+    # matrix unit multiplies e4m3 natively (kernels.device.flash.FP8_DOT); none of them spills.
+    from kernels.device.flash import FP8_DOT
 
     _, reports = aot_run
     by = {(r["arch"], r["head_dim"], r["kernel"]): r for r in reports}
@@ -267,7 +267,7 @@ def _tree_copy(tmp_path: Path) -> Path:
 def _key_in(tree: Path) -> str:
     """The cache key of gfx942's first kernel at head dim 64, computed by `kernels.aot` in
     ``tree`` in a process of its own."""
-    script = ("from kernels import aot; spec = aot.load_arches()['gfx942']; "
+    script = ("from kernels.tools import compile_check as aot; spec = aot.load_arches()['gfx942']; "
               "d, job = aot.jobs_for('gfx942', spec, (64,))[0]; "
               "print(aot.CompileCache(None).key('gfx942', spec, d, job, False))")  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "PYTHONPATH")}
@@ -301,21 +301,21 @@ def test_a_changed_kernel_source_misses_the_cache_and_a_host_side_change_does_no
     # Host code, in its own module or beside the kernel (shifting the kernel's lines), and another
     # kernel compile nothing again; the kernel's body and a jit function it calls do.
     for edit in (
-        ("bench.py", '"""', '"""Edited. '),
-        ("kvcache.py", "\nimport", "\n# edited\nimport"),
-        ("kvcache_kernels.py", "\nimport", "\n# edited\n# twice\nimport"),
-        ("kvcache_kernels.py", "def _kv_append(", "def _kv_append(  # edited\n"),
+        ("tools/benchmark.py", '"""', '"""Edited. '),
+        ("api/kvcache.py", "\nimport", "\n# edited\nimport"),
+        ("device/decode.py", "\nimport", "\n# edited\n# twice\nimport"),
+        ("device/decode.py", "def kv_append(", "def kv_append(  # edited\n"),
     ):
         assert "1 kernel(s), 1 from the cache" in run_after(edit), edit
     for edit in (
-        ("kvcache_kernels.py", "def _kv_fwd(", "def _kv_fwd(  # edited\n"),
-        ("flash.py", "def _scores(", "def _scores(  # edited\n"),
+        ("device/decode.py", "def kv_fwd(", "def kv_fwd(  # edited\n"),
+        ("device/flash.py", "def scores_tile(", "def scores_tile(  # edited\n"),
     ):
         assert "1 kernel(s), 0 from the cache" in run_after(edit), edit
 
 
 def test_the_cache_key_changes_with_every_input(tmp_path, monkeypatch):
-    from kernels.configs import Tile
+    from kernels.device.configs import Tile
 
     spec = ARCHES["gfx942"]
     cache = aot.CompileCache(tmp_path)

@@ -60,7 +60,7 @@ def _source_key(obj, seen: dict) -> str:
 
 def _references(py) -> list[tuple[str, object]]:
     """(dotted name, object) for every global or closure name ``py``'s body reads, and every
-    attribute reached from a module of the project (``flash._dot``), sorted by name; Triton's own
+    attribute reached from a module of the project (``flash.dot_acc``), sorted by name; Triton's own
     modules (``tl``, ``gl``, ``triton``) are its builtins, as Triton skips them."""
     scope = {**py.__globals__, **inspect.getclosurevars(py).nonlocals}
     found: dict[str, object] = {}

@@ -12,12 +12,16 @@ import torch
 import triton
 from triton.runtime import _allocation
 
-from . import _native as native
-from . import arguments, autotune, configs, flash, launch
-from ._compat import patch_interpreter
+from ..device import configs, flash
+from ..device.flash import FP8_DOT, LOG2E, attn_bwd_delta, attn_bwd_dkdv, attn_bwd_dq, attn_fwd
+from ..device.interpreter import patch_interpreter
+from ..launch import autotune
+from ..launch import plans as launch
+from ..launch import replay as native
+from . import arguments
 from .arguments import AttnResult, Descale
 from .errors import ArgumentError, ArgumentTypeError
-from .flash import FP8_DOT, LOG2E, _attn_bwd_delta, _attn_bwd_dkdv, _attn_bwd_dq, _attn_fwd
+from .kvcache import paged_varlen_forward
 
 __all__ = [
     "flash_attn_func",
@@ -85,7 +89,7 @@ def keep_threshold(p: float) -> int:
     return min(int(p * 2**32), 2**32 - 1)
 
 
-def _dropout(q, p: float, batch: int, hq: int, max_q: int, max_k: int, sdmask: bool):
+def dropout_state(q, p: float, batch: int, hq: int, max_q: int, max_k: int, sdmask: bool):
     """The :class:`Dropout` of a call (None when ``p`` is 0), advancing torch's generator."""
     if not p:
         return None
@@ -211,7 +215,7 @@ def _tma_allocator() -> None:
 
 
 def _gluon_scope(q, mask: Mask, softcap: float, slopes, varlen: bool, drop, *tensors) -> bool:
-    """What both warp-specialised Gluon kernels (kernels/flash_sm90.py) need of a call, head dims
+    """What both warp-specialised Gluon kernels (kernels/device/flash_sm90.py) need of a call, head dims
     aside: fixed-length batches, no mask or causal aligned bottom-right (``right == 0``, no
     ``left``), no softcap, ALiBi or dropout, tensors of q's dtype that TMA can address, and not
     the CPU interpreter (Gluon has none)."""
@@ -277,17 +281,17 @@ def _common(q, k, v, mask: Mask, scale: float, fp8: bool = False):
     return d, hq, hk, cfg, hip, softcap, cap_in, cap_out
 
 
-def _forward(
+def run_forward(
     q, k, v, cu_q, cu_k, max_q, max_k, batch, scale, mask: Mask, alibi, varlen,
     drop: Dropout | None = None, descale=None, out_dtype=None, planned: list | None = None,
 ):  # fmt: skip
     """(out, lse). ``drop``: dropout (fills ``drop.sdmask`` when it has one); ``descale``: FP8
     (q/k/v e4m3 with fp32 (batch, Hk) descale tensors (dq, dk, dv)), output in ``out_dtype``.
 
-    A call whose key (``kernels.launch``) an earlier call recorded replays that call's launch;
+    A call whose key (``kernels.launch.plans``) an earlier call recorded replays that call's launch;
     others take the full path below and, where it can be replayed, record it. ``planned``: a
-    list that gets the call's :class:`_ForwardPlan` where it replayed or recorded one (the
-    autograd Functions hand it to :func:`_backward`)."""
+    list that gets the call's :class:`PyForwardPlan` where it replayed or recorded one (the
+    autograd Functions hand it to :func:`run_backward`)."""
     key = None
     if launch.ENABLED and alibi is None and drop is None and descale is None:
         values = (max_q, max_k, batch, scale, mask, varlen)
@@ -322,7 +326,9 @@ def _forward(
     dummy = cu_q if cu_q is not None else out
     desc_q, desc_k, desc_v = descale if fp8 else (None, None, None)
     if gluon_forward_ok(cfg, qs.t, ks.t, vs.t, out, mask, softcap, slopes, varlen, drop, fp8):
-        from . import flash_sm90  # Hopper only: Gluon's NVIDIA modules are not needed elsewhere
+        from ..device import (
+            flash_sm90,  # Hopper only: Gluon's NVIDIA modules are not needed elsewhere
+        )
 
         _tma_allocator()
         flash_sm90.launch(qs.t, ks.t, vs.t, out, lse, scale * LOG2E, causal=mask.right == 0)
@@ -339,7 +345,7 @@ def _forward(
         c = _tma_config(c, ("fwd",), qs.t, ks.t, vs.t)
         t = c.fwd
         grid = (_cdiv(max_q, t.block_m), batch * hq)
-        launch.recording(_attn_fwd, launched)[grid](
+        launch.recording(attn_fwd, launched)[grid](
             qs.t,
             ks.t,
             vs.t,
@@ -394,7 +400,7 @@ def _forward(
             if len(launched) == 1
             else None
         )
-        plan = _ForwardPlan(rec, out, lse) if rec is not None else False
+        plan = PyForwardPlan(rec, out, lse) if rec is not None else False
         launch.FORWARD.put(key, plan)
         if plan:
             native.put_forward(plan, q, k, v, cu_q, cu_k, values, out, lse)
@@ -406,11 +412,11 @@ def _forward(
     return out, lse
 
 
-class _ForwardPlan:
-    """A recorded forward launch (``kernels.launch``): allocates out and LSE as the full path
+class PyForwardPlan:
+    """A recorded forward launch (``kernels.launch.plans``): allocates out and LSE as the full path
     does, then launches; None when a fresh output is not 16-byte aligned (then the full path).
     ``backward``: the plans of the backward calls of this forward's outputs, by
-    ``launch.backward_key``. ``native``: this plan handed to kernels/_native.py (its native
+    ``launch.backward_key``. ``native``: this plan handed to kernels/launch/replay.py (its native
     plan), False where it cannot be, None before."""
 
     __slots__ = ("launch", "out_shape", "out_dtype", "lse_shape", "device", "backward", "native")
@@ -433,7 +439,7 @@ class _ForwardPlan:
         return out, lse
 
 
-class _BackwardPlan:
+class PyBackwardPlan:
     """Recorded backward launches (dQ with delta, then dK/dV): allocates dQ, dK, dV and delta as
     the full path does, then launches; None when a fresh buffer is not 16-byte aligned."""
 
@@ -472,18 +478,18 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _backward(
+def run_backward(
     do, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, batch, scale, mask: Mask, alibi, varlen,
     grads=None, drop: Dropout | None = None, fplan: tuple | None = None, native_plan=None,
 ):  # fmt: skip
-    """dQ, dK, dV; ``grads`` = (dq, dk, dv) to write into (views of one pack: kernels/packed.py);
+    """dQ, dK, dV; ``grads`` = (dq, dk, dv) to write into (views of one pack: kernels/api/packed.py);
     ``drop``: the forward's dropout, whose mask the kernels regenerate; ``fplan``: what
-    :func:`_saved_plan` kept of the forward of ``out``: the plan it replayed or recorded, whose
+    :func:`saved_plan` kept of the forward of ``out``: the plan it replayed or recorded, whose
     own table keys this call's plan by what the backward adds to the forward's key
     (``launch.backward_key``), while the saved inputs still hold the forward's data; its plan
-    is handed to the forward plan's native plan (kernels/_native.py) when recorded.
+    is handed to the forward plan's native plan (kernels/launch/replay.py) when recorded.
     ``native_plan``: the native plan of a native node whose backward came back here for want
-    of a native plan (kernels/_native.py's ``_backward``); a replayed plan is handed to it too.
+    of a native plan (kernels/launch/replay.py's ``run_backward``); a replayed plan is handed to it too.
 
     Two launches (dQ, which also computes delta = rowsum(O * dO), then dK/dV) except with
     ``atomic_dq`` (delta kernel, then dK/dV accumulating dQ). The small shapes are bound by host
@@ -491,7 +497,7 @@ def _backward(
     checks (the forward did them), reads each tensor's strides once and allocates the gradients
     in their inputs' layouts (autograd then keeps them instead of copying them into the leaves'
     layout). A call whose key an earlier call recorded replays its two launches, as in
-    :func:`_forward`."""
+    :func:`run_forward`."""
     key = None
     export = None  # the native plan this call's backward plan is handed to
     if launch.ENABLED and alibi is None and grads is None and drop is None:
@@ -566,7 +572,7 @@ def _backward(
             pre_m = 64
             st = (*outs.strides, *dos.strides)
             align = flash.stride_align(*st)
-            _attn_bwd_delta[(_cdiv(max_q, pre_m), batch * hq)](
+            attn_bwd_delta[(_cdiv(max_q, pre_m), batch * hq)](
                 outs.t,
                 dos.t,
                 delta,
@@ -586,7 +592,7 @@ def _backward(
             tq = c.bwd_q
             st = (*qkvdo, *dqs, *outs.strides)
             align = flash.stride_align(*st)
-            launch.recording(_attn_bwd_dq, launched)[(_cdiv(max_q, tq.block_m), batch * hq)](
+            launch.recording(attn_bwd_dq, launched)[(_cdiv(max_q, tq.block_m), batch * hq)](
                 qs.t,
                 ks.t,
                 vs.t,
@@ -621,7 +627,7 @@ def _backward(
         if gluon_backward_ok(
             c, qs.t, ks.t, vs.t, dos.t, dk, dv, mask, softcap, slopes, varlen, drop
         ):
-            from . import flash_sm90  # Hopper only, as in _forward
+            from ..device import flash_sm90  # Hopper only, as in run_forward
 
             _tma_allocator()
             flash_sm90.launch_bwd_dkdv(
@@ -631,7 +637,7 @@ def _backward(
         else:
             st = (*qkvdo, *dks, *dvs, *dqs)
             align = flash.stride_align(*st)
-            launch.recording(_attn_bwd_dkdv, launched)[(_cdiv(max_k, tk.block_n), batch * hk)](
+            launch.recording(attn_bwd_dkdv, launched)[(_cdiv(max_k, tk.block_n), batch * hk)](
                 qs.t,
                 ks.t,
                 vs.t,
@@ -673,30 +679,47 @@ def _backward(
         # The default two launches, dQ then dK/dV (Triton's or, on Hopper, Gluon's), nothing
         # else (not the atomic-dQ path, whose delta kernel is not recorded).
         recs = (None,)
-        if len(launched) == 2 and launched[0][0] is _attn_bwd_dq:
+        if len(launched) == 2 and launched[0][0] is attn_bwd_dq:
             tensors = (do, q, k, v, out, lse, cu_q, cu_k, dq, dk, dv, delta)
             recs = tuple(launch.record(*x, tensors) for x in launched)
-        table.put(key, _BackwardPlan(recs) if None not in recs else False)
+        table.put(key, PyBackwardPlan(recs) if None not in recs else False)
         if export is not None:
             native.put_backward(export, None if None in recs else recs, do, q, k, v, out, lse)
     return dq, dk, dv
 
 
-def _saved_plan(planned: list, q, k, v, cu_q, cu_k) -> tuple | None:
-    """For ``ctx``: the forward's plan (``_forward``'s ``planned``) and its inputs' data
+def saved_plan(planned: list, q, k, v, cu_q, cu_k) -> tuple | None:
+    """For ``ctx``: the forward's plan (``run_forward``'s ``planned``) and its inputs' data
     pointers, or None. Autograd refuses a saved input changed in place, metadata included, but
     not one whose ``.data`` was replaced; a backward whose inputs no longer point where the
     forward's did takes the full key instead of the plan's table."""
     return (planned[0], launch.pointers(q, k, v, cu_q, cu_k)) if planned else None
 
 
-class _FlashAttn(torch.autograd.Function):
+def native_fallback(plan, same, do, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, batch, scale, left,
+                    right, softcap, varlen):  # fmt: skip
+    """A native node's backward without a native plan for dO's layout: the Python path, with its
+    forward's Python plan where the saved inputs still hold the forward's data (``same``), which
+    records the backward's plan and hands it to ``plan``."""
+    pyplan = native.python_plan(plan.id) if same else None
+    fplan = saved_plan([pyplan] if pyplan is not None else [], q, k, v, cu_q, cu_k)
+    mask = Mask(left=left, right=right, softcap=softcap)
+    return run_backward(
+        do, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, batch, scale, mask, None, varlen,
+        fplan=fplan, native_plan=plan if same else None,
+    )  # fmt: skip
+
+
+native.on_python_backward(native_fallback)
+
+
+class FlashAttnFunction(torch.autograd.Function):
     @staticmethod
     def forward(
         ctx, q, k, v, cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi, varlen, drop=None
     ):
         planned = []
-        out, lse = _forward(
+        out, lse = run_forward(
             q, k, v, cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi, varlen, drop=drop,
             planned=planned,
         )  # fmt: skip
@@ -705,7 +728,7 @@ class _FlashAttn(torch.autograd.Function):
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, alibi)
         ctx.meta = (max_q, max_k, batch, scale, mask, varlen, drop)
-        ctx.fplan = _saved_plan(planned, q, k, v, cu_q, cu_k)
+        ctx.fplan = saved_plan(planned, q, k, v, cu_q, cu_k)
         return out, lse
 
     @staticmethod
@@ -714,7 +737,7 @@ class _FlashAttn(torch.autograd.Function):
             return (None,) * 13
         q, k, v, out, lse, cu_q, cu_k, alibi = ctx.saved_tensors
         max_q, max_k, batch, scale, mask, varlen, drop = ctx.meta
-        dq, dk, dv = _backward(
+        dq, dk, dv = run_backward(
             dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi, varlen,
             drop=drop, fplan=ctx.fplan,
         )  # fmt: skip
@@ -723,20 +746,20 @@ class _FlashAttn(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
 
 
-class _FlashAttnOut(torch.autograd.Function):
-    """:class:`_FlashAttn` for the calls that return only ``out`` (flash_attn_func and
+class FlashAttnOutFunction(torch.autograd.Function):
+    """:class:`FlashAttnFunction` for the calls that return only ``out`` (flash_attn_func and
     flash_attn_varlen_func without ``return_attn_probs``): four inputs (q, k, v and one tuple of
     the rest), one output, and only the tensors that exist saved (q, k, v, out, LSE, and
     cu_seqlens and ALiBi slopes where given). The same gradients and the same checks (a saved
     tensor modified in place, a second backward without ``retain_graph``); a few microseconds
     less of autograd's host time a step than the 13 inputs, two outputs and 8 saved slots of
-    :class:`_FlashAttn` (docs/benchmarks.md, "The training step's host time")."""
+    :class:`FlashAttnFunction` (docs/benchmarks.md, "The training step's host time")."""
 
     @staticmethod
     def forward(ctx, q, k, v, call):
         cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi, varlen, drop = call
         planned = []
-        out, lse = _forward(
+        out, lse = run_forward(
             q, k, v, cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi, varlen, drop=drop,
             planned=planned,
         )  # fmt: skip
@@ -746,7 +769,7 @@ class _FlashAttnOut(torch.autograd.Function):
         else:
             ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, alibi)
         ctx.call = call
-        ctx.fplan = _saved_plan(planned, q, k, v, cu_q, cu_k)
+        ctx.fplan = saved_plan(planned, q, k, v, cu_q, cu_k)
         return out
 
     @staticmethod
@@ -757,7 +780,7 @@ class _FlashAttnOut(torch.autograd.Function):
         q, k, v, out, lse = saved[:5]
         cu_q, cu_k, alibi = saved[5:] if len(saved) > 5 else (None, None, None)
         _, _, max_q, max_k, batch, scale, mask, _, varlen, drop = ctx.call
-        dq, dk, dv = _backward(
+        dq, dk, dv = run_backward(
             dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi, varlen,
             drop=drop, fplan=ctx.fplan,
         )  # fmt: skip
@@ -770,7 +793,7 @@ def _inference(*tensors) -> bool:
     return not torch.is_grad_enabled() or not any(t.requires_grad for t in tensors)
 
 
-def _mask_from_flash_args(causal: bool, window_size, softcap: float) -> Mask:
+def mask_from_flash_args(causal: bool, window_size, softcap: float) -> Mask:
     left, right = window_size if window_size is not None else (-1, -1)
     left = None if left is None or left < 0 else int(left)
     right = None if right is None or right < 0 else int(right)
@@ -791,7 +814,7 @@ def attention(
     """Fixed-length attention on BSHD views with an explicit :class:`Mask`; returns (out, lse)."""
     b, sq = q.shape[0], q.shape[1]
     sk = k.shape[1]
-    return _FlashAttn.apply(q, k, v, None, None, sq, sk, b, scale, mask, alibi_slopes, False)
+    return FlashAttnFunction.apply(q, k, v, None, None, sq, sk, b, scale, mask, alibi_slopes, False)
 
 
 def flash_attn_func(
@@ -818,30 +841,30 @@ def flash_attn_func(
     default dQ path has no atomics.
     """
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    mask = _mask_from_flash_args(causal, window_size, softcap)
+    mask = mask_from_flash_args(causal, window_size, softcap)
     b, sq, hq = q.shape[0], q.shape[1], q.shape[2]
     sk = k.shape[1]
-    drop = _dropout(q, dropout_p, b, hq, sq, sk, return_attn_probs)
+    drop = dropout_state(q, dropout_p, b, hq, sq, sk, return_attn_probs)
     call = (None, None, sq, sk, b, scale, mask, alibi_slopes, False, drop)
-    return _call(q, k, v, call, return_attn_probs)
+    return call_entry(q, k, v, call, return_attn_probs)
 
 
-def _call(q, k, v, call: tuple, return_attn_probs: bool) -> AttnResult:
+def call_entry(q, k, v, call: tuple, return_attn_probs: bool) -> AttnResult:
     """The forward of flash_attn_func and flash_attn_varlen_func: without autograd where no
-    gradient will be asked for, through :class:`_FlashAttnOut` where only ``out`` is returned,
-    else through :class:`_FlashAttn` (``out`` and the LSE as outputs). A call that
-    kernels/_native.py has a plan for (one returning only ``out``) is launched there, under a
+    gradient will be asked for, through :class:`FlashAttnOutFunction` where only ``out`` is returned,
+    else through :class:`FlashAttnFunction` (``out`` and the LSE as outputs). A call that
+    kernels/launch/replay.py has a plan for (one returning only ``out``) is launched there, under a
     C++ autograd node."""
     if not return_attn_probs:
         out = native.forward(q, k, v, call)
         if out is not None:
             return out
     if _inference(q, k, v):
-        out, lse = _forward(q, k, v, *call)
+        out, lse = run_forward(q, k, v, *call)
     elif not return_attn_probs:
-        return _FlashAttnOut.apply(q, k, v, call)
+        return FlashAttnOutFunction.apply(q, k, v, call)
     else:
-        out, lse = _FlashAttn.apply(q, k, v, *call)
+        out, lse = FlashAttnFunction.apply(q, k, v, *call)
     if return_attn_probs:
         drop = call[-1]
         return out, lse, drop.sdmask if drop else None
@@ -876,22 +899,20 @@ def flash_attn_varlen_func(
             raise NotImplementedError(
                 "dropout is not implemented for paged KV (block_table); pass dropout_p=0"
             )
-        from .kvcache import paged_varlen_forward
-
         return paged_varlen_forward(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
             softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
             alibi_slopes=alibi_slopes, return_attn_probs=return_attn_probs, block_table=block_table,
         )  # fmt: skip
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    mask = _mask_from_flash_args(causal, window_size, softcap)
+    mask = mask_from_flash_args(causal, window_size, softcap)
     cu_q = cu_seqlens_q.to(torch.int32)
     cu_k = cu_seqlens_k.to(torch.int32)
     batch = cu_q.numel() - 1
     max_q, max_k = int(max_seqlen_q), int(max_seqlen_k)
-    drop = _dropout(q, dropout_p, batch, q.shape[1], max_q, max_k, return_attn_probs)
+    drop = dropout_state(q, dropout_p, batch, q.shape[1], max_q, max_k, return_attn_probs)
     call = (cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi_slopes, True, drop)
-    return _call(q, k, v, call, return_attn_probs)
+    return call_entry(q, k, v, call, return_attn_probs)
 
 
 def fp8_dtype_for(device: torch.device) -> torch.dtype:
@@ -991,10 +1012,10 @@ def _fp8_call(
         for t, name in zip(descales, ("descale_q", "descale_k", "descale_v"), strict=True)
     )
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    mask = _mask_from_flash_args(causal, window_size, softcap)
+    mask = mask_from_flash_args(causal, window_size, softcap)
     varlen = cu_q is not None
     with torch.no_grad():
-        out, lse = _forward(
+        out, lse = run_forward(
             q, k, v, cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi_slopes, varlen,
             descale=descale, out_dtype=out_dtype,
         )  # fmt: skip

@@ -30,7 +30,7 @@ def compare_packed(case: Case, device, seed: int = 0) -> dict:
     """Run one ``packed`` case; ``{"ok": bool, "metrics": {...}}``."""
     import torch
 
-    from .. import packed
+    from ..api import packed
     from .reference import attention_ref
 
     dtype = torch.bfloat16 if case.dtype == "bf16" else torch.float16
@@ -117,7 +117,7 @@ def compare_kvcache(case: Case, device, seed: int = 0) -> dict:
     """Run one ``kvcache`` case; ``{"ok": bool, "metrics": {...}}``."""
     import torch
 
-    from ..kvcache import flash_attn_with_kvcache
+    from ..api.kvcache import flash_attn_with_kvcache
     from .reference import attention_ref, rotary_ref
 
     dtype = torch.bfloat16 if case.dtype == "bf16" else torch.float16
@@ -223,8 +223,8 @@ def compare_kvcache(case: Case, device, seed: int = 0) -> dict:
 
 
 def _replayed(slopes) -> bool:
-    """Whether a call like this one is planned (kernels/launch.py; ALiBi is not)."""
-    from .. import launch
+    """Whether a call like this one is planned (kernels/launch/plans.py; ALiBi is not)."""
+    from ..launch import plans as launch
 
     return launch.ENABLED and slopes is None
 
@@ -236,11 +236,11 @@ def _replays(fn, q, before, k_new, v_new, kw: dict, want: tuple) -> dict:
     run's); how many replays each path made."""
     import torch
 
-    from .. import _native
-    from ..kvcache import _KVPlan
+    from ..api.kvcache import KVPlan
+    from ..launch import replay as _native
 
     _native.counts()
-    start = _KVPlan.replays
+    start = KVPlan.replays
     equal = True
     for _ in range(3):
         kc, vc = before[0].clone(), before[1].clone()
@@ -249,7 +249,7 @@ def _replays(fn, q, before, k_new, v_new, kw: dict, want: tuple) -> dict:
         equal = equal and all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
     return {
         "replays_equal": float(equal),
-        "plan_replays": float(_KVPlan.replays - start),
+        "plan_replays": float(KVPlan.replays - start),
         "native_replays": float(_native.counts()[3]),
     }
 
@@ -258,7 +258,7 @@ def compare_paged_varlen(case: Case, device, seed: int = 0) -> dict:
     """Run one ``pagedvarlen`` case; ``{"ok": bool, "metrics": {...}}``."""
     import torch
 
-    from ..interface import flash_attn_varlen_func
+    from ..api.flash_attn import flash_attn_varlen_func
     from .reference import attention_ref
 
     dtype = torch.bfloat16 if case.dtype == "bf16" else torch.float16
