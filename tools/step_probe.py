@@ -251,6 +251,59 @@ def breakdown(q, k, v, do, steps: int, sync, causal: bool) -> dict:
     return {k: statistics.median(v) for k, v in spans.items()}
 
 
+def single_threaded_rows(p: str, sdpa_step, ours_step, steps, sync) -> dict:
+    """Both steps with autograd's device threads off (the backward on the calling thread)."""
+    torch.autograd.set_multithreading_enabled(False)
+    try:
+        return interleaved(
+            {
+                p + "SDPA-flash step, multithreading off": sdpa_step,
+                p + "ours: step, multithreading off": ours_step,
+            },
+            steps,
+            sync,
+        )
+    finally:
+        torch.autograd.set_multithreading_enabled(True)
+
+
+def piece_rows(p: str, tensors: tuple, call: tuple, causal, dev, steps, sync) -> dict:
+    """The step's pieces without autograd, each timed alone: run_forward, run_backward, the
+    launch plans' keys (on a GPU) and mask_from_flash_args."""
+    (q, k, v, do), (sq, sk, b, scale, mask) = tensors, call
+    rows: dict = {}
+    with torch.no_grad():
+        out, lse = interface.run_forward(q, k, v, None, None, sq, sk, b, scale, mask, None, False)
+        rows[p + "run_forward alone"] = per_step(
+            lambda: interface.run_forward(q, k, v, None, None, sq, sk, b, scale, mask, None, False),
+            steps,
+            sync,
+        )
+        bargs = (do, q, k, v, out, lse, None, None, sq, sk, b, scale, mask, None, False)
+        rows[p + "run_backward alone"] = per_step(
+            lambda: interface.run_backward(*bargs), steps, sync
+        )
+    if dev == "cuda":
+        rows[p + "launch.call_key of the forward (5 tensors)"] = per_step(
+            lambda: launch.call_key(
+                "fwd", (q, k, v, None, None), (sq, sk, b, scale, mask, False, None)
+            ),
+            steps,
+            sync,
+        )
+        rows[p + "launch.call_key of the backward (8 tensors)"] = per_step(
+            lambda: launch.call_key(
+                "bwd", (do, q, k, v, out, lse, None, None), (sq, sk, b, scale, mask, False)
+            ),
+            steps,
+            sync,
+        )
+    rows[p + "mask_from_flash_args"] = per_step(
+        lambda: interface.mask_from_flash_args(causal, (-1, -1), 0.0), steps, sync
+    )
+    return rows
+
+
 def shape_rows(name, b, sq, sk, hq, hk, d, dtype, causal, steps, dev, sync) -> dict:
     rows: dict = {}
     mk = lambda s, h: torch.randn(b, s, h, d, device=dev, dtype=dtype)  # noqa: E731
@@ -316,53 +369,11 @@ def shape_rows(name, b, sq, sk, hq, hk, d, dtype, causal, steps, dev, sync) -> d
             sync,
         )
     )
-    torch.autograd.set_multithreading_enabled(False)
-    try:
-        rows.update(
-            interleaved(
-                {
-                    p + "SDPA-flash step, multithreading off": sdpa_step,
-                    p + "ours: step, multithreading off": ours_step,
-                },
-                steps,
-                sync,
-            )
-        )
-    finally:
-        torch.autograd.set_multithreading_enabled(True)
+    rows.update(single_threaded_rows(p, sdpa_step, ours_step, steps, sync))
     rows[p + "Trivial Function (3 in, 1 out, 3 saved, no kernels)"] = per_step(
         variant(Trivial, q, k, v), steps, sync
     )
-    # Pieces without autograd.
-    with torch.no_grad():
-        out, lse = interface.run_forward(q, k, v, None, None, sq, sk, b, scale, mask, None, False)
-        rows[p + "run_forward alone"] = per_step(
-            lambda: interface.run_forward(q, k, v, None, None, sq, sk, b, scale, mask, None, False),
-            steps,
-            sync,
-        )
-        bargs = (do, q, k, v, out, lse, None, None, sq, sk, b, scale, mask, None, False)
-        rows[p + "run_backward alone"] = per_step(
-            lambda: interface.run_backward(*bargs), steps, sync
-        )
-    if dev == "cuda":
-        rows[p + "launch.call_key of the forward (5 tensors)"] = per_step(
-            lambda: launch.call_key(
-                "fwd", (q, k, v, None, None), (sq, sk, b, scale, mask, False, None)
-            ),
-            steps,
-            sync,
-        )
-        rows[p + "launch.call_key of the backward (8 tensors)"] = per_step(
-            lambda: launch.call_key(
-                "bwd", (do, q, k, v, out, lse, None, None), (sq, sk, b, scale, mask, False)
-            ),
-            steps,
-            sync,
-        )
-    rows[p + "mask_from_flash_args"] = per_step(
-        lambda: interface.mask_from_flash_args(causal, (-1, -1), 0.0), steps, sync
-    )
+    rows.update(piece_rows(p, (q, k, v, do), (sq, sk, b, scale, mask), causal, dev, steps, sync))
     for what, us in breakdown(q, k, v, do, steps, sync, causal).items():
         rows[p + "in the step: " + what] = us
     return rows

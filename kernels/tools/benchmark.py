@@ -599,7 +599,7 @@ def _ints(value: str) -> tuple[int, ...]:
     return tuple(int(n) for n in value.split(","))
 
 
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m kernels.bench", description=__doc__.splitlines()[0]
     )
@@ -646,7 +646,39 @@ def main(argv=None) -> int:
         default=[],
         help="NAME=JSON config override (see kernels.device.configs.override) to time as well",
     )
-    args = ap.parse_args(argv)
+    return ap
+
+
+def _write(result: dict, path: str | None) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+def _report(result: dict, args, render) -> int:
+    """Stamp ``result`` with the device and torch, write it to ``--json`` and print
+    ``render(result)``."""
+    import torch
+
+    result["device"] = torch.cuda.get_device_name()
+    result["torch"] = torch.__version__
+    _write(result, args.json)
+    print(render(result))
+    return 0
+
+
+def _decode(args) -> int:
+    sizes = dict(batches=(1, 64), caches=(4096, 131072)) if args.quick else {}
+    if args.batches:
+        sizes["batches"] = args.batches
+    if args.caches:
+        sizes["caches"] = args.caches
+    return _report(run_decode(splits=args.splits, gpu_time=args.gpu_time, **sizes), args,
+                   decode_table)  # fmt: skip
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
     import torch
 
     if not torch.cuda.is_available():
@@ -654,36 +686,14 @@ def main(argv=None) -> int:
         return 2
     variants = dict(v.split("=", 1) for v in args.variant)
     if args.host:
-        result = {"host_us": host_time()}
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(result, f, indent=1)
+        _write({"host_us": host_time()}, args.json)
         return 0
     if args.decode:
-        sizes = dict(batches=(1, 64), caches=(4096, 131072)) if args.quick else {}
-        if args.batches:
-            sizes["batches"] = args.batches
-        if args.caches:
-            sizes["caches"] = args.caches
-        result = run_decode(splits=args.splits, gpu_time=args.gpu_time, **sizes)
-        result["device"] = torch.cuda.get_device_name()
-        result["torch"] = torch.__version__
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(result, f, indent=1)
-        print(decode_table(result))
-        return 0
+        return _decode(args)
     if args.workloads:
         layouts = ("bshd", "bhsd") if args.layout == "both" else (args.layout,)
         modes = (args.mode,) if args.mode else ("fwd", "fwd+bwd")
-        result = run_workloads(layouts, modes, variants)
-        result["device"] = torch.cuda.get_device_name()
-        result["torch"] = torch.__version__
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(result, f, indent=1)
-        print(workload_table(result))
-        return 0
+        return _report(run_workloads(layouts, modes, variants), args, workload_table)
     if args.breakdown:
         for causal in (False, True):
             print(f"per-kernel ms, fwd+bwd, causal={causal}:")
@@ -692,14 +702,7 @@ def main(argv=None) -> int:
     shapes = QUICK if args.quick else SHAPES
     if args.mode:
         shapes = [s for s in shapes if s[5] == args.mode]
-    result = run(shapes, variants, memory=not args.no_memory)
-    result["device"] = torch.cuda.get_device_name()
-    result["torch"] = torch.__version__
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
-    print(table(result))
-    return 0
+    return _report(run(shapes, variants, memory=not args.no_memory), args, table)
 
 
 if __name__ == "__main__":

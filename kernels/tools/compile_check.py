@@ -195,92 +195,64 @@ def _short_kv(base, family: str, head_dim: int):
 
 def _kernels(head_dim: int, cfg, dtype: str = "bf16"):
     """(name, jit fn, pointer types, constexprs, tile) for the fwd and the three bwd kernels."""
-    from ..device import flash
     from ..device.configs import padded_head_dim
 
-    bd = padded_head_dim(head_dim)
     flags = dict(
         HEAD_DIM=head_dim,
-        BLOCK_D=bd,
+        BLOCK_D=padded_head_dim(head_dim),
         IS_VARLEN=False,
         HAS_LEFT=False,
         HAS_RIGHT=True,
         HAS_SOFTCAP=False,
         HAS_ALIBI=False,
     )
-    p = f"*{dtype}"
-    fwd_ptrs = dict(Q=p, K=p, V=p, Out=p, LSE="*fp32", CuQ="*i32", CuK="*i32", Slopes="*fp32")
-    dq_type = "*fp32" if cfg.atomic_dq else p
-    bwd_ptrs = dict(
-        Q=p,
-        K=p,
-        V=p,
-        DO=p,
-        DK=p,
-        DV=p,
-        DQ=dq_type,
-        LSE="*fp32",
-        Delta="*fp32",
-        CuQ="*i32",
-        CuK="*i32",
-        Slopes="*fp32",
-    )
-    out = [
-        (
-            "fwd",
-            flash.attn_fwd,
-            fwd_ptrs,
-            dict(
-                flags,
-                BLOCK_M=cfg.fwd.block_m,
-                BLOCK_N=cfg.fwd.block_n,
-                REVERSE=True,
-                USE_TMA=cfg.fwd.tma,
-                # As the launcher passes contiguous tensors of this head dim (d=40: 8).
-                STRIDE_ALIGN=flash.stride_align(head_dim),
-                SHORT_KV=False,  # a constexpr: left out, it would compile as a runtime argument
-                **_FWD_OFF,
-            ),
-            cfg.fwd,
-        ),
-        (
-            "bwd_dkdv",
-            flash.attn_bwd_dkdv,
-            bwd_ptrs,
-            dict(
-                flags,
-                BLOCK_M=cfg.bwd_kv.block_m,
-                BLOCK_N=cfg.bwd_kv.block_n,
-                ATOMIC_DQ=cfg.atomic_dq,
-                RELOAD=cfg.reload,
-                D_CHUNK=cfg.chunk_kv,
-                USE_TMA=cfg.bwd_kv.tma,
-                STRIDE_ALIGN=flash.stride_align(head_dim),  # as for the forward
-                **_BWD_OFF,
-            ),
-            cfg.bwd_kv,
-        ),
+    return [
+        _fwd_job(head_dim, cfg, flags, f"*{dtype}"),
+        *_bwd_jobs(head_dim, cfg, flags, f"*{dtype}"),
     ]
+
+
+def _fwd_job(head_dim: int, cfg, flags: dict, p: str) -> Job:
+    """The forward of ``_kernels`` (``p``: the pointer type of q, k, v and out)."""
+    from ..device import flash
+
+    ptrs = dict(Q=p, K=p, V=p, Out=p, LSE="*fp32", CuQ="*i32", CuK="*i32", Slopes="*fp32")
+    consts = dict(
+        flags,
+        BLOCK_M=cfg.fwd.block_m,
+        BLOCK_N=cfg.fwd.block_n,
+        REVERSE=True,
+        USE_TMA=cfg.fwd.tma,
+        # As the launcher passes contiguous tensors of this head dim (d=40: 8).
+        STRIDE_ALIGN=flash.stride_align(head_dim),
+        SHORT_KV=False,  # a constexpr: left out, it would compile as a runtime argument
+        **_FWD_OFF,
+    )
+    return ("fwd", flash.attn_fwd, ptrs, consts, cfg.fwd)
+
+
+def _bwd_jobs(head_dim: int, cfg, flags: dict, p: str) -> list[Job]:
+    """The dK/dV kernel and, unless dQ is accumulated by atomics in it, the dQ kernel."""
+    from ..device import flash
+
+    ptrs = dict(Q=p, K=p, V=p, DO=p, DK=p, DV=p, DQ="*fp32" if cfg.atomic_dq else p,
+                LSE="*fp32", Delta="*fp32", CuQ="*i32", CuK="*i32", Slopes="*fp32")  # fmt: skip
+    align = flash.stride_align(head_dim)  # as for the forward
+    kv, q = cfg.bwd_kv, cfg.bwd_q
+    out = [(
+        "bwd_dkdv", flash.attn_bwd_dkdv, ptrs,
+        dict(flags, BLOCK_M=kv.block_m, BLOCK_N=kv.block_n, ATOMIC_DQ=cfg.atomic_dq,
+             RELOAD=cfg.reload, D_CHUNK=cfg.chunk_kv, USE_TMA=kv.tma, STRIDE_ALIGN=align,
+             **_BWD_OFF),
+        kv,
+    )]  # fmt: skip
     if not cfg.atomic_dq:
-        out.append(
-            (
-                "bwd_dq",
-                flash.attn_bwd_dq,
-                dict(bwd_ptrs, Out=p),  # it also computes delta from O and dO
-                dict(
-                    flags,
-                    BLOCK_M=cfg.bwd_q.block_m,
-                    BLOCK_N=cfg.bwd_q.block_n,
-                    REVERSE=True,
-                    RELOAD=cfg.reload,
-                    D_CHUNK=cfg.chunk_q,
-                    USE_TMA=cfg.bwd_q.tma,
-                    STRIDE_ALIGN=flash.stride_align(head_dim),
-                    **_BWD_OFF,
-                ),
-                cfg.bwd_q,
-            )
-        )
+        out.append((
+            "bwd_dq", flash.attn_bwd_dq, dict(ptrs, Out=p),  # it also computes delta from O, dO
+            dict(flags, BLOCK_M=q.block_m, BLOCK_N=q.block_n, REVERSE=True, RELOAD=cfg.reload,
+                 D_CHUNK=cfg.chunk_q, USE_TMA=q.tma, STRIDE_ALIGN=align, **_BWD_OFF),
+            q,
+        ))  # fmt: skip
     return out
 
 
@@ -659,9 +631,7 @@ def line_progress(total: int, stream=sys.stderr) -> Progress:
     return report
 
 
-def main(argv=None, progress: Callable[[int], Progress] = line_progress) -> int:
-    """The command line; ``progress(total)`` makes the per-kernel callback (default: lines on
-    stderr; `invoke kernels.aot` passes a live one), closed by its ``close()`` if it has one."""
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m kernels.aot", description=__doc__.splitlines()[0])
     sel = ap.add_mutually_exclusive_group(required=True)
     sel.add_argument(
@@ -695,7 +665,12 @@ def main(argv=None, progress: Callable[[int], Progress] = line_progress) -> int:
         default=[],
         help="only this kernel, e.g. fwd_gluon (repeatable)",
     )
-    args = ap.parse_args(argv)
+    return ap
+
+
+def _selection(args) -> tuple[dict, list[str], tuple[int, ...]] | int:
+    """(arches.yaml's arches, the arches to compile, the head dims) from the command line, or
+    the exit status 2 after one sentence on stderr naming the bad option."""
     arches = load_arches(Path(args.arches_file))
     if args.all:
         names = [n for n, s in arches.items() if s.get("vendor") in ("amd", "nvidia")]
@@ -726,6 +701,17 @@ def main(argv=None, progress: Callable[[int], Progress] = line_progress) -> int:
     if not dims or min(dims) < 1:
         print(f"--head-dims {args.head_dims!r}: expected head dims of 1 or more", file=sys.stderr)
         return 2
+    return arches, names, dims
+
+
+def main(argv=None, progress: Callable[[int], Progress] = line_progress) -> int:
+    """The command line; ``progress(total)`` makes the per-kernel callback (default: lines on
+    stderr; `invoke kernels.aot` passes a live one), closed by its ``close()`` if it has one."""
+    args = _parser().parse_args(argv)
+    chosen = _selection(args)
+    if isinstance(chosen, int):
+        return chosen
+    arches, names, dims = chosen
     cache = None if args.no_cache else CompileCache(
         Path(args.cache_dir) if args.cache_dir else default_cache_dir()
     )  # fmt: skip
