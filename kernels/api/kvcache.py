@@ -296,6 +296,35 @@ class _KVCall:
     lse: bool
 
 
+def _check_new_keys(q, k, v, cache_seqlens, batch: int, hk: int, d: int) -> None:
+    """The keys and values a call appends: both or neither, with cache_seqlens, q's dtype and
+    (batch, seqlen_new, hk, d)."""
+    if k is None and v is None:
+        return
+    if k is None or v is None:
+        raise ArgumentError("new keys need new values (pass both k and v, or neither)")
+    if cache_seqlens is None:
+        raise ArgumentError("appending k/v needs cache_seqlens (where each sequence ends)")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ArgumentTypeError("k and v must have q's dtype")
+    if k.dim() != 4 or k.shape != v.shape or (k.shape[0], *k.shape[2:]) != (batch, hk, d):
+        raise ArgumentError(f"k and v must be (batch={batch}, seqlen_new, {hk}, {d})")
+
+
+def _check_rotary(rotary_cos, rotary_sin, k, d: int) -> None:
+    """Rotary embedding's tables: both, with keys to rotate, (seqlen_ro, rotary_dim / 2)."""
+    if rotary_cos is None and rotary_sin is None:
+        return
+    if rotary_cos is None or rotary_sin is None or k is None:
+        raise ArgumentError("rotary embedding needs rotary_cos, rotary_sin and new k/v to append")
+    rd = rotary_cos.shape[-1] * 2
+    if rotary_cos.shape != rotary_sin.shape or rd > d or rd % 16:
+        raise ArgumentError(
+            f"rotary_cos/sin must be (seqlen_ro, rotary_dim / 2) with rotary_dim <= {d} and a "
+            f"multiple of 16, got {tuple(rotary_cos.shape)} and {tuple(rotary_sin.shape)}"
+        )
+
+
 def _decide(
     q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
     cache_leftpad, block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved,
@@ -325,15 +354,7 @@ def _decide(
             raise ArgumentError(f"k_cache holds {k_cache.shape[0]} sequences, q has {batch}")
     if cache_leftpad is not None:
         _int32(cache_leftpad, "cache_leftpad", batch, device)
-    if k is not None or v is not None:
-        if k is None or v is None:
-            raise ArgumentError("new keys need new values (pass both k and v, or neither)")
-        if cache_seqlens is None:
-            raise ArgumentError("appending k/v needs cache_seqlens (where each sequence ends)")
-        if k.dtype != q.dtype or v.dtype != q.dtype:
-            raise ArgumentTypeError("k and v must have q's dtype")
-        if k.dim() != 4 or k.shape != v.shape or (k.shape[0], *k.shape[2:]) != (batch, hk, d):
-            raise ArgumentError(f"k and v must be (batch={batch}, seqlen_new, {hk}, {d})")
+    _check_new_keys(q, k, v, cache_seqlens, batch, hk, d)
     seqlen_new = k.shape[1] if k is not None else 0
     if isinstance(cache_seqlens, int):
         if cache_seqlens + seqlen_new > seqlen_cache and not paged:  # paged: _run's check
@@ -347,17 +368,7 @@ def _decide(
     if seqlen_q == 1 and alibi_slopes is None:
         causal = False  # one query row at the bottom sees every key anyway (flash_api.cpp)
     left, right, cap = _window(causal, window_size, softcap, seqlen_cache)
-    if rotary_cos is not None or rotary_sin is not None:
-        if rotary_cos is None or rotary_sin is None or k is None:
-            raise ArgumentError(
-                "rotary embedding needs rotary_cos, rotary_sin and new k/v to append"
-            )
-        rd = rotary_cos.shape[-1] * 2
-        if rotary_cos.shape != rotary_sin.shape or rd > d or rd % 16:
-            raise ArgumentError(
-                f"rotary_cos/sin must be (seqlen_ro, rotary_dim / 2) with rotary_dim <= {d} and a "
-                f"multiple of 16, got {tuple(rotary_cos.shape)} and {tuple(rotary_sin.shape)}"
-            )
+    _check_rotary(rotary_cos, rotary_sin, k, d)
     arguments.alibi_slopes(alibi_slopes, batch, hq, device)  # its shape error, before writing
     rows = seqlen_q * (hq // hk)
     family = configs.device_family(device)
