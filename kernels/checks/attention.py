@@ -127,18 +127,18 @@ def _native_replays(leaves, do, call: tuple, want: tuple) -> dict | None:
     import torch
 
     from ..api.flash_attn import call_entry
-    from ..launch import replay as _native
+    from ..launch import replay as native
 
-    if call[7] is not None or _native.status() != "active":
+    if call[7] is not None or native.status() != "active":
         return None
-    _native.counts()
+    native.counts()
     equal = True
     for _ in range(3):
         q, k, v = (t.detach().clone().requires_grad_() for t in leaves)
         out = call_entry(q, k, v, call, False)
         got = (out, *torch.autograd.grad(out, (q, k, v), do))
         equal = equal and all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
-    fwd, bwd, back, _ = _native.counts()
+    fwd, bwd, back, _ = native.counts()
     return {"native_equal": float(equal), "native_fwd": float(fwd), "native_bwd": float(bwd),
             "native_to_python": float(back)}  # fmt: skip
 

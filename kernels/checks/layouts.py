@@ -261,9 +261,9 @@ def _replays(fn, q, before, k_new, v_new, kw: dict, want: tuple) -> dict:
     import torch
 
     from ..api.kvcache import KVPlan
-    from ..launch import replay as _native
+    from ..launch import replay as native
 
-    _native.counts()
+    native.counts()
     start = KVPlan.replays
     equal = True
     for _ in range(3):
@@ -274,7 +274,7 @@ def _replays(fn, q, before, k_new, v_new, kw: dict, want: tuple) -> dict:
     return {
         "replays_equal": float(equal),
         "plan_replays": float(KVPlan.replays - start),
-        "native_replays": float(_native.counts()[3]),
+        "native_replays": float(native.counts()[3]),
     }
 
 
