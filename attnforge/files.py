@@ -7,7 +7,7 @@ old output or the new one, never half of either, and no stray temporary file.
 
 validate/ and kernels/ run inside images without attnforge (DESIGN.md), so they keep their own
 few lines of the same rule: validate/cli.py `_write` (and its workers' result files),
-kernels/aot.py `CompileCache.put`.
+kernels/tools/compile_check.py `CompileCache.put`.
 """
 
 from __future__ import annotations

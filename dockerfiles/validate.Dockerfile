@@ -11,7 +11,7 @@ COPY contract /opt/attnforge/src/contract
 ENV PYTHONPATH=/opt/attnforge/src
 WORKDIR /opt/attnforge/src
 
-# The kernels' native launch path (kernels/native.cpp; docs/kernels.md), compiled here for a GPU
+# The kernels' native launch path (kernels/launch/replay.cpp; docs/kernels.md), compiled here for a GPU
 # build of torch so that no container spends its first call compiling it. A build that fails is
 # noted in the cache, and calls take the Python path (`python3 -m kernels.native status` says
 # why); a CPU torch has no use for it.

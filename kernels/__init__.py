@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 from . import sdpa_shim
-from .interface import (
+from .api.flash_attn import (
     _get_block_size_n,
     flash_attn_fp8_func,
     flash_attn_func,
@@ -18,8 +18,8 @@ from .interface import (
     flash_attn_varlen_func,
     flash_attn_varlen_qkvpacked_fp8_func,
 )
-from .kvcache import flash_attn_with_kvcache
-from .packed import (
+from .api.kvcache import flash_attn_with_kvcache
+from .api.packed import (
     flash_attn_kvpacked_func,
     flash_attn_qkvpacked_func,
     flash_attn_varlen_kvpacked_func,

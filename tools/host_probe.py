@@ -30,7 +30,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 from triton.runtime import driver  # noqa: E402
 from triton.runtime.jit import JITFunction, compute_cache_key  # noqa: E402
 
-from kernels import interface  # noqa: E402
+from kernels.api import flash_attn as interface  # noqa: E402
 
 
 def per_call(fn, calls: int, rounds: int = 3) -> float:
@@ -166,15 +166,10 @@ def profile(fn, n: int, top: int = 22) -> str:
     return s.getvalue()
 
 
-def verify() -> int:
-    """Planned calls (kernels.launch) against the full path, bitwise, on fresh inputs: the
-    first call of each signature records, the second and third replay (natively, forward and
-    backward, where the native launch path is active). Returns the number of failures."""
-    from kernels import _native as native
-    from kernels import launch
-
+def count_replays() -> dict:
+    """{"fwd": n, "bwd": n}: how many times a Python plan replayed, counted from now on."""
     hits = {"fwd": 0, "bwd": 0}
-    for cls, kind in ((interface._ForwardPlan, "fwd"), (interface._BackwardPlan, "bwd")):
+    for cls, kind in ((interface.PyForwardPlan, "fwd"), (interface.PyBackwardPlan, "bwd")):
         orig = cls.__call__
 
         def counted(self, *a, _orig=orig, _kind=kind):
@@ -183,77 +178,95 @@ def verify() -> int:
 
         cls.__call__ = counted
 
-    def inputs(c, seed):
-        g = torch.Generator(device="cuda").manual_seed(seed)
-        b, sq, sk, hq, hk, d, dt, layout = c["shape"]
-        if c.get("varlen"):
-            cu = torch.tensor(c["varlen"], dtype=torch.int32, device="cuda")
-            tot = int(cu[-1])
-            q, k, v = (torch.randn(tot, h, d, generator=g, device="cuda", dtype=dt)
-                       for h in (hq, hk, hk))  # fmt: skip
-            return q, k, v, cu
-        shp = [(b, sq, hq, d), (b, sk, hk, d), (b, sk, hk, d)]
-        if layout == "bhsd":
-            q, k, v = (torch.randn(x[0], x[2], x[1], x[3], generator=g, device="cuda", dtype=dt)
-                       .transpose(1, 2) for x in shp)  # fmt: skip
-        else:
-            q, k, v = (torch.randn(*x, generator=g, device="cuda", dtype=dt) for x in shp)
-        if c.get("alias"):
-            k = v = q
-        return q, k, v, None
+    return hits
 
-    def step(c, seed):
-        q, k, v, cu = inputs(c, seed)
-        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-        if c.get("alias"):
-            leaves = [leaves[0]] * 3
-        q, k, v = leaves
-        kw = c.get("kw", {})
-        if cu is not None:
-            mx = int((cu[1:] - cu[:-1]).max())
-            out = interface.flash_attn_varlen_func(q, k, v, cu, cu, mx, mx, **kw)
-        else:
-            out = interface.flash_attn_func(q, k, v, **kw)
-        g = torch.Generator(device="cuda").manual_seed(seed + 1)
-        do = torch.randn(out.shape, generator=g, device="cuda", dtype=out.dtype)
-        if c.get("do_t"):
-            do = do.transpose(0, 1).contiguous().transpose(0, 1)
-        grads = torch.autograd.grad(out, list(dict.fromkeys(leaves)), do)
-        return [out.detach(), *grads]
 
-    bf, fp = torch.bfloat16, torch.float16
-    cases = [
-        {"shape": (2, 128, 128, 4, 4, 64, bf, "bshd")},
-        {"shape": (2, 256, 77, 8, 8, 80, fp, "bshd")},
-        {"shape": (2, 256, 77, 8, 8, 80, fp, "bhsd")},
-        {"shape": (1, 200, 300, 8, 2, 40, bf, "bhsd"), "kw": {"causal": True}},
-        {"shape": (2, 100, 64, 4, 4, 40, bf, "bshd")},
-        {"shape": (2, 64, 64, 4, 4, 160, fp, "bshd"), "do_t": True},
-        {"shape": (2, 128, 128, 4, 4, 128, bf, "bshd"), "kw": {"causal": True}},
-        {
-            "shape": (2, 96, 96, 4, 4, 96, bf, "bshd"),
-            "kw": {"window_size": (16, 8), "softcap": 20.0},
-        },
-        {"shape": (2, 64, 64, 4, 4, 64, bf, "bshd"), "alias": True},
-        {"shape": (2, 64, 64, 4, 4, 64, bf, "bshd")},
-        {"shape": (3, 0, 0, 4, 2, 64, bf, "bshd"), "varlen": [0, 50, 170, 171]},
-        {"shape": (3, 0, 0, 4, 2, 64, bf, "bshd"), "varlen": [0, 60, 170, 171]},
-    ]
+def verify_inputs(c, seed):
+    """q, k, v and cu_seqlens (or None) of one of VERIFY_CASES, from ``seed``."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    b, sq, sk, hq, hk, d, dt, layout = c["shape"]
+    if c.get("varlen"):
+        cu = torch.tensor(c["varlen"], dtype=torch.int32, device="cuda")
+        tot = int(cu[-1])
+        q, k, v = (torch.randn(tot, h, d, generator=g, device="cuda", dtype=dt)
+                   for h in (hq, hk, hk))  # fmt: skip
+        return q, k, v, cu
+    shp = [(b, sq, hq, d), (b, sk, hk, d), (b, sk, hk, d)]
+    if layout == "bhsd":
+        q, k, v = (torch.randn(x[0], x[2], x[1], x[3], generator=g, device="cuda", dtype=dt)
+                   .transpose(1, 2) for x in shp)  # fmt: skip
+    else:
+        q, k, v = (torch.randn(*x, generator=g, device="cuda", dtype=dt) for x in shp)
+    if c.get("alias"):
+        k = v = q
+    return q, k, v, None
+
+
+def verify_step(c, seed):
+    """out and the gradients of one call of a VERIFY_CASES case through flash_attn's API."""
+    q, k, v, cu = verify_inputs(c, seed)
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    if c.get("alias"):
+        leaves = [leaves[0]] * 3
+    q, k, v = leaves
+    kw = c.get("kw", {})
+    if cu is not None:
+        mx = int((cu[1:] - cu[:-1]).max())
+        out = interface.flash_attn_varlen_func(q, k, v, cu, cu, mx, mx, **kw)
+    else:
+        out = interface.flash_attn_func(q, k, v, **kw)
+    g = torch.Generator(device="cuda").manual_seed(seed + 1)
+    do = torch.randn(out.shape, generator=g, device="cuda", dtype=out.dtype)
+    if c.get("do_t"):
+        do = do.transpose(0, 1).contiguous().transpose(0, 1)
+    grads = torch.autograd.grad(out, list(dict.fromkeys(leaves)), do)
+    return [out.detach(), *grads]
+
+
+BF16, FP16 = torch.bfloat16, torch.float16
+# The calls verify() replays: (shape: b, sq, sk, hq, hk, d, dtype, layout) and what else each has.
+VERIFY_CASES = [
+    {"shape": (2, 128, 128, 4, 4, 64, BF16, "bshd")},
+    {"shape": (2, 256, 77, 8, 8, 80, FP16, "bshd")},
+    {"shape": (2, 256, 77, 8, 8, 80, FP16, "bhsd")},
+    {"shape": (1, 200, 300, 8, 2, 40, BF16, "bhsd"), "kw": {"causal": True}},
+    {"shape": (2, 100, 64, 4, 4, 40, BF16, "bshd")},
+    {"shape": (2, 64, 64, 4, 4, 160, FP16, "bshd"), "do_t": True},
+    {"shape": (2, 128, 128, 4, 4, 128, BF16, "bshd"), "kw": {"causal": True}},
+    {
+        "shape": (2, 96, 96, 4, 4, 96, BF16, "bshd"),
+        "kw": {"window_size": (16, 8), "softcap": 20.0},
+    },
+    {"shape": (2, 64, 64, 4, 4, 64, BF16, "bshd"), "alias": True},
+    {"shape": (2, 64, 64, 4, 4, 64, BF16, "bshd")},
+    {"shape": (3, 0, 0, 4, 2, 64, BF16, "bshd"), "varlen": [0, 50, 170, 171]},
+    {"shape": (3, 0, 0, 4, 2, 64, BF16, "bshd"), "varlen": [0, 60, 170, 171]},
+]
+
+
+def verify() -> int:
+    """Planned calls (kernels.launch.plans) against the full path, bitwise, on fresh inputs: the
+    first call of each signature records, the second and third replay (natively, forward and
+    backward, where the native launch path is active). Returns the number of failures."""
+    from kernels.launch import plans as launch
+    from kernels.launch import replay as native
+
+    hits = count_replays()
     fails = 0
     launch.clear()
     print(f"verify: native launch path {native.status()}", flush=True)
     natives = [0, 0, 0, 0]
-    for i, c in enumerate(cases):
+    for i, c in enumerate(VERIFY_CASES):
         before = dict(hits)
         native.counts()
         # Records, then replays (natively where the native path is active: its forward and
         # backward; the Python plans where it is not), then once more.
-        got = [step(c, 10 * i + s) for s in (1, 2, 3)]
+        got = [verify_step(c, 10 * i + s) for s in (1, 2, 3)]
         n = native.counts()
         natives = [a + b for a, b in zip(natives, n, strict=True)]
         launch.ENABLED, enabled = False, launch.ENABLED
         try:
-            want = [step(c, 10 * i + s) for s in (1, 2, 3)]
+            want = [verify_step(c, 10 * i + s) for s in (1, 2, 3)]
         finally:
             launch.ENABLED = enabled
         ok = all(torch.equal(a, b) for g, w in zip(got, want, strict=True)
@@ -264,7 +277,7 @@ def verify() -> int:
         print(f"verify {shape} {extra}: {'ok' if ok else 'FAIL'}, replays fwd "
               f"{hits['fwd'] - before['fwd']} bwd {hits['bwd'] - before['bwd']}, native fwd "
               f"{n[0]} bwd {n[1]} back to Python {n[2]}", flush=True)  # fmt: skip
-    print(f"verify: {len(cases) - fails}/{len(cases)} cases bitwise equal to the full path; "
+    print(f"verify: {len(VERIFY_CASES) - fails}/{len(VERIFY_CASES)} cases bitwise equal to the full path; "
           f"plans fwd {len(launch.FORWARD.plans)}, bwd {len(launch.BACKWARD.plans)} + "
           f"{sum(len(p.backward.plans) for p in launch.FORWARD.plans.values() if p)} "
           f"in forward plans; native replays fwd {natives[0]} bwd {natives[1]}, backwards sent "
@@ -272,13 +285,51 @@ def verify() -> int:
     return fails + verify_decode()
 
 
+def decode_inputs(i: int, case: tuple):
+    """q, the two caches and the keyword arguments of verify_decode's case ``i``."""
+    b, rows, hq, hk, d, dt, sq, new, opts = case
+    g = torch.Generator(device="cuda").manual_seed(100 + i)
+
+    def rnd(*shape, g=g, dt=dt):
+        return torch.randn(*shape, generator=g, device="cuda", dtype=dt)
+
+    page = opts.get("page")
+    n_cache = b + 1 if opts.get("bidx") else b
+    kc, vc = (rnd(2 * b * rows // page, page, hk, d) if page else rnd(n_cache, rows, hk, d)
+              for _ in range(2))  # fmt: skip
+    q = rnd(b, sq, hq, d)
+    kw = {"num_splits": opts.get("num_splits", 0), "causal": opts.get("causal", False)}
+    kw["return_softmax_lse"] = opts.get("lse", False)
+    for name in ("window_size", "softcap"):
+        if name in opts:
+            kw[name] = opts[name]
+    if opts.get("lens"):
+        lens = [rows - new - 7 * j for j in range(b)]
+        kw["cache_seqlens"] = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    if new:
+        kw["k"], kw["v"] = rnd(b, new, hk, d), rnd(b, new, hk, d)
+    if opts.get("rotary"):
+        angle = torch.rand(rows, d // 4, generator=g, device="cuda") * 6.2832
+        kw["rotary_cos"], kw["rotary_sin"] = angle.cos().to(dt), angle.sin().to(dt)
+    if opts.get("bidx"):
+        kw["cache_batch_idx"] = torch.tensor([2, 0, 1][:b], dtype=torch.int32, device="cuda")
+    if opts.get("leftpad"):
+        kw["cache_leftpad"] = torch.tensor([5 * j for j in range(b)], dtype=torch.int32,
+                                           device="cuda")  # fmt: skip
+    if page:
+        perm = torch.randperm(2 * b * rows // page, generator=g, device="cuda")
+        kw["block_table"] = perm[: b * rows // page].reshape(b, -1).to(torch.int32)
+    return q, kc, vc, kw
+
+
 def verify_decode() -> int:
     """flash_attn_with_kvcache's plans against its full path, bitwise (out, LSE and the caches
     after an append), on copies of one cache: a call records (and hands a step on a contiguous
     cache to the native launch path), the next two replay, natively where it took the step.
     Returns the number of failures."""
-    from kernels import _native as native
-    from kernels import kvcache, launch
+    from kernels.api import kvcache
+    from kernels.launch import plans as launch
+    from kernels.launch import replay as native
 
     bf, fp = torch.bfloat16, torch.float16
     # (batch, cache rows, query heads, KV heads, head dim, dtype, seqlen_q, new keys, kwargs)
@@ -293,37 +344,7 @@ def verify_decode() -> int:
     ]
     fails, natives = 0, 0
     for i, (b, rows, hq, hk, d, dt, sq, new, opts) in enumerate(cases):
-        g = torch.Generator(device="cuda").manual_seed(100 + i)
-
-        def rnd(*shape, g=g, dt=dt):
-            return torch.randn(*shape, generator=g, device="cuda", dtype=dt)
-
-        page = opts.get("page")
-        n_cache = b + 1 if opts.get("bidx") else b
-        kc, vc = (rnd(2 * b * rows // page, page, hk, d) if page else rnd(n_cache, rows, hk, d)
-                  for _ in range(2))  # fmt: skip
-        q = rnd(b, sq, hq, d)
-        kw = {"num_splits": opts.get("num_splits", 0), "causal": opts.get("causal", False)}
-        kw["return_softmax_lse"] = opts.get("lse", False)
-        for name in ("window_size", "softcap"):
-            if name in opts:
-                kw[name] = opts[name]
-        if opts.get("lens"):
-            lens = [rows - new - 7 * j for j in range(b)]
-            kw["cache_seqlens"] = torch.tensor(lens, dtype=torch.int32, device="cuda")
-        if new:
-            kw["k"], kw["v"] = rnd(b, new, hk, d), rnd(b, new, hk, d)
-        if opts.get("rotary"):
-            angle = torch.rand(rows, d // 4, generator=g, device="cuda") * 6.2832
-            kw["rotary_cos"], kw["rotary_sin"] = angle.cos().to(dt), angle.sin().to(dt)
-        if opts.get("bidx"):
-            kw["cache_batch_idx"] = torch.tensor([2, 0, 1][:b], dtype=torch.int32, device="cuda")
-        if opts.get("leftpad"):
-            kw["cache_leftpad"] = torch.tensor([5 * j for j in range(b)], dtype=torch.int32,
-                                               device="cuda")  # fmt: skip
-        if page:
-            perm = torch.randperm(2 * b * rows // page, generator=g, device="cuda")
-            kw["block_table"] = perm[: b * rows // page].reshape(b, -1).to(torch.int32)
+        q, kc, vc, kw = decode_inputs(i, cases[i])
 
         def call(kc=kc, vc=vc, q=q, kw=kw):
             k2, v2 = kc.clone(), vc.clone()
@@ -332,10 +353,10 @@ def verify_decode() -> int:
             return [*res, k2, v2]
 
         native.counts()
-        start = kvcache._KVPlan.replays
+        start = kvcache.KVPlan.replays
         got = [call() for _ in range(3)]
         n = native.counts()[3]
-        replays = kvcache._KVPlan.replays - start
+        replays = kvcache.KVPlan.replays - start
         natives += n
         launch.ENABLED, enabled = False, launch.ENABLED
         try:
@@ -355,19 +376,10 @@ def verify_decode() -> int:
     return fails
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--calls", type=int, default=2000)
-    ap.add_argument("--json", default="")
-    ap.add_argument("--no-profile", action="store_true")
-    ap.add_argument("--verify", action="store_true", help="planned calls against the full path")
-    a = ap.parse_args()
-    if a.verify:
-        return 1 if verify() else 0
-    calls = a.calls
-    rows: dict[str, float] = {}
+def forward_rows(calls: int, rows: dict) -> tuple[str, str]:
+    """Host time of the tiny forward each way into ``rows``; the cProfiles of run_forward and of
+    the bare attn_fwd launch."""
     dev = "cuda"
-
     # Forward at bench --host's tiny shape (1, 16, 1, 64) bf16, BSHD.
     q, k, v = (torch.randn(1, 16, 1, 64, device=dev, dtype=torch.bfloat16) for _ in range(3))
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
@@ -380,12 +392,12 @@ def main() -> int:
     mask = interface.Mask()
     fargs = (q, k, v, None, None, 16, 16, 1, scale, mask, None, False)
     with torch.no_grad(), Recorder() as rec:
-        interface._forward(*fargs)
+        interface.run_forward(*fargs)
     torch.cuda.synchronize()
     with torch.no_grad():
         rows["fwd: SDPA-flash"] = per_call(sdpa, calls)
         rows["fwd: flash_attn_func"] = per_call(lambda: interface.flash_attn_func(q, k, v), calls)
-        rows["fwd: _forward"] = per_call(lambda: interface._forward(*fargs), calls)
+        rows["fwd: run_forward"] = per_call(lambda: interface.run_forward(*fargs), calls)
         rows["fwd: two torch.empty"] = per_call(
             lambda: (
                 torch.empty((1, 16, 1, 64), dtype=torch.bfloat16, device=dev),
@@ -393,16 +405,21 @@ def main() -> int:
             ),
             calls,
         )
-        fwd = [c for c in rec.calls if c[0].fn.__name__ == "_attn_fwd"]
+        fwd = [c for c in rec.calls if c[0].fn.__name__ == "attn_fwd"]
         if fwd:
             fn, grid, args, kwargs = fwd[0]
-            jit_fwd = launch_rows("fwd _attn_fwd", fn, grid, args, kwargs, calls, rows)
+            jit_fwd = launch_rows("fwd attn_fwd", fn, grid, args, kwargs, calls, rows)
         else:
-            print("the forward did not launch _attn_fwd through Triton: no launch rows")
+            print("the forward did not launch attn_fwd through Triton: no launch rows")
             jit_fwd = None
-        prof_fwd = profile(lambda: interface._forward(*fargs), 1000)
+        prof_fwd = profile(lambda: interface.run_forward(*fargs), 1000)
         prof_launch = profile(jit_fwd, 1000) if jit_fwd else ""
+    return prof_fwd, prof_launch
 
+
+def step_rows(calls: int, rows: dict, no_profile: bool) -> str:
+    """Host time of the small training step each way into ``rows``; run_backward's cProfile."""
+    dev, mask = "cuda", interface.Mask()
     # Forward + backward at (2, 1024, 8, 80) fp16, BSHD (docs/benchmarks.md's small step).
     b, s, h, d = 2, 1024, 8, 80
     q, k, v = (
@@ -425,28 +442,42 @@ def main() -> int:
 
     scale = d**-0.5
     fargs = (q.detach(), k.detach(), v.detach(), None, None, s, s, b, scale, mask, None, False)
-    out, lse = interface._forward(*fargs)
+    out, lse = interface.run_forward(*fargs)
     bargs = (do, *fargs[:3], out, lse, None, None, s, s, b, scale, mask, None, False)
     with Recorder() as rec:
-        interface._backward(*bargs)
+        interface.run_backward(*bargs)
     torch.cuda.synchronize()
     rows["step: SDPA-flash fwd+bwd"] = per_call(sdpa_step, calls // 4)
     rows["step: flash_attn_func fwd+bwd"] = per_call(step, calls // 4)
-    rows["bwd: _backward"] = per_call(lambda: interface._backward(*bargs), calls // 2)
+    rows["bwd: run_backward"] = per_call(lambda: interface.run_backward(*bargs), calls // 2)
     for fn, grid, args, kwargs in rec.calls:
         name = fn.fn.__name__
         launch_rows(f"bwd {name}", fn, grid, args, kwargs, calls // 2, rows)
-    prof_bwd = "" if a.no_profile else profile(lambda: interface._backward(*bargs), 500)
+    prof_bwd = "" if no_profile else profile(lambda: interface.run_backward(*bargs), 500)
+    return prof_bwd
 
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--json", default="")
+    ap.add_argument("--no-profile", action="store_true")
+    ap.add_argument("--verify", action="store_true", help="planned calls against the full path")
+    a = ap.parse_args()
+    if a.verify:
+        return 1 if verify() else 0
+    rows: dict[str, float] = {}
+    prof_fwd, prof_launch = forward_rows(a.calls, rows)
+    prof_bwd = step_rows(a.calls, rows, a.no_profile)
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton "
           f"{triton.__version__}, Python {sys.version.split()[0]}")  # fmt: skip
     print("| what | host µs per call |\n|---|---|")
     for name, us in rows.items():
         print(f"| {name} | {us:.1f} |")
     if not a.no_profile:
-        print("\ncProfile, 1000 _forward calls:\n" + prof_fwd)
-        print("\ncProfile, 1000 _attn_fwd[grid] launches:\n" + prof_launch)
-        print("\ncProfile, 500 _backward calls:\n" + prof_bwd)
+        print("\ncProfile, 1000 run_forward calls:\n" + prof_fwd)
+        print("\ncProfile, 1000 attn_fwd[grid] launches:\n" + prof_launch)
+        print("\ncProfile, 500 run_backward calls:\n" + prof_bwd)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)

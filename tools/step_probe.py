@@ -13,7 +13,7 @@ at the end, the best of three rounds. Per shape: SDPA-flash's step and ours; our
 with timestamps (the entry function's Python before ``.apply``, ``apply`` up to our forward, our
 forward body, ``apply`` after it, the engine's hand-over to its device thread, our backward body,
 the accumulations and the hand-back); and ``autograd.Function`` variants around the same
-``_forward``/``_backward``, side by side, so that what the Function's shape costs shows. A
+``run_forward``/``run_backward``, side by side, so that what the Function's shape costs shows. A
 one-off measurement, not a test. ``--stub`` replaces the kernels with allocations (to try the
 probe where no GPU is).
 """
@@ -32,7 +32,8 @@ sys.path.insert(0, os.getcwd())
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from kernels import interface, launch  # noqa: E402
+from kernels.api import flash_attn as interface  # noqa: E402
+from kernels.launch import plans as launch
 
 perf = time.perf_counter
 
@@ -68,7 +69,7 @@ def interleaved(fns: dict, steps: int, sync, rounds: int = 5) -> dict:
     return best
 
 
-# --- Function variants around the same _forward / _backward ---------------------------------
+# --- Function variants around the same run_forward / run_backward ---------------------------------
 
 
 class Packed(torch.autograd.Function):
@@ -78,7 +79,7 @@ class Packed(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, call):
         cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi, varlen, drop = call
-        out, lse = interface._forward(
+        out, lse = interface.run_forward(
             q, k, v, cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi, varlen, drop=drop
         )
         ctx.mark_non_differentiable(lse)
@@ -91,7 +92,7 @@ class Packed(torch.autograd.Function):
     def backward(ctx, dout, dlse):
         q, k, v, out, lse, cu_q, cu_k, alibi = ctx.saved_tensors
         max_q, max_k, batch, scale, mask, varlen, drop = ctx.meta
-        dq, dk, dv = interface._backward(
+        dq, dk, dv = interface.run_backward(
             dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi,
             varlen, drop=drop,
         )  # fmt: skip
@@ -103,7 +104,7 @@ class OneOut(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi, varlen, drop):
-        out, lse = interface._forward(
+        out, lse = interface.run_forward(
             q, k, v, cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi, varlen, drop=drop
         )
         ctx.set_materialize_grads(False)
@@ -115,7 +116,7 @@ class OneOut(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v, out, lse, cu_q, cu_k, alibi = ctx.saved_tensors
         max_q, max_k, batch, scale, mask, varlen, drop = ctx.meta
-        dq, dk, dv = interface._backward(
+        dq, dk, dv = interface.run_backward(
             dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi,
             varlen, drop=drop,
         )  # fmt: skip
@@ -129,7 +130,7 @@ def _lean(save_lse: bool):
         @staticmethod
         def forward(ctx, q, k, v, call):
             cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi, varlen, drop = call
-            out, lse = interface._forward(
+            out, lse = interface.run_forward(
                 q, k, v, cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi, varlen, drop=drop
             )
             ctx.set_materialize_grads(False)
@@ -149,7 +150,7 @@ def _lean(save_lse: bool):
                 q, k, v, out = ctx.saved_tensors
                 lse = ctx.lse
             cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi, varlen, drop = ctx.call
-            dq, dk, dv = interface._backward(
+            dq, dk, dv = interface.run_backward(
                 dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi,
                 varlen, drop=drop,
             )  # fmt: skip
@@ -179,9 +180,11 @@ class Trivial(torch.autograd.Function):
 # --- the current Function, timestamped --------------------------------------------------------
 
 STAMPS: list = []
-# The Function a flash_attn_func training step goes through: _FlashAttnOut where this checkout
-# has it, else _FlashAttn.
-STEP_FN = "_FlashAttnOut" if hasattr(interface, "_FlashAttnOut") else "_FlashAttn"
+# The Function a flash_attn_func training step goes through: FlashAttnOutFunction where this checkout
+# has it, else FlashAttnFunction.
+STEP_FN = (
+    "FlashAttnOutFunction" if hasattr(interface, "FlashAttnOutFunction") else "FlashAttnFunction"
+)
 
 
 def _timed(cls):
@@ -232,11 +235,11 @@ def breakdown(q, k, v, do, steps: int, sync, causal: bool) -> dict:
             for name, a, b in (
                 ("entry's Python before .apply", t0, s["apply"]),
                 ("apply until forward", s["apply"], s["fwd_in"]),
-                ("forward body (_forward, saving)", s["fwd_in"], s["fwd_out"]),
+                ("forward body (run_forward, saving)", s["fwd_in"], s["fwd_out"]),
                 ("apply after forward", s["fwd_out"], s["applied"]),
                 ("entry after .apply", s["applied"], t1),
                 ("backward() until our backward (hand-over)", s["bwd_call"], s["bwd_in"]),
-                ("our backward body (saved tensors, _backward)", s["bwd_in"], s["bwd_out"]),
+                ("our backward body (saved tensors, run_backward)", s["bwd_in"], s["bwd_out"]),
                 ("our backward's end until backward() returns", s["bwd_out"], t2),
                 ("grads to None", t2, t3),
                 ("whole step", t0, t3),
@@ -246,6 +249,59 @@ def breakdown(q, k, v, do, steps: int, sync, causal: bool) -> dict:
     finally:
         setattr(interface, STEP_FN, orig)
     return {k: statistics.median(v) for k, v in spans.items()}
+
+
+def single_threaded_rows(p: str, sdpa_step, ours_step, steps, sync) -> dict:
+    """Both steps with autograd's device threads off (the backward on the calling thread)."""
+    torch.autograd.set_multithreading_enabled(False)
+    try:
+        return interleaved(
+            {
+                p + "SDPA-flash step, multithreading off": sdpa_step,
+                p + "ours: step, multithreading off": ours_step,
+            },
+            steps,
+            sync,
+        )
+    finally:
+        torch.autograd.set_multithreading_enabled(True)
+
+
+def piece_rows(p: str, tensors: tuple, call: tuple, causal, dev, steps, sync) -> dict:
+    """The step's pieces without autograd, each timed alone: run_forward, run_backward, the
+    launch plans' keys (on a GPU) and mask_from_flash_args."""
+    (q, k, v, do), (sq, sk, b, scale, mask) = tensors, call
+    rows: dict = {}
+    with torch.no_grad():
+        out, lse = interface.run_forward(q, k, v, None, None, sq, sk, b, scale, mask, None, False)
+        rows[p + "run_forward alone"] = per_step(
+            lambda: interface.run_forward(q, k, v, None, None, sq, sk, b, scale, mask, None, False),
+            steps,
+            sync,
+        )
+        bargs = (do, q, k, v, out, lse, None, None, sq, sk, b, scale, mask, None, False)
+        rows[p + "run_backward alone"] = per_step(
+            lambda: interface.run_backward(*bargs), steps, sync
+        )
+    if dev == "cuda":
+        rows[p + "launch.call_key of the forward (5 tensors)"] = per_step(
+            lambda: launch.call_key(
+                "fwd", (q, k, v, None, None), (sq, sk, b, scale, mask, False, None)
+            ),
+            steps,
+            sync,
+        )
+        rows[p + "launch.call_key of the backward (8 tensors)"] = per_step(
+            lambda: launch.call_key(
+                "bwd", (do, q, k, v, out, lse, None, None), (sq, sk, b, scale, mask, False)
+            ),
+            steps,
+            sync,
+        )
+    rows[p + "mask_from_flash_args"] = per_step(
+        lambda: interface.mask_from_flash_args(causal, (-1, -1), 0.0), steps, sync
+    )
+    return rows
 
 
 def shape_rows(name, b, sq, sk, hq, hk, d, dtype, causal, steps, dev, sync) -> dict:
@@ -276,7 +332,7 @@ def shape_rows(name, b, sq, sk, hq, hk, d, dtype, causal, steps, dev, sync) -> d
         torch.autograd.grad(interface.flash_attn_func(q, k, v, causal=causal), (q, k, v), do)
 
     scale = d**-0.5
-    mask = interface._mask_from_flash_args(causal, (-1, -1), 0.0)
+    mask = interface.mask_from_flash_args(causal, (-1, -1), 0.0)
     call = (None, None, sq, sk, b, scale, mask, None, False, None)
 
     def variant(fn, *args):
@@ -288,7 +344,7 @@ def shape_rows(name, b, sq, sk, hq, hk, d, dtype, causal, steps, dev, sync) -> d
 
         return go
 
-    fl = interface._FlashAttn
+    fl = interface.FlashAttnFunction
     p = f"{name}: "
     print(f"{name}: the step goes through {STEP_FN}", flush=True)
     allargs = (q, k, v, None, None, sq, sk, b, scale, mask, None, False, None)
@@ -299,7 +355,9 @@ def shape_rows(name, b, sq, sk, hq, hk, d, dtype, causal, steps, dev, sync) -> d
                 p + "SDPA-flash step": sdpa_step,
                 p + "ours: flash_attn_func step": ours_step,
                 p + "ours: forward + autograd.grad (no accumulation)": ours_grad,
-                p + "_FlashAttn.apply (13 inputs, 2 outputs, 8 saved)": variant(fl, *allargs),
+                p + "FlashAttnFunction.apply (13 inputs, 2 outputs, 8 saved)": variant(
+                    fl, *allargs
+                ),
                 p + "Packed (4 inputs, 2 outputs, 8 saved)": variant(Packed, q, k, v, call),
                 p + "OneOut (13 inputs, 1 output, 8 saved)": variant(OneOut, *allargs),
                 p + "LeanSaved (4 inputs, 1 output, 5 saved)": variant(LeanSaved, q, k, v, call),
@@ -311,51 +369,11 @@ def shape_rows(name, b, sq, sk, hq, hk, d, dtype, causal, steps, dev, sync) -> d
             sync,
         )
     )
-    torch.autograd.set_multithreading_enabled(False)
-    try:
-        rows.update(
-            interleaved(
-                {
-                    p + "SDPA-flash step, multithreading off": sdpa_step,
-                    p + "ours: step, multithreading off": ours_step,
-                },
-                steps,
-                sync,
-            )
-        )
-    finally:
-        torch.autograd.set_multithreading_enabled(True)
+    rows.update(single_threaded_rows(p, sdpa_step, ours_step, steps, sync))
     rows[p + "Trivial Function (3 in, 1 out, 3 saved, no kernels)"] = per_step(
         variant(Trivial, q, k, v), steps, sync
     )
-    # Pieces without autograd.
-    with torch.no_grad():
-        out, lse = interface._forward(q, k, v, None, None, sq, sk, b, scale, mask, None, False)
-        rows[p + "_forward alone"] = per_step(
-            lambda: interface._forward(q, k, v, None, None, sq, sk, b, scale, mask, None, False),
-            steps,
-            sync,
-        )
-        bargs = (do, q, k, v, out, lse, None, None, sq, sk, b, scale, mask, None, False)
-        rows[p + "_backward alone"] = per_step(lambda: interface._backward(*bargs), steps, sync)
-    if dev == "cuda":
-        rows[p + "launch.call_key of the forward (5 tensors)"] = per_step(
-            lambda: launch.call_key(
-                "fwd", (q, k, v, None, None), (sq, sk, b, scale, mask, False, None)
-            ),
-            steps,
-            sync,
-        )
-        rows[p + "launch.call_key of the backward (8 tensors)"] = per_step(
-            lambda: launch.call_key(
-                "bwd", (do, q, k, v, out, lse, None, None), (sq, sk, b, scale, mask, False)
-            ),
-            steps,
-            sync,
-        )
-    rows[p + "_mask_from_flash_args"] = per_step(
-        lambda: interface._mask_from_flash_args(causal, (-1, -1), 0.0), steps, sync
-    )
+    rows.update(piece_rows(p, (q, k, v, do), (sq, sk, b, scale, mask), causal, dev, steps, sync))
     for what, us in breakdown(q, k, v, do, steps, sync, causal).items():
         rows[p + "in the step: " + what] = us
     return rows
@@ -375,15 +393,15 @@ SHAPES = (
 def backward_key_rows(name, b, sq, sk, hq, hk, d, dtype, causal, steps, dev, sync) -> dict:
     """The backward's plan key under a planned forward (``launch.backward_key``) against the
     eight-tensor key (``launch.call_key``) alone, and the step with and without the hand-over
-    from the forward's plan (``_backward``'s ``fplan`` dropped), interleaved in one process."""
+    from the forward's plan (``run_backward``'s ``fplan`` dropped), interleaved in one process."""
     q, k, v = (torch.randn(b, s, h, d, device=dev, dtype=dtype, requires_grad=True)
                for s, h in ((sq, hq), (sk, hk), (sk, hk)))  # fmt: skip
     do = torch.randn(b, sq, hq, d, device=dev, dtype=dtype)
-    mask = interface._mask_from_flash_args(causal, (-1, -1), 0.0)
+    mask = interface.mask_from_flash_args(causal, (-1, -1), 0.0)
     scale = d**-0.5
-    out, lse = interface._forward(q, k, v, None, None, sq, sk, b, scale, mask, None, False)
+    out, lse = interface.run_forward(q, k, v, None, None, sq, sk, b, scale, mask, None, False)
     ptrs = launch.pointers(q, k, v, None, None)
-    full = interface._backward
+    full = interface.run_backward
 
     def dropped(*args, fplan=None, **kw):
         return full(*args, **kw)
@@ -393,7 +411,7 @@ def backward_key_rows(name, b, sq, sk, hq, hk, d, dtype, causal, steps, dev, syn
 
     def step_with(backward):
         def step():
-            interface._backward = backward
+            interface.run_backward = backward
             o = interface.flash_attn_func(q, k, v, causal=causal)
             o.backward(do)
             q.grad = k.grad = v.grad = None
@@ -427,15 +445,15 @@ def backward_key_rows(name, b, sq, sk, hq, hk, d, dtype, causal, steps, dev, syn
             )
         )
     finally:
-        interface._backward = full
+        interface.run_backward = full
     return {f"{name}: {what}": us for what, us in best.items()}
 
 
 def native_rows(name, b, sq, sk, hq, hk, d, dtype, causal, steps, dev, sync) -> dict:
-    """The step through the native launch path (kernels/_native.py: the C++ node and launches)
+    """The step through the native launch path (kernels/launch/replay.py: the C++ node and launches)
     against the same step through the Python path and SDPA-flash's, interleaved in one
     process; then the forward alone under no_grad, both ways."""
-    from kernels import _native as native
+    from kernels.launch import replay as native
 
     q, k, v = (torch.randn(b, s, h, d, device=dev, dtype=dtype, requires_grad=True)
                for s, h in ((sq, hq), (sk, hk), (sk, hk)))  # fmt: skip
@@ -443,7 +461,6 @@ def native_rows(name, b, sq, sk, hq, hk, d, dtype, causal, steps, dev, sync) -> 
     qt, kt, vt = (t.detach().transpose(1, 2).clone().requires_grad_() for t in (q, k, v))
     dot = do.transpose(1, 2)
     gqa = {"enable_gqa": True} if hk != hq else {}
-    mod = native._mod
 
     def sdpa_step():
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -455,7 +472,7 @@ def native_rows(name, b, sq, sk, hq, hk, d, dtype, causal, steps, dev, sync) -> 
 
     def ours(on: bool, grad: bool):
         def step():
-            native._mod = mod if on else None
+            native.set_active(on)
             if grad:
                 interface.flash_attn_func(q, k, v, causal=causal).backward(do)
                 q.grad = k.grad = v.grad = None
@@ -488,7 +505,7 @@ def native_rows(name, b, sq, sk, hq, hk, d, dtype, causal, steps, dev, sync) -> 
             )
         )
     finally:
-        native._mod = mod
+        native.set_active(True)
     return {f"{name}: {what}": us for what, us in best.items()}
 
 
@@ -512,7 +529,7 @@ def main() -> int:
     a = ap.parse_args()
     dev = a.device
     if a.native:
-        from kernels import _native as native
+        from kernels.launch import replay as native
 
         print(f"native launch path: {native.status()}", flush=True)
     sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
@@ -525,7 +542,7 @@ def main() -> int:
         def bwd(do, q, k, v, *rest, **kw):
             return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
-        interface._forward, interface._backward = fwd, bwd
+        interface.run_forward, interface.run_backward = fwd, bwd
     rows: dict = {}
     for sh in SHAPES:
         if a.only in sh[0]:

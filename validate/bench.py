@@ -406,7 +406,7 @@ class Attention:
             self.fn = flash_attn_func
         elif backend == "kernels":
             try:
-                from kernels.interface import flash_attn_func
+                from kernels import flash_attn_func
             except Exception as exc:  # noqa: BLE001
                 raise Refused(f"the bundled kernels do not import: {_one_line(exc)}") from None
             self.fn = flash_attn_func

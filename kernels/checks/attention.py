@@ -1,6 +1,6 @@
 """The ``attn`` cases: forward and backward through the kernels' autograd function, every
 output and gradient against :func:`~kernels.checks.reference.attention_ref`; where the native
-launch path is active (kernels/_native.py, a GPU), the same call three times through
+launch path is active (kernels/launch/replay.py, a GPU), the same call three times through
 ``flash_attn_func``'s entry, bitwise against the first run; and the SDPA shim's routing case."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ def compare(case: Case, device, seed: int = 0) -> dict:
     """Run one ``attn`` case; ``{"ok": bool, "metrics": {...}}``."""
     import torch
 
-    from ..interface import Mask, _FlashAttn
-    from .reference import attention_ref
+    from ..api.flash_attn import Mask
+    from .reference import attention_ref, both_precisions
 
     dtype = torch.bfloat16 if case.dtype == "bf16" else torch.float16
     g = torch.Generator(device="cpu").manual_seed(seed)
@@ -38,70 +38,17 @@ def compare(case: Case, device, seed: int = 0) -> dict:
     alibi = (torch.rand(case.b, case.hq, generator=g) * 0.3).to(device) if use_alibi else None
     mask = Mask(left=left, right=right, softcap=softcap)
 
-    # Kernel
     if case.layout == "varlen":
-        cat = [torch.cat([t[0] for t in ts]).requires_grad_() for ts in (qs, ks, vs)]
-        cu_q = torch.tensor(
-            [0] + list(torch.tensor(lq).cumsum(0)), dtype=torch.int32, device=device
-        )
-        cu_k = torch.tensor(
-            [0] + list(torch.tensor(lk).cumsum(0)), dtype=torch.int32, device=device
-        )
-        out, lse = _FlashAttn.apply(
-            *cat, cu_q, cu_k, max(lq), max(lk), case.b, scale, mask, alibi, True
-        )
-        poisoned = False
-        do_cat = torch.cat([t[0] for t in dos])
-        out.backward(do_cat)
-        call = (cu_q, cu_k, max(lq), max(lk), case.b, scale, mask, alibi, True, None)
-        native = _native_replays(cat, do_cat, call, (out, *(t.grad for t in cat)))
-        outs = list(out.split(lq))
-        grads = [list(t.grad.split(lens)) for t, lens in zip(cat, (lq, lk, lk), strict=False)]
-        lses = [
-            lse[:, a:b]
-            for a, b in zip(
-                [0] + list(torch.tensor(lq).cumsum(0)[:-1]),
-                torch.tensor(lq).cumsum(0),
-                strict=False,
-            )
-        ]
+        ran = _kernel_varlen(case, qs, ks, vs, dos, lq, lk, scale, mask, alibi)
     else:
-        q, k, v, do = (torch.cat(ts) for ts in (qs, ks, vs, dos))
-        if case.layout == "bhsd":
-            # BHSD storage viewed as BSHD: exercised through strides, without a copy.
-            q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
-        q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
-        out, lse = _FlashAttn.apply(
-            q, k, v, None, None, case.sq, case.sk, case.b, scale, mask, alibi, False
-        )
-        poisoned = bool(torch.isnan(out).any())
-        out.backward(do)
-        call = (None, None, case.sq, case.sk, case.b, scale, mask, alibi, False, None)
-        native = _native_replays((q, k, v), do, call, (out, q.grad, k.grad, v.grad))
-        outs = list(out.split(1))
-        grads = [list(t.grad.split(1)) for t in (q, k, v)]
-        lses = list(lse.split(1))
-
+        ran = _kernel_fixed(case, qs, ks, vs, dos, scale, mask, alibi)
+    outs, grads, lses, poisoned, native = ran
     judge = Judge(torch.finfo(dtype).eps, ("out", "dq", "dk", "dv", "lse"))
     judge.ok = not poisoned
     for i in range(case.b):
         al = alibi[i : i + 1] if alibi is not None else None
-        res = {}
-        for upcast in (True, False):
-            qi, ki, vi = (t.detach().clone().requires_grad_() for t in (qs[i], ks[i], vs[i]))
-            o, lse_r = attention_ref(
-                qi,
-                ki,
-                vi,
-                scale=scale,
-                left=left,
-                right=right,
-                softcap=softcap,
-                alibi_slopes=al,
-                upcast=upcast,
-            )
-            o.backward(dos[i])
-            res[upcast] = (o.detach(), qi.grad, ki.grad, vi.grad, lse_r)
+        kw = dict(scale=scale, left=left, right=right, softcap=softcap, alibi_slopes=al)
+        res = both_precisions(attention_ref, qs[i], ks[i], vs[i], dos[i], **kw)
         ref, pt = res[True], res[False]
         mine = (outs[i], grads[0][i], grads[1][i], grads[2][i])
         for key, a, r, p in zip(("out", "dq", "dk", "dv"), mine, ref[:4], pt[:4], strict=True):
@@ -114,26 +61,84 @@ def compare(case: Case, device, seed: int = 0) -> dict:
     return {"ok": ok, "metrics": metrics}
 
 
+def _kernel_varlen(case: Case, qs, ks, vs, dos, lq, lk, scale, mask, alibi):
+    """The kernel on the sequences packed end to end (varlen): per sequence, its out, dq, dk,
+    dv and LSE, whether the output holds a NaN, and the native replays' metrics."""
+    import torch
+
+    from ..api.flash_attn import FlashAttnFunction
+
+    device = qs[0].device
+    cat = [torch.cat([t[0] for t in ts]).requires_grad_() for ts in (qs, ks, vs)]
+    cu_q = torch.tensor([0] + list(torch.tensor(lq).cumsum(0)), dtype=torch.int32, device=device)
+    cu_k = torch.tensor([0] + list(torch.tensor(lk).cumsum(0)), dtype=torch.int32, device=device)
+    out, lse = FlashAttnFunction.apply(
+        *cat, cu_q, cu_k, max(lq), max(lk), case.b, scale, mask, alibi, True
+    )
+    poisoned = False
+    do_cat = torch.cat([t[0] for t in dos])
+    out.backward(do_cat)
+    call = (cu_q, cu_k, max(lq), max(lk), case.b, scale, mask, alibi, True, None)
+    native = _native_replays(cat, do_cat, call, (out, *(t.grad for t in cat)))
+    outs = list(out.split(lq))
+    grads = [list(t.grad.split(lens)) for t, lens in zip(cat, (lq, lk, lk), strict=False)]
+    lses = [
+        lse[:, a:b]
+        for a, b in zip(
+            [0] + list(torch.tensor(lq).cumsum(0)[:-1]),
+            torch.tensor(lq).cumsum(0),
+            strict=False,
+        )
+    ]
+    return outs, grads, lses, poisoned, native
+
+
+def _kernel_fixed(case: Case, qs, ks, vs, dos, scale, mask, alibi):
+    """The kernel on the batch in one (BSHD, or BHSD storage viewed as BSHD): as
+    :func:`_kernel_varlen`."""
+    import torch
+
+    from ..api.flash_attn import FlashAttnFunction
+
+    q, k, v, do = (torch.cat(ts) for ts in (qs, ks, vs, dos))
+    if case.layout == "bhsd":
+        # BHSD storage viewed as BSHD: exercised through strides, without a copy.
+        q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    out, lse = FlashAttnFunction.apply(
+        q, k, v, None, None, case.sq, case.sk, case.b, scale, mask, alibi, False
+    )
+    poisoned = bool(torch.isnan(out).any())
+    out.backward(do)
+    call = (None, None, case.sq, case.sk, case.b, scale, mask, alibi, False, None)
+    native = _native_replays((q, k, v), do, call, (out, q.grad, k.grad, v.grad))
+    outs = list(out.split(1))
+    grads = [list(t.grad.split(1)) for t in (q, k, v)]
+    lses = list(lse.split(1))
+
+    return outs, grads, lses, poisoned, native
+
+
 def _native_replays(leaves, do, call: tuple, want: tuple) -> dict | None:
     """Where the native launch path is active and takes this call (no ALiBi): the call three
-    times through flash_attn_func's entry (``interface._call``; the first hands the plans over
+    times through flash_attn_func's entry (``interface.call_entry``; the first hands the plans over
     where the Python path recorded them, the others replay them natively), each output and
     gradient bitwise against ``want`` (the checked run's); metrics, or None where not run."""
     import torch
 
-    from .. import _native
-    from ..interface import _call
+    from ..api.flash_attn import call_entry
+    from ..launch import replay as native
 
-    if call[7] is not None or _native.status() != "active":
+    if call[7] is not None or native.status() != "active":
         return None
-    _native.counts()
+    native.counts()
     equal = True
     for _ in range(3):
         q, k, v = (t.detach().clone().requires_grad_() for t in leaves)
-        out = _call(q, k, v, call, False)
+        out = call_entry(q, k, v, call, False)
         got = (out, *torch.autograd.grad(out, (q, k, v), do))
         equal = equal and all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
-    fwd, bwd, back, _ = _native.counts()
+    fwd, bwd, back, _ = native.counts()
     return {"native_equal": float(equal), "native_fwd": float(fwd), "native_bwd": float(bwd),
             "native_to_python": float(back)}  # fmt: skip
 
@@ -160,7 +165,7 @@ def run_shim(device) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from .. import sdpa_shim
+    from ..api import sdpa as sdpa_shim
 
     sdpa_shim.reset_stats()
     was = sdpa_shim.enabled()

@@ -74,6 +74,19 @@ def attention_ref(
     return out.to(dtype), lse
 
 
+def both_precisions(ref, q, k, v, do, **kw) -> dict:
+    """``ref(q, k, v, upcast=..., **kw)`` (returning ``(out, extra)``) run in fp32 (True) and in
+    the inputs' dtype (False), each on its own copies of q, k, v with its backward of ``do``:
+    ``{upcast: (out, dq, dk, dv, extra)}``, the reference and its precision floor for a judge."""
+    res = {}
+    for upcast in (True, False):
+        qi, ki, vi = (t.detach().clone().requires_grad_() for t in (q, k, v))
+        o, extra = ref(qi, ki, vi, upcast=upcast, **kw)
+        o.backward(do)
+        res[upcast] = (o.detach(), qi.grad, ki.grad, vi.grad, extra)
+    return res
+
+
 def rotary_ref(x, cos, sin, pos, interleaved: bool):
     """flash_attn.layers.rotary.apply_rotary_emb_torch at per-row positions ``pos`` (b, s), in
     fp32: x (b, s, h, d), cos/sin (positions, rotary_dim / 2); GPT-NeoX halves or, with

@@ -23,9 +23,9 @@ RUNNERS = {
     "attn": "attention",
     "dropout": "variants",
     "fp8": "variants",
-    "packed": "kvcache",
-    "kvcache": "kvcache",
-    "pagedvarlen": "kvcache",
+    "packed": "layouts",
+    "kvcache": "layouts",
+    "pagedvarlen": "layouts",
 }
 
 
@@ -41,7 +41,7 @@ def list_cases(quick: bool = False, every_feature_grid: bool = False) -> list[st
     ``quick``): the GPU grid's long sequences would take hours in the interpreter, and each case
     costs the validation suite a process of about 2 s (the CPU tests run :func:`grids.cpu_grid`).
     """
-    from ..configs import INTERPRET
+    from ..device.configs import INTERPRET
 
     if INTERPRET:
         cases = grids.interpreter_grid()[:1] if quick else grids.interpreter_grid()
@@ -66,7 +66,7 @@ def _device():
     """The torch device to run on, or None with the reason to skip."""
     import torch
 
-    from ..configs import INTERPRET
+    from ..device.configs import INTERPRET
 
     if INTERPRET:
         return torch.device("cpu"), ""

@@ -27,7 +27,7 @@ def _peek_seed_offset(device, increment: int) -> tuple[int, int]:
     generator as it was (so the call itself takes the same ones)."""
     import torch
 
-    from ..interface import philox_seed_offset
+    from ..api.flash_attn import philox_seed_offset
 
     if device.type == "cuda":
         gen = torch.cuda.default_generators[device.index or 0]
@@ -66,36 +66,15 @@ def _delta_rounding(q, k, v, keep, probs, do, p: float, scale: float, dtype):
     )
 
 
-def compare_dropout(case: Case, device, seed: int = 0) -> dict:
-    """Run one ``dropout`` case; ``{"ok": bool, "metrics": {...}}``."""
+def _dropout_kernel(case: Case, seqs: tuple, lq, lk, window, device):
+    """The dropout call through flash_attn_func or, varlen, flash_attn_varlen_func, with its
+    backward: per sequence, its out and dq, dk, dv, and the returned S_dmask."""
     import torch
 
-    from ..interface import (
-        _get_block_size_n,
-        flash_attn_func,
-        flash_attn_varlen_func,
-        keep_threshold,
-    )
-    from .dropout_ref import attention_dropout_ref, keep_mask, normalize_sdmask
-    from .reference import visible
+    from ..api.flash_attn import flash_attn_func, flash_attn_varlen_func
 
-    dtype = torch.bfloat16 if case.dtype == "bf16" else torch.float16
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    left, right, _, _ = case.mask_args()
-    window = (left if left is not None else -1, right if right is not None else -1)
+    qs, ks, vs, dos = seqs
     varlen = case.varlen
-    lq = ragged(case.b, case.sq) if varlen else [case.sq] * case.b
-    lk = ragged(case.b, case.sk)[::-1] if varlen else [case.sk] * case.b
-
-    def rnd(n, h):
-        return torch.randn(1, n, h, case.d, generator=g).to(device=device, dtype=dtype)
-
-    qs = [rnd(n, case.hq) for n in lq]
-    ks = [rnd(n, case.hk) for n in lk]
-    vs = [rnd(n, case.hk) for n in lk]
-    dos = [rnd(n, case.hq) for n in lq]
-    torch.manual_seed(seed + 1)
-    rng_seed, rng_offset = _peek_seed_offset(device, case.b * case.hq * 32)
     if varlen:
         q, k, v = (torch.cat([t[0] for t in ts]).requires_grad_() for ts in (qs, ks, vs))
         cu_q = torch.tensor([0, *torch.tensor(lq).cumsum(0).tolist()], dtype=torch.int32)
@@ -115,6 +94,35 @@ def compare_dropout(case: Case, device, seed: int = 0) -> dict:
         out.backward(torch.cat(dos))
         outs = list(out.split(1))
         grads = [list(t.grad.split(1)) for t in (q, k, v)]
+    return outs, grads, sdm
+
+
+def compare_dropout(case: Case, device, seed: int = 0) -> dict:
+    """Run one ``dropout`` case; ``{"ok": bool, "metrics": {...}}``."""
+    import torch
+
+    from ..api.flash_attn import _get_block_size_n, keep_threshold
+    from .dropout_ref import attention_dropout_ref, keep_mask, normalize_sdmask
+    from .reference import both_precisions, visible
+
+    dtype = torch.bfloat16 if case.dtype == "bf16" else torch.float16
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    left, right, _, _ = case.mask_args()
+    window = (left if left is not None else -1, right if right is not None else -1)
+    varlen = case.varlen
+    lq = ragged(case.b, case.sq) if varlen else [case.sq] * case.b
+    lk = ragged(case.b, case.sk)[::-1] if varlen else [case.sk] * case.b
+
+    def rnd(n, h):
+        return torch.randn(1, n, h, case.d, generator=g).to(device=device, dtype=dtype)
+
+    qs = [rnd(n, case.hq) for n in lq]
+    ks = [rnd(n, case.hk) for n in lk]
+    vs = [rnd(n, case.hk) for n in lk]
+    dos = [rnd(n, case.hq) for n in lq]
+    torch.manual_seed(seed + 1)
+    rng_seed, rng_offset = _peek_seed_offset(device, case.b * case.hq * 32)
+    outs, grads, sdm = _dropout_kernel(case, (qs, ks, vs, dos), lq, lk, window, device)
     threshold = keep_threshold(case.p)
     keep_all = keep_mask(
         rng_seed, rng_offset, threshold, case.b, case.hq, max(lq), max(lk), device=device
@@ -131,14 +139,10 @@ def compare_dropout(case: Case, device, seed: int = 0) -> dict:
         mismatched += int((kept != keep)[..., vis].sum())
         dropped += int((~kept)[..., vis].sum())
         visible_n += int(vis.sum()) * case.hq
-        res = {}
-        for upcast in (True, False):
-            qi, ki, vi = (t.detach().clone().requires_grad_() for t in (qs[i], ks[i], vs[i]))
-            o, probs = attention_dropout_ref(
-                qi, ki, vi, keep, case.p, left=left, right=right, upcast=upcast
-            )
-            o.backward(dos[i])
-            res[upcast] = (o.detach(), qi.grad, ki.grad, vi.grad, probs)
+        res = both_precisions(
+            lambda *t, keep=keep, **kw: attention_dropout_ref(*t, keep, case.p, **kw),
+            qs[i], ks[i], vs[i], dos[i], left=left, right=right,
+        )  # fmt: skip
         ref, pt = res[True], res[False]
         ddq, ddk = _delta_rounding(
             qs[i], ks[i], vs[i], keep, ref[4], dos[i], case.p, case.d**-0.5, dtype
@@ -185,7 +189,7 @@ def compare_fp8(case: Case, device, seed: int = 0) -> dict:
     """Run one ``fp8`` case; ``{"ok": bool, "metrics": {...}}`` or ``{"skip": reason}``."""
     import torch
 
-    from ..interface import flash_attn_fp8_func, fp8_dtype_for
+    from ..api.flash_attn import flash_attn_fp8_func, fp8_dtype_for
     from .reference import attention_ref, fp8_emulation
 
     try:

@@ -26,14 +26,14 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 def persistent_aot_cache() -> Path:
-    """The AOT compile cache the kernels tests share across runs and clones (kernels/aot.py
-    CompileCache; its keys hold the compile's sources, Triton version, arch and config, no
+    """The AOT compile cache the kernels tests share across runs and clones (kernels/tools/compile_check.py
+    CompileCache; its keys hold each kernel's source key, Triton version, arch and config, no
     paths): $ATTNFORGE_TEST_AOT_CACHE, else kernels.aot's per-user default outside any build
     folder, $XDG_CACHE_HOME/attnforge/aot (~/.cache/attnforge/aot). An unchanged kernel compiles
     once per machine; a fresh machine pays the cold compile once."""
     if os.environ.get("ATTNFORGE_TEST_AOT_CACHE"):
         return Path(os.environ["ATTNFORGE_TEST_AOT_CACHE"])
-    from kernels.aot import default_cache_dir
+    from kernels.tools.compile_check import default_cache_dir
 
     return default_cache_dir({k: v for k, v in os.environ.items() if k != "ATTNFORGE_BUILD_DIR"})
 

@@ -12,7 +12,7 @@ import pytest
 
 from attnforge.build import render_arch_facts
 from contract import arches
-from kernels import configs
+from kernels.device import configs
 
 
 @pytest.mark.parametrize(
@@ -55,7 +55,7 @@ def test_an_image_layout_reads_the_facts_without_pyyaml_or_recipes(tmp_path):
     shutil.rmtree(tmp_path / "recipes")
     code = (
         "import sys; sys.modules['yaml'] = None\n"
-        "from kernels import configs\n"
+        "from kernels.device import configs\n"
         "print(configs.amd_family('gfx1151'), configs.amd_family('gfx1103'))\n"
     )
     env = {k: v for k, v in os.environ.items() if k != arches.ENV}

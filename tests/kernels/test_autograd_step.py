@@ -1,12 +1,13 @@
 """The training step's autograd Function (issue 30 §2): flash_attn_func and flash_attn_varlen_func
-without ``return_attn_probs`` go through ``_FlashAttnOut`` (4 inputs, one output, only existing
-tensors saved); everything autograd lets a user see must match ``_FlashAttn``, the Function the
+without ``return_attn_probs`` go through ``FlashAttnOutFunction`` (4 inputs, one output, only existing
+tensors saved); everything autograd lets a user see must match ``FlashAttnFunction``, the Function the
 ``return_attn_probs`` calls, ``attention`` and kernels.check keep using."""
 
 import pytest
 import torch
 
-from kernels import flash_attn_func, flash_attn_varlen_func, interface
+from kernels import flash_attn_func, flash_attn_varlen_func
+from kernels.api import flash_attn as interface
 
 
 def _qkv(b=1, sq=17, sk=19, hq=2, hk=1, d=32, seed=0):
@@ -34,19 +35,21 @@ def _equal(a, b):
 
 
 def _old(q, k, v, causal=False):
-    """The same call through _FlashAttn (13 inputs, out and LSE)."""
+    """The same call through FlashAttnFunction (13 inputs, out and LSE)."""
     b, sq, sk = q.shape[0], q.shape[1], k.shape[1]
-    mask = interface._mask_from_flash_args(causal, (-1, -1), 0.0)
+    mask = interface.mask_from_flash_args(causal, (-1, -1), 0.0)
     scale = q.shape[-1] ** -0.5
-    return interface._FlashAttn.apply(q, k, v, None, None, sq, sk, b, scale, mask, None, False)[0]
+    return interface.FlashAttnFunction.apply(
+        q, k, v, None, None, sq, sk, b, scale, mask, None, False
+    )[0]
 
 
 def test_the_step_uses_the_one_output_function_and_return_attn_probs_the_other():
     q, k, v = (t.requires_grad_() for t in _qkv())
     out = flash_attn_func(q, k, v)
-    assert type(out.grad_fn).__name__ == "_FlashAttnOutBackward"
+    assert type(out.grad_fn).__name__ == "FlashAttnOutFunctionBackward"
     out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True)
-    assert type(out.grad_fn).__name__ == "_FlashAttnBackward"
+    assert type(out.grad_fn).__name__ == "FlashAttnFunctionBackward"
     assert not lse.requires_grad and lse.grad_fn is None
 
 
@@ -147,7 +150,7 @@ def test_varlen_saves_cu_seqlens_and_matches_the_two_output_function():
     )
     assert torch.equal(got[0], want[0]) and _equal(got[1], want[1])
     out = flash_attn_varlen_func(*new, cu, cu, 19, 19)
-    cu.add_(0)  # an in-place op on a saved cu_seqlens bumps its version, as with _FlashAttn
+    cu.add_(0)  # an in-place op on a saved cu_seqlens bumps its version, as with FlashAttnFunction
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         out.sum().backward()
 

@@ -5,9 +5,10 @@ import json
 import pytest
 import torch
 
-from kernels import autotune, flash_attn_func
+from kernels import flash_attn_func
 from kernels.checks.reference import attention_ref
-from kernels.configs import config_for
+from kernels.device.configs import config_for
+from kernels.launch import autotune
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ inputs' layouts."""
 import pytest
 import torch
 
-from kernels import interface
+from kernels.api import flash_attn as interface
 from kernels.checks.reference import attention_ref
 
 
@@ -27,7 +27,7 @@ class _Count:
 @pytest.fixture
 def launches(monkeypatch) -> list:
     log: list = []
-    for name in ("_attn_bwd_delta", "_attn_bwd_dkdv", "_attn_bwd_dq"):
+    for name in ("attn_bwd_delta", "attn_bwd_dkdv", "attn_bwd_dq"):
         monkeypatch.setattr(interface, name, _Count(getattr(interface, name), name, log))
     return log
 
@@ -54,8 +54,8 @@ def _assert_close(grads, refs):
 @pytest.mark.parametrize(
     ("override", "expected"),
     [
-        (None, ["_attn_bwd_dq", "_attn_bwd_dkdv"]),
-        ('{"atomic_dq": true}', ["_attn_bwd_delta", "_attn_bwd_dkdv"]),
+        (None, ["attn_bwd_dq", "attn_bwd_dkdv"]),
+        ('{"atomic_dq": true}', ["attn_bwd_delta", "attn_bwd_dkdv"]),
     ],
     ids=["default", "atomic_dq"],
 )
@@ -81,8 +81,8 @@ def test_gradients_come_back_in_the_inputs_layout():
     do = torch.randn(1, 33, 2, 16, dtype=torch.bfloat16)
     scale = 16**-0.5
     mask = interface.Mask()
-    out, lse = interface._forward(q, k, v, None, None, 33, 33, 1, scale, mask, None, False)
-    dq, dk, dv = interface._backward(
+    out, lse = interface.run_forward(q, k, v, None, None, 33, 33, 1, scale, mask, None, False)
+    dq, dk, dv = interface.run_backward(
         do, q, k, v, out, lse, None, None, 33, 33, 1, scale, mask, None, False
     )
     assert (dq.stride(), dk.stride(), dv.stride()) == (q.stride(), k.stride(), v.stride())
@@ -102,7 +102,7 @@ class _Record(_Count):
 
 @pytest.mark.parametrize("layout", ["bshd", "bhsd"])
 @pytest.mark.parametrize(
-    ("override", "first"), [(None, "_attn_bwd_dq"), ('{"atomic_dq": true}', "_attn_bwd_delta")]
+    ("override", "first"), [(None, "attn_bwd_dq"), ('{"atomic_dq": true}', "attn_bwd_delta")]
 )
 @pytest.mark.parametrize(("d", "align"), [(40, 8), (24, 8), (32, 1)])
 def test_head_dims_off_the_16_grid_take_the_backward_with_their_stride_alignment(
@@ -111,7 +111,7 @@ def test_head_dims_off_the_16_grid_take_the_backward_with_their_stride_alignment
     # d=40 (SD 1.5): every q/k/v/dO/dQ/dK/dV stride is a multiple of 8 elements, not 16; each
     # backward kernel gets them divided by 8 and multiplies them back by its constexpr.
     log: list = []
-    for name in ("_attn_bwd_delta", "_attn_bwd_dkdv", "_attn_bwd_dq"):
+    for name in ("attn_bwd_delta", "attn_bwd_dkdv", "attn_bwd_dq"):
         monkeypatch.setattr(interface, name, _Record(getattr(interface, name), name, log))
     if override:
         monkeypatch.setenv("ATTNFORGE_KERNELS_CONFIG", override)
@@ -124,5 +124,5 @@ def test_head_dims_off_the_16_grid_take_the_backward_with_their_stride_alignment
 
     q, k, v, do = make(37, 4), make(29, 2), make(29, 2), make(37, 4)
     _, dq, dk, dv = _grads(q, k, v, do, causal=True)
-    assert log == [(first, align), ("_attn_bwd_dkdv", align)]
+    assert log == [(first, align), ("attn_bwd_dkdv", align)]
     _assert_close((dq, dk, dv), _reference(q, k, v, do, True))

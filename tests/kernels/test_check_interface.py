@@ -65,7 +65,7 @@ def test_a_case_refuses_a_mask_or_layout_its_kind_does_not_take():
 
 
 def test_the_suite_gets_the_short_feature_grids_and_kernels_check_the_full_ones(monkeypatch):
-    from kernels import configs
+    from kernels.device import configs
 
     monkeypatch.setattr(configs, "INTERPRET", False)  # the GPU lists, named without a GPU
     short = [c.name for c in grids.variant_grid(True) + grids.kvcache_grid(True)]

@@ -10,11 +10,11 @@ import torch
 
 import kernels.checks.dropout_ref as dropout_ref
 from kernels import _get_block_size_n, flash_attn_func, flash_attn_varlen_func
+from kernels.api.flash_attn import keep_threshold, philox_seed_offset
 from kernels.checks import variants
 from kernels.checks.case import dropout
 from kernels.checks.dropout_ref import keep_mask, philox4x32
 from kernels.checks.reference import attention_ref, visible
-from kernels.interface import keep_threshold, philox_seed_offset
 
 CPU = torch.device("cpu")
 

@@ -12,9 +12,9 @@ from kernels import (
     flash_attn_varlen_qkvpacked_fp8_func,
     flash_attn_with_kvcache,
 )
+from kernels.api.errors import ArgumentError, ArgumentTypeError
 from kernels.checks import variants
 from kernels.checks.case import fp8
-from kernels.errors import ArgumentError, ArgumentTypeError
 
 E4M3 = torch.float8_e4m3fn
 
@@ -170,7 +170,7 @@ def test_fp8_packed_and_varlen_argument_errors(call, match):
     ],
 )
 def test_the_fixed_length_and_kv_cache_calls_refuse_bad_inputs_in_the_same_words(bad, error, match):
-    # One check (kernels/arguments.py) behind both entry points: same type, same sentence.
+    # One check (kernels/api/arguments.py) behind both entry points: same type, same sentence.
     q = torch.randn(2, 5, 4, 32).to(bad.get("q_dtype", torch.float16))
     hk, d_kv = bad.get("hk", 2), bad.get("d_kv", 32)
     k = torch.randn(2, 9, hk, d_kv).to(bad.get("k_dtype", torch.float16))
@@ -187,7 +187,8 @@ def test_every_public_entry_point_is_typed():
     import typing
 
     import kernels
-    from kernels import kvcache, sdpa_shim
+    from kernels import sdpa_shim
+    from kernels.api import kvcache
 
     funcs = [
         getattr(kernels, n) for n in kernels.__all__ if inspect.isfunction(getattr(kernels, n))

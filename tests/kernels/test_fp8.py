@@ -15,9 +15,11 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import configs, flash, flash_attn_fp8_func, interface
+from kernels import flash_attn_fp8_func
+from kernels.api import flash_attn as interface
 from kernels.checks import variants
 from kernels.checks.case import fp8
+from kernels.device import configs, flash
 
 CPU = torch.device("cpu")
 E4M3 = torch.float8_e4m3fn

@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import flash_attn_varlen_func, flash_attn_with_kvcache, kvcache
+from kernels import flash_attn_varlen_func, flash_attn_with_kvcache
+from kernels.api import kvcache
+from kernels.api.kvcache import auto_num_splits, num_splits_heuristic
 from kernels.checks import judge
 from kernels.checks.reference import attention_ref, flash_window, rotary_ref
-from kernels.kvcache import auto_num_splits, num_splits_heuristic
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -435,12 +436,13 @@ def test_append_past_the_cache_is_refused_or_kept_in_the_sequences_rows():
     assert torch.equal(out, want)
 
 
-# The GPU check grid's packed / kv-cache cases (kernels/checks/kvcache.py), run here on tiny shapes.
+# The GPU check grid's packed / kv-cache cases (kernels/checks/layouts.py), run here on tiny shapes.
 
 
 def test_gpu_grid_lists_the_new_cases_and_boundary_covers_every_layout(monkeypatch):
-    from kernels import check, configs
+    from kernels import check
     from kernels.checks import grids
+    from kernels.device import configs
 
     monkeypatch.setattr(configs, "INTERPRET", False)
     names = check.list_cases(quick=True)
@@ -479,7 +481,7 @@ def test_check_cases_pass_in_the_interpreter(name):
 
 
 def test_a_check_case_fails_when_the_rule_does(monkeypatch):
-    from kernels.checks import kvcache
+    from kernels.checks import layouts as kvcache
     from kernels.checks.case import Case
 
     monkeypatch.setattr(judge.tolerance, "within", lambda err, *_a, **_k: (False, 0.0))
@@ -491,8 +493,9 @@ def test_a_check_case_fails_when_the_rule_does(monkeypatch):
 
 
 def test_every_family_has_kv_tiles_and_kernels_aot_compiles_both():
-    from kernels import aot, configs
-    from kernels.kvcache_kernels import aot_kernels, kv_config
+    from kernels.device import configs
+    from kernels.device.decode import aot_kernels, kv_config
+    from kernels.tools import compile_check as aot
 
     for family in configs.FAMILIES:
         for d in aot.ALL_HEAD_DIMS:
@@ -510,8 +513,8 @@ def test_every_family_has_kv_tiles_and_kernels_aot_compiles_both():
 
 _UPDATE_VARIANTS = """
 import json, sys
-from kernels import aot
-from kernels.kvcache_kernels import aot_kernels
+from kernels.tools import compile_check as aot
+from kernels.device.decode import aot_kernels
 
 spec = aot.load_arches()["gfx1151"]
 ((name, fn, ptrs, consts, tile),) = [j for j in aot_kernels(128, spec["family"])

@@ -1,4 +1,4 @@
-"""kernels.launch: the keys of the forward's and backward's launch plans (issue 30 §2), on the
+"""kernels.launch.plans: the keys of the forward's and backward's launch plans (issue 30 §2), on the
 CPU. The replay itself needs a GPU (tools/host_probe.py --verify checks it bitwise against the
 full path); here: what the key separates, that equal keys mean Triton specialises equally, and
 that the interpreter never plans."""
@@ -10,8 +10,9 @@ from triton._C.libtriton import native_specialize_impl
 from triton.backends.amd.compiler import HIPBackend
 from triton.backends.nvidia.compiler import CUDABackend
 
-from kernels import interface, launch
-from kernels.interface import Mask
+from kernels.api import flash_attn as interface
+from kernels.api.flash_attn import Mask
+from kernels.launch import plans as launch
 from tests.kernels.standins import Fill
 
 _NO_MASK = Mask()
@@ -19,7 +20,7 @@ _NO_MASK = Mask()
 
 @pytest.fixture
 def fwd_key(monkeypatch):
-    """The key _forward computes, as a function of its arguments (CPU tensors, device 0)."""
+    """The key run_forward computes, as a function of its arguments (CPU tensors, device 0)."""
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.delenv("ATTNFORGE_KERNELS_AUTOTUNE", raising=False)
 
@@ -152,12 +153,12 @@ def test_a_planned_forwards_backward_is_planned_in_the_forwards_plan(fwd_key, mo
         scale = shape[-1] ** -0.5
         out0, lse0 = torch.empty_like(q), torch.empty(1, 2, 16)
         fwd = Fill(t5=2.0, t6=0.0)  # (q, k, v, cu_q, cu_k, out, lse): finite for the backward
-        fplan = interface._ForwardPlan(fwd, out0, lse0)
+        fplan = interface.PyForwardPlan(fwd, out0, lse0)
         launch.FORWARD.put(fwd_key(q, k, v, max_q=16, max_k=16, batch=1, scale=scale), fplan)
         do = torch.ones(shape)
         dq_launch, dkdv_launch = Fill(t8=3.0), Fill(t9=4.0, t10=5.0)  # ..., dq, dk, dv, delta
         bkey = launch.backward_key(do, q, k, v, out0, lse0)
-        fplan.backward.put(bkey, interface._BackwardPlan((dq_launch, dkdv_launch)))
+        fplan.backward.put(bkey, interface.PyBackwardPlan((dq_launch, dkdv_launch)))
 
         out = interface.flash_attn_func(q, k, v)
         assert fwd.calls == 1 and torch.all(out == 2.0)

@@ -1,4 +1,4 @@
-"""kernels/_native.py and kernels/native.cpp, the native launch path (issue 30 §2), on the CPU.
+"""kernels/launch/replay.py and kernels/launch/replay.cpp, the native launch path (issue 30 §2), on the CPU.
 
 The extension is compiled for real with the host's C++ compiler against the installed torch
 (once per machine: the build cache outlives the run, as the AOT tests' does) and loaded. On the
@@ -19,11 +19,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from kernels import _native, interface, launch
-from kernels.interface import Mask
+from kernels.api import flash_attn as interface
+from kernels.api.flash_attn import Mask
+from kernels.launch import params as launch_params
+from kernels.launch import plans as launch
+from kernels.launch import replay as _native
 from tests.kernels.standins import Fill
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(_native.__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(_native.__file__))))
 
 
 @pytest.fixture(scope="module")
@@ -264,13 +267,13 @@ def _kernel(signature: dict, **meta):
 def test_launch_params_pack_as_tritons_launcher_does():
     sig = {"Q": "*bf16", "Out": "*bf16", "n": "i32", "m": "i64", "s": "fp32", "h": "fp16",
            "flag": "i1", "BLOCK": "constexpr", "neg": "i32"}  # fmt: skip
-    got = _native.launch_params(_kernel(sig), (None, None, 7, 2**40, 0.5, 1.5, True, 64, -2),
+    got = launch_params.launch_params(_kernel(sig), (None, None, 7, 2**40, 0.5, 1.5, True, 64, -2),
                                 (3, 0))  # fmt: skip
     params, fills, scratch, scratch_param, block, shared = got
     assert fills == [(0, 3), (1, 0)]
     assert params == [0, 0, 7, 2**40, 0x3F000000, 0x3E00, 1, 0xFFFFFFFE, 0, 0]
     assert (scratch, scratch_param, block, shared) == (0, 8, 128, 4096)
-    amd = _native.launch_params(_kernel({"Q": "*fp16"}, warp_size=64, global_scratch_size=128),
+    amd = launch_params.launch_params(_kernel({"Q": "*fp16"}, warp_size=64, global_scratch_size=128),
                                 (None,), (0,))  # fmt: skip
     assert amd[2] == 128 and amd[4] == 256  # scratch per program; 64-wide waves
 
@@ -287,12 +290,12 @@ def test_launch_params_pack_as_tritons_launcher_does():
 )
 def test_launches_a_replay_cannot_rebuild_are_not_handed_over(sig, meta):
     values = (None,) * len(sig)
-    assert _native.launch_params(_kernel(sig, **meta), values, (0,)) is None
+    assert launch_params.launch_params(_kernel(sig, **meta), values, (0,)) is None
 
 
 def test_a_pointer_parameter_that_is_not_a_call_tensor_is_not_handed_over():
     sig = {"Q": "*bf16", "n": "i32", "P": "*fp32"}
-    assert _native.launch_params(_kernel(sig), (None, 1, None), (0,)) is None
+    assert launch_params.launch_params(_kernel(sig), (None, 1, None), (0,)) is None
 
 
 def test_the_interpreter_keeps_the_python_path():
@@ -302,7 +305,7 @@ def test_the_interpreter_keeps_the_python_path():
     call = (None, None, 16, 16, 1, 0.25, Mask(), None, False, None)
     assert _native.forward(q.half(), k.half(), v.half(), call) is None
     out = interface.flash_attn_func(q.half(), k.half(), v.half())
-    assert out.grad_fn.name() == "_FlashAttnOutBackward"
+    assert out.grad_fn.name() == "FlashAttnOutFunctionBackward"
 
 
 def test_a_failed_build_leaves_nothing_and_says_why(tmp_path, monkeypatch):
@@ -339,7 +342,7 @@ def test_concurrent_builds_compile_once(tmp_path):
     """))  # fmt: skip
     cxx.chmod(0o755)
     env = {**os.environ, "CXX": str(cxx), "ATTNFORGE_NATIVE_DIR": str(tmp_path / "cache")}
-    code = "from kernels import _native; print(_native.build(quiet=True))"
+    code = "from kernels.launch import replay; print(replay.build(quiet=True))"
     procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
                               text=True, cwd=ROOT) for _ in range(2)]  # fmt: skip
     outs = {p.communicate(timeout=120)[0].strip() for p in procs}
@@ -358,7 +361,7 @@ def test_the_command_line_says_why_it_is_off():
 
 
 def test_the_python_path_hands_its_plans_over(ext, monkeypatch):
-    """The glue in kernels/interface.py and kernels/_native.py, with stand-in Python launches:
+    """The glue in kernels/api/flash_attn.py and kernels/launch/replay.py, with stand-in Python launches:
     a call the native path misses takes the Python plan and hands it over; the next is native;
     its backward goes back to Python once (through the forward's Python plan, whose backward
     plan is handed over too) and then replays natively."""
@@ -368,7 +371,7 @@ def test_the_python_path_hands_its_plans_over(ext, monkeypatch):
     monkeypatch.delenv("ATTNFORGE_KERNELS_AUTOTUNE", raising=False)
     monkeypatch.setattr(_native, "_mod", ext)
     monkeypatch.setattr(_native, "_state", "active")
-    ext.set_fallback(_native._backward)
+    ext.set_fallback(interface.native_fallback)
     ext.clear()
     launch.clear()
     ext.take_noted()
@@ -379,18 +382,18 @@ def test_the_python_path_hands_its_plans_over(ext, monkeypatch):
         scale = shape[-1] ** -0.5
         out0, lse0 = torch.empty_like(q), torch.empty(1, 2, 16)
         fwd = Fill(fwd_desc(), t5=2.0, t6=0.0)
-        fplan = interface._ForwardPlan(fwd, out0, lse0)
+        fplan = interface.PyForwardPlan(fwd, out0, lse0)
         key = launch.call_key("fwd", (q, k, v, None, None),
                               (16, 16, 1, scale, Mask(), False, None))  # fmt: skip
         launch.FORWARD.put(key, fplan)
         do = torch.ones(shape)
         dq_l, dkdv_l = Fill(BWD_DESCS[0], t8=3.0), Fill(BWD_DESCS[1], t9=4.0, t10=5.0)
         fplan.backward.put(launch.backward_key(do, q, k, v, out0, lse0),
-                           interface._BackwardPlan((dq_l, dkdv_l)))  # fmt: skip
+                           interface.PyBackwardPlan((dq_l, dkdv_l)))  # fmt: skip
 
         out = interface.flash_attn_func(q, k, v)  # native misses; the Python plan replays
         assert fwd.calls == 1 and torch.all(out == 2.0) and fplan.native
-        assert out.grad_fn.name() == "_FlashAttnOutBackward" and ext.size() == 1
+        assert out.grad_fn.name() == "FlashAttnOutFunctionBackward" and ext.size() == 1
         out.backward(do)  # Python's backward, from the forward plan's table; handed over
         assert dq_l.calls == 1 and fplan.native.backward_plans() == 0  # not on a Python hit
 
@@ -412,12 +415,12 @@ def test_the_python_path_hands_its_plans_over(ext, monkeypatch):
         launch.clear()
 
 
-# --- flash_attn_with_kvcache (kernels/kvcache.py): decoding steps on a contiguous cache --------
+# --- flash_attn_with_kvcache (kernels/api/kvcache.py): decoding steps on a contiguous cache --------
 
 KV_FN, APPEND_FN = 0xC0, 0xA0
 # A parameter per pointer a launch passes (Triton makes an unused one, None, a constexpr), in
-# the order of _kv_fwd's 13 pointers (q, k_cache, v_cache, out, lse, part, count, cu_q,
-# seqlens_k, k_start, block_table, batch_idx, slopes) and _kv_append's (q, k, v, k_cache,
+# the order of kv_fwd's 13 pointers (q, k_cache, v_cache, out, lse, part, count, cu_q,
+# seqlens_k, k_start, block_table, batch_idx, slopes) and kv_append's (q, k, v, k_cache,
 # v_cache, q_out, cache_seqlens, lengths, k_start, block_table, batch_idx, cos, sin).
 
 
@@ -521,7 +524,7 @@ def test_a_step_with_new_keys_updates_the_cache_then_attends(ext):
 def test_whole_cache_lengths_and_split_scratch_are_kept(ext):
     """Without cache_seqlens every sequence is the whole cache: a kept int32 tensor of the rows
     count; the split partials and the zeroed counters are kept too, so a decoding loop allocates
-    and fills them once (kernels/kvcache.py's _SCRATCH does the same for the Python path)."""
+    and fills them once (kernels/api/kvcache.py's _SCRATCH does the same for the Python path)."""
     ext.clear()
     ext.take_noted()
     q, kc, vc = kv_inputs(b=3, rows=48)
@@ -598,9 +601,9 @@ def test_put_kv_refuses_steps_python_would_pass_other_tensors(ext):
 
 
 def test_the_decoding_path_hands_its_plans_over(ext, monkeypatch):
-    """The glue in kernels/kvcache.py: a step the native path misses replays the Python plan
+    """The glue in kernels/api/kvcache.py: a step the native path misses replays the Python plan
     and hands it over; the next is native; a step with new keys likewise, with its update."""
-    from kernels import kvcache
+    from kernels.api import kvcache
 
     monkeypatch.setattr(launch, "ENABLED", True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
@@ -620,12 +623,12 @@ def test_the_decoding_path_hands_its_plans_over(ext, monkeypatch):
             values = (None, None, False, (-1, -1), 0.0, True, 0, False)
             call = kvcache._decide(*tensors, None, False, (-1, -1), 0.0, True, None, 0, False)
             fill = Fill(kv_desc(), t3=2.0)
-            plan = kvcache._KVPlan(call, fill, (4, 4, 16, 256), ())
+            plan = kvcache.KVPlan(call, fill, (4, 4, 16, 256), ())
             launch.KVCACHE.put(launch.call_key("kv", tensors, values), plan)
             return plan, fill
 
         plan, fill = plan_for()
-        monkeypatch.setattr(kvcache._KVPlan, "replay", _replay_with(fill))
+        monkeypatch.setattr(kvcache.KVPlan, "replay", _replay_with(fill))
         out = kvcache.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens)
         assert fill.calls == 1 and torch.all(out == 2.0) and plan.native is True
         assert ext.kv_size() == 1 and ext.counts()[3] == 0
@@ -637,8 +640,8 @@ def test_the_decoding_path_hands_its_plans_over(ext, monkeypatch):
         plan2, fill2 = plan_for(k=k_new, v=v_new)
         update = Fill(append_desc(), t3=5.0)  # a stand-in cache update: fills the key cache
         plan2.append = update
-        monkeypatch.setattr(kvcache._KVPlan, "replay", _replay_with(fill2))
-        monkeypatch.setattr(kvcache._KVPlan, "replay_append", _replay_append)
+        monkeypatch.setattr(kvcache.KVPlan, "replay", _replay_with(fill2))
+        monkeypatch.setattr(kvcache.KVPlan, "replay_append", _replay_append)
         kvcache.flash_attn_with_kvcache(q, kc, vc, k_new, v_new, cache_seqlens=lens)
         assert update.calls == fill2.calls == 1 and torch.all(kc == 5.0) and plan2.native
         assert ext.counts()[3] == 0
@@ -651,7 +654,7 @@ def test_the_decoding_path_hands_its_plans_over(ext, monkeypatch):
 
 
 def _replay_with(fill):
-    """_KVPlan.replay with the stand-in launch: the call's 13 pointer tensors, as the real one
+    """KVPlan.replay with the stand-in launch: the call's 13 pointer tensors, as the real one
     builds them (the split scratch is Python's own, not the native path's)."""
 
     def replay(self, q, k_cache, v_cache, out, lse, seqlens_k, k_start, block_table, batch_idx):

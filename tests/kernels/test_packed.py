@@ -11,9 +11,9 @@ from kernels import (
     flash_attn_varlen_kvpacked_func,
     flash_attn_varlen_qkvpacked_func,
 )
-from kernels import packed as packed_mod
+from kernels.api import packed as packed_mod
 from kernels.checks.case import packed
-from kernels.checks.kvcache import compare_packed
+from kernels.checks.layouts import compare_packed
 
 
 def _rand(*shape, dtype=torch.float16, seed=0):
@@ -59,13 +59,13 @@ def test_packed_gradient_is_the_buffer_the_kernels_wrote(monkeypatch):
     # stack/cat copy of dQ, dK, dV. (The spy keeps addresses only: holding the views would make
     # autograd copy the gradient into .grad.)
     seen = []
-    real = packed_mod._backward
+    real = packed_mod.run_backward
 
     def spy(*args, grads, **kw):
         seen.append([(g.untyped_storage().data_ptr(), g.data_ptr()) for g in grads])
         return real(*args, grads=grads, **kw)
 
-    monkeypatch.setattr(packed_mod, "_backward", spy)
+    monkeypatch.setattr(packed_mod, "run_backward", spy)
     qkv = _rand(1, 17, 3, 2, 16).requires_grad_()
     flash_attn_qkvpacked_func(qkv).sum().backward()
     storages, views = zip(*seen[0], strict=True)

@@ -5,10 +5,13 @@ as 40 need (``STRIDE_ALIGN``), in Triton's interpreter."""
 import pytest
 import torch
 
-from kernels import aot, configs, flash_attn_func, flash_attn_varlen_func, interface
+from kernels import flash_attn_func, flash_attn_varlen_func
+from kernels.api import flash_attn as interface
 from kernels.checks.reference import attention_ref
-from kernels.configs import Tile
-from kernels.flash import stride_align
+from kernels.device import configs
+from kernels.device.configs import Tile
+from kernels.device.flash import stride_align
+from kernels.tools import compile_check as aot
 
 TOL = 2e-2
 
@@ -29,8 +32,8 @@ class _Spy:
 
 @pytest.fixture
 def spy(monkeypatch):
-    s = _Spy(interface._attn_fwd)
-    monkeypatch.setattr(interface, "_attn_fwd", s)
+    s = _Spy(interface.attn_fwd)
+    monkeypatch.setattr(interface, "attn_fwd", s)
     return s
 
 

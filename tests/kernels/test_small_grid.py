@@ -4,9 +4,11 @@ Triton's interpreter."""
 import pytest
 import torch
 
-from kernels import configs, flash_attn_func, interface
+from kernels import flash_attn_func
+from kernels.api import flash_attn as interface
 from kernels.checks.reference import attention_ref
-from kernels.configs import Tile
+from kernels.device import configs
+from kernels.device.configs import Tile
 
 
 def test_small_grids_take_the_small_tile_and_large_ones_keep_the_default():
@@ -59,8 +61,8 @@ def _small_grid_spy(monkeypatch) -> _Spy:
     """The interpreter's d=32 small tile 32x16 on a device of 8 compute units, launches spied."""
     monkeypatch.setitem(configs.SMALL_GRID_FWD, ("interpreter", 32), Tile(32, 16, 1, 1))
     monkeypatch.setattr(configs, "compute_units", lambda device=None: 8)
-    spy = _Spy(interface._attn_fwd)
-    monkeypatch.setattr(interface, "_attn_fwd", spy)
+    spy = _Spy(interface.attn_fwd)
+    monkeypatch.setattr(interface, "attn_fwd", spy)
     return spy
 
 
@@ -100,8 +102,8 @@ def test_a_head_dims_own_forward_tile_wins_over_the_grid_rule(monkeypatch):
 
 def test_a_head_dim_tile_is_launched_at_that_head_dim_only(monkeypatch):
     monkeypatch.setitem(configs.HEAD_DIM_FWD, ("interpreter", 24), Tile(32, 16, 1, 1))
-    spy = _Spy(interface._attn_fwd)
-    monkeypatch.setattr(interface, "_attn_fwd", spy)
+    spy = _Spy(interface.attn_fwd)
+    monkeypatch.setattr(interface, "attn_fwd", spy)
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, n, 2, 24, generator=g).to(torch.bfloat16) for n in (45, 77, 77))
     out = flash_attn_func(q, k, v)

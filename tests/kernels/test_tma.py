@@ -6,10 +6,11 @@ import json
 import pytest
 import torch
 
-from kernels import configs, interface
+from kernels.api import flash_attn as interface
 from kernels.checks.attention import compare
 from kernels.checks.case import attn
-from kernels.configs import Tile, config_for, override
+from kernels.device import configs
+from kernels.device.configs import Tile, config_for, override
 
 
 def test_hopper_streams_the_backward_by_tma_and_keeps_pointer_loads_in_the_forward():

@@ -22,7 +22,7 @@ import pytest
 
 from attnforge.recipes import load_recipes
 from attnforge.tritons import load_table, stack_tritons, versions_to_check
-from kernels import configs
+from kernels.device import configs
 
 REPO = Path(__file__).resolve().parents[2]
 TRITONS_DIR = Path(os.environ.get("ATTNFORGE_TRITONS_DIR", REPO / "build" / "tritons"))
@@ -175,7 +175,7 @@ def on_triton(monkeypatch):
     """config_for/kv_config as on another Triton release."""
 
     def use(release):
-        from kernels.kvcache import kv_config
+        from kernels.api.kvcache import kv_config
 
         monkeypatch.setattr(configs, "triton_release", lambda version=None: release)
         configs._config_for.cache_clear()
@@ -186,7 +186,7 @@ def on_triton(monkeypatch):
 
 
 def test_each_triton_line_gets_its_own_rows(on_triton):
-    from kernels.kvcache import kv_config
+    from kernels.api.kvcache import kv_config
 
     on_triton((3, 6))
     old = {(f, d): configs.config_for(f, d) for f in ("rdna3.5", "cdna3") for d in (64, 128)}
@@ -211,7 +211,7 @@ def test_each_triton_line_gets_its_own_rows(on_triton):
 
 def test_a_newer_line_can_merge_fewer_columns_a_load(on_triton):
     """DECODE_ON_NEWER_TRITON's merge_d: fewer columns a merge load where a line lost a wave."""
-    from kernels.kvcache import kv_config
+    from kernels.api.kvcache import kv_config
 
     on_triton((3, 6))
     measured = {(f, d): kv_config(f, d) for f in ("hopper", "cdna4") for d in (64, 128)}

@@ -222,7 +222,7 @@ def test_a_real_venv_installs_from_the_pylock_and_its_damage_is_seen(tmp_path):
     (found,) = core.compare(m, probed())
     assert (
         found.kind == "record"
-        and "kernels/configs.py does not match its recorded hash" in found.sentence
+        and "kernels/device/configs.py does not match its recorded hash" in found.sentence
     )
 
 

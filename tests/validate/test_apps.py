@@ -96,7 +96,7 @@ PLANTED = """
     import sys
     os.environ["TRITON_INTERPRET"] = "1"
     import torch.nn.functional as F
-    import kernels.interface as ki
+    import kernels.api.flash_attn as ki
 
     def called_from(module):
         frame = sys._getframe(2)

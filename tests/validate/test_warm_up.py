@@ -20,7 +20,7 @@ sdpa.warm_up({})
 flash_attn.warm_up({})
 kernels.warm_up({})
 apps.warm_up({"models": ["llama-gqa", "vit", "unet-attn", "qwen-image"]})
-from kernels import configs
+from kernels.device import configs
 print(json.dumps({
     "interpret": os.environ.get("TRITON_INTERPRET"),
     "configs_interpret": configs.INTERPRET,
@@ -49,7 +49,7 @@ def test_warm_up_steps_import_what_the_checks_need_as_the_checks_would():
     assert got["interpret"] == "1" and got["configs_interpret"] is True
     assert got["offline"] == "1"
     mods = set(got["modules"])
-    assert {"kernels.check", "kernels.interface", "kernels.sdpa_shim"} <= mods
+    assert {"kernels.check", "kernels.api.flash_attn", "kernels.sdpa_shim"} <= mods
     assert "transformers.models.llama.modeling_llama" in mods
     assert "transformers.models.vit.modeling_vit" in mods
     assert "diffusers.models.attention_processor" in mods

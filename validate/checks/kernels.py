@@ -67,7 +67,7 @@ def warm_up(params: dict[str, Any]) -> None:
     if not gpu:
         os.environ["TRITON_INTERPRET"] = "1"
     check = importlib.import_module("kernels.check")
-    importlib.import_module("kernels.interface")
+    importlib.import_module("kernels.api.flash_attn")
     if not gpu or os.environ.get("TRITON_INTERPRET") == "1":
         return
     torch.zeros(1, device="cuda")

@@ -16,7 +16,7 @@ import torch
 
 from .arguments import AttnResult
 from .errors import ArgumentError
-from .interface import _backward, _dropout, _forward, _mask_from_flash_args
+from .flash_attn import dropout_state, mask_from_flash_args, run_backward, run_forward
 
 __all__ = [
     "flash_attn_qkvpacked_func",
@@ -42,7 +42,7 @@ class _QKVPacked(torch.autograd.Function):
     @staticmethod
     def forward(ctx, qkv, cu, max_s, batch, scale, mask, alibi, varlen, drop):
         q, k, v = qkv.unbind(-3)
-        out, lse = _forward(
+        out, lse = run_forward(
             q, k, v, cu, cu, max_s, max_s, batch, scale, mask, alibi, varlen, drop=drop
         )
         ctx.mark_non_differentiable(lse)
@@ -56,7 +56,7 @@ class _QKVPacked(torch.autograd.Function):
         max_s, batch, scale, mask, varlen, drop = ctx.meta
         dqkv = torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)
         q, k, v = qkv.unbind(-3)
-        _backward(
+        run_backward(
             dout, q, k, v, out, lse, cu, cu, max_s, max_s, batch, scale, mask, alibi, varlen,
             grads=dqkv.unbind(-3), drop=drop,
         )  # fmt: skip
@@ -69,7 +69,7 @@ class _KVPacked(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, kv, cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi, varlen, drop):
         k, v = kv.unbind(-3)
-        out, lse = _forward(
+        out, lse = run_forward(
             q, k, v, cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi, varlen, drop=drop
         )
         ctx.mark_non_differentiable(lse)
@@ -85,7 +85,7 @@ class _KVPacked(torch.autograd.Function):
         dkv = torch.empty(kv.shape, dtype=kv.dtype, device=kv.device)
         k, v = kv.unbind(-3)
         dk, dv = dkv.unbind(-3)
-        _backward(
+        run_backward(
             dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi, varlen,
             grads=(dq, dk, dv), drop=drop,
         )  # fmt: skip
@@ -121,9 +121,9 @@ def flash_attn_qkvpacked_func(
     _check_pack(qkv, "qkv", 5, 3, "(batch, seqlen, 3, heads, head_dim)")
     qkv = _unit_last(qkv)
     b, s, h = qkv.shape[0], qkv.shape[1], qkv.shape[3]
-    mask = _mask_from_flash_args(causal, window_size, softcap)
+    mask = mask_from_flash_args(causal, window_size, softcap)
     scale = _scale(softmax_scale, qkv.shape[-1])
-    drop = _dropout(qkv, dropout_p, b, h, s, s, return_attn_probs)
+    drop = dropout_state(qkv, dropout_p, b, h, s, s, return_attn_probs)
     out, lse = _QKVPacked.apply(qkv, None, s, b, scale, mask, alibi_slopes, False, drop)
     return _result(out, lse, drop, return_attn_probs)
 
@@ -144,10 +144,10 @@ def flash_attn_kvpacked_func(
     (B, Sq, Hq, D); MQA/GQA when Hk divides Hq. The gradient of ``kv`` is one pack."""
     _check_pack(kv, "kv", 5, 2, "(batch, seqlen_k, 2, heads_k, head_dim)")
     q, kv = _unit_last(q), _unit_last(kv)
-    mask = _mask_from_flash_args(causal, window_size, softcap)
+    mask = mask_from_flash_args(causal, window_size, softcap)
     scale = _scale(softmax_scale, q.shape[-1])
     b, sq, hq, sk = q.shape[0], q.shape[1], q.shape[2], kv.shape[1]
-    drop = _dropout(q, dropout_p, b, hq, sq, sk, return_attn_probs)
+    drop = dropout_state(q, dropout_p, b, hq, sq, sk, return_attn_probs)
     out, lse = _KVPacked.apply(q, kv, None, None, sq, sk, b, scale, mask, alibi_slopes, False, drop)
     return _result(out, lse, drop, return_attn_probs)
 
@@ -170,10 +170,10 @@ def flash_attn_varlen_qkvpacked_func(
     _check_pack(qkv, "qkv", 4, 3, "(total, 3, heads, head_dim)")
     qkv = _unit_last(qkv)
     cu = cu_seqlens.to(torch.int32)
-    mask = _mask_from_flash_args(causal, window_size, softcap)
+    mask = mask_from_flash_args(causal, window_size, softcap)
     scale = _scale(softmax_scale, qkv.shape[-1])
     batch, max_s = cu.numel() - 1, int(max_seqlen)
-    drop = _dropout(qkv, dropout_p, batch, qkv.shape[2], max_s, max_s, return_attn_probs)
+    drop = dropout_state(qkv, dropout_p, batch, qkv.shape[2], max_s, max_s, return_attn_probs)
     out, lse = _QKVPacked.apply(qkv, cu, max_s, batch, scale, mask, alibi_slopes, True, drop)
     return _result(out, lse, drop, return_attn_probs)
 
@@ -199,10 +199,10 @@ def flash_attn_varlen_kvpacked_func(
     _check_pack(kv, "kv", 4, 2, "(total_k, 2, heads_k, head_dim)")
     q, kv = _unit_last(q), _unit_last(kv)
     cu_q, cu_k = cu_seqlens_q.to(torch.int32), cu_seqlens_k.to(torch.int32)
-    mask = _mask_from_flash_args(causal, window_size, softcap)
+    mask = mask_from_flash_args(causal, window_size, softcap)
     scale = _scale(softmax_scale, q.shape[-1])
     batch, max_q, max_k = cu_q.numel() - 1, int(max_seqlen_q), int(max_seqlen_k)
-    drop = _dropout(q, dropout_p, batch, q.shape[1], max_q, max_k, return_attn_probs)
+    drop = dropout_state(q, dropout_p, batch, q.shape[1], max_q, max_k, return_attn_probs)
     out, lse = _KVPacked.apply(
         q, kv, cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi_slopes, True, drop
     )

@@ -1,10 +1,10 @@
-"""The KV-cache kernels and their configs: ``_kv_fwd`` (attention against a cache, split-KV
-decoding merged by the last split, paged prefill) and ``_kv_append`` (a step's cache update);
-kernels/kvcache.py calls them (``flash_attn_with_kvcache``, paged-KV prefill). This module and
-what it imports are the sources of an AOT compile (``kernels.aot.compile_sources``): host code
-lives in kernels/kvcache.py so that changing it compiles nothing again.
+"""The KV-cache kernels and their configs: ``kv_fwd`` (attention against a cache, split-KV
+decoding merged by the last split, paged prefill) and ``kv_append`` (a step's cache update);
+kernels/api/kvcache.py calls them (``flash_attn_with_kvcache``, paged-KV prefill). The AOT compile
+cache keys each kernel by its own source and its jit callees' (``kernels.tools.compile_key``), so host
+code here or in kernels/api/kvcache.py compiles nothing again when it changes.
 
-The kernel (``_kv_fwd``) packs the query heads of one KV head's GQA group into the rows of a tile
+The kernel (``kv_fwd``) packs the query heads of one KV head's GQA group into the rows of a tile
 (row ``r`` is query position ``r // group`` of head ``hk * group + r % group``), so a decoding step
 (seqlen_q = 1) still fills 16-row matrix tiles, and reads K/V either from a contiguous cache row
 or, paged, through the block table one key row at a time (any page size). Split-KV: with
@@ -25,9 +25,9 @@ import triton
 import triton.language as tl
 
 from . import configs
-from ._compat import patch_interpreter
 from .configs import Tile
-from .flash import _LN2, _LOG2E, _dot, _mm, _scores
+from .flash import LN2_C, LOG2E_C, dot_acc, mm, scores_tile
+from .interpreter import patch_interpreter
 
 patch_interpreter()
 
@@ -35,7 +35,7 @@ patch_interpreter()
 
 
 @triton.jit(do_not_specialize=["seqlen_q", "kv_rows", "left", "right", "num_splits"])
-def _kv_fwd(
+def kv_fwd(
     Q, K, V, Out, LSE, Part, Count, CuQ, SeqlensK, KStart, BlockTable, BatchIdx, Slopes,
     sq_b, sq_s, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, so_b, so_s, so_h, sl_b, sl_h,
     sbt_b, sa_b, sa_h, seqlen_q, kv_rows, num_heads_k, group, qk_scale, cap_in, cap_out, left, right, num_splits,
@@ -82,7 +82,7 @@ def _kv_fwd(
         q_mask = row_ok[:, None] & d_ok
     q = tl.load(Q + q_rows[:, None] + offs_d[None, :], mask=q_mask, other=0.0)
     if HAS_ALIBI:
-        alibi2 = tl.load(Slopes + b * sa_b + h * sa_h, mask=row_ok, other=0.0) * _LOG2E
+        alibi2 = tl.load(Slopes + b * sa_b + h * sa_h, mask=row_ok, other=0.0) * LOG2E_C
         alibi2 = alibi2[:, None]
     else:
         alibi2 = 0.0
@@ -134,9 +134,9 @@ def _kv_fwd(
         else:
             kv_mask = key_ok[:, None] & d_ok
         k = tl.load(k_base + k_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        qk = _mm(q, tl.trans(k))
+        qk = mm(q, tl.trans(k))
         rel = offs_n[None, :] - qi[:, None] - diag
-        s = _scores(qk, rel, key_ok[None, :], qk_scale, cap_in, cap_out, alibi2, left, right,
+        s = scores_tile(qk, rel, key_ok[None, :], qk_scale, cap_in, cap_out, alibi2, left, right,
                     HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, True)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no inf - inf on empty rows
@@ -144,13 +144,13 @@ def _kv_fwd(
         alpha = tl.exp2(m_i - m_use)
         acc = acc * alpha[:, None]
         v = tl.load(v_base + v_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        acc = _dot(p.to(v.dtype), v, acc)
+        acc = dot_acc(p.to(v.dtype), v, acc)
         l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
     out = acc / l_safe[:, None]
-    lse_ln = (m_i + tl.log2(l_safe)) * _LN2
+    lse_ln = (m_i + tl.log2(l_safe)) * LN2_C
     if EVEN_D:
         o_mask = row_ok[:, None]
     else:
@@ -213,8 +213,8 @@ def _kv_fwd(
                                       mask=rs_ok[:, :, None] & c_ok[None, None, :], other=0.0)
                         m_new = tl.maximum(m, tl.max(lse_s, 1))
                         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-                        alpha = tl.exp2((m - m_use) * _LOG2E)
-                        w = tl.exp2((lse_s - m_use[:, None]) * _LOG2E)
+                        alpha = tl.exp2((m - m_use) * LOG2E_C)
+                        w = tl.exp2((lse_s - m_use[:, None]) * LOG2E_C)
                         macc = macc * alpha[:, None] + tl.sum(w[:, :, None] * o_s, 1)
                         total = total * alpha + tl.sum(w, 1)
                         m = m_new
@@ -270,7 +270,7 @@ def _rotary_row(
 
 
 @triton.jit(do_not_specialize=["seqlen_new", "seqlen_q", "cache_rows", "seqlen_ro"])
-def _kv_append(
+def kv_append(
     Q, K, V, KCache, VCache, QOut, CacheSeqlens, SeqlensK, KStart, BlockTable, BatchIdx, Cos, Sin,
     sq_b, sq_s, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, skc_b, skc_s, skc_h, svc_b, svc_s,
     svc_h, sqo_b, sqo_s, sqo_h, sbt_b, s_ro_cos, s_ro_sin,
@@ -280,11 +280,11 @@ def _kv_append(
     PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, HAS_BATCH_IDX: tl.constexpr,
     HAS_KSTART: tl.constexpr,
 ):
-    """A step's cache update in one launch, before ``_kv_fwd``: one program per (batch, token,
+    """A step's cache update in one launch, before ``kv_fwd``: one program per (batch, token,
     head). Tokens below ``seqlen_new`` write the new key (rotated at cache_seqlens + token) and
     value of a KV head into the cache; with rotary, the next ``seqlen_q`` tokens write query
     heads rotated into QOut (at cache_seqlens + token under a causal mask or a window, else at
-    cache_seqlens). Token 0 of head 0 writes the lengths ``_kv_fwd`` reads: cache_seqlens +
+    cache_seqlens). Token 0 of head 0 writes the lengths ``kv_fwd`` reads: cache_seqlens +
     seqlen_new, less the left padding. A key past its sequence's cache rows is not written, and
     the lengths stop at those rows (lengths given as a tensor are not checked on the host: that
     would wait for the GPU every step)."""
@@ -562,9 +562,9 @@ def aot_kernels(
         HAS_KSTART=False, KStart=None, BatchIdx=None,
     )  # fmt: skip
     return [
-        *((name, _kv_fwd, ptrs, dict(flags, IS_VARLEN_Q=False, SPLIT=True, **tiles(t)), t)
+        *((name, kv_fwd, ptrs, dict(flags, IS_VARLEN_Q=False, SPLIT=True, **tiles(t)), t)
           for name, t in decode),
-        ("kv_prefill", _kv_fwd, ptrs,
+        ("kv_prefill", kv_fwd, ptrs,
          dict(flags, IS_VARLEN_Q=True, SPLIT=False, **tiles(kc.prefill)), kc.prefill),
-        ("kv_append", _kv_append, append_ptrs, append, APPEND_TILE),
+        ("kv_append", kv_append, append_ptrs, append, APPEND_TILE),
     ]  # fmt: skip

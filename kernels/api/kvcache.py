@@ -7,9 +7,9 @@ rotary embedding of the keys), then the queries attend to the first ``cache_seql
 cache rows; causal masks and windows are aligned bottom-right on that length; ``cache_leftpad``
 drops the first rows of a sequence; ``block_table`` maps a sequence's pages to cache blocks.
 
-The kernels and their configs are kernels/kvcache_kernels.py's; this module checks a call,
+The kernels and their configs are kernels/device/decode.py's; this module checks a call,
 makes its choices, keeps the split scratch, and plans and launches: a step with new keys is two
-launches (``_kv_append``, then ``_kv_fwd``), one without is one.
+launches (``kv_append``, then ``kv_fwd``), one without is one.
 """
 
 from __future__ import annotations
@@ -20,23 +20,25 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from . import _native as native
-from . import arguments, configs, launch
-from .arguments import AttnResult, KVCacheResult
-from .configs import Tile
-from .errors import ArgumentError, ArgumentTypeError
-from .flash import LOG2E
-from .kvcache_kernels import (  # noqa: F401 - the configs' names, as this module had them
+from ..device import configs
+from ..device.configs import Tile
+from ..device.decode import (  # noqa: F401 - the configs' names, as this module had them
     APPEND_TILE,
     DECODE_SPLIT_WAVES,
     MIN_SPLIT_KEYS,
     KVConfig,
-    _kv_append,
-    _kv_fwd,
     auto_num_splits,
+    kv_append,
     kv_config,
+    kv_fwd,
     num_splits_heuristic,
 )
+from ..device.flash import LOG2E
+from ..launch import plans as launch
+from ..launch import replay as native
+from . import arguments
+from .arguments import AttnResult, KVCacheResult
+from .errors import ArgumentError, ArgumentTypeError
 
 __all__ = [
     "flash_attn_with_kvcache",
@@ -152,7 +154,7 @@ def _launch(
     not. Pointers a launch does not use go as None (nothing for the launcher to convert).
     ``config``: the KV config whose merge shape a split launch takes. ``launched``: a list that
     gets the launch, its 13 pointer arguments and its split scratch's shape (for
-    :class:`_KVPlan`)."""
+    :class:`KVPlan`)."""
     d, hq, hk = q.shape[-1], q.shape[-2], k_cache.shape[-2]
     if softcap > 0:
         cap_in, cap_out = scale / softcap, softcap * LOG2E
@@ -176,7 +178,7 @@ def _launch(
         scratch = (num_splits, tiles, tile.block_m, tile.block_m * bd)
         part, count = _split_scratch(q.device, *scratch)
     noted = [] if launched is not None else None
-    launch.recording(_kv_fwd, noted)[(m_blocks, batch * hk, num_splits)](
+    launch.recording(kv_fwd, noted)[(m_blocks, batch * hk, num_splits)](
         q, k_cache, v_cache, out, lse, part, count, cu_q, seqlens_k, k_start,
         block_table, batch_idx, slopes,
         *qst, *k_cache.stride()[:3], *v_cache.stride()[:3], *ost, *lst,
@@ -224,9 +226,9 @@ def flash_attn_with_kvcache(
     out (B, Sq, Hq, D), and the LSE (B, Hq, Sq) with ``return_softmax_lse``. Forward only.
 
     A decoding loop calls this with the same kinds of arguments every step, so a call whose key
-    (``kernels.launch.call_key``: each tensor's dtype, shape, strides, device and alignment, the
+    (``kernels.launch.plans.call_key``: each tensor's dtype, shape, strides, device and alignment, the
     values) an earlier call recorded skips that call's checks and choices and replays its launch
-    (:class:`_KVPlan`); the cache update and the lengths are computed from this call's tensors
+    (:class:`KVPlan`); the cache update and the lengths are computed from this call's tensors
     each time, as on the full path.
     """
     tensors = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
@@ -236,7 +238,7 @@ def flash_attn_with_kvcache(
                        rotary_interleaved, alibi_slopes, num_splits, return_softmax_lse)  # fmt: skip
         return _run(call, *tensors, alibi_slopes)
     given = isinstance(cache_seqlens, torch.Tensor)
-    # A step on a contiguous cache: the native launch path (kernels/_native.py) replays it from
+    # A step on a contiguous cache: the native launch path (kernels/launch/replay.py) replays it from
     # C++ where it has its plan (paged steps read the lengths on the host, to check them).
     native_ok = block_table is None and (given or cache_seqlens is None)
     native_args = (
@@ -260,7 +262,7 @@ def flash_attn_with_kvcache(
         res = _run(call, *tensors, None, None, launched)
         if launched is None:
             return res
-        plan = _KVPlan.of(call, launched)
+        plan = KVPlan.of(call, launched)
         launch.KVCACHE.put(key, plan if plan is not None else False)
         if plan is None:
             return res
@@ -294,6 +296,35 @@ class _KVCall:
     lse: bool
 
 
+def _check_new_keys(q, k, v, cache_seqlens, batch: int, hk: int, d: int) -> None:
+    """The keys and values a call appends: both or neither, with cache_seqlens, q's dtype and
+    (batch, seqlen_new, hk, d)."""
+    if k is None and v is None:
+        return
+    if k is None or v is None:
+        raise ArgumentError("new keys need new values (pass both k and v, or neither)")
+    if cache_seqlens is None:
+        raise ArgumentError("appending k/v needs cache_seqlens (where each sequence ends)")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ArgumentTypeError("k and v must have q's dtype")
+    if k.dim() != 4 or k.shape != v.shape or (k.shape[0], *k.shape[2:]) != (batch, hk, d):
+        raise ArgumentError(f"k and v must be (batch={batch}, seqlen_new, {hk}, {d})")
+
+
+def _check_rotary(rotary_cos, rotary_sin, k, d: int) -> None:
+    """Rotary embedding's tables: both, with keys to rotate, (seqlen_ro, rotary_dim / 2)."""
+    if rotary_cos is None and rotary_sin is None:
+        return
+    if rotary_cos is None or rotary_sin is None or k is None:
+        raise ArgumentError("rotary embedding needs rotary_cos, rotary_sin and new k/v to append")
+    rd = rotary_cos.shape[-1] * 2
+    if rotary_cos.shape != rotary_sin.shape or rd > d or rd % 16:
+        raise ArgumentError(
+            f"rotary_cos/sin must be (seqlen_ro, rotary_dim / 2) with rotary_dim <= {d} and a "
+            f"multiple of 16, got {tuple(rotary_cos.shape)} and {tuple(rotary_sin.shape)}"
+        )
+
+
 def _decide(
     q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
     cache_leftpad, block_table, softmax_scale, causal, window_size, softcap, rotary_interleaved,
@@ -323,15 +354,7 @@ def _decide(
             raise ArgumentError(f"k_cache holds {k_cache.shape[0]} sequences, q has {batch}")
     if cache_leftpad is not None:
         _int32(cache_leftpad, "cache_leftpad", batch, device)
-    if k is not None or v is not None:
-        if k is None or v is None:
-            raise ArgumentError("new keys need new values (pass both k and v, or neither)")
-        if cache_seqlens is None:
-            raise ArgumentError("appending k/v needs cache_seqlens (where each sequence ends)")
-        if k.dtype != q.dtype or v.dtype != q.dtype:
-            raise ArgumentTypeError("k and v must have q's dtype")
-        if k.dim() != 4 or k.shape != v.shape or (k.shape[0], *k.shape[2:]) != (batch, hk, d):
-            raise ArgumentError(f"k and v must be (batch={batch}, seqlen_new, {hk}, {d})")
+    _check_new_keys(q, k, v, cache_seqlens, batch, hk, d)
     seqlen_new = k.shape[1] if k is not None else 0
     if isinstance(cache_seqlens, int):
         if cache_seqlens + seqlen_new > seqlen_cache and not paged:  # paged: _run's check
@@ -345,17 +368,7 @@ def _decide(
     if seqlen_q == 1 and alibi_slopes is None:
         causal = False  # one query row at the bottom sees every key anyway (flash_api.cpp)
     left, right, cap = _window(causal, window_size, softcap, seqlen_cache)
-    if rotary_cos is not None or rotary_sin is not None:
-        if rotary_cos is None or rotary_sin is None or k is None:
-            raise ArgumentError(
-                "rotary embedding needs rotary_cos, rotary_sin and new k/v to append"
-            )
-        rd = rotary_cos.shape[-1] * 2
-        if rotary_cos.shape != rotary_sin.shape or rd > d or rd % 16:
-            raise ArgumentError(
-                f"rotary_cos/sin must be (seqlen_ro, rotary_dim / 2) with rotary_dim <= {d} and a "
-                f"multiple of 16, got {tuple(rotary_cos.shape)} and {tuple(rotary_sin.shape)}"
-            )
+    _check_rotary(rotary_cos, rotary_sin, k, d)
     arguments.alibi_slopes(alibi_slopes, batch, hq, device)  # its shape error, before writing
     rows = seqlen_q * (hq // hk)
     family = configs.device_family(device)
@@ -440,7 +453,7 @@ def _run(
 def _append_pointers(
     q, k, v, k_cache, v_cache, cache_seqlens, k_start, block_table, batch_idx, cos, sin
 ) -> tuple:
-    """``_kv_append``'s 13 pointer arguments (None where unused): new keys, values and rotary
+    """``kv_append``'s 13 pointer arguments (None where unused): new keys, values and rotary
     tables with a unit-stride last dimension, and the fresh rotated queries and lengths."""
     k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (k, v))
     q_out = None
@@ -453,7 +466,7 @@ def _append_pointers(
 
 
 def _launch_append(call: _KVCall, pointers: tuple, launched: list | None) -> None:
-    """Launch ``_kv_append`` on ``pointers`` (:func:`_append_pointers`); ``launched`` gets it
+    """Launch ``kv_append`` on ``pointers`` (:func:`_append_pointers`); ``launched`` gets it
     as ``_launch`` notes its launch."""
     q, k, v, k_cache, v_cache, q_out, _, _, _, block_table, batch_idx, cos, sin = pointers
     batch, s_new, hk, d = k.shape
@@ -463,7 +476,7 @@ def _launch_append(call: _KVCall, pointers: tuple, launched: list | None) -> Non
     bd = configs.padded_head_dim(d)
     rot_half = cos.shape[1] if rotary else 0
     noted = [] if launched is not None else None
-    launch.recording(_kv_append, noted)[(batch * tokens, max(hk, hq) if rotary else hk)](
+    launch.recording(kv_append, noted)[(batch * tokens, max(hk, hq) if rotary else hk)](
         *pointers,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *k_cache.stride()[:3],
         *v_cache.stride()[:3], *(q_out.stride()[:3] if rotary else (0, 0, 0)),
@@ -481,8 +494,8 @@ def _launch_append(call: _KVCall, pointers: tuple, launched: list | None) -> Non
         launched.append((*noted[0], pointers, None))
 
 
-class _KVPlan:
-    """A call's decisions and recorded launches (``kernels.launch``): the cache update's, where
+class KVPlan:
+    """A call's decisions and recorded launches (``kernels.launch.plans``): the cache update's, where
     the call has one, and the attention's. A replay takes the split scratch of its own stream,
     and each launch's 13 pointer arguments (in the kernel's order; unused ones None) must be
     16-byte aligned as the recording's were (Triton specialises on it); else that launch runs
@@ -493,9 +506,9 @@ class _KVPlan:
 
     def __init__(self, call: _KVCall, rec, scratch, aligns: tuple, append=None, append_aligns=()):
         self.call, self.launch, self.scratch, self.aligns = call, rec, scratch, aligns
-        # The cache update's launch (_kv_append) of a step with new keys, else None.
+        # The cache update's launch (kv_append) of a step with new keys, else None.
         self.append, self.append_aligns = append, append_aligns
-        # Handed over to kernels/_native.py: True, False where it cannot be, None before.
+        # Handed over to kernels/launch/replay.py: True, False where it cannot be, None before.
         self.native = None
 
     @classmethod
@@ -527,7 +540,7 @@ class _KVPlan:
         if _aligns(pointers) != self.aligns:
             return False
         self.launch(_stream_of(q.device), pointers)
-        _KVPlan.replays += 1
+        KVPlan.replays += 1
         return True
 
 

@@ -34,8 +34,8 @@ import triton.language as tl
 # kernels get the same values as constexprs (a literal in jit code is one too: same IR).
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
-_LOG2E = tl.constexpr(LOG2E)
-_LN2 = tl.constexpr(LN2)
+LOG2E_C = tl.constexpr(LOG2E)
+LN2_C = tl.constexpr(LN2)
 _TWO_LOG2E = tl.constexpr(2 * LOG2E)
 
 # Families whose matrix units multiply e4m3 natively, and the Triton type they take: CDNA3's MFMA
@@ -47,7 +47,7 @@ FP8_DOT = {"cdna3": "fp8e4b8", "cdna4": "fp8e4nv", "rdna4": "fp8e4nv", "hopper":
 
 
 def stride_align(*strides: int) -> int:
-    """The factor ``_attn_fwd`` and the backward kernels get their tensor strides divided by
+    """The factor ``attn_fwd`` and the backward kernels get their tensor strides divided by
     (STRIDE_ALIGN, see ``_aligned``): 1 where every stride is a multiple of 16 elements (Triton
     proves those itself), else the largest power of two dividing all of them (8 for d=40's
     strides)."""
@@ -65,7 +65,7 @@ _UPCAST_DOT = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 
 
 @triton.jit
-def _dot(a, b, acc):
+def dot_acc(a, b, acc):
     if _UPCAST_DOT:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
     else:
@@ -73,7 +73,7 @@ def _dot(a, b, acc):
 
 
 @triton.jit
-def _mm(a, b):
+def mm(a, b):
     if _UPCAST_DOT:
         return tl.dot(a.to(tl.float32), b.to(tl.float32))
     else:
@@ -159,7 +159,7 @@ def _loop_zero(i):
 @triton.jit
 def _alibi2(Slopes, b, h, sa_b, sa_h):
     """The ALiBi slope of (b, h) in the base-2 score domain."""
-    return tl.load(Slopes + b * sa_b + h * sa_h).to(tl.float32) * _LOG2E
+    return tl.load(Slopes + b * sa_b + h * sa_h).to(tl.float32) * LOG2E_C
 
 
 @triton.jit
@@ -226,10 +226,10 @@ def _row_stats(lse_base, delta_base, offs_m, seqlen_q, MASK: tl.constexpr):
     """Base-2 LSE and delta of query rows ``offs_m``; rows past the end read +inf and 0 (p = 0)."""
     if MASK:
         row_ok = offs_m < seqlen_q
-        lse2 = tl.load(lse_base + offs_m, mask=row_ok, other=float("inf")) * _LOG2E
+        lse2 = tl.load(lse_base + offs_m, mask=row_ok, other=float("inf")) * LOG2E_C
         delta = tl.load(delta_base + offs_m, mask=row_ok, other=0.0)
     else:
-        lse2 = tl.load(lse_base + offs_m) * _LOG2E
+        lse2 = tl.load(lse_base + offs_m) * LOG2E_C
         delta = tl.load(delta_base + offs_m)
     return lse2, delta
 
@@ -249,12 +249,12 @@ def _mm_chunked(acc, a_rows, a_idx, a_lim, A_MASK: tl.constexpr, b_rows, b_idx, 
             offs_c = c * D_CHUNK + tl.arange(0, D_CHUNK)
             a = _load_rows(a_rows + offs_c[None, :], a_idx, a_lim, offs_c, HEAD_DIM, A_MASK, EVEN_D)
             b = _load_rows(b_rows + offs_c[None, :], b_idx, b_lim, offs_c, HEAD_DIM, B_MASK, EVEN_D)
-            acc = _dot(a, tl.trans(b), acc)
+            acc = dot_acc(a, tl.trans(b), acc)
     return acc
 
 
 @triton.jit
-def _scores(qk, rel, key_ok, qk_scale, cap_in, cap_out, alibi2, left, right,
+def scores_tile(qk, rel, key_ok, qk_scale, cap_in, cap_out, alibi2, left, right,
             HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr,
             HAS_RIGHT: tl.constexpr, MASK: tl.constexpr):
     """Base-2 scores of a tile: scale (or softcap), ALiBi, then the visibility mask."""
@@ -360,9 +360,9 @@ def _fwd_step(acc, l_i, m_i, q, k_base, v_base, sk_s, sv_s, n0, offs_m, offs_d, 
         k = k_base.load([n0, 0])  # a tensor descriptor: rows past seqlen_k read as zeros
     else:
         k = _load_tile(k_base, offs_n, sk_s, seqlen_k, offs_d, HEAD_DIM, MASK, EVEN_D)
-    qk = _mm(q, tl.trans(k))
+    qk = mm(q, tl.trans(k))
     rel = offs_n[None, :] - offs_m[:, None] - diag
-    s = _scores(qk, rel, offs_n[None, :] < seqlen_k, qk_scale, cap_in, cap_out, alibi2, left,
+    s = scores_tile(qk, rel, offs_n[None, :] < seqlen_k, qk_scale, cap_in, cap_out, alibi2, left,
                 right, HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, MASK)
     if FIRST:
         m_new = tl.max(s, 1)
@@ -388,9 +388,9 @@ def _fwd_step(acc, l_i, m_i, q, k_base, v_base, sk_s, sv_s, n0, offs_m, offs_d, 
         # as 0 (the 1/(1-p) scale is applied to the output once).
         l_i = _row_sum(l_i, alpha, p, FIRST)
         keep = _keep(k0, k1, c3, thresh, bh, offs_m[:, None], offs_n[None, :])
-        acc = _dot(tl.where(keep, p, 0.0).to(v.dtype), v, acc)
+        acc = dot_acc(tl.where(keep, p, 0.0).to(v.dtype), v, acc)
     else:
-        acc = _dot(_to_operand(p, v.dtype), v, acc)
+        acc = dot_acc(_to_operand(p, v.dtype), v, acc)
         l_i = _row_sum(l_i, alpha, p, FIRST)
     return acc, l_i, m_new
 
@@ -434,9 +434,9 @@ def _fwd_sdmask(SDMask, bh, max_q, max_k, q, k_base, sk_s, start, end, offs_m, o
     for n0 in tl.range(start, end, BLOCK_N):
         offs_n = n0 + offs_n0
         k = _load_tile(k_base, offs_n, sk_s, seqlen_k, offs_d, HEAD_DIM, True, EVEN_D)
-        qk = _mm(q, tl.trans(k))
+        qk = mm(q, tl.trans(k))
         rel = offs_n[None, :] - offs_m[:, None] - diag
-        s = _scores(qk, rel, offs_n[None, :] < seqlen_k, qk_scale, cap_in, cap_out, alibi2, left,
+        s = scores_tile(qk, rel, offs_n[None, :] < seqlen_k, qk_scale, cap_in, cap_out, alibi2, left,
                     right, HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, True)
         p = tl.exp2(s - lse2[:, None])
         keep = _keep(k0, k1, c3, thresh, bh, offs_m[:, None], offs_n[None, :])
@@ -458,7 +458,7 @@ def _aligned(s_b, s_s, s_h, ALIGN: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["seqlen_q", "seqlen_k", "left", "right"])
-def _attn_fwd(
+def attn_fwd(
     Q, K, V, Out, LSE, CuQ, CuK, Slopes,
     sq_b, sq_s, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, so_b, so_s, so_h, sl_b, sl_h, sa_b, sa_h,
     seqlen_q, seqlen_k, num_heads_q, group, qk_scale, cap_in, cap_out, left, right,
@@ -555,7 +555,7 @@ def _attn_fwd(
         out = acc * (tl.load(DescV + b * (num_heads_q // group) + hk) / l_safe)[:, None]
     else:
         out = acc / l_safe[:, None]
-    lse = tl.where(empty, float("inf"), (m_i + tl.log2(l_safe)) * _LN2)
+    lse = tl.where(empty, float("inf"), (m_i + tl.log2(l_safe)) * LN2_C)
     if RETURN_SDMASK:
         lse2 = tl.where(empty, float("inf"), m_i + tl.log2(l_safe))
         _fwd_sdmask(SDMask, pid_bh, max_q, max_k, q, k_base, sk_s, lo, hi, offs_m, offs_d, seqlen_q,
@@ -576,7 +576,7 @@ def _attn_fwd(
 
 
 @triton.jit(do_not_specialize=["seqlen_q"])
-def _attn_bwd_delta(
+def attn_bwd_delta(
     Out, DO, Delta, CuQ, so_b, so_s, so_h, sd_b, sd_s, sd_h, sl_b, sl_h, seqlen_q, num_heads_q,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, IS_VARLEN: tl.constexpr,
     STRIDE_ALIGN: tl.constexpr = 1,
@@ -644,9 +644,9 @@ def _dkdv_loop(dk, dv, k, v, k_ptrs, v_ptrs, k_rows, v_rows, q_base, do_base, ls
                 q = _load_tile(q_base, offs_m, sq_s, seqlen_q, offs_d, HEAD_DIM, MASK, EVEN_D)
         lse2, delta = _row_stats(lse_base, delta_base, offs_m, seqlen_q, MASK)
         if D_CHUNK == 0:
-            qk_t = _mm(k, tl.trans(q))  # [BLOCK_N, BLOCK_M]
+            qk_t = mm(k, tl.trans(q))  # [BLOCK_N, BLOCK_M]
         rel = offs_n[:, None] - offs_m[None, :] - diag
-        s = _scores(qk_t, rel, offs_n[:, None] < seqlen_k, qk_scale, cap_in, cap_out, alibi2, left,
+        s = scores_tile(qk_t, rel, offs_n[:, None] < seqlen_k, qk_scale, cap_in, cap_out, alibi2, left,
                     right, HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, MASK)
         p_t = tl.exp2(s - lse2[None, :])
         if D_CHUNK > 0:
@@ -663,13 +663,13 @@ def _dkdv_loop(dk, dv, k, v, k_ptrs, v_ptrs, k_rows, v_rows, q_base, do_base, ls
             do = _load_rows(do_rows + offs_d[None, :], offs_m, seqlen_q, offs_d, HEAD_DIM, MASK,
                             EVEN_D)
             if HAS_DROPOUT:
-                dv = _dot(tl.where(keep_t, p_t * drop_scale, 0.0).to(do.dtype), do, dv)
+                dv = dot_acc(tl.where(keep_t, p_t * drop_scale, 0.0).to(do.dtype), do, dv)
             else:
-                dv = _dot(p_t.to(do.dtype), do, dv)
+                dv = dot_acc(p_t.to(do.dtype), do, dv)
             q = _load_rows(q_rows + offs_d[None, :], offs_m, seqlen_q, offs_d, HEAD_DIM, MASK,
                            EVEN_D)
             ds_lo = ds_t.to(q.dtype)
-            dk = _dot(ds_lo, q, dk)
+            dk = dot_acc(ds_lo, q, dk)
             if ATOMIC_DQ:
                 k = _load_rows(k_ptrs + bump, offs_n, seqlen_k, offs_d, HEAD_DIM, True, EVEN_D)
         else:
@@ -681,19 +681,19 @@ def _dkdv_loop(dk, dv, k, v, k_ptrs, v_ptrs, k_rows, v_rows, q_base, do_base, ls
                 # With Z = keep / (1 - p): dV = (P o Z)^T dO and dP = (dO V^T) o Z; delta =
                 # rowsum(O o dO) is unchanged because O already carries Z.
                 keep_t = _keep(k0, k1, c3, thresh, bh, offs_m[None, :], offs_n[:, None])
-                dv = _dot(tl.where(keep_t, p_t * drop_scale, 0.0).to(do.dtype), do, dv)
-                dp_t = tl.where(keep_t, _mm(v, tl.trans(do)) * drop_scale, 0.0)
+                dv = dot_acc(tl.where(keep_t, p_t * drop_scale, 0.0).to(do.dtype), do, dv)
+                dp_t = tl.where(keep_t, mm(v, tl.trans(do)) * drop_scale, 0.0)
             else:
-                dv = _dot(p_t.to(do.dtype), do, dv)
-                dp_t = _mm(v, tl.trans(do))
+                dv = dot_acc(p_t.to(do.dtype), do, dv)
+                dp_t = mm(v, tl.trans(do))
             ds_t = p_t * (dp_t - delta[None, :])
             if HAS_SOFTCAP:
                 t = _tanh(qk_t * cap_in)
                 ds_t = ds_t * (1.0 - t * t)
             ds_lo = ds_t.to(q.dtype)
-            dk = _dot(ds_lo, q, dk)
+            dk = dot_acc(ds_lo, q, dk)
         if ATOMIC_DQ:
-            dq = _mm(tl.trans(ds_lo), k) * sm_scale
+            dq = mm(tl.trans(ds_lo), k) * sm_scale
             dq_ptrs = _tile(dq_base, offs_m, sdq_s, offs_d)
             dq_mask = (offs_m[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM)
             tl.atomic_add(dq_ptrs, dq, mask=dq_mask, sem="relaxed")
@@ -701,7 +701,7 @@ def _dkdv_loop(dk, dv, k, v, k_ptrs, v_ptrs, k_rows, v_rows, q_base, do_base, ls
 
 
 @triton.jit(do_not_specialize=["seqlen_q", "seqlen_k", "left", "right"])
-def _attn_bwd_dkdv(
+def attn_bwd_dkdv(
     Q, K, V, DO, DK, DV, DQ, LSE, Delta, CuQ, CuK, Slopes,
     sq_b, sq_s, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, sdo_b, sdo_s, sdo_h,
     sdk_b, sdk_s, sdk_h, sdv_b, sdv_s, sdv_h, sdq_b, sdq_s, sdq_h, sl_b, sl_h, sa_b, sa_h,
@@ -714,7 +714,7 @@ def _attn_bwd_dkdv(
     USE_TMA: tl.constexpr = False, STRIDE_ALIGN: tl.constexpr = 1,
 ):
     """One program per (key block, batch, kv head); loops over the GQA group's query heads.
-    USE_TMA (Hopper): Q and dO stream through tensor descriptors (see ``_attn_fwd``).
+    USE_TMA (Hopper): Q and dO stream through tensor descriptors (see ``attn_fwd``).
     STRIDE_ALIGN: the q/k/v/dO/dK/dV/dQ strides arrive divided by it (see ``_aligned``)."""
     sq_b, sq_s, sq_h = _aligned(sq_b, sq_s, sq_h, STRIDE_ALIGN)
     sk_b, sk_s, sk_h = _aligned(sk_b, sk_s, sk_h, STRIDE_ALIGN)
@@ -825,9 +825,9 @@ def _dq_loop(dq, q, do, q_ptrs, do_ptrs, q_rows, do_rows, seqlen_q, lse2, delta,
             else:
                 k = _load_tile(k_base, offs_n, sk_s, seqlen_k, offs_d, HEAD_DIM, MASK, EVEN_D)
                 v = _load_tile(v_base, offs_n, sv_s, seqlen_k, offs_d, HEAD_DIM, MASK, EVEN_D)
-            qk = _mm(q, tl.trans(k))
+            qk = mm(q, tl.trans(k))
         rel = offs_n[None, :] - offs_m[:, None] - diag
-        s = _scores(qk, rel, offs_n[None, :] < seqlen_k, qk_scale, cap_in, cap_out, alibi2, left,
+        s = scores_tile(qk, rel, offs_n[None, :] < seqlen_k, qk_scale, cap_in, cap_out, alibi2, left,
                     right, HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, MASK)
         p = tl.exp2(s - lse2[:, None])
         if D_CHUNK > 0:
@@ -835,7 +835,7 @@ def _dq_loop(dq, q, do, q_ptrs, do_ptrs, q_rows, do_rows, seqlen_q, lse2, delta,
                              seqlen_q, True, v_base + offs_n[:, None] * sv_s, offs_n, seqlen_k,
                              MASK, HEAD_DIM, BLOCK_D, D_CHUNK, EVEN_D)
         else:
-            dp = _mm(do, tl.trans(v))
+            dp = mm(do, tl.trans(v))
         if HAS_DROPOUT:
             keep = _keep(k0, k1, c3, thresh, bh, offs_m[:, None], offs_n[None, :])
             dp = tl.where(keep, dp * drop_scale, 0.0)
@@ -846,12 +846,12 @@ def _dq_loop(dq, q, do, q_ptrs, do_ptrs, q_rows, do_rows, seqlen_q, lse2, delta,
         if D_CHUNK > 0:
             k = _load_rows(k_rows + offs_d[None, :], offs_n, seqlen_k, offs_d, HEAD_DIM, MASK,
                            EVEN_D)
-        dq = _dot(ds.to(k.dtype), k, dq)
+        dq = dot_acc(ds.to(k.dtype), k, dq)
     return dq
 
 
 @triton.jit(do_not_specialize=["seqlen_q", "seqlen_k", "left", "right"])
-def _attn_bwd_dq(
+def attn_bwd_dq(
     Q, K, V, DO, DQ, LSE, Delta, Out, CuQ, CuK, Slopes,
     sq_b, sq_s, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, sdo_b, sdo_s, sdo_h,
     sdq_b, sdq_s, sdq_h, so_b, so_s, so_h, sl_b, sl_h, sa_b, sa_h,
@@ -867,7 +867,7 @@ def _attn_bwd_dq(
     delta = rowsum(O * dO) of its query rows from the O and dO tiles it loads anyway and stores
     it for the dK/dV kernel launched after it (one launch fewer than a delta kernel: the small
     shapes are bound by host time per launch). USE_TMA (Hopper): K and V stream through tensor
-    descriptors (see ``_attn_fwd``). STRIDE_ALIGN: the q/k/v/dO/dQ/O strides arrive divided by
+    descriptors (see ``attn_fwd``). STRIDE_ALIGN: the q/k/v/dO/dQ/O strides arrive divided by
     it (see ``_aligned``)."""
     sq_b, sq_s, sq_h = _aligned(sq_b, sq_s, sq_h, STRIDE_ALIGN)
     sk_b, sk_s, sk_h = _aligned(sk_b, sk_s, sk_h, STRIDE_ALIGN)
@@ -908,7 +908,7 @@ def _attn_bwd_dq(
     tl.store(_row_base(Delta, b64, h64, q_start, sl_b, sl_h) + offs_m, delta, mask=row_ok)
     q = _load_rows(q_ptrs, offs_m, seqlen_q, offs_d, HEAD_DIM, True, EVEN_D)
     lse_base = _row_base(LSE, b64, h64, q_start, sl_b, sl_h)
-    lse2 = tl.load(lse_base + offs_m, mask=row_ok, other=float("inf")) * _LOG2E
+    lse2 = tl.load(lse_base + offs_m, mask=row_ok, other=float("inf")) * LOG2E_C
     alibi2 = _alibi2(Slopes, b, h, sa_b, sa_h) if HAS_ALIBI else 0.0
     diag = seqlen_k - seqlen_q
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)

@@ -30,8 +30,8 @@ def compare_packed(case: Case, device, seed: int = 0) -> dict:
     """Run one ``packed`` case; ``{"ok": bool, "metrics": {...}}``."""
     import torch
 
-    from .. import packed
-    from .reference import attention_ref
+    from ..api import packed
+    from .reference import attention_ref, both_precisions
 
     dtype = torch.bfloat16 if case.dtype == "bf16" else torch.float16
     g = torch.Generator().manual_seed(seed)
@@ -90,15 +90,8 @@ def compare_packed(case: Case, device, seed: int = 0) -> dict:
         def seq(t, lo, hi):
             return t[lo:hi].unsqueeze(0) if varlen else t[lo:hi]
 
-        res = {}
-        for upcast in (True, False):
-            qi, ki, vi = (
-                seq(t, lo, hi).clone().requires_grad_()
-                for t, lo, hi in ((q_all, a, z), (k_all, ka, kz), (v_all, ka, kz))
-            )
-            o, _ = attention_ref(qi, ki, vi, left=left, right=right, upcast=upcast)
-            o.backward(seq(do, a, z))
-            res[upcast] = (o.detach(), qi.grad, ki.grad, vi.grad)
+        qi, ki, vi = (seq(q_all, a, z), seq(k_all, ka, kz), seq(v_all, ka, kz))
+        res = both_precisions(attention_ref, qi, ki, vi, seq(do, a, z), left=left, right=right)
         if pack_kind in ("qkv", "varqkv"):
             g_pack = seq(pack.grad, a, z)
             grads = [g_pack.select(2, j) for j in range(3)]
@@ -107,18 +100,76 @@ def compare_packed(case: Case, device, seed: int = 0) -> dict:
             grads = [seq(q.grad, a, z), g_kv.select(2, 0), g_kv.select(2, 1)]
         mine = [seq(out, a, z)] + grads
         for key, m, r, p in zip(
-            ("out", "dq", "dk", "dv"), mine, res[True], res[False], strict=True
+            ("out", "dq", "dk", "dv"), mine, res[True][:4], res[False][:4], strict=True
         ):
             judge.tensor(key, m, r, p)
     return {"ok": judge.ok, "metrics": judge.metrics()}
+
+
+def _paged(kc, vc, b: int, page: int, g, rnd):
+    """The caches ``kc``, ``vc`` (batch, rows, hk, d) as pages of ``page`` rows, scattered at
+    random over twice as many pages as they need (filled with noise): (k pages, v pages, block
+    table)."""
+    import torch
+
+    cap, hk, d = kc.shape[1], kc.shape[2], kc.shape[3]
+    per_seq = cap // page
+    n_blocks = 2 * b * per_seq
+    perm = torch.randperm(n_blocks, generator=g)[: b * per_seq]
+    block_table = perm.reshape(b, per_seq).to(device=kc.device, dtype=torch.int32)
+    k_in, v_in = rnd(n_blocks, page, hk, d), rnd(n_blocks, page, hk, d)
+    for i in range(b):
+        k_in[block_table[i].long()] = kc[i].reshape(per_seq, page, hk, d)
+        v_in[block_table[i].long()] = vc[i].reshape(per_seq, page, hk, d)
+    return k_in, v_in, block_table
+
+
+def _unpaged(k_in, v_in, block_table, cap: int):
+    """The paged caches read back through the block table as (batch, cap, hk, d)."""
+    import torch
+
+    hk, d = k_in.shape[2], k_in.shape[3]
+    rows = range(block_table.shape[0])
+    k = torch.stack([k_in[block_table[i].long()].reshape(cap, hk, d) for i in rows])
+    v = torch.stack([v_in[block_table[i].long()].reshape(cap, hk, d) for i in rows])
+    return k, v
+
+
+def _judge_kvcache(case: Case, got: tuple, want: tuple, eps, where: tuple, slopes) -> Judge:
+    """The caches after the call against the expected ones, and each sequence's out and LSE
+    against the reference on its expected cache rows (``where``: the cache row of each sequence,
+    its length before the append, its left padding)."""
+    import torch
+
+    from .reference import attention_ref
+
+    out, lse, k_after, v_after = got
+    q_ref, k_exp, v_exp = want
+    rows, lens, leftpad = where
+    b, d, softcap = case.b, case.d, case.flash_args()[2]
+    judge = Judge(eps)
+    cache_err = (k_after.float() - k_exp.float()).abs().max().item()
+    cache_ok = cache_err <= eps * max(1.0, k_exp.float().abs().max().item())
+    judge.value("cache", cache_err, cache_ok and torch.equal(v_after, v_exp))
+    left, right, _, _ = case.mask_args()
+    for i in range(b):
+        lo, hi = leftpad[i], lens[i] + case.new
+        ki, vi = k_exp[rows[i], lo:hi][None], v_exp[rows[i], lo:hi][None]
+        al = slopes[i : i + 1] if slopes is not None else None
+        kw = dict(scale=d**-0.5, left=left, right=right, softcap=softcap, alibi_slopes=al)
+        ref, ref_lse = attention_ref(q_ref[i : i + 1], ki, vi, upcast=True, **kw)
+        pt, _ = attention_ref(q_ref[i : i + 1], ki, vi, upcast=False, **kw)
+        judge.tensor("out", out[i : i + 1], ref, pt)
+        judge.lse(lse[i : i + 1], ref_lse)
+    return judge
 
 
 def compare_kvcache(case: Case, device, seed: int = 0) -> dict:
     """Run one ``kvcache`` case; ``{"ok": bool, "metrics": {...}}``."""
     import torch
 
-    from ..kvcache import flash_attn_with_kvcache
-    from .reference import attention_ref, rotary_ref
+    from ..api.kvcache import flash_attn_with_kvcache
+    from .reference import rotary_ref
 
     dtype = torch.bfloat16 if case.dtype == "bf16" else torch.float16
     eps = torch.finfo(dtype).eps
@@ -135,8 +186,7 @@ def compare_kvcache(case: Case, device, seed: int = 0) -> dict:
     n_cache = b + 1 if case.layout == "bidx" else b
     kc, vc = rnd(n_cache, cap, hk, d), rnd(n_cache, cap, hk, d)
     q = rnd(b, case.sq, case.hq, d)
-    k_new = rnd(b, case.new, hk, d) if case.new else None
-    v_new = rnd(b, case.new, hk, d) if case.new else None
+    k_new, v_new = (rnd(b, case.new, hk, d), rnd(b, case.new, hk, d)) if case.new else (None, None)
     seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
     slopes = (torch.rand(b, case.hq, generator=g) * 0.3).to(device) if use_alibi else None
     rows = list(range(b))
@@ -173,16 +223,7 @@ def compare_kvcache(case: Case, device, seed: int = 0) -> dict:
             k_exp[rows[i], lens[i] : lens[i] + case.new] = k_app[i]
             v_exp[rows[i], lens[i] : lens[i] + case.new] = v_new[i]
 
-    k_in, v_in, block_table = kc, vc, None
-    if page:
-        per_seq = cap // page
-        n_blocks = 2 * b * per_seq
-        perm = torch.randperm(n_blocks, generator=g)[: b * per_seq]
-        block_table = perm.reshape(b, per_seq).to(device=device, dtype=torch.int32)
-        k_in, v_in = rnd(n_blocks, page, hk, d), rnd(n_blocks, page, hk, d)
-        for i in range(b):
-            k_in[block_table[i].long()] = kc[i].reshape(per_seq, page, hk, d)
-            v_in[block_table[i].long()] = vc[i].reshape(per_seq, page, hk, d)
+    k_in, v_in, block_table = (kc, vc, None) if not page else _paged(kc, vc, b, page, g, rnd)
     call_kw = dict(
         rotary_cos=cos, rotary_sin=sin, cache_seqlens=seqlens, block_table=block_table,
         causal=causal, window_size=window, softcap=softcap, rotary_interleaved=interleaved,
@@ -194,27 +235,10 @@ def compare_kvcache(case: Case, device, seed: int = 0) -> dict:
     if before is not None:
         replays = _replays(flash_attn_with_kvcache, q, before, k_new, v_new, call_kw,
                            (out, lse, k_in, v_in))  # fmt: skip
-    if page:
-        k_after = torch.stack([k_in[block_table[i].long()].reshape(cap, hk, d) for i in range(b)])
-        v_after = torch.stack([v_in[block_table[i].long()].reshape(cap, hk, d) for i in range(b)])
-        k_want, v_want = k_exp, v_exp
-    else:
-        k_after, v_after, k_want, v_want = k_in, v_in, k_exp, v_exp
+    k_after, v_after = (k_in, v_in) if not page else _unpaged(k_in, v_in, block_table, cap)
 
-    judge = Judge(eps)
-    cache_err = (k_after.float() - k_want.float()).abs().max().item()
-    cache_ok = cache_err <= eps * max(1.0, k_want.float().abs().max().item())
-    judge.value("cache", cache_err, cache_ok and torch.equal(v_after, v_want))
-    left, right, _, _ = case.mask_args()
-    for i in range(b):
-        lo, hi = leftpad[i], lens[i] + case.new
-        ki, vi = k_exp[rows[i], lo:hi][None], v_exp[rows[i], lo:hi][None]
-        al = slopes[i : i + 1] if slopes is not None else None
-        kw = dict(scale=d**-0.5, left=left, right=right, softcap=softcap, alibi_slopes=al)
-        ref, ref_lse = attention_ref(q_ref[i : i + 1], ki, vi, upcast=True, **kw)
-        pt, _ = attention_ref(q_ref[i : i + 1], ki, vi, upcast=False, **kw)
-        judge.tensor("out", out[i : i + 1], ref, pt)
-        judge.lse(lse[i : i + 1], ref_lse)
+    judge = _judge_kvcache(case, (out, lse, k_after, v_after), (q_ref, k_exp, v_exp), eps,
+                           (rows, lens, leftpad), slopes)  # fmt: skip
     metrics = judge.metrics()
     if replays is not None:
         metrics.update(replays)
@@ -223,8 +247,8 @@ def compare_kvcache(case: Case, device, seed: int = 0) -> dict:
 
 
 def _replayed(slopes) -> bool:
-    """Whether a call like this one is planned (kernels/launch.py; ALiBi is not)."""
-    from .. import launch
+    """Whether a call like this one is planned (kernels/launch/plans.py; ALiBi is not)."""
+    from ..launch import plans as launch
 
     return launch.ENABLED and slopes is None
 
@@ -236,11 +260,11 @@ def _replays(fn, q, before, k_new, v_new, kw: dict, want: tuple) -> dict:
     run's); how many replays each path made."""
     import torch
 
-    from .. import _native
-    from ..kvcache import _KVPlan
+    from ..api.kvcache import KVPlan
+    from ..launch import replay as native
 
-    _native.counts()
-    start = _KVPlan.replays
+    native.counts()
+    start = KVPlan.replays
     equal = True
     for _ in range(3):
         kc, vc = before[0].clone(), before[1].clone()
@@ -249,8 +273,8 @@ def _replays(fn, q, before, k_new, v_new, kw: dict, want: tuple) -> dict:
         equal = equal and all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
     return {
         "replays_equal": float(equal),
-        "plan_replays": float(_KVPlan.replays - start),
-        "native_replays": float(_native.counts()[3]),
+        "plan_replays": float(KVPlan.replays - start),
+        "native_replays": float(native.counts()[3]),
     }
 
 
@@ -258,7 +282,7 @@ def compare_paged_varlen(case: Case, device, seed: int = 0) -> dict:
     """Run one ``pagedvarlen`` case; ``{"ok": bool, "metrics": {...}}``."""
     import torch
 
-    from ..interface import flash_attn_varlen_func
+    from ..api.flash_attn import flash_attn_varlen_func
     from .reference import attention_ref
 
     dtype = torch.bfloat16 if case.dtype == "bf16" else torch.float16

@@ -2,7 +2,7 @@
 
 A family comes from the device (``gcnArchName`` on ROCm, compute capability on CUDA) or is named
 by the AOT check. Configs depend on the family and the padded head dimension only, so a new
-sequence length never recompiles a kernel. Opt-in autotuning lives in ``kernels.autotune``.
+sequence length never recompiles a kernel. Opt-in autotuning lives in ``kernels.launch.autotune``.
 
 Why these numbers (the AOT check in docs/kernels.md shows their registers, spills and LDS):
 
@@ -53,7 +53,7 @@ class Tile:
     waves_per_eu: int = 0  # HIP only; 0 leaves the compiler's choice
     # Hopper: the streamed tiles (K/V in the forward and dQ kernels, Q/dO in the dK/dV kernel)
     # come through TMA tensor descriptors instead of pointer loads, where the tensors' alignment
-    # allows it (kernels.interface.tma_ok; bf16/fp16 only).
+    # allows it (kernels.api.flash_attn.tma_ok; bf16/fp16 only).
     tma: bool = False
     maxnreg: int = 0  # NVIDIA only: cap registers per thread (ptxas); 0 leaves ptxas' choice
 
@@ -80,8 +80,8 @@ class AttnConfig:
     chunk_kv: int = 0
     chunk_q: int = 0
     # Hopper: the forward (head dim 128) and the dK/dV kernel (64 and 128) run the
-    # warp-specialised Gluon kernels (kernels/flash_sm90.py) where the call is in their scope
-    # (kernels.interface.gluon_forward_ok, gluon_backward_ok); fwd / bwd_kv are then unused.
+    # warp-specialised Gluon kernels (kernels/device/flash_sm90.py) where the call is in their scope
+    # (kernels.api.flash_attn.gluon_forward_ok, gluon_backward_ok); fwd / bwd_kv are then unused.
     gluon_fwd: bool = False
     gluon_bwd: bool = False
     # The forward's single-block path (``SHORT_KV``) where every key of every sequence fits one
@@ -103,7 +103,7 @@ class AttnConfig:
 
 TILE_KEYS = ("fwd", "bwd_kv", "bwd_q")
 
-# The head dims the warp-specialised Gluon kernels (kernels/flash_sm90.py) are built for. They
+# The head dims the warp-specialised Gluon kernels (kernels/device/flash_sm90.py) are built for. They
 # live here, not there, because the routing rule and the AOT report read them in processes that
 # must not import Gluon (the CPU interpreter, AMD). The forward: d=128 only. The dK/dV kernel, by
 # head dim: (query rows per streamed block, keys per program, stages), as measured on an H100
@@ -233,7 +233,7 @@ ACCEPTED_SPILLS = (
         scratch_bytes=208,
         reason=_HOPPER_DKDV.format(588, 351, "(4,32,4096,64)", 267)
         + "; it now serves only the calls outside the spill-free Gluon dK/dV kernel's scope "
-        "(kernels/flash_sm90.py: varlen, windows, ALiBi, softcap, strides TMA cannot address)",
+        "(kernels/device/flash_sm90.py: varlen, windows, ALiBi, softcap, strides TMA cannot address)",
     ),
     AcceptedSpill(
         arch="sm90",
@@ -244,7 +244,7 @@ ACCEPTED_SPILLS = (
         scratch_bytes=464,
         reason=_HOPPER_DKDV.format(1204, 416, "(4,16,4096,128)", 277)
         + "; it now serves only the calls outside the spill-free Gluon dK/dV kernel's scope "
-        "(kernels/flash_sm90.py: varlen, windows, ALiBi, softcap, strides TMA cannot address)",
+        "(kernels/device/flash_sm90.py: varlen, windows, ALiBi, softcap, strides TMA cannot address)",
     ),
 )
 
@@ -402,7 +402,7 @@ def forward_config(cfg: AttnConfig, family: str, head_dim: int, max_q: int, max_
 # Triton 3.6 (the dev extra's and the cpu stack's) and lines without rows keep the tiles above.
 # Spill-free and at no lower occupancy than 3.6's figures where measured (docs/kernels.md, "On
 # every Triton a stack ships"); compile-checked only, untimed on AMD hardware. Keys of a row:
-# AttnConfig tile fields (fwd, bwd_kv, bwd_q) and ``kv_prefill`` (kernels/kvcache_kernels.py).
+# AttnConfig tile fields (fwd, bwd_kv, bwd_q) and ``kv_prefill`` (kernels/device/decode.py).
 _RDNA3 = ("rdna3", "rdna3.5")
 NEWER_TRITON_TILES = {
     **{((3, 7), f, 128): {"fwd": Tile(32, 16, 4, 1, 2)} for f in _RDNA3},
@@ -523,7 +523,7 @@ def override(cfg: AttnConfig, spec: str | None) -> AttnConfig:
 
 
 # recipes/arches.yaml in a source tree (images carry its JSON rendering: contract/arches.py).
-ARCHES_YAML = Path(__file__).resolve().parent.parent / "recipes" / "arches.yaml"
+ARCHES_YAML = Path(__file__).resolve().parents[2] / "recipes" / "arches.yaml"
 # A family the facts give that has no config of its own: RDNA1/2 have no WMMA, and the rdna3
 # config (wave32, small tiles) is the closest.
 CONFIG_FAMILY = {"rdna2": "rdna3"}

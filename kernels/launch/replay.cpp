@@ -1,4 +1,4 @@
-// attnforge's native launch path (issue 30 §2): the replay of kernels/launch.py's plans, and the
+// attnforge's native launch path (issue 30 §2): the replay of kernels/launch/plans.py's plans, and the
 // autograd node around it, in C++.
 //
 // At the small shapes diffusion and LLM users train, a step of flash_attn_func is bound by host
@@ -8,7 +8,7 @@
 // outputs, launches the recorded Triton kernels with the driver's launch call
 // (cuLaunchKernel, or hipModuleLaunchKernel on ROCm) and builds a C++ autograd node, as
 // PyTorch's own attention ops do. Every decision is still Python's: a plan is what the Python
-// path launched for a call with the same key (kernels/_native.py exports it), and a call or a
+// path launched for a call with the same key (kernels/launch/replay.py exports it), and a call or a
 // backward without a plan here goes back to Python.
 //
 // A launch is kept as the kernel's parameters, 8 bytes each (the value's own bytes first, as a
@@ -36,7 +36,7 @@ using torch::autograd::variable_list;
 namespace {
 
 constexpr size_t kMaxParams = 160;
-constexpr size_t kMaxPlans = 256;      // per table, as kernels/launch.py's MAX_PLANS
+constexpr size_t kMaxPlans = 256;      // per table, as kernels/launch/plans.py's MAX_PLANS
 constexpr size_t kMaxBackward = 16;    // per forward plan, as its Python table
 
 // cuLaunchKernel and hipModuleLaunchKernel take the same arguments.
@@ -58,7 +58,7 @@ struct Noted {
 };
 std::vector<Noted> g_noted;
 
-// What the backward calls where it has no plan: kernels/_native.py's `_backward`.
+// What the backward calls where it has no plan: kernels/launch/replay.py's `_backward`.
 py::object* g_fallback = nullptr;
 
 // Replays and returns to Python since the last `counts()` (tests, tools/host_probe.py).
@@ -260,7 +260,7 @@ bool aligned(std::initializer_list<const at::Tensor*> ts) {
   return true;
 }
 
-// The tensors of a backward launch, in kernels/interface.py's order.
+// The tensors of a backward launch, in kernels/api/flash_attn.py's order.
 enum { DO, Q, K, V, OUT, LSE, CU_Q, CU_K, DQ, DK, DV, DELTA, N_BACKWARD };
 
 // The backward from `call`'s plan, or nullopt: no plan for dO's layout, or the saved inputs' data
@@ -426,13 +426,13 @@ void put_backward(const c10::intrusive_ptr<ForwardPlan>& plan, const at::Tensor&
 
 
 // ---------------------------------------------------------------------------------------------
-// flash_attn_with_kvcache (kernels/kvcache.py): a planned decoding step on a contiguous cache,
+// flash_attn_with_kvcache (kernels/api/kvcache.py): a planned decoding step on a contiguous cache,
 // with or without new keys (rotary, left padding and batch indices included). Paged caches keep
 // Python's path, which reads the lengths on the host to check them against the block table, as
 // does a step whose tensors Python would convert first (q's last dimension strided; lengths,
 // indices or padding not int32 and contiguous; new keys or rotary tables strided).
 
-// _kv_fwd's pointer parameters (kernels/kvcache.py, _KVPlan.replay), and _kv_append's
+// _kv_fwd's pointer parameters (kernels/api/kvcache.py, _KVPlan.replay), and _kv_append's
 // (_append_pointers).
 enum { KQ, KK, KV, KOUT, KLSE, KPART, KCOUNT, KCUQ, KSEQLENS, KSTART, KTABLE, KBIDX, KSLOPES,
        N_KV };
@@ -480,7 +480,7 @@ at::Tensor scratch(std::initializer_list<int64_t> what, void* stream, const at::
   return t;
 }
 
-// A step's tensors, in the order of kernels/kvcache.py's key (flash_attn_with_kvcache's
+// A step's tensors, in the order of kernels/api/kvcache.py's key (flash_attn_with_kvcache's
 // arguments; undefined for None).
 enum { TQ, TKC, TVC, TK, TV, TCOS, TSIN, TSEQLENS, TBIDX, TLEFTPAD, N_STEP };
 
@@ -563,7 +563,7 @@ py::object kv(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& 
   return py::cast(out);
 }
 
-// A Python plan handed over (kernels/_native.py put_kv): the step's inputs for its key, the
+// A Python plan handed over (kernels/launch/replay.py put_kv): the step's inputs for its key, the
 // launches (the update's, or None; the attention's), the outputs' shapes and the split scratch's
 // sizes. Refused (false) where a replay here would pass the kernels other tensors than Python
 // does (see above).

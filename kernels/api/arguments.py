@@ -1,6 +1,6 @@
 """The argument checks the entry points share (interface, packed, kvcache), worded once.
 
-Each raises the flash_attn-compatible types of ``kernels.errors``: a bad dtype is an
+Each raises the flash_attn-compatible types of ``kernels.api.errors``: a bad dtype is an
 ``ArgumentTypeError`` (TypeError and RuntimeError), a bad shape or value an ``ArgumentError``
 (ValueError and RuntimeError).
 """

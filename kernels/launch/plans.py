@@ -34,7 +34,8 @@ from operator import itemgetter
 import torch
 import triton
 
-from . import configs
+from ..device import configs
+from .params import launch_params
 
 # JITFunction.run's launcher call and the binder are Triton 3.6's (triton/runtime/jit.py,
 # CompiledKernel.run in triton/compiler/compiler.py); other versions take the full path.
@@ -48,7 +49,7 @@ _INT32 = 2**31 - 1
 
 class Table:
     """Plans by key, bounded (``limit``: MAX_PLANS where not given). ``on_clear``: called when the
-    table empties itself or is cleared (FORWARD's: kernels/_native.py's plans go with it)."""
+    table empties itself or is cleared (FORWARD's: kernels/launch/replay.py's plans go with it)."""
 
     __slots__ = ("plans", "limit", "on_clear")
 
@@ -75,7 +76,7 @@ class Table:
 
 FORWARD = Table()
 BACKWARD = Table()
-KVCACHE = Table()  # flash_attn_with_kvcache's (kernels/kvcache.py)
+KVCACHE = Table()  # flash_attn_with_kvcache's (kernels/api/kvcache.py)
 
 
 def clear() -> None:
@@ -124,7 +125,7 @@ _TOKENS: dict = {}
 
 def process_token() -> int | None:
     """:func:`_process` as a small int (the same state, the same int, within a process), for
-    kernels/_native.py's keys; None where nothing is to be planned."""
+    kernels/launch/replay.py's keys; None where nothing is to be planned."""
     process = _process()
     if process is None:
         return None
@@ -193,7 +194,7 @@ def backward_key(do: torch.Tensor, q, k, v, out, lse):
 
 def pointers(*tensors) -> tuple:
     """The data pointers of ``tensors`` (0 for None): a planned forward's inputs, compared again
-    at its backward (``interface._saved_plan``)."""
+    at its backward (``interface.saved_plan``)."""
     return tuple(0 if t is None else t.data_ptr() for t in tensors)
 
 
@@ -227,7 +228,7 @@ class Launch:
         self.pick = itemgetter(*sources) if len(sources) > 1 else lambda t: (t[sources[0]],)
         self.rest = rest
         self.scratch = getattr(self.run, "global_scratch_size", 0) > 0
-        # kernels/native.cpp's description of this launch, or None where it cannot replay it.
+        # kernels/launch/replay.cpp's description of this launch, or None where it cannot replay it.
         self.native = native
 
     def __call__(self, stream, tensors: tuple) -> None:
@@ -300,9 +301,7 @@ def record(fn, grid, args: tuple, kwargs: dict, kernel, tensors: tuple):
     if found is None:
         return None
     g = (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
-    from . import _native  # here: _native imports this module
-
-    p = _native.launch_params(kernel, tuple(bound.values()), found[0])
+    p = launch_params(kernel, tuple(bound.values()), found[0])
     desc = None
     if p is not None:
         params, fills, scratch, scratch_param, block, shared = p

@@ -12,12 +12,16 @@ import torch
 import triton
 from triton.runtime import _allocation
 
-from . import _native as native
-from . import arguments, autotune, configs, flash, launch
-from ._compat import patch_interpreter
+from ..device import configs, flash
+from ..device.flash import FP8_DOT, LOG2E, attn_bwd_delta, attn_bwd_dkdv, attn_bwd_dq, attn_fwd
+from ..device.interpreter import patch_interpreter
+from ..launch import autotune
+from ..launch import plans as launch
+from ..launch import replay as native
+from . import arguments
 from .arguments import AttnResult, Descale
 from .errors import ArgumentError, ArgumentTypeError
-from .flash import FP8_DOT, LOG2E, _attn_bwd_delta, _attn_bwd_dkdv, _attn_bwd_dq, _attn_fwd
+from .kvcache import paged_varlen_forward
 
 __all__ = [
     "flash_attn_func",
@@ -85,7 +89,7 @@ def keep_threshold(p: float) -> int:
     return min(int(p * 2**32), 2**32 - 1)
 
 
-def _dropout(q, p: float, batch: int, hq: int, max_q: int, max_k: int, sdmask: bool):
+def dropout_state(q, p: float, batch: int, hq: int, max_q: int, max_k: int, sdmask: bool):
     """The :class:`Dropout` of a call (None when ``p`` is 0), advancing torch's generator."""
     if not p:
         return None
@@ -211,7 +215,7 @@ def _tma_allocator() -> None:
 
 
 def _gluon_scope(q, mask: Mask, softcap: float, slopes, varlen: bool, drop, *tensors) -> bool:
-    """What both warp-specialised Gluon kernels (kernels/flash_sm90.py) need of a call, head dims
+    """What both warp-specialised Gluon kernels (kernels/device/flash_sm90.py) need of a call, head dims
     aside: fixed-length batches, no mask or causal aligned bottom-right (``right == 0``, no
     ``left``), no softcap, ALiBi or dropout, tensors of q's dtype that TMA can address, and not
     the CPU interpreter (Gluon has none)."""
@@ -277,17 +281,87 @@ def _common(q, k, v, mask: Mask, scale: float, fp8: bool = False):
     return d, hq, hk, cfg, hip, softcap, cap_in, cap_out
 
 
-def _forward(
+@dataclass
+class _Forward:
+    """What one forward call's launch takes (:func:`run_forward` fills it once; each config
+    autotuning tries launches from it)."""
+
+    qs: object
+    ks: object
+    vs: object
+    out: object
+    lse: object
+    cu_q: object
+    cu_k: object
+    varlen: object
+    dummy: object
+    slopes: object
+    strides: object
+    lse_strides: object
+    sa_b: object
+    sa_h: object
+    max_q: object
+    max_k: object
+    batch: object
+    hq: object
+    hk: object
+    scale: object
+    cap_in: object
+    cap_out: object
+    mask: object
+    drop: object
+    desc_q: object
+    desc_k: object
+    desc_v: object
+    d: object
+    bd: object
+    softcap: object
+    fp8: object
+    align: object
+    hip: object
+    launched: object
+
+
+def _launch_forward(f: _Forward, c: configs.AttnConfig) -> None:
+    """The forward kernel with config ``c``."""
+    (
+        qs, ks, vs, out, lse, cu_q, cu_k, varlen, dummy, slopes, strides, lse_strides, sa_b, sa_h,
+        max_q, max_k, batch, hq, hk, scale, cap_in, cap_out, mask, drop, desc_q, desc_k, desc_v, d,
+        bd, softcap, fp8, align, hip, launched
+    ) = (
+        f.qs, f.ks, f.vs, f.out, f.lse, f.cu_q, f.cu_k, f.varlen, f.dummy, f.slopes, f.strides,
+        f.lse_strides, f.sa_b, f.sa_h, f.max_q, f.max_k, f.batch, f.hq, f.hk, f.scale, f.cap_in,
+        f.cap_out, f.mask, f.drop, f.desc_q, f.desc_k, f.desc_v, f.d, f.bd, f.softcap, f.fp8,
+        f.align, f.hip, f.launched
+    )  # fmt: skip
+    c = _tma_config(c, ("fwd",), qs.t, ks.t, vs.t)
+    t = c.fwd
+    grid = (_cdiv(max_q, t.block_m), batch * hq)
+    launch.recording(attn_fwd, launched)[grid](
+        qs.t, ks.t, vs.t, out, lse, cu_q if varlen else dummy, cu_k if varlen else dummy,
+        slopes if slopes is not None else lse, *strides, *lse_strides, sa_b, sa_h, max_q, max_k, hq,
+        hq // hk, scale * LOG2E, cap_in, cap_out, mask.left or 0, mask.right or 0,
+        drop.rng if drop else None, drop.scale if drop else None, drop.sdmask if drop else None,
+        desc_q, desc_k, desc_v, HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
+        IS_VARLEN=varlen, HAS_LEFT=mask.left is not None, HAS_RIGHT=mask.right is not None,
+        HAS_SOFTCAP=softcap > 0, HAS_ALIBI=slopes is not None, REVERSE=mask.right is not None,
+        HAS_DROPOUT=drop is not None, RETURN_SDMASK=drop is not None and drop.sdmask is not None,
+        IS_FP8=fp8, USE_TMA=t.tma, SHORT_KV=c.short_kv and max_k <= t.block_n, STRIDE_ALIGN=align,
+        **t.launch_options(hip),
+    )  # fmt: skip
+
+
+def run_forward(
     q, k, v, cu_q, cu_k, max_q, max_k, batch, scale, mask: Mask, alibi, varlen,
     drop: Dropout | None = None, descale=None, out_dtype=None, planned: list | None = None,
 ):  # fmt: skip
     """(out, lse). ``drop``: dropout (fills ``drop.sdmask`` when it has one); ``descale``: FP8
     (q/k/v e4m3 with fp32 (batch, Hk) descale tensors (dq, dk, dv)), output in ``out_dtype``.
 
-    A call whose key (``kernels.launch``) an earlier call recorded replays that call's launch;
+    A call whose key (``kernels.launch.plans``) an earlier call recorded replays that call's launch;
     others take the full path below and, where it can be replayed, record it. ``planned``: a
-    list that gets the call's :class:`_ForwardPlan` where it replayed or recorded one (the
-    autograd Functions hand it to :func:`_backward`)."""
+    list that gets the call's :class:`PyForwardPlan` where it replayed or recorded one (the
+    autograd Functions hand it to :func:`run_backward`)."""
     key = None
     if launch.ENABLED and alibi is None and drop is None and descale is None:
         values = (max_q, max_k, batch, scale, mask, varlen)
@@ -309,12 +383,9 @@ def _forward(
     cfg = configs.forward_config(cfg, family, d, max_q, max_k, batch * hq, q.device)
     out = torch.empty(qs.t.shape, dtype=out_dtype or q.dtype, device=q.device)
     os_ = _Seq(out, varlen).strides
-    if varlen:
-        lse = torch.empty((hq, q.shape[0]), dtype=torch.float32, device=q.device)
-        lse_strides = (0, lse.stride(0))
-    else:
-        lse = torch.empty((batch, hq, max_q), dtype=torch.float32, device=q.device)
-        lse_strides = (lse.stride(0), lse.stride(1))
+    lse_shape = (hq, q.shape[0]) if varlen else (batch, hq, max_q)
+    lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
+    lse_strides = (0, lse.stride(0)) if varlen else (lse.stride(0), lse.stride(1))
     slopes, sa_b, sa_h = _slopes(alibi, batch, hq, q.device)
     bd = configs.padded_head_dim(d)
     if fp8:
@@ -322,7 +393,7 @@ def _forward(
     dummy = cu_q if cu_q is not None else out
     desc_q, desc_k, desc_v = descale if fp8 else (None, None, None)
     if gluon_forward_ok(cfg, qs.t, ks.t, vs.t, out, mask, softcap, slopes, varlen, drop, fp8):
-        from . import flash_sm90  # Hopper only: Gluon's NVIDIA modules are not needed elsewhere
+        from ..device import flash_sm90  # Hopper only: Gluon's NVIDIA modules, not elsewhere
 
         _tma_allocator()
         flash_sm90.launch(qs.t, ks.t, vs.t, out, lse, scale * LOG2E, causal=mask.right == 0)
@@ -334,83 +405,42 @@ def _forward(
     align = flash.stride_align(*strides)
     strides = _divided(strides, align)
     launched = [] if key is not None else None
-
-    def run(c: configs.AttnConfig):
-        c = _tma_config(c, ("fwd",), qs.t, ks.t, vs.t)
-        t = c.fwd
-        grid = (_cdiv(max_q, t.block_m), batch * hq)
-        launch.recording(_attn_fwd, launched)[grid](
-            qs.t,
-            ks.t,
-            vs.t,
-            out,
-            lse,
-            cu_q if varlen else dummy,
-            cu_k if varlen else dummy,
-            slopes if slopes is not None else lse,
-            *strides,
-            *lse_strides,
-            sa_b,
-            sa_h,
-            max_q,
-            max_k,
-            hq,
-            hq // hk,
-            scale * LOG2E,
-            cap_in,
-            cap_out,
-            mask.left or 0,
-            mask.right or 0,
-            drop.rng if drop else None,
-            drop.scale if drop else None,
-            drop.sdmask if drop else None,
-            desc_q,
-            desc_k,
-            desc_v,
-            HEAD_DIM=d,
-            BLOCK_D=bd,
-            BLOCK_M=t.block_m,
-            BLOCK_N=t.block_n,
-            IS_VARLEN=varlen,
-            HAS_LEFT=mask.left is not None,
-            HAS_RIGHT=mask.right is not None,
-            HAS_SOFTCAP=softcap > 0,
-            HAS_ALIBI=slopes is not None,
-            REVERSE=mask.right is not None,
-            HAS_DROPOUT=drop is not None,
-            RETURN_SDMASK=drop is not None and drop.sdmask is not None,
-            IS_FP8=fp8,
-            USE_TMA=t.tma,
-            SHORT_KV=c.short_kv and max_k <= t.block_n,
-            STRIDE_ALIGN=align,
-            **t.launch_options(hip),
-        )
-
+    f = _Forward(
+        qs=qs, ks=ks, vs=vs, out=out, lse=lse, cu_q=cu_q, cu_k=cu_k, varlen=varlen, dummy=dummy,
+        slopes=slopes, strides=strides, lse_strides=lse_strides, sa_b=sa_b, sa_h=sa_h, max_q=max_q,
+        max_k=max_k, batch=batch, hq=hq, hk=hk, scale=scale, cap_in=cap_in, cap_out=cap_out,
+        mask=mask, drop=drop, desc_q=desc_q, desc_k=desc_k, desc_v=desc_v, d=d, bd=bd,
+        softcap=softcap, fp8=fp8, align=align, hip=hip, launched=launched,
+    )  # fmt: skip
+    run = functools.partial(_launch_forward, f)
     tune = autotune.key("fwd", q, d, mask, softcap > 0, slopes is not None, varlen)
     run(autotune.choose(tune + "|dropout" if tune and drop else tune, cfg, run))
-    if launched is not None:  # one Triton launch (not Gluon's, not autotuning's several)
-        rec = (
-            launch.record(*launched[0], (q, k, v, cu_q, cu_k, out, lse))
-            if len(launched) == 1
-            else None
-        )
-        plan = _ForwardPlan(rec, out, lse) if rec is not None else False
-        launch.FORWARD.put(key, plan)
-        if plan:
-            native.put_forward(plan, q, k, v, cu_q, cu_k, values, out, lse)
-        if plan and planned is not None:
-            planned.append(plan)
+    if launched is not None:
+        _record_forward(key, launched, (q, k, v, cu_q, cu_k), values, out, lse, planned)
     if drop is not None and drop.sdmask is not None:
         causal = mask.left is None and mask.right == 0
         _unnormalise_sdmask(drop.sdmask, _get_block_size_n(q.device, d, True, causal))
     return out, lse
 
 
-class _ForwardPlan:
-    """A recorded forward launch (``kernels.launch``): allocates out and LSE as the full path
+def _record_forward(key, launched: list, call: tuple, values: tuple, out, lse, planned) -> None:
+    """Record the forward's plan under ``key``: one Triton launch (not Gluon's, not autotuning's
+    several), handed to the native path and appended to ``planned``; else False, so that the key
+    is not tried again. ``call``: q, k, v, cu_q, cu_k."""
+    rec = launch.record(*launched[0], (*call, out, lse)) if len(launched) == 1 else None
+    plan = PyForwardPlan(rec, out, lse) if rec is not None else False
+    launch.FORWARD.put(key, plan)
+    if plan:
+        native.put_forward(plan, *call, values, out, lse)
+    if plan and planned is not None:
+        planned.append(plan)
+
+
+class PyForwardPlan:
+    """A recorded forward launch (``kernels.launch.plans``): allocates out and LSE as the full path
     does, then launches; None when a fresh output is not 16-byte aligned (then the full path).
     ``backward``: the plans of the backward calls of this forward's outputs, by
-    ``launch.backward_key``. ``native``: this plan handed to kernels/_native.py (its native
+    ``launch.backward_key``. ``native``: this plan handed to kernels/launch/replay.py (its native
     plan), False where it cannot be, None before."""
 
     __slots__ = ("launch", "out_shape", "out_dtype", "lse_shape", "device", "backward", "native")
@@ -433,7 +463,7 @@ class _ForwardPlan:
         return out, lse
 
 
-class _BackwardPlan:
+class PyBackwardPlan:
     """Recorded backward launches (dQ with delta, then dK/dV): allocates dQ, dK, dV and delta as
     the full path does, then launches; None when a fresh buffer is not 16-byte aligned."""
 
@@ -472,18 +502,160 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _backward(
+@dataclass
+class _Backward:
+    """What one backward call's launches share (:func:`run_backward` fills it once; each config
+    autotuning tries launches from it)."""
+
+    q: object
+    qs: object
+    ks: object
+    vs: object
+    dos: object
+    outs: object
+    dk: object
+    dv: object
+    lse: object
+    delta: object
+    grads: object
+    varlen: object
+    family: object
+    hip: object
+    batch: object
+    hq: object
+    hk: object
+    max_q: object
+    max_k: object
+    d: object
+    bd: object
+    cuq: object
+    cuk: object
+    sl: object
+    lse_strides: object
+    sa_b: object
+    sa_h: object
+    common: object
+    scal: object
+    drop_args: object
+    flags: object
+    qkvdo: object
+    dks: object
+    dvs: object
+    mask: object
+    softcap: object
+    slopes: object
+    drop: object
+    scale: object
+    launched: object
+
+
+def _backward_launches(b: _Backward, c: configs.AttnConfig):
+    """The backward's launches with config ``c``; dQ (dK, dV are b.dk, b.dv)."""
+    q, qs, ks, vs, dos, dk, dv, lse, delta, grads, varlen = (
+        b.q, b.qs, b.ks, b.vs, b.dos, b.dk, b.dv, b.lse, b.delta, b.grads, b.varlen
+    )  # fmt: skip
+    if c.atomic_dq:
+        dq_acc = torch.zeros_like(qs.t, dtype=torch.float32)
+    elif grads is None:
+        dq_acc = torch.empty_like(qs.t)
+    else:
+        dq_acc = grads[0]
+    if c.chunk_kv or c.chunk_q:  # RDNA3/3.5: chunked only where buffer loads apply
+        tensors = (qs.t, ks.t, vs.t, dos.t, dk, dv, dq_acc, lse, delta)
+        c = configs.for_tensors(c, _buffer_loads(*tensors))
+    c = _tma_config(c, ("bwd_kv", "bwd_q"), qs.t, ks.t, vs.t, dos.t)
+    dqs = _Seq(dq_acc, varlen).strides
+    if c.atomic_dq:
+        _launch_delta(b)
+    else:  # dQ first: it writes the delta the dK/dV kernel reads
+        _launch_dq(b, c, dq_acc, dqs)
+    _launch_dkdv(b, c, dq_acc, dqs)
+    if c.atomic_dq:
+        return dq_acc.to(q.dtype) if grads is None else grads[0].copy_(dq_acc)
+    return dq_acc
+
+
+def _launch_delta(b: _Backward):
+    """The atomic-dQ path's delta = rowsum(O * dO) kernel."""
+    dos, outs, delta, varlen, family, batch, hq, max_q, d, bd, cuq, lse_strides = (
+        b.dos, b.outs, b.delta, b.varlen, b.family, b.batch, b.hq, b.max_q, b.d, b.bd, b.cuq,
+        b.lse_strides
+    )  # fmt: skip
+    pre_m = 64
+    st = (*outs.strides, *dos.strides)
+    align = flash.stride_align(*st)
+    attn_bwd_delta[(_cdiv(max_q, pre_m), batch * hq)](
+        outs.t, dos.t, delta, cuq, *_divided(st, align), *lse_strides, max_q, hq, HEAD_DIM=d,
+        BLOCK_D=bd, BLOCK_M=pre_m, IS_VARLEN=varlen, STRIDE_ALIGN=align,
+        num_warps=4 if family != "interpreter" else 1,
+    )  # fmt: skip
+
+
+def _launch_dq(b: _Backward, c: configs.AttnConfig, dq_acc, dqs):
+    """The dQ kernel, which also writes delta."""
+    (
+        qs, ks, vs, dos, outs, lse, delta, hip, batch, hq, hk, max_q, cuq, cuk, sl, lse_strides, sa_b,
+        sa_h, common, scal, drop_args, flags, qkvdo, mask, launched
+    ) = (
+        b.qs, b.ks, b.vs, b.dos, b.outs, b.lse, b.delta, b.hip, b.batch, b.hq, b.hk, b.max_q,
+        b.cuq, b.cuk, b.sl, b.lse_strides, b.sa_b, b.sa_h, b.common, b.scal, b.drop_args, b.flags,
+        b.qkvdo, b.mask, b.launched
+    )  # fmt: skip
+    tq = c.bwd_q
+    st = (*qkvdo, *dqs, *outs.strides)
+    align = flash.stride_align(*st)
+    launch.recording(attn_bwd_dq, launched)[(_cdiv(max_q, tq.block_m), batch * hq)](
+        qs.t, ks.t, vs.t, dos.t, dq_acc, lse, delta, outs.t, cuq, cuk, sl, *_divided(st, align),
+        *lse_strides, sa_b, sa_h, *common, hq, hq // hk, *scal, *drop_args, BLOCK_M=tq.block_m,
+        BLOCK_N=tq.block_n, REVERSE=mask.right is not None, RELOAD=c.reload, D_CHUNK=c.chunk_q,
+        USE_TMA=tq.tma, STRIDE_ALIGN=align, **flags, **tq.launch_options(hip),
+    )  # fmt: skip
+
+
+def _launch_dkdv(b: _Backward, c: configs.AttnConfig, dq_acc, dqs):
+    """The dK/dV kernel: Triton's, or on Hopper Gluon's warp-specialised one."""
+    (
+        qs, ks, vs, dos, dk, dv, lse, delta, varlen, hip, batch, hq, hk, max_k, cuq, cuk, sl,
+        lse_strides, sa_b, sa_h, common, scal, drop_args, flags, qkvdo, dks, dvs, mask, softcap,
+        slopes, drop, scale, launched
+    ) = (
+        b.qs, b.ks, b.vs, b.dos, b.dk, b.dv, b.lse, b.delta, b.varlen, b.hip, b.batch, b.hq, b.hk,
+        b.max_k, b.cuq, b.cuk, b.sl, b.lse_strides, b.sa_b, b.sa_h, b.common, b.scal, b.drop_args,
+        b.flags, b.qkvdo, b.dks, b.dvs, b.mask, b.softcap, b.slopes, b.drop, b.scale, b.launched
+    )  # fmt: skip
+    tk = c.bwd_kv
+    if gluon_backward_ok(c, qs.t, ks.t, vs.t, dos.t, dk, dv, mask, softcap, slopes, varlen, drop):
+        from ..device import flash_sm90  # Hopper only, as in run_forward
+
+        _tma_allocator()
+        flash_sm90.launch_bwd_dkdv(
+            qs.t, ks.t, vs.t, dos.t, dk, dv, lse, delta, scale, causal=mask.right == 0,
+            wrap=None if launched is None else lambda fn: launch.Noting(fn, launched),
+        )  # fmt: skip
+    else:
+        st = (*qkvdo, *dks, *dvs, *dqs)
+        align = flash.stride_align(*st)
+        launch.recording(attn_bwd_dkdv, launched)[(_cdiv(max_k, tk.block_n), batch * hk)](
+            qs.t, ks.t, vs.t, dos.t, dk, dv, dq_acc, lse, delta, cuq, cuk, sl,
+            *_divided(st, align), *lse_strides, sa_b, sa_h, *common, hk, hq // hk, *scal,
+            *drop_args, BLOCK_M=tk.block_m, BLOCK_N=tk.block_n, ATOMIC_DQ=c.atomic_dq,
+            RELOAD=c.reload, D_CHUNK=c.chunk_kv, USE_TMA=tk.tma, STRIDE_ALIGN=align, **flags,
+            **tk.launch_options(hip),
+        )  # fmt: skip
+
+
+def run_backward(
     do, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, batch, scale, mask: Mask, alibi, varlen,
     grads=None, drop: Dropout | None = None, fplan: tuple | None = None, native_plan=None,
 ):  # fmt: skip
-    """dQ, dK, dV; ``grads`` = (dq, dk, dv) to write into (views of one pack: kernels/packed.py);
+    """dQ, dK, dV; ``grads`` = (dq, dk, dv) to write into (views of one pack: kernels/api/packed.py);
     ``drop``: the forward's dropout, whose mask the kernels regenerate; ``fplan``: what
-    :func:`_saved_plan` kept of the forward of ``out``: the plan it replayed or recorded, whose
+    :func:`saved_plan` kept of the forward of ``out``: the plan it replayed or recorded, whose
     own table keys this call's plan by what the backward adds to the forward's key
     (``launch.backward_key``), while the saved inputs still hold the forward's data; its plan
-    is handed to the forward plan's native plan (kernels/_native.py) when recorded.
+    is handed to the forward plan's native plan (kernels/launch/replay.py) when recorded.
     ``native_plan``: the native plan of a native node whose backward came back here for want
-    of a native plan (kernels/_native.py's ``_backward``); a replayed plan is handed to it too.
+    of a native plan (kernels/launch/replay.py's ``run_backward``); a replayed plan is handed to it too.
 
     Two launches (dQ, which also computes delta = rowsum(O * dO), then dK/dV) except with
     ``atomic_dq`` (delta kernel, then dK/dV accumulating dQ). The small shapes are bound by host
@@ -491,7 +663,7 @@ def _backward(
     checks (the forward did them), reads each tensor's strides once and allocates the gradients
     in their inputs' layouts (autograd then keeps them instead of copying them into the leaves'
     layout). A call whose key an earlier call recorded replays its two launches, as in
-    :func:`_forward`."""
+    :func:`run_forward`."""
     key = None
     export = None  # the native plan this call's backward plan is handed to
     if launch.ENABLED and alibi is None and grads is None and drop is None:
@@ -524,179 +696,81 @@ def _backward(
     bd = configs.padded_head_dim(d)
     lse_strides = (0, lse.stride(0)) if varlen else (lse.stride(0), lse.stride(1))
     delta = torch.empty_like(lse)
-    if grads is None:
-        dk, dv = torch.empty_like(ks.t), torch.empty_like(vs.t)
-    else:
-        dk, dv = grads[1], grads[2]
+    dk, dv = (torch.empty_like(ks.t), torch.empty_like(vs.t)) if grads is None else grads[1:]
     slopes, sa_b, sa_h = _slopes(alibi, batch, hq, q.device)
     dummy = cu_q if cu_q is not None else lse
-    cuq = cu_q if varlen else dummy
-    cuk = cu_k if varlen else dummy
+    cuq, cuk = (cu_q, cu_k) if varlen else (dummy, dummy)
     sl = slopes if slopes is not None else lse
-    flags = dict(
-        HEAD_DIM=d,
-        BLOCK_D=bd,
-        IS_VARLEN=varlen,
-        HAS_LEFT=mask.left is not None,
-        HAS_RIGHT=mask.right is not None,
-        HAS_SOFTCAP=softcap > 0,
-        HAS_ALIBI=slopes is not None,
-        HAS_DROPOUT=drop is not None,
-    )
+    flags = dict(HEAD_DIM=d, BLOCK_D=bd, IS_VARLEN=varlen, HAS_LEFT=mask.left is not None,
+                 HAS_RIGHT=mask.right is not None, HAS_SOFTCAP=softcap > 0,
+                 HAS_ALIBI=slopes is not None, HAS_DROPOUT=drop is not None)  # fmt: skip
     drop_args = (drop.rng, drop.scale) if drop else (None, None)
     dks, dvs = _Seq(dk, varlen).strides, _Seq(dv, varlen).strides
     qkvdo = (*qs.strides, *ks.strides, *vs.strides, *dos.strides)
     common = (max_q, max_k)
     scal = (scale, scale * LOG2E, cap_in, cap_out, mask.left or 0, mask.right or 0)
     launched = [] if key is not None else None
-
-    def run(c: configs.AttnConfig):
-        if c.atomic_dq:
-            dq_acc = torch.zeros_like(qs.t, dtype=torch.float32)
-        elif grads is None:
-            dq_acc = torch.empty_like(qs.t)
-        else:
-            dq_acc = grads[0]
-        if c.chunk_kv or c.chunk_q:  # RDNA3/3.5: chunked only where buffer loads apply
-            tensors = (qs.t, ks.t, vs.t, dos.t, dk, dv, dq_acc, lse, delta)
-            c = configs.for_tensors(c, _buffer_loads(*tensors))
-        c = _tma_config(c, ("bwd_kv", "bwd_q"), qs.t, ks.t, vs.t, dos.t)
-        dqs = _Seq(dq_acc, varlen).strides
-        if c.atomic_dq:
-            pre_m = 64
-            st = (*outs.strides, *dos.strides)
-            align = flash.stride_align(*st)
-            _attn_bwd_delta[(_cdiv(max_q, pre_m), batch * hq)](
-                outs.t,
-                dos.t,
-                delta,
-                cuq,
-                *_divided(st, align),
-                *lse_strides,
-                max_q,
-                hq,
-                HEAD_DIM=d,
-                BLOCK_D=bd,
-                BLOCK_M=pre_m,
-                IS_VARLEN=varlen,
-                STRIDE_ALIGN=align,
-                num_warps=4 if family != "interpreter" else 1,
-            )
-        else:  # dQ first: it writes the delta the dK/dV kernel reads
-            tq = c.bwd_q
-            st = (*qkvdo, *dqs, *outs.strides)
-            align = flash.stride_align(*st)
-            launch.recording(_attn_bwd_dq, launched)[(_cdiv(max_q, tq.block_m), batch * hq)](
-                qs.t,
-                ks.t,
-                vs.t,
-                dos.t,
-                dq_acc,
-                lse,
-                delta,
-                outs.t,
-                cuq,
-                cuk,
-                sl,
-                *_divided(st, align),
-                *lse_strides,
-                sa_b,
-                sa_h,
-                *common,
-                hq,
-                hq // hk,
-                *scal,
-                *drop_args,
-                BLOCK_M=tq.block_m,
-                BLOCK_N=tq.block_n,
-                REVERSE=mask.right is not None,
-                RELOAD=c.reload,
-                D_CHUNK=c.chunk_q,
-                USE_TMA=tq.tma,
-                STRIDE_ALIGN=align,
-                **flags,
-                **tq.launch_options(hip),
-            )
-        tk = c.bwd_kv
-        if gluon_backward_ok(
-            c, qs.t, ks.t, vs.t, dos.t, dk, dv, mask, softcap, slopes, varlen, drop
-        ):
-            from . import flash_sm90  # Hopper only, as in _forward
-
-            _tma_allocator()
-            flash_sm90.launch_bwd_dkdv(
-                qs.t, ks.t, vs.t, dos.t, dk, dv, lse, delta, scale, causal=mask.right == 0,
-                wrap=None if launched is None else lambda fn: launch.Noting(fn, launched),
-            )  # fmt: skip
-        else:
-            st = (*qkvdo, *dks, *dvs, *dqs)
-            align = flash.stride_align(*st)
-            launch.recording(_attn_bwd_dkdv, launched)[(_cdiv(max_k, tk.block_n), batch * hk)](
-                qs.t,
-                ks.t,
-                vs.t,
-                dos.t,
-                dk,
-                dv,
-                dq_acc,
-                lse,
-                delta,
-                cuq,
-                cuk,
-                sl,
-                *_divided(st, align),
-                *lse_strides,
-                sa_b,
-                sa_h,
-                *common,
-                hk,
-                hq // hk,
-                *scal,
-                *drop_args,
-                BLOCK_M=tk.block_m,
-                BLOCK_N=tk.block_n,
-                ATOMIC_DQ=c.atomic_dq,
-                RELOAD=c.reload,
-                D_CHUNK=c.chunk_kv,
-                USE_TMA=tk.tma,
-                STRIDE_ALIGN=align,
-                **flags,
-                **tk.launch_options(hip),
-            )
-        if c.atomic_dq:
-            return dq_acc.to(q.dtype) if grads is None else grads[0].copy_(dq_acc)
-        return dq_acc
-
+    b = _Backward(q=q, qs=qs, ks=ks, vs=vs, dos=dos, outs=outs, dk=dk, dv=dv, lse=lse, delta=delta,
+        grads=grads, varlen=varlen, family=family, hip=hip, batch=batch, hq=hq, hk=hk, max_q=max_q,
+        max_k=max_k, d=d, bd=bd, cuq=cuq, cuk=cuk, sl=sl, lse_strides=lse_strides, sa_b=sa_b,
+        sa_h=sa_h, common=common, scal=scal, drop_args=drop_args, flags=flags, qkvdo=qkvdo,
+        dks=dks, dvs=dvs, mask=mask, softcap=softcap, slopes=slopes, drop=drop, scale=scale,
+        launched=launched)  # fmt: skip
+    run = functools.partial(_backward_launches, b)
     tune = autotune.key("bwd", q, d, mask, softcap > 0, slopes is not None, varlen)
     dq = run(autotune.choose(tune + "|dropout" if tune and drop else tune, cfg, run))
     if launched is not None:
-        # The default two launches, dQ then dK/dV (Triton's or, on Hopper, Gluon's), nothing
-        # else (not the atomic-dQ path, whose delta kernel is not recorded).
-        recs = (None,)
-        if len(launched) == 2 and launched[0][0] is _attn_bwd_dq:
-            tensors = (do, q, k, v, out, lse, cu_q, cu_k, dq, dk, dv, delta)
-            recs = tuple(launch.record(*x, tensors) for x in launched)
-        table.put(key, _BackwardPlan(recs) if None not in recs else False)
-        if export is not None:
-            native.put_backward(export, None if None in recs else recs, do, q, k, v, out, lse)
+        call = (do, q, k, v, out, lse, cu_q, cu_k)
+        _record_backward(table, key, launched, export, call, (dq, dk, dv, delta))
     return dq, dk, dv
 
 
-def _saved_plan(planned: list, q, k, v, cu_q, cu_k) -> tuple | None:
-    """For ``ctx``: the forward's plan (``_forward``'s ``planned``) and its inputs' data
+def _record_backward(table, key, launched: list, export, call: tuple, made: tuple) -> None:
+    """Record the backward's plan under ``key`` in ``table`` (and hand it to the native plan
+    ``export``): the default two launches, dQ then dK/dV (Triton's or, on Hopper, Gluon's), and
+    nothing else (not the atomic-dQ path, whose delta kernel is not recorded); else False, so
+    that the key is not tried again. ``call``: do, q, k, v, out, lse, cu_q, cu_k; ``made``: dq,
+    dk, dv, delta."""
+    recs = (None,)
+    if len(launched) == 2 and launched[0][0] is attn_bwd_dq:
+        recs = tuple(launch.record(*x, (*call, *made)) for x in launched)
+    table.put(key, PyBackwardPlan(recs) if None not in recs else False)
+    if export is not None:
+        native.put_backward(export, None if None in recs else recs, *call[:6])
+
+
+def saved_plan(planned: list, q, k, v, cu_q, cu_k) -> tuple | None:
+    """For ``ctx``: the forward's plan (``run_forward``'s ``planned``) and its inputs' data
     pointers, or None. Autograd refuses a saved input changed in place, metadata included, but
     not one whose ``.data`` was replaced; a backward whose inputs no longer point where the
     forward's did takes the full key instead of the plan's table."""
     return (planned[0], launch.pointers(q, k, v, cu_q, cu_k)) if planned else None
 
 
-class _FlashAttn(torch.autograd.Function):
+def native_fallback(plan, same, do, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, batch, scale, left,
+                    right, softcap, varlen):  # fmt: skip
+    """A native node's backward without a native plan for dO's layout: the Python path, with its
+    forward's Python plan where the saved inputs still hold the forward's data (``same``), which
+    records the backward's plan and hands it to ``plan``."""
+    pyplan = native.python_plan(plan.id) if same else None
+    fplan = saved_plan([pyplan] if pyplan is not None else [], q, k, v, cu_q, cu_k)
+    mask = Mask(left=left, right=right, softcap=softcap)
+    return run_backward(
+        do, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, batch, scale, mask, None, varlen,
+        fplan=fplan, native_plan=plan if same else None,
+    )  # fmt: skip
+
+
+native.on_python_backward(native_fallback)
+
+
+class FlashAttnFunction(torch.autograd.Function):
     @staticmethod
     def forward(
         ctx, q, k, v, cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi, varlen, drop=None
     ):
         planned = []
-        out, lse = _forward(
+        out, lse = run_forward(
             q, k, v, cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi, varlen, drop=drop,
             planned=planned,
         )  # fmt: skip
@@ -705,7 +779,7 @@ class _FlashAttn(torch.autograd.Function):
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, alibi)
         ctx.meta = (max_q, max_k, batch, scale, mask, varlen, drop)
-        ctx.fplan = _saved_plan(planned, q, k, v, cu_q, cu_k)
+        ctx.fplan = saved_plan(planned, q, k, v, cu_q, cu_k)
         return out, lse
 
     @staticmethod
@@ -714,7 +788,7 @@ class _FlashAttn(torch.autograd.Function):
             return (None,) * 13
         q, k, v, out, lse, cu_q, cu_k, alibi = ctx.saved_tensors
         max_q, max_k, batch, scale, mask, varlen, drop = ctx.meta
-        dq, dk, dv = _backward(
+        dq, dk, dv = run_backward(
             dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi, varlen,
             drop=drop, fplan=ctx.fplan,
         )  # fmt: skip
@@ -723,20 +797,20 @@ class _FlashAttn(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
 
 
-class _FlashAttnOut(torch.autograd.Function):
-    """:class:`_FlashAttn` for the calls that return only ``out`` (flash_attn_func and
+class FlashAttnOutFunction(torch.autograd.Function):
+    """:class:`FlashAttnFunction` for the calls that return only ``out`` (flash_attn_func and
     flash_attn_varlen_func without ``return_attn_probs``): four inputs (q, k, v and one tuple of
     the rest), one output, and only the tensors that exist saved (q, k, v, out, LSE, and
     cu_seqlens and ALiBi slopes where given). The same gradients and the same checks (a saved
     tensor modified in place, a second backward without ``retain_graph``); a few microseconds
     less of autograd's host time a step than the 13 inputs, two outputs and 8 saved slots of
-    :class:`_FlashAttn` (docs/benchmarks.md, "The training step's host time")."""
+    :class:`FlashAttnFunction` (docs/benchmarks.md, "The training step's host time")."""
 
     @staticmethod
     def forward(ctx, q, k, v, call):
         cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi, varlen, drop = call
         planned = []
-        out, lse = _forward(
+        out, lse = run_forward(
             q, k, v, cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi, varlen, drop=drop,
             planned=planned,
         )  # fmt: skip
@@ -746,7 +820,7 @@ class _FlashAttnOut(torch.autograd.Function):
         else:
             ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, alibi)
         ctx.call = call
-        ctx.fplan = _saved_plan(planned, q, k, v, cu_q, cu_k)
+        ctx.fplan = saved_plan(planned, q, k, v, cu_q, cu_k)
         return out
 
     @staticmethod
@@ -757,7 +831,7 @@ class _FlashAttnOut(torch.autograd.Function):
         q, k, v, out, lse = saved[:5]
         cu_q, cu_k, alibi = saved[5:] if len(saved) > 5 else (None, None, None)
         _, _, max_q, max_k, batch, scale, mask, _, varlen, drop = ctx.call
-        dq, dk, dv = _backward(
+        dq, dk, dv = run_backward(
             dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi, varlen,
             drop=drop, fplan=ctx.fplan,
         )  # fmt: skip
@@ -770,7 +844,7 @@ def _inference(*tensors) -> bool:
     return not torch.is_grad_enabled() or not any(t.requires_grad for t in tensors)
 
 
-def _mask_from_flash_args(causal: bool, window_size, softcap: float) -> Mask:
+def mask_from_flash_args(causal: bool, window_size, softcap: float) -> Mask:
     left, right = window_size if window_size is not None else (-1, -1)
     left = None if left is None or left < 0 else int(left)
     right = None if right is None or right < 0 else int(right)
@@ -791,7 +865,7 @@ def attention(
     """Fixed-length attention on BSHD views with an explicit :class:`Mask`; returns (out, lse)."""
     b, sq = q.shape[0], q.shape[1]
     sk = k.shape[1]
-    return _FlashAttn.apply(q, k, v, None, None, sq, sk, b, scale, mask, alibi_slopes, False)
+    return FlashAttnFunction.apply(q, k, v, None, None, sq, sk, b, scale, mask, alibi_slopes, False)
 
 
 def flash_attn_func(
@@ -818,30 +892,30 @@ def flash_attn_func(
     default dQ path has no atomics.
     """
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    mask = _mask_from_flash_args(causal, window_size, softcap)
+    mask = mask_from_flash_args(causal, window_size, softcap)
     b, sq, hq = q.shape[0], q.shape[1], q.shape[2]
     sk = k.shape[1]
-    drop = _dropout(q, dropout_p, b, hq, sq, sk, return_attn_probs)
+    drop = dropout_state(q, dropout_p, b, hq, sq, sk, return_attn_probs)
     call = (None, None, sq, sk, b, scale, mask, alibi_slopes, False, drop)
-    return _call(q, k, v, call, return_attn_probs)
+    return call_entry(q, k, v, call, return_attn_probs)
 
 
-def _call(q, k, v, call: tuple, return_attn_probs: bool) -> AttnResult:
+def call_entry(q, k, v, call: tuple, return_attn_probs: bool) -> AttnResult:
     """The forward of flash_attn_func and flash_attn_varlen_func: without autograd where no
-    gradient will be asked for, through :class:`_FlashAttnOut` where only ``out`` is returned,
-    else through :class:`_FlashAttn` (``out`` and the LSE as outputs). A call that
-    kernels/_native.py has a plan for (one returning only ``out``) is launched there, under a
+    gradient will be asked for, through :class:`FlashAttnOutFunction` where only ``out`` is returned,
+    else through :class:`FlashAttnFunction` (``out`` and the LSE as outputs). A call that
+    kernels/launch/replay.py has a plan for (one returning only ``out``) is launched there, under a
     C++ autograd node."""
     if not return_attn_probs:
         out = native.forward(q, k, v, call)
         if out is not None:
             return out
     if _inference(q, k, v):
-        out, lse = _forward(q, k, v, *call)
+        out, lse = run_forward(q, k, v, *call)
     elif not return_attn_probs:
-        return _FlashAttnOut.apply(q, k, v, call)
+        return FlashAttnOutFunction.apply(q, k, v, call)
     else:
-        out, lse = _FlashAttn.apply(q, k, v, *call)
+        out, lse = FlashAttnFunction.apply(q, k, v, *call)
     if return_attn_probs:
         drop = call[-1]
         return out, lse, drop.sdmask if drop else None
@@ -876,22 +950,20 @@ def flash_attn_varlen_func(
             raise NotImplementedError(
                 "dropout is not implemented for paged KV (block_table); pass dropout_p=0"
             )
-        from .kvcache import paged_varlen_forward
-
         return paged_varlen_forward(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
             softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
             alibi_slopes=alibi_slopes, return_attn_probs=return_attn_probs, block_table=block_table,
         )  # fmt: skip
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    mask = _mask_from_flash_args(causal, window_size, softcap)
+    mask = mask_from_flash_args(causal, window_size, softcap)
     cu_q = cu_seqlens_q.to(torch.int32)
     cu_k = cu_seqlens_k.to(torch.int32)
     batch = cu_q.numel() - 1
     max_q, max_k = int(max_seqlen_q), int(max_seqlen_k)
-    drop = _dropout(q, dropout_p, batch, q.shape[1], max_q, max_k, return_attn_probs)
+    drop = dropout_state(q, dropout_p, batch, q.shape[1], max_q, max_k, return_attn_probs)
     call = (cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi_slopes, True, drop)
-    return _call(q, k, v, call, return_attn_probs)
+    return call_entry(q, k, v, call, return_attn_probs)
 
 
 def fp8_dtype_for(device: torch.device) -> torch.dtype:
@@ -991,10 +1063,10 @@ def _fp8_call(
         for t, name in zip(descales, ("descale_q", "descale_k", "descale_v"), strict=True)
     )
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    mask = _mask_from_flash_args(causal, window_size, softcap)
+    mask = mask_from_flash_args(causal, window_size, softcap)
     varlen = cu_q is not None
     with torch.no_grad():
-        out, lse = _forward(
+        out, lse = run_forward(
             q, k, v, cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi_slopes, varlen,
             descale=descale, out_dtype=out_dtype,
         )  # fmt: skip

@@ -17,8 +17,8 @@ import threading
 from dataclasses import asdict, fields, replace
 from pathlib import Path
 
-from . import configs
-from .configs import AttnConfig, Tile
+from ..device import configs
+from ..device.configs import AttnConfig, Tile
 
 _lock = threading.Lock()
 _memory: dict[str, dict] = {}

@@ -1,5 +1,5 @@
-"""The native launch path: kernels/launch.py's plans replayed from C++, under a C++ autograd node
-(kernels/native.cpp; issue 30 §2).
+"""The native launch path: kernels/launch/plans.py's plans replayed from C++, under a C++ autograd node
+(kernels/launch/replay.cpp; issue 30 §2).
 
 At the small shapes users train, what is left of a ``flash_attn_func`` step's host time after
 the Python plans is Python's ``autograd.Function``: the ``.apply`` around a Python forward and
@@ -15,10 +15,11 @@ calls the Python path has planned already:
   kernel and, where a gradient will be asked for, gets a C++ node; any other call gets None and
   takes the Python path, which records the plan and hands it here (:func:`put_forward`).
 - The node's backward replays the backward plan its forward's plan holds for dO's layout. One
-  it does not hold goes back to Python (:func:`_backward`, under the GIL), which records it and
+  it does not hold goes back to Python (the backward registered with :func:`on_python_backward`,
+  under the GIL), which records it and
   hands it here (:func:`put_backward`); so does a backward whose saved inputs' data moved.
 - ``flash_attn_with_kvcache`` steps on a contiguous cache first ask :func:`kv`: the cache
-  update's launch (new keys, rotary) and the attention's, from the plan kernels/kvcache.py
+  update's launch (new keys, rotary) and the attention's, from the plan kernels/api/kvcache.py
   recorded for a step with the same key and handed over (:func:`put_kv`).
 - Every decision stays Python's: a plan is what the Python path launched, with the same
   parameters, for a call with the same key. Launches whose parameters a replay cannot rebuild
@@ -45,7 +46,6 @@ import hashlib
 import importlib.util
 import os
 import shutil
-import struct
 import subprocess
 import sys
 import sysconfig
@@ -53,14 +53,17 @@ from pathlib import Path
 
 import torch
 
-from . import configs, launch
+from ..device import configs
+from . import plans as launch
 
-SOURCE = Path(__file__).with_name("native.cpp")
+SOURCE = Path(__file__).with_name("replay.cpp")
 _ENV = "ATTNFORGE_NATIVE"
 
 _mod = None  # the loaded extension, once active
+_python_backward = None  # on_python_backward's function
+_loaded = None  # the extension once loaded, whether calls use it now or not (set_active)
 _state: str | None = None  # None: not tried; "active"; else why the Python path is used
-_PLANS: dict[int, object] = {}  # Python _ForwardPlan by native plan id (for the backward)
+_PLANS: dict[int, object] = {}  # Python PyForwardPlan by native plan id (for the backward)
 
 
 def cache_dir() -> Path:
@@ -158,7 +161,7 @@ def load(path: Path):
 def _activate() -> None:
     """Load (building where needed) and initialise the extension once a process; on any failure
     note why and keep the Python path."""
-    global _mod, _state
+    global _mod, _loaded, _state
     if os.environ.get(_ENV) == "0":
         _state = f"off ({_ENV}=0)"
         return
@@ -175,11 +178,19 @@ def _activate() -> None:
         probe = torch.empty(0, device="cuda")
         if mod.stream_of(probe) != torch.cuda.current_stream().cuda_stream:
             raise RuntimeError("c10's native stream handle differs from torch.cuda's")
-        mod.set_fallback(_backward)
+        mod.set_fallback(_fallback)
     except Exception as err:  # noqa: BLE001 - any failure keeps the Python path
         _state = f"unavailable: {err}"
         return
-    _mod, _state = mod, "active"
+    _mod = _loaded = mod
+    _state = "active"
+
+
+def set_active(on: bool) -> None:
+    """Calls use the loaded extension (``on``) or take the Python path, in this process: a
+    benchmark compares both (tools/step_probe.py). Nothing changes where it never loaded."""
+    global _mod
+    _mod = _loaded if on else None
 
 
 def status() -> str:
@@ -200,7 +211,7 @@ def _activated(q) -> bool:
 def forward(q, k, v, call: tuple):
     """``out`` of a planned flash_attn call (with a C++ autograd node where a gradient will be
     asked for), or None: no plan here (the Python path records one), or the native path is off.
-    ``call``: kernels/interface.py's tuple (cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi,
+    ``call``: kernels/api/flash_attn.py's tuple (cu_q, cu_k, max_q, max_k, batch, scale, mask, alibi,
     varlen, drop)."""
     if _mod is None and not _activated(q):
         return None
@@ -217,7 +228,7 @@ def forward(q, k, v, call: tuple):
 
 
 def put_forward(pyplan, q, k, v, cu_q, cu_k, values: tuple, out, lse) -> None:
-    """Hand a Python forward plan (kernels/interface.py's ``_ForwardPlan``; FP8, the only call
+    """Hand a Python forward plan (kernels/api/flash_attn.py's ``PyForwardPlan``; FP8, the only call
     with an output dtype of its own, is never planned) over, under the key :func:`forward`
     computes for the same call, unless it was handed over already or the extension is not
     active (then a later replay may hand it over); ``pyplan.native`` becomes the native plan,
@@ -286,7 +297,7 @@ def _step(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cach
 def put_kv(pyplan, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
            cache_batch_idx, cache_leftpad, softmax_scale, causal, window_size, softcap,
            rotary_interleaved, num_splits, return_softmax_lse) -> None:  # fmt: skip
-    """Hand a Python decoding plan (kernels/kvcache.py's ``_KVPlan``) over under the key
+    """Hand a Python decoding plan (kernels/api/kvcache.py's ``KVPlan``) over under the key
     :func:`kv` computes for the same step, once; ``pyplan.native`` becomes True, or False where
     a replay here could not pass the kernels the tensors Python passes."""
     if pyplan.native is not None or _mod is None:
@@ -329,83 +340,45 @@ def clear() -> None:
 launch.FORWARD.on_clear = clear
 
 
-def _backward(plan, same, do, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, batch, scale, left,
-              right, softcap, varlen):  # fmt: skip
-    """A native node's backward without a native plan for dO's layout: the Python path, with its
-    forward's Python plan where the saved inputs still hold the forward's data (``same``), which
-    records the backward's plan and hands it to ``plan``."""
-    from .interface import Mask, _saved_plan
-    from .interface import _backward as backward
-
-    pyplan = _PLANS.get(plan.id) if same else None
-    fplan = _saved_plan([pyplan] if pyplan is not None else [], q, k, v, cu_q, cu_k)
-    mask = Mask(left=left, right=right, softcap=softcap)
-    return backward(
-        do, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, batch, scale, mask, None, varlen,
-        fplan=fplan, native_plan=plan if same else None,
-    )  # fmt: skip
+def on_python_backward(fn) -> None:
+    """Register the Python backward a native node falls back to where it has no plan for dO's
+    layout (kernels/api/flash_attn.py registers ``native_fallback`` when it loads): this module
+    never imports the API, which imports it."""
+    global _python_backward
+    _python_backward = fn
 
 
-def launch_params(kernel, values: tuple, sources: tuple):
-    """A recorded launch's parameters for the native replay: (params, fills, scratch_bytes,
-    scratch_param, block, shared), or None where it cannot rebuild them. ``values``: the bound
-    arguments in parameter order, ``sources``: the call-tensor indices of the leading tensors.
-    Each non-constexpr parameter is 8 bytes holding its value's own bytes (Triton 3.6's
-    launchers: ``params`` of make_launcher), then the global and profile scratch pointers."""
-    try:
-        sig = list(kernel.src.signature.values())
-        md = kernel.metadata
-        if (
-            len(sig) != len(values)
-            or getattr(md, "num_ctas", 1) != 1
-            or getattr(md, "launch_cooperative_grid", False)
-            or getattr(md, "launch_pdl", False)
-            or getattr(md, "profile_scratch_size", 0)
-            or getattr(md, "global_scratch_align", 1) > 256
-        ):
-            return None
-        params, fills = [], []
-        for i, (ty, value) in enumerate(zip(sig, values, strict=True)):
-            if ty == "constexpr":
-                continue
-            if not isinstance(ty, str):
-                return None
-            if ty.startswith("*"):
-                if i >= len(sources):
-                    return None
-                fills.append((len(params), sources[i]))
-                params.append(0)
-                continue
-            pack = _PACK.get(ty)
-            if pack is None:
-                return None
-            params.append(pack(value))
-        scratch_param = len(params)
-        params += [0, 0]  # global scratch (allocated per launch where needed), profile scratch
-        warp = getattr(md, "warp_size", None) or md.target.warp_size
-        scratch = int(getattr(md, "global_scratch_size", 0) or 0)
-        return params, fills, scratch, scratch_param, md.num_warps * warp, md.shared
-    except (AttributeError, TypeError, ValueError, struct.error):
-        return None
+def python_plan(plan_id: int):
+    """The Python forward plan handed over with native plan ``plan_id``, or None."""
+    return _PLANS.get(plan_id)
 
 
-def _int(bits_: int):
-    mask = (1 << bits_) - 1
-    return lambda x: int(x) & mask
+def _fallback(*args):
+    """What the extension calls without a plan (set at activation): the registered backward."""
+    if _python_backward is None:
+        raise RuntimeError("no Python backward registered (import kernels.api.flash_attn)")
+    return _python_backward(*args)
 
 
-def _float(fmt: str, width: str):
-    return lambda x: struct.unpack(width, struct.pack(fmt, float(x)))[0]
+def main(argv: list[str] | None = None) -> int:
+    """``python -m kernels.native build|status``."""
+    import argparse
 
-
-def _bf16(x) -> int:
-    return struct.unpack("<I", struct.pack("<f", float(x)))[0] >> 16
-
-
-_PACK = {
-    "i1": _int(8), "u1": _int(8), "i8": _int(8), "u8": _int(8),
-    "i16": _int(16), "u16": _int(16), "i32": _int(32), "u32": _int(32),
-    "i64": _int(64), "u64": _int(64),
-    "fp16": _float("<e", "<H"), "bf16": _bf16,
-    "fp32": _float("<f", "<I"), "f32": _float("<f", "<I"), "fp64": _float("<d", "<Q"),
-}  # fmt: skip
+    ap = argparse.ArgumentParser(
+        prog="python -m kernels.native",
+        description="Build or check attnforge's native launch path (kernels/launch/replay.cpp).",
+    )
+    ap.add_argument("action", choices=["build", "status"],
+                    help="build: compile it into the cache now (an image's build step); status: "
+                         "whether calls use it, and why not")  # fmt: skip
+    args = ap.parse_args(argv)
+    if args.action == "build":
+        try:
+            print(build(again=True))
+        except (RuntimeError, OSError) as err:
+            print(f"kernels.native: {err}", file=sys.stderr)
+            return 1
+        return 0
+    state = status()
+    print(state)
+    return 0 if state == "active" else 1

@@ -1,7 +1,7 @@
 """Hopper kernels in Gluon: FlashAttention-3's warp-specialised schedule for the common cases,
 the forward and the dK/dV kernel of the backward.
 
-Triton 3.6 waits on every wgmma as soon as it is issued, so ``kernels.flash``'s kernels run the
+Triton 3.6 waits on every wgmma as soon as it is issued, so ``kernels.device.flash``'s kernels run the
 elementwise work and the tensor cores one after the other and stay near 0.8x cuDNN on Hopper
 (docs/benchmarks.md). Gluon (``triton.experimental.gluon``) exposes asynchronous wgmma, mbarriers
 and warp specialisation. Both kernels use them the way FlashAttention-3 does (Shah et al. 2024,
@@ -11,22 +11,22 @@ consumer), and two consumer warpgroups, separate partitions, share them without 
 other, so one's elementwise work overlaps the other's products. ``setmaxnreg`` gives the
 consumers 240 registers and the producer 24.
 
-* Forward (``_attn_fwd_sm90``): 128 query rows, 64 per consumer, K and V streamed. In each
+* Forward (``attn_fwd_sm90``): 128 query rows, 64 per consumer, K and V streamed. In each
   consumer Q.K_j^T and P_{j-1}.V_{j-1} are issued together, and the softmax of block j runs while
   P.V is still on the tensor cores (``warpgroup_mma_wait(1)``). In a causal tile both consumers
   walk the key blocks that the tile's last row sees; the first 64 rows walk at most one block more
   than they need, which their causal mask zeroes.
-* dK/dV (``_attn_bwd_dkdv_sm90``): 128 keys, 64 per consumer, with K and V resident; Q, dO and
+* dK/dV (``attn_bwd_dkdv_sm90``): 128 keys, 64 per consumer, with K and V resident; Q, dO and
   their LSE and delta rows streamed in 64-row blocks over the GQA group's query heads. Each
   consumer computes S^T and dP^T (its keys as rows), so P^T and dS^T come out of the wgmma in
   registers as the A operands of dV += P^T dO and dK += dS^T Q; the row statistics start those
   accumulators, and dV's product runs while dS^T is computed. dQ stays with
-  ``kernels.flash._attn_bwd_dq``, which runs first and also writes the delta rows read here.
+  ``kernels.device.flash.attn_bwd_dq``, which runs first and also writes the delta rows read here.
 
 Scope: bf16/fp16, head dim 128, fixed-length batches, no mask or bottom-right causal, no ALiBi,
-softcap, dropout or FP8, tensors TMA can address (``kernels.interface.tma_ok``).
-``kernels.interface.gluon_forward_ok`` and ``gluon_backward_ok`` decide, and everything else runs
-the Triton kernels. Conventions are ``kernels.flash``'s: base-2 scores, causal aligned
+softcap, dropout or FP8, tensors TMA can address (``kernels.api.flash_attn.tma_ok``).
+``kernels.api.flash_attn.gluon_forward_ok`` and ``gluon_backward_ok`` decide, and everything else runs
+the Triton kernels. Conventions are ``kernels.device.flash``'s: base-2 scores, causal aligned
 bottom-right, LSE = +inf and O = 0 for rows with no visible key (their P is 0 in the backward).
 
 Gluon has no CPU interpreter. These kernels are compiled for sm90 on the CPU by the tests
@@ -56,7 +56,7 @@ from .configs import GLUON_BWD_TILES, GLUON_FWD_HEAD_DIM
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
 
-_LN2 = gl.constexpr(0.6931471805599453)
+LN2_C = gl.constexpr(0.6931471805599453)
 _LOG2E_C = gl.constexpr(1.4426950408889634)
 
 # Measured on an H100 (docs/benchmarks.md, "Warp-specialised Gluon forward"): 128-row tiles
@@ -69,7 +69,7 @@ STAGES = 3
 CONSUMER_REGS = 240
 # The dK/dV kernel's tiles by head dim, and why they were chosen: configs.GLUON_BWD_TILES.
 
-# The kernels' long argument lists are kept a few to a line by hand, as in kernels/flash.py.
+# The kernels' long argument lists are kept a few to a line by hand, as in kernels/device/flash.py.
 # fmt: off
 
 
@@ -166,7 +166,7 @@ def _ws_consumer(q_smem, k_smem, v_smem, ready, empty, o_desc, lse_ptr, n_blocks
     empty_row = l_i == 0.0
     l_safe = gl.where(empty_row, 1.0, l_i)
     out = acc / gl.convert_layout(l_safe, row_o)[:, None]
-    lse = gl.where(empty_row, float("inf"), (m_i + gl.log2(l_safe)) * _LN2)
+    lse = gl.where(empty_row, float("inf"), (m_i + gl.log2(l_safe)) * LN2_C)
     gl.store(lse_ptr + offs_m, lse, mask=offs_m < seqlen_q)
     q_smem.store(out.to(dtype))
     fence_async_shared()
@@ -175,7 +175,7 @@ def _ws_consumer(q_smem, k_smem, v_smem, ready, empty, o_desc, lse_ptr, n_blocks
 
 
 @gluon.jit(do_not_specialize=["seqlen_q", "seqlen_k"])
-def _attn_fwd_sm90(
+def attn_fwd_sm90(
     Q, K, V, Out, LSE,
     sq_b, sq_s, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, so_b, so_s, so_h, sl_b, sl_h,
     seqlen_q, seqlen_k, num_heads_q, group, qk_scale,
@@ -331,7 +331,7 @@ def _bwd_consumer(k_smem, v_smem, q_smem, do_smem, stats, ready, empty, dk_desc,
 
 
 @gluon.jit(do_not_specialize=["seqlen_q", "seqlen_k"])
-def _attn_bwd_dkdv_sm90(
+def attn_bwd_dkdv_sm90(
     Q, K, V, DO, DK, DV, LSE, Delta,
     sq_b, sq_s, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, sdo_b, sdo_s, sdo_h,
     sdk_b, sdk_s, sdk_h, sdv_b, sdv_s, sdv_h, sl_b, sl_h,
@@ -413,7 +413,7 @@ def launch(q, k, v, out, lse, scale_log2: float, causal: bool) -> None:
     sk, hk = k.shape[1], k.shape[2]
     q_layout, kv_layout = smem_layouts(gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16)
     grid = (triton.cdiv(sq, BLOCK_M), b * hq)
-    _attn_fwd_sm90[grid](
+    attn_fwd_sm90[grid](
         q, k, v, out, lse,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
@@ -439,14 +439,14 @@ def launch_bwd_dkdv(q, k, v, do, dk, dv, lse, delta, scale: float, causal: bool,
     (b, sk, hk, d), d in ``GLUON_BWD_TILES``, and the forward's ``lse`` with
     ``delta`` = rowsum(O * dO) (b, hq, sq) fp32. Same preconditions as ``launch``. ``wrap``:
     applied to the kernel before its ``[grid](...)`` launch (the caller records the launch for
-    ``kernels.launch``'s plans)."""
+    ``kernels.launch.plans``'s plans)."""
     b, sq, hq, d = q.shape
     sk, hk = k.shape[1], k.shape[2]
     block_m, block_n, stages = GLUON_BWD_TILES[d]
     dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
     q_layout, kv_layout = bwd_layouts(dtype, d)
     grid = (triton.cdiv(sk, block_n), b * hk)
-    kernel = _attn_bwd_dkdv_sm90 if wrap is None else wrap(_attn_bwd_dkdv_sm90)
+    kernel = attn_bwd_dkdv_sm90 if wrap is None else wrap(attn_bwd_dkdv_sm90)
     kernel[grid](
         q, k, v, do, dk, dv, lse, delta,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
