@@ -142,22 +142,78 @@ def _family_word(name, arch):
 
 
 def check_wheel_set(spec, installed):
-    entries = []  # (canonical name, pinned version or None, why it is in the set)
+    entries, error = _set_entries(spec)
+    if error:
+        return False, error
+    anchor, arch = entries[0][0], spec.get("aotriton_arch") or ""
+    problems = []
+    error = _add_extras(spec.get("extras") or "", installed, entries, problems)
+    if error:
+        return False, error
+    have = installed.get(anchor)
+    if have is None:
+        return False, f"{anchor} is not installed"
+    label = _label(have)
+    if not label.startswith("rocm"):
+        return False, f"{anchor} is {have}, which is no ROCm build (no +rocm local label)"
+    build = _Build(f"{anchor} {have}", label, label[len("rocm") :])
+    members = _set_members(entries, installed, build, arch, problems)
+    if arch:
+        _aotriton_owners(arch, members, installed, build, problems)
+    # rocm pins its rocm-sdk-* parts exactly, so the SDK side is one release among itself even
+    # where it may be a later patch than torch's label.
+    fits = {n: v for n, v in members.items() if _sdk_side(n) and _sdk_fits(v, build.release)}
+    sdk = sorted({_sdk_release(v) for v in fits.values()})
+    if len(sdk) > 1:
+        parts = ", ".join(f"{n} {v}" for n, v in sorted(fits.items()))
+        problems.append(f"the ROCm SDK wheels are not one release ({parts})")
+    if problems:
+        return False, "; ".join(problems)
+    return True, (
+        f"{len(members)} wheels of ROCm build +{label} ({', '.join(sorted(members))})"
+        f"{_sdk_note(sdk, build.release)}"
+    )
+
+
+class _Build:
+    """The ROCm build a wheel set is held to: torch's, by its local label."""
+
+    def __init__(self, ref, label, release):
+        self.ref, self.label, self.release = ref, label, release
+
+    def problem(self, name, version):
+        """Why `name` `version` is not of this build, or None."""
+        if _sdk_side(name) and not _sdk_fits(version, self.release):
+            rule = _sdk_rule(self.release)
+            return f"{name} is {version}, from another ROCm build than {self.ref} ({rule})"
+        if not _sdk_side(name) and _label(version) != self.label:
+            return (
+                f"{name} is {version}, from another ROCm build than {self.ref} "
+                f"(expected +{self.label})"
+            )
+        return None
+
+
+def _set_entries(spec):
+    """(canonical name or glob, pinned version or None, why it is in the set) per word."""
+    entries = []
     for word in spec["wheel_set"].split():
         name, _, pin = word.partition("==")
         entries.append((_canon(name) if "*" not in name else name.lower(), pin or None, None))
     if not entries or "*" in entries[0][0]:
-        return False, "wheel_set must start with the wheel that defines the build (torch)"
-    anchor = entries[0][0]
-    arch = spec.get("aotriton_arch") or ""
-    problems = []
-    for word in (spec.get("extras") or "").split():
+        return [], "wheel_set must start with the wheel that defines the build (torch)"
+    return entries, None
+
+
+def _add_extras(words, installed, entries, problems):
+    """Every wheel an installed DIST's [EXTRA] requires joins the set; an error or None."""
+    for word in words.split():
         m = re.match(r"([A-Za-z0-9._-]+)\[([A-Za-z0-9._-]+)\]$", word)
         if not m:
-            return False, f"extras entry {word!r} is not dist[extra]"
+            return f"extras entry {word!r} is not dist[extra]"
         dist, extra = _canon(m.group(1)), m.group(2)
         if dist not in installed:
-            continue  # reported below as a missing wheel of the set
+            continue  # reported as a missing wheel of the set
         reqs = _extra_requires(dist, extra)
         if reqs is None:
             problems.append(
@@ -166,17 +222,12 @@ def check_wheel_set(spec, installed):
             )
             continue
         entries += [(n, v, f"{dist}[{extra}]") for n, v in reqs]
+    return None
 
-    have = installed.get(anchor)
-    if have is None:
-        return False, f"{anchor} is not installed"
-    label = _label(have)
-    if not label.startswith("rocm"):
-        return False, f"{anchor} is {have}, which is no ROCm build (no +rocm local label)"
-    ref = f"{anchor} {have}"
-    release = label[len("rocm") :]
-    members = {}
-    seen = set()
+
+def _set_members(entries, installed, build, arch, problems):
+    """name -> installed version of each wheel of the set; what is wrong goes to problems."""
+    members, seen = {}, set()
     for name, pin, why in entries:
         names = (
             [n for n in sorted(installed) if fnmatch.fnmatchcase(n, name)]
@@ -197,52 +248,43 @@ def check_wheel_set(spec, installed):
             members[n] = version
             # The build first: a wheel of another build is named as such even where it is
             # pinned, since that is what breaks at run time.
-            if _sdk_side(n) and not _sdk_fits(version, release):
-                rule = _sdk_rule(release)
-                problems.append(f"{n} is {version}, from another ROCm build than {ref} ({rule})")
-            elif not _sdk_side(n) and _label(version) != label:
-                problems.append(
-                    f"{n} is {version}, from another ROCm build than {ref} (expected +{label})"
-                )
+            wrong = build.problem(n, version)
+            if wrong:
+                problems.append(wrong)
             elif pin and version != pin:
                 problems.append(
                     f"{n} is {version}, expected {pin} ({why + ' pins it' if why else 'pinned'})"
                 )
-    if arch:
-        owners = _aotriton_image_owners(arch)
-        if not owners:
-            want = " or ".join(_image_dirs(arch))
-            problems.append(
-                f"no installed wheel carries AOTriton kernel images for {arch} "
-                f"({_IMAGES_IN_TORCH}/{want}): the family device wheel that ships them is missing "
-                f"(fused SDPA then fails, pytorch#194498)"
-            )
-        for owner in owners:
-            if owner not in members:
-                version = installed.get(owner, "?")
-                members[owner] = version
-                if _label(version) != label:
-                    problems.append(
-                        f"{owner} is {version}, from another ROCm build than {ref} "
-                        f"(expected +{label}); it carries the AOTriton images for {arch}"
-                    )
-    # rocm pins its rocm-sdk-* parts exactly, so the SDK side is one release among itself even
-    # where it may be a later patch than torch's label.
-    fits = {n: v for n, v in members.items() if _sdk_side(n) and _sdk_fits(v, release)}
-    sdk = sorted({_sdk_release(v) for v in fits.values()})
-    if len(sdk) > 1:
-        parts = ", ".join(f"{n} {v}" for n, v in sorted(fits.items()))
-        problems.append(f"the ROCm SDK wheels are not one release ({parts})")
-    if problems:
-        return False, "; ".join(problems)
-    note = ""
+    return members
+
+
+def _aotriton_owners(arch, members, installed, build, problems):
+    """An installed wheel of the build must carry AOTriton's images for the arch."""
+    owners = _aotriton_image_owners(arch)
+    if not owners:
+        want = " or ".join(_image_dirs(arch))
+        problems.append(
+            f"no installed wheel carries AOTriton kernel images for {arch} "
+            f"({_IMAGES_IN_TORCH}/{want}): the family device wheel that ships them is missing "
+            f"(fused SDPA then fails, pytorch#194498)"
+        )
+    for owner in owners:
+        if owner not in members:
+            version = installed.get(owner, "?")
+            members[owner] = version
+            if _label(version) != build.label:
+                problems.append(
+                    f"{owner} is {version}, from another ROCm build than {build.ref} "
+                    f"(expected +{build.label}); it carries the AOTriton images for {arch}"
+                )
+
+
+def _sdk_note(sdk, release):
     if sdk and _MINOR.match(release):
-        note = f"; ROCm SDK {sdk[0]}, which torch's rocm=={release}.* takes"
-    elif sdk and sdk[0] != release:
-        note = f"; ROCm SDK {sdk[0]}, a later patch that torch's rocm ~={release} allows (TheRock#7347)"
-    return True, (
-        f"{len(members)} wheels of ROCm build +{label} ({', '.join(sorted(members))}){note}"
-    )
+        return f"; ROCm SDK {sdk[0]}, which torch's rocm=={release}.* takes"
+    if sdk and sdk[0] != release:
+        return f"; ROCm SDK {sdk[0]}, a later patch that torch's rocm ~={release} allows (TheRock#7347)"
+    return ""
 
 
 _IMAGES_IN_TORCH = "torch/lib/aotriton.images"
