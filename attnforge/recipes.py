@@ -187,6 +187,13 @@ class SmokeCheck(Strict):
         description="with linkage: modules imported before the extension loads, space-separated "
         "(torch: its libc10/libtorch are then loaded, as when a user imports torch first)",
     )
+    hip_runtime: str | None = Field(
+        None,
+        description="a HIP runtime's library name as rocm_sdk.find_libraries takes it "
+        "(amdhip64): after `import torch` the one file of it mapped into the process must be "
+        "the one rocm_sdk names, no second one may lie where torch or Triton could load it, and "
+        "with a GPU one Triton kernel must run (Triton 3.9 refuses to mix ROCm installations)",
+    )
 
     @model_validator(mode="after")
     def _one_kind(self) -> SmokeCheck:
@@ -222,7 +229,9 @@ class SmokeCheck(Strict):
         return self
 
 
-_SMOKE_KINDS = ("dist", "absent", "torch_build", "python", "wheel_set", "device_code", "linkage")
+_SMOKE_KINDS = (
+    "dist", "absent", "torch_build", "python", "wheel_set", "device_code", "linkage", "hip_runtime",
+)  # fmt: skip
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 # Templates ({arch}, {TORCH_VERSION}) are filled later, so braces are allowed in these words.
 _WHEEL_WORD = re.compile(r"[A-Za-z0-9{][A-Za-z0-9._*{}-]*(==[A-Za-z0-9._+!{}-]+)?")

@@ -8,7 +8,8 @@ dist, absent, torch_build, python, wheel_set (the coupled ROCm wheels are one bu
 device_code (the arch's GPU code objects are present, read without a GPU or ROCm tools; their
 target-id variants are reported, and ones the arch table marks harmful fail) and linkage (a
 native extension's libraries resolve and its undefined symbols are defined, read with the
-image's binutils).
+image's binutils) and hip_runtime (one HIP runtime in the process: the libamdhip64 torch maps is
+the one rocm_sdk names, and no second one lies where torch or Triton could load it).
 """
 
 import fnmatch
@@ -1047,6 +1048,178 @@ def check_linkage(spec):
 # ---------------------------------------------------------------------------- dispatch
 
 
+# ---------------------------------------------------------------------------- hip_runtime
+#
+# One HIP runtime per process. Triton 3.9's AMD driver (triton/backends/amd/driver.py in the
+# triton 3.9.0 wheel, PyPI 2026-10-27) prefers TheRock's rocm_sdk.find_libraries("amdhip64") and
+# raises RuntimeError ("refusing to mix ROCm installations") when another libamdhip64 is already
+# loaded: torch loaded one through its RPATH, Triton wants the SDK's. Two SDKs in one image
+# (/opt/rocm beside the wheels) is the usual cause. Read without a GPU: the files where torch or
+# Triton could load one, and what `import torch` maps; with a GPU, one Triton kernel is launched.
+
+_HIP_NAME = re.compile(r"^lib(?P<stem>[A-Za-z0-9_]+)\.so(\.\d+)*$")
+
+
+def _is_runtime(name, stem):
+    m = _HIP_NAME.match(os.path.basename(name))
+    return bool(m) and m.group("stem") == stem
+
+
+def mapped_libraries(maps_text, stem):
+    """The paths of lib<stem>.so* mapped into a process, from its /proc/<pid>/maps text."""
+    out = []
+    for line in maps_text.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) < 6:
+            continue
+        path = parts[5].strip()
+        if path.endswith(" (deleted)"):
+            path = path[: -len(" (deleted)")]
+        if path.startswith("/") and _is_runtime(path, stem) and path not in out:
+            out.append(path)
+    return out
+
+
+def _runtime_dirs(site_dirs, env):
+    """Folders torch or Triton could load the HIP runtime from: the wheels' lib folders (torch/
+    lib, TheRock's _rocm_sdk_*/lib), ROCM_PATH/HIP_PATH, /opt/rocm*, LD_LIBRARY_PATH, the
+    system's library folders and TRITON_LIBHIP_PATH's folder (Triton's override)."""
+    dirs = []
+    for site in site_dirs:
+        dirs += glob.glob(os.path.join(site, "*", "lib")) + glob.glob(
+            os.path.join(site, "*", "*", "lib")
+        )
+    for key in ("ROCM_PATH", "HIP_PATH", "ROCM_HOME"):
+        if env.get(key):
+            dirs += [os.path.join(env[key], "lib"), os.path.join(env[key], "lib64")]
+    dirs += glob.glob("/opt/rocm*/lib") + glob.glob("/opt/rocm*/*/lib")
+    dirs += [d for d in env.get("LD_LIBRARY_PATH", "").split(":") if d]
+    dirs += ["/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib"]
+    if env.get("TRITON_LIBHIP_PATH"):
+        dirs.append(os.path.dirname(env["TRITON_LIBHIP_PATH"]))
+    return list(dict.fromkeys(dirs))
+
+
+def runtimes_on_disk(dirs, stem):
+    """{real path: [paths that lead to it]} of every lib<stem>.so* file in `dirs` (symlinks to
+    one file count once)."""
+    found = {}
+    for folder in dirs:
+        try:
+            names = sorted(os.listdir(folder))
+        except OSError:
+            continue
+        for name in names:
+            path = os.path.join(folder, name)
+            real = os.path.realpath(path)
+            if _is_runtime(name, stem) and os.path.isfile(real):
+                found.setdefault(real, [])
+                if path not in found[real]:
+                    found[real].append(path)
+    return found
+
+
+def merge_identical(on_disk, digest):
+    """on_disk with real paths of identical content (digest(path)) merged into the first: a
+    byte-for-byte copy is the same runtime, only another path to it."""
+    merged, seen = {}, {}
+    for real in sorted(on_disk):
+        key = digest(real)
+        if key in seen:
+            merged[seen[key]] += [p for p in on_disk[real] if p not in merged[seen[key]]]
+        else:
+            seen[key] = real
+            merged[real] = list(on_disk[real])
+    return merged
+
+
+def _file_digest(path):
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def judge_hip_runtime(stem, on_disk, mapped, sdk, launch):
+    """(ok, detail) of the one-runtime rule. on_disk: real path -> paths; mapped: real paths
+    mapped after `import torch`; sdk: the real path rocm_sdk names (None without rocm_sdk);
+    files of identical content count as one (merge_identical);
+    launch: None (no GPU), "ok", or why launching a Triton kernel failed."""
+    lib = f"lib{stem}"
+    problems = []
+    if len(on_disk) > 1:
+        names = " and ".join(paths[0] + (f" (-> {real})" if paths[0] != real else "")
+                             for real, paths in sorted(on_disk.items()))  # fmt: skip
+        problems.append(
+            f"two different {lib} where torch and Triton could each load one: {names} "
+            "(Triton 3.9 refuses to mix ROCm installations; remove one, or make one a link to the other)"
+        )
+    if not mapped:
+        problems.append(f"import torch mapped no {lib}: not a ROCm torch, or it failed to load")
+    elif len(mapped) > 1:
+        problems.append(f"{len(mapped)} {lib} mapped into one process: {' and '.join(mapped)}")
+    elif sdk is not None and mapped[0] != sdk:
+        problems.append(
+            f"torch loaded {mapped[0]} but rocm_sdk.find_libraries({stem!r}) names {sdk}: "
+            "Triton 3.9 then refuses to mix ROCm installations"
+        )
+    if launch not in (None, "ok"):
+        problems.append(f"a Triton kernel after import torch failed: {launch}")
+    if problems:
+        return False, "; ".join(problems)
+    where = mapped[0] + (" (the file rocm_sdk names)" if sdk else " (no rocm_sdk installed)")
+    ran = "one Triton kernel ran" if launch == "ok" else "no GPU here, no Triton kernel launched"
+    return True, f"one {lib}: {where}; {ran}"
+
+
+_HIP_PROBE = """
+import json, os, sys
+stem = sys.argv[1]
+import torch
+out = {"sdk": None, "launch": None, "maps": open("/proc/self/maps").read()}
+try:
+    import rocm_sdk
+except ImportError:
+    rocm_sdk = None
+if rocm_sdk is not None:
+    libs = rocm_sdk.find_libraries(stem)
+    out["sdk"] = os.path.realpath(str(libs[0])) if libs else None
+if torch.cuda.is_available():
+    try:
+        import triton, triton.language as tl
+
+        @triton.jit
+        def _plus_one(x, n, BLOCK: tl.constexpr):
+            i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            tl.store(x + i, tl.load(x + i, mask=i < n) + 1, mask=i < n)
+
+        x = torch.zeros(100, device="cuda")
+        _plus_one[(1,)](x, 100, BLOCK=128)
+        torch.cuda.synchronize()
+        out["launch"] = "ok" if bool((x == 1).all()) else "the kernel computed a wrong result"
+        out["maps"] = open("/proc/self/maps").read()
+    except Exception as exc:
+        out["launch"] = f"{type(exc).__name__}: {exc}"
+print(json.dumps(out))
+"""
+
+
+def check_hip_runtime(spec):
+    stem = spec["hip_runtime"]
+    proc = subprocess.run([sys.executable, "-c", _HIP_PROBE, stem], capture_output=True, text=True)
+    if proc.returncode != 0:
+        lines = (proc.stderr or proc.stdout).strip().splitlines()
+        return False, "import torch failed: " + (lines[-1] if lines else f"exit {proc.returncode}")
+    probe = json.loads(proc.stdout.strip().splitlines()[-1])
+    mapped = sorted({os.path.realpath(p) for p in mapped_libraries(probe["maps"], stem)})
+    site = [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
+    on_disk = merge_identical(runtimes_on_disk(_runtime_dirs(site, os.environ), stem), _file_digest)
+    return judge_hip_runtime(stem, on_disk, mapped, probe["sdk"], probe["launch"])
+
+
 def check(spec, installed):
     if "dist" in spec:
         have = installed.get(_canon(spec["dist"]))
@@ -1067,6 +1240,8 @@ def check(spec, installed):
         return check_device_code(spec)
     if "linkage" in spec:
         return check_linkage(spec)
+    if "hip_runtime" in spec:
+        return check_hip_runtime(spec)
     if "torch_build" in spec:
         code = (
             "import torch, json; print(json.dumps({'hip': torch.version.hip, 'cuda': torch.version.cuda,"
