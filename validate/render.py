@@ -225,8 +225,8 @@ def apps_markdown(report: dict[str, Any]) -> list[str]:
         return []
     out = ["### Apps: their own attention code", ""]
     if rows:
-        out += ["| app | model | implementation | ran | correct | kernel, or why it refused |",
-                "|---|---|---|---|---|---|"]  # fmt: skip
+        out += ["| app | model | implementation | ran | correct | kernel, or why it refused | "
+                "kernel from |", "|---|---|---|---|---|---|---|"]  # fmt: skip
         for r in rows:
             ran = "✅" if r.get("ran") else ("❌" if r.get("must_run") else "—")
             correct = {True: "✅", False: "❌"}.get(r.get("correct"), "")
@@ -235,7 +235,7 @@ def apps_markdown(report: dict[str, Any]) -> list[str]:
             why = r.get("kernel") if r.get("ran") else r.get("reason")
             out.append(f"| {_md(r.get('app'))} {_md(r.get('app_version') or '')} | "
                        f"{_md(r.get('model'))} | {_md(r.get('impl') or '')} | {ran} | {correct} | "
-                       f"{_md(why, 400)} |")  # fmt: skip
+                       f"{_md(why, 400)} | {_md(r.get('source') or '', 200)} |")  # fmt: skip
         out.append("")
     if probes:
         out += ["| contract | app's call | status | what the image has | source |",
@@ -691,9 +691,10 @@ def apps_html(report: dict[str, Any]) -> list[str]:
             body.append([_h(f"{r.get('app')} {r.get('app_version') or ''}"), _h(r.get("model")),
                          _h(r.get("impl") or ""),
                          f"<span class='{state}'>{'ran' if r.get('ran') else 'refused'}</span>",
-                         _h(correct), _num(r.get("max_abs_err")), _h(why)])  # fmt: skip
+                         _h(correct), _num(r.get("max_abs_err")), _h(why),
+                         _h(r.get("source") or "")])  # fmt: skip
         out.append(_table(["app", "model", "implementation", "ran", "correct", "max|err|",
-                           "kernel, or why it refused"], body, raw=True))  # fmt: skip
+                           "kernel, or why it refused", "kernel from"], body, raw=True))  # fmt: skip
     if probes:
         body = [[f"<code>{_h(p.get('id'))}</code>", f"<code>{_h(p.get('call'))}</code>",
                  _status(p.get("status")), _h(p.get("message")), _h(p.get("source"))]
