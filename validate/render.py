@@ -92,6 +92,7 @@ def _host_lines(report: dict[str, Any]) -> list[str]:
         icon = "✅" if knob.get("ok") else "❌"
         out.append(f"- {icon} the image {state} `{knob['variable']}`; this arch {need} with "
                    f"AOTriton {knob.get('aotriton')}")  # fmt: skip
+    out += _observed_lines(report, knob.get("aotriton"))
     if fp:
         gpus = ", ".join(g["arch"] for g in fp.get("gpus") or []) or "none seen"
         hsa = fp.get("hsa_override_gfx_version") or {}
@@ -315,6 +316,26 @@ def _num(x: Any, digits: int = 3) -> str:
     if x is None:
         return "<td class='num'></td>"
     return f"<td class='num'>{_h(f'{x:.{digits}g}' if isinstance(x, float) else x)}</td>"
+
+
+def _observed_lines(report: dict[str, Any], said: str | None) -> list[str]:
+    """What the image read from its own files (the versions manifest's "observed", written by
+    attnforge/image/observe.py) against what the recipe inferred: AOTriton in torch."""
+    versions = (report.get("environment") or {}).get("image_versions") or {}
+    aot = ((versions.get("observed") or {}) if isinstance(versions, dict) else {}).get("aotriton")
+    seen = (aot or {}).get("tag")
+    if not seen:
+        return []
+    where = str((aot or {}).get("file") or "").rsplit("/", 1)[-1]
+    if said and _release(said) != _release(seen):
+        return [f"- ⚠️ the image contradicts the recipe: AOTriton in torch is {_md(seen)} "
+                f"({_md(where)}), the recipe inferred {_md(said)} (`invoke pins.update "
+                "--observed` proposes the correction)"]  # fmt: skip
+    return [f"- AOTriton in torch, read from the image: {_md(seen)} ({_md(where)})"]
+
+
+def _release(tag: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", tag)[:3])
 
 
 def _section(sid: str, body: list[str]) -> list[str]:

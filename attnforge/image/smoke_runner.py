@@ -1220,6 +1220,60 @@ def check_hip_runtime(spec):
     return judge_hip_runtime(stem, on_disk, mapped, probe["sdk"], probe["launch"])
 
 
+# ---------------------------------------------------------------------------- observe
+#
+# What the recipe inferred (AOTriton's version inside torch, the arch among libtorch_hip's
+# targets) against what the image's torch layer read from its own files and recorded in the
+# versions manifest (attnforge/image/observe.py, the layer's last step). A difference is said in
+# one sentence, not failed: the inference was the recipe's best reading, and the image is the
+# better one (`invoke pins.update --observed` proposes the corrected recipe).
+
+IMAGE_MANIFEST = "/opt/attnforge/versions.json"
+
+
+def _tag_key(tag):
+    return tuple(int(x) for x in re.findall(r"\d+", tag)[:3]) + (0,) * 3
+
+
+def compare_observed(observed, inferred):
+    """One sentence per fact the image contradicts: inferred maps aotriton (a tag) and arch."""
+    out = []
+    aot = inferred.get("aotriton")
+    seen = (observed.get("aotriton") or {}).get("tag")
+    where = os.path.basename((observed.get("aotriton") or {}).get("file") or "")
+    if aot and not seen:
+        out.append(f"the recipe infers AOTriton {aot} in torch, but torch/lib holds no "
+                   "libaotriton_v2.so.*")  # fmt: skip
+    elif aot and _tag_key(seen)[:3] != _tag_key(aot)[:3]:
+        out.append(
+            f"the image contradicts the recipe: AOTriton in torch is {seen} ({where}), the recipe "
+            f"inferred {aot}; `invoke pins.update --observed` proposes the correction"
+        )
+    arch, targets = inferred.get("arch"), observed.get("torch_gfx_targets") or []
+    if arch and targets and arch not in targets:
+        out.append(f"libtorch_hip.so's offload bundles name {', '.join(targets)}, not {arch}")
+    return out
+
+
+def check_observe(spec, manifest=IMAGE_MANIFEST):
+    try:
+        with open(manifest, encoding="utf-8") as f:
+            observed = json.load(f).get("observed")
+    except (OSError, ValueError) as exc:
+        return False, f"cannot read {manifest}: {exc}"
+    if not observed:
+        return False, f"{manifest} records no observed facts (attnforge/image/observe.py)"
+    inferred = dict(w.partition("=")[::2] for w in spec["observe"].split() if "=" in w)
+    aot = observed.get("aotriton") or {}
+    read = (
+        f"read: AOTriton {aot.get('tag') or 'none'}, libtorch_hip targets "
+        f"{', '.join(observed.get('torch_gfx_targets') or []) or 'unread (compressed)'}, "
+        f"{observed.get('triton') or 'no triton'}, HIP {observed.get('hip') or '?'}"
+    )
+    differs = compare_observed(observed, {k: v for k, v in inferred.items() if v})
+    return True, "; ".join([*differs, read])
+
+
 def check(spec, installed):
     if "dist" in spec:
         have = installed.get(_canon(spec["dist"]))
@@ -1242,6 +1296,8 @@ def check(spec, installed):
         return check_linkage(spec)
     if "hip_runtime" in spec:
         return check_hip_runtime(spec)
+    if "observe" in spec:
+        return check_observe(spec)
     if "torch_build" in spec:
         code = (
             "import torch, json; print(json.dumps({'hip': torch.version.hip, 'cuda': torch.version.cuda,"

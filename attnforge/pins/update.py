@@ -833,40 +833,38 @@ def edit_layer(
 
 
 def edit_blocks(
-    path: Path, rel: str, edits: dict[tuple[str, ...], dict[tuple[str, str], str]]
+    path: Path, rel: str, edits: dict[tuple[str, ...], dict[tuple[str, ...], str]]
 ) -> tuple[str, str]:
     """(old text, new text) of a layer file with the values of several blocks replaced (block
-    path -> (section, key) -> value); only those lines change, and the result is read back to
-    prove it says what was meant."""
+    path -> key path within it, ("pins", "TORCH_VERSION") or ("aotriton",) -> value); only
+    those lines change, and the result is read back to prove it says what was meant."""
     src = yamlsrc.load(path, rel)
     text = path.read_text(encoding="utf-8")
     lines = text.splitlines(keepends=True)
     for where, changes in edits.items():
-        for (section, key), value in changes.items():
-            number = src.lines.get((*where, section, key))
-            new = _replace_value(lines[number - 1], key, value) if number else None
+        for keys, value in changes.items():
+            number = src.lines.get((*where, *keys))
+            new = _replace_value(lines[number - 1], keys[-1], value) if number else None
             if new is None:
                 raise UserError(
-                    f"{rel}:{number or '?'}: cannot edit {_shown(where, section, key)} as one "
+                    f"{rel}:{number or '?'}: cannot edit {_shown(where, *keys)} as one "
                     f"line; set it to {value!r} by hand"
                 )
             lines[number - 1] = new
     edited = "".join(lines)
     data = yaml.safe_load(edited)
     for where, changes in edits.items():
-        block = data
-        for part in where:
-            block = block[part]
-        for (section, key), value in changes.items():
-            if block[section][key] != value:
-                raise UserError(
-                    f"{rel}: editing {_shown(where, section, key)} went wrong; set it by hand"
-                )
+        for keys, value in changes.items():
+            block = data
+            for part in (*where, *keys):
+                block = block[part]
+            if block != value:
+                raise UserError(f"{rel}: editing {_shown(where, *keys)} went wrong; set it by hand")
     return text, edited
 
 
-def _shown(where: tuple[str, ...], section: str, key: str) -> str:
-    return ".".join(filter(None, (*where[1:], section, key)))
+def _shown(where: tuple[str, ...], *keys: str) -> str:
+    return ".".join(filter(None, (*where[1:], *keys)))
 
 
 def _stable_diff(recipes: Recipes, proposal: Proposal) -> None:
@@ -961,3 +959,53 @@ def _org_stack_of(recipes: Recipes, variant: str | None) -> str | None:
             if entry.layer == ORG and (variant is None or chosen == variant):
                 return name
     return None
+
+
+# ---------------------------------------------------------------------------- what an image read
+
+
+def observed_in(document: dict[str, Any], source: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the versions manifest, its "observed" facts) from an image's manifest
+    (/opt/attnforge/versions.json) or a validation report, whose env check records it."""
+    manifest = document
+    if "checks" in document:  # a report: the env check's details.image_versions
+        env = next((c for c in document.get("checks", []) if c.get("id") == "env"), {})
+        manifest = (env.get("details") or {}).get("image_versions") or {}
+    observed = manifest.get("observed") if isinstance(manifest, dict) else None
+    if not isinstance(observed, dict):
+        raise UserError(
+            f"--observed {source}: no observed facts in it (an image's /opt/attnforge/"
+            "versions.json, or a validation report of an image built with them)"
+        )
+    return manifest, observed
+
+
+def observed_diff(recipes: Recipes, document: dict[str, Any], source: str) -> tuple[str, list[str]]:
+    """The recipe corrected by what an image read from its own files: the `aotriton:` of the
+    torch layer (or its variant) the image was built from. (diff, notes); an empty diff when
+    the recipe already says what the image has."""
+    manifest, observed = observed_in(document, source)
+    seen = (observed.get("aotriton") or {}).get("tag")
+    for name, entry in manifest.items():
+        layer = recipes.layers.get(name)
+        if layer is None or "torch" not in layer.provides or not isinstance(entry, dict):
+            continue
+        variant = entry.get("variant")
+        said = layer.aotriton_for(variant)
+        notes = [f"{name}{':' + variant if variant else ''}: the recipe says AOTriton {said}, "
+                 f"the image has {seen or 'none'} ({(observed.get('aotriton') or {}).get('file')})"]  # fmt: skip
+        if not seen or not said or _aot_release(seen) == _aot_release(said):
+            return "", notes
+        own = variant and layer.variants.get(variant) and layer.variants[variant].aotriton
+        where = ("variants", variant) if own else ()
+        rel = recipes.layer_files[name]
+        old, new = edit_blocks(recipes.root / rel, rel, {where: {("aotriton",): seen}})
+        notes.append(
+            "the comments beside aotriton: say it was inferred: say it was read, and from where"
+        )
+        return _unified(old, new, rel), notes
+    raise UserError(f"--observed {source}: names no layer of these recipes that provides torch")
+
+
+def _aot_release(tag: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", tag)[:3])
