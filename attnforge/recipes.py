@@ -192,7 +192,7 @@ class SmokeCheck(Strict):
         None,
         description="KEY=VALUE words, what the recipe inferred (aotriton={aotriton} arch={arch}): "
         "compared with what the layer's last step read from the image's files into the versions "
-        "manifest (attnforge/image/observe.py); a difference is said in one sentence",
+        "manifest (attnforge/observe.py); a difference is said in one sentence",
     )
     hip_runtime: str | None = Field(
         None,

@@ -92,7 +92,7 @@ def _host_lines(report: dict[str, Any]) -> list[str]:
         icon = "✅" if knob.get("ok") else "❌"
         out.append(f"- {icon} the image {state} `{knob['variable']}`; this arch {need} with "
                    f"AOTriton {knob.get('aotriton')}")  # fmt: skip
-    out += _observed_lines(report, knob.get("aotriton"))
+    out += observed_lines(report, knob.get("aotriton"))
     if fp:
         gpus = ", ".join(g["arch"] for g in fp.get("gpus") or []) or "none seen"
         hsa = fp.get("hsa_override_gfx_version") or {}
@@ -318,9 +318,9 @@ def _num(x: Any, digits: int = 3) -> str:
     return f"<td class='num'>{_h(f'{x:.{digits}g}' if isinstance(x, float) else x)}</td>"
 
 
-def _observed_lines(report: dict[str, Any], said: str | None) -> list[str]:
+def observed_lines(report: dict[str, Any], said: str | None) -> list[str]:
     """What the image read from its own files (the versions manifest's "observed", written by
-    attnforge/image/observe.py) against what the recipe inferred: AOTriton in torch."""
+    attnforge/observe.py) against what the recipe inferred: AOTriton in torch."""
     versions = (report.get("environment") or {}).get("image_versions") or {}
     aot = ((versions.get("observed") or {}) if isinstance(versions, dict) else {}).get("aotriton")
     seen = (aot or {}).get("tag")

@@ -1080,7 +1080,7 @@ def mapped_libraries(maps_text, stem):
     return out
 
 
-def _runtime_dirs(site_dirs, env):
+def runtime_dirs(site_dirs, env):
     """Folders torch or Triton could load the HIP runtime from: the wheels' lib folders (torch/
     lib, TheRock's _rocm_sdk_*/lib), ROCM_PATH/HIP_PATH, /opt/rocm*, LD_LIBRARY_PATH, the
     system's library folders and TRITON_LIBHIP_PATH's folder (Triton's override)."""
@@ -1133,7 +1133,7 @@ def merge_identical(on_disk, digest):
     return merged
 
 
-def _file_digest(path):
+def file_digest(path):
     import hashlib
 
     h = hashlib.sha256()
@@ -1216,7 +1216,7 @@ def check_hip_runtime(spec):
     probe = json.loads(proc.stdout.strip().splitlines()[-1])
     mapped = sorted({os.path.realpath(p) for p in mapped_libraries(probe["maps"], stem)})
     site = [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
-    on_disk = merge_identical(runtimes_on_disk(_runtime_dirs(site, os.environ), stem), _file_digest)
+    on_disk = merge_identical(runtimes_on_disk(runtime_dirs(site, os.environ), stem), file_digest)
     return judge_hip_runtime(stem, on_disk, mapped, probe["sdk"], probe["launch"])
 
 
@@ -1224,7 +1224,7 @@ def check_hip_runtime(spec):
 #
 # What the recipe inferred (AOTriton's version inside torch, the arch among libtorch_hip's
 # targets) against what the image's torch layer read from its own files and recorded in the
-# versions manifest (attnforge/image/observe.py, the layer's last step). A difference is said in
+# versions manifest (attnforge/observe.py, the layer's last step). A difference is said in
 # one sentence, not failed: the inference was the recipe's best reading, and the image is the
 # better one (`invoke pins.update --observed` proposes the corrected recipe).
 
@@ -1262,7 +1262,7 @@ def check_observe(spec, manifest=IMAGE_MANIFEST):
     except (OSError, ValueError) as exc:
         return False, f"cannot read {manifest}: {exc}"
     if not observed:
-        return False, f"{manifest} records no observed facts (attnforge/image/observe.py)"
+        return False, f"{manifest} records no observed facts (attnforge/observe.py)"
     inferred = dict(w.partition("=")[::2] for w in spec["observe"].split() if "=" in w)
     aot = observed.get("aotriton") or {}
     read = (

@@ -566,7 +566,7 @@ def _org_stack(recipes: Recipes) -> str:
     raise UserError(f"no stack in recipes/stacks.yaml uses the {ORG} layer")
 
 
-def _org_blocks(recipes: Recipes) -> list[_OrgBlock]:
+def org_blocks(recipes: Recipes) -> list[_OrgBlock]:
     """The layer's own pins, then each variant that pins its own (torch 2.15's)."""
     layer, keys = recipes.layers[ORG], (TORCH_KEY, VISION_KEY, ROCM_KEY)
     shared = {**layer.args, **layer.hint_args}
@@ -693,7 +693,7 @@ def _propose_org(
     picks: list[Pick] = []
     notes: list[str] = []
     rocms, indexes = [], {}
-    for block in _org_blocks(recipes):
+    for block in org_blocks(recipes):
         torch, torch_file, torch_notes = _org_torch(reader, block, python)
         vision, vision_file, vision_notes = _org_vision(reader, block, torch, python)
         rocm, rocm_file, rocm_notes = _org_rocm(reader, block, python)
@@ -720,7 +720,7 @@ def _new_expect(expect: str, current: str | None, proposed: str) -> str:
 
 def _org_diff(recipes: Recipes, proposal: Proposal) -> None:
     edits: dict[tuple[str, ...], dict[tuple[str, str], str]] = {}
-    for block in _org_blocks(recipes):
+    for block in org_blocks(recipes):
         mine = [p for p in proposal.picks if p.layer == block.name]
         changes = {("pins", p.key): p.proposed for p in mine if p.changed}
         torch = next(p for p in mine if p.key == TORCH_KEY)

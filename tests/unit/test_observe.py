@@ -1,4 +1,4 @@
-"""The image confirms what the recipe inferred: attnforge/image/observe.py reads a torch tree's
+"""The image confirms what the recipe inferred: attnforge/observe.py reads a torch tree's
 own files into the versions manifest, the `observe` smoke check says in one sentence where the
 image contradicts the recipe, and `invoke pins.update --observed` proposes the corrected recipe.
 Planted: a torch whose lib/ holds AOTriton 0.13.0 where the recipe inferred 0.14.2b."""
@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from attnforge.image import observe
+from attnforge import observe
 from attnforge.image import smoke_runner as sr
 from attnforge.pins import update as pins_update
 from attnforge.recipes import load_recipes
 from tests.conftest import REPO, run_invoke
 
-OBSERVE = REPO / "attnforge/image/observe.py"
+OBSERVE = REPO / "attnforge/observe.py"
 BUNDLE = (
     b"\x7fELF...__CLANG_OFFLOAD_BUNDLE__\x02\x00\x00\x00host-x86_64-unknown-linux-gnu-\x00"
     b"hipv4-amdgcn-amd-amdhsa--gfx1151\x00\x00hipv4-amdgcn-amd-amdhsa--gfx1100\x00"
@@ -107,7 +107,7 @@ def test_a_manifest_without_observed_facts_fails(tmp_path):
     path = tmp_path / "versions.json"
     path.write_text("{}")
     assert sr.check_observe({"observe": "aotriton=0.13b"}, str(path)) == (
-        False, f"{path} records no observed facts (attnforge/image/observe.py)",
+        False, f"{path} records no observed facts (attnforge/observe.py)",
     )  # fmt: skip
 
 
@@ -143,12 +143,12 @@ def test_the_report_shows_the_contradiction(image):
     manifest = json.loads(image.read_text())
     report = {"environment": {"image_versions": manifest},
               "aotriton_knob": {"aotriton": "0.14.2b"}}  # fmt: skip
-    assert render._observed_lines(report, "0.14.2b") == [  # noqa: SLF001
+    assert render.observed_lines(report, "0.14.2b") == [
         "- ⚠️ the image contradicts the recipe: AOTriton in torch is 0.13b "
         "(libaotriton_v2.so.0.13.0), the recipe inferred 0.14.2b (`invoke pins.update "
         "--observed` proposes the correction)"
     ]
-    assert render._observed_lines(report, "0.13b") == [  # noqa: SLF001
+    assert render.observed_lines(report, "0.13b") == [
         "- AOTriton in torch, read from the image: 0.13b (libaotriton_v2.so.0.13.0)"
     ]
-    assert render._observed_lines({}, "0.13b") == []  # noqa: SLF001 - no manifest: nothing said
+    assert render.observed_lines({}, "0.13b") == []  # no manifest: nothing said

@@ -639,7 +639,7 @@ def test_pytorch_org_proposes_each_variants_torchvision_by_its_requires_dist(org
 
 def test_the_shipped_pytorch_org_variants_are_all_proposed_from(tmp_path):
     """The repository's own layer: one block per torch line it pins, each with an index."""
-    blocks = pins_update._org_blocks(load_recipes(REPO))  # noqa: SLF001 - the module's own test
+    blocks = pins_update.org_blocks(load_recipes(REPO))
     assert [(b.name, b.url) for b in blocks] == [
         ("pytorch-org", "https://download.pytorch.org/whl/rocm7.14"),
         ("pytorch-org:torch2.15-rocm10.0", "https://download.pytorch.org/whl/rocm10.0"),

@@ -46,8 +46,8 @@ def image(tmp_path):
 
 
 def _scan(root: Path, site: Path):
-    dirs = sr._runtime_dirs([str(site)], {"ROCM_PATH": str(root / "opt/rocm")})  # noqa: SLF001
-    return sr.merge_identical(sr.runtimes_on_disk(dirs, STEM), sr._file_digest)  # noqa: SLF001
+    dirs = sr.runtime_dirs([str(site)], {"ROCM_PATH": str(root / "opt/rocm")})
+    return sr.merge_identical(sr.runtimes_on_disk(dirs, STEM), sr.file_digest)
 
 
 def test_maps_text_names_each_mapped_runtime_once():
@@ -80,8 +80,8 @@ def test_two_runtimes_in_one_image_fail_naming_both_paths(image):
     root, site, sdk = image
     # /opt/rocm-7.14.0 beside the wheels, with ROCM_PATH at it: a second SDK Triton can find
     other = _lib(root / "opt/rocm-7.14.0/lib/libamdhip64.so.7", b"runtime B")
-    dirs = sr._runtime_dirs([str(site)], {"ROCM_PATH": str(root / "opt/rocm-7.14.0")})  # noqa: SLF001
-    on_disk = sr.merge_identical(sr.runtimes_on_disk(dirs, STEM), sr._file_digest)  # noqa: SLF001
+    dirs = sr.runtime_dirs([str(site)], {"ROCM_PATH": str(root / "opt/rocm-7.14.0")})
+    on_disk = sr.merge_identical(sr.runtimes_on_disk(dirs, STEM), sr.file_digest)
     assert sorted(on_disk) == sorted([str(sdk), str(other)])
     ok, detail = sr.judge_hip_runtime(STEM, on_disk, [str(sdk)], str(sdk), None)
     assert not ok
@@ -93,8 +93,8 @@ def test_two_runtimes_in_one_image_fail_naming_both_paths(image):
 def test_a_byte_identical_copy_is_the_same_runtime(image):
     root, site, sdk = image
     copy = _lib(root / "opt/rocm-copy/lib/libamdhip64.so", sdk.read_bytes())
-    dirs = sr._runtime_dirs([str(site)], {"ROCM_PATH": str(root / "opt/rocm-copy")})  # noqa: SLF001
-    on_disk = sr.merge_identical(sr.runtimes_on_disk(dirs, STEM), sr._file_digest)  # noqa: SLF001
+    dirs = sr.runtime_dirs([str(site)], {"ROCM_PATH": str(root / "opt/rocm-copy")})
+    on_disk = sr.merge_identical(sr.runtimes_on_disk(dirs, STEM), sr.file_digest)
     assert len(on_disk) == 1 and str(copy) in next(iter(on_disk.values()))
 
 

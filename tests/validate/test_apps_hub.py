@@ -79,7 +79,7 @@ def test_a_hub_fallback_fails_the_row_naming_the_switch(standin):
     with apps.NetworkOff() as net:
         with pytest.raises(RuntimeError):
             consumer.get_kernel_hub("kernels-community/flash-attn2")
-    [failure] = apps._network_failures(impl, net)  # noqa: SLF001 - the check's own step
+    [failure] = apps.network_failures(impl, net)
     assert failure == (
         "flash_attention_2 fell back to a Hub kernel (kernels-community/flash-attn2) instead "
         "of the image's: set USE_HUB_KERNELS=NO in the image's environment"

@@ -602,7 +602,7 @@ def _run_impl(setup: _Setup, impl: Impl) -> tuple[dict[str, Any], list[str]]:
             if shim is not None:
                 shim.disable()
     row["source"] = kernel_source(setup.torch, setup.spec, impl, row["ran"], net.hub)
-    failures += _network_failures(impl, net)
+    failures += network_failures(impl, net)
     if not row["ran"] and row["must_run"]:
         failures.append(f"{impl.label} refused where it must run: {row['reason']}")
     return row, failures
@@ -624,7 +624,7 @@ def _judge_row(setup: _Setup, impl: Impl, row, got, ops, kernels, shim) -> list[
     return [f"{impl.label} diverges from {setup.reference.name} ({'; '.join(bad)})"]
 
 
-def _network_failures(impl: Impl, net: NetworkOff) -> list[str]:
+def network_failures(impl: Impl, net: NetworkOff) -> list[str]:
     out = []
     if net.hub:
         out.append(
