@@ -443,13 +443,38 @@ class _Search:
             return f"ROCm {rocm}: no {DEVICE_PACKAGES['rocm'].format(arch=self.arch)} {rocm}"
         return None
 
+    def pair(
+        self, key: str, torch: Version, fits: dict[Version, str]
+    ) -> tuple[Version, str] | None:
+        """The newest build of a companion whose wheel's Requires-Dist admits `torch`; None
+        where a wheel's metadata (PEP 658) cannot be read: the pairing is then left to a note."""
+        project, index = project_of(key), self.torch_layer.index
+        files = {f.filename: f for f in self.reader.files(index, project)}
+
+        def requires(version: Version) -> SpecifierSet | None:
+            return torch_requirement(
+                self.reader.index.metadata(index, project, files[fits[version]])
+            )
+
+        try:
+            chosen, passed = vision_for(torch, list(fits), requires)
+        except Unavailable:
+            return None
+        if chosen is None:
+            return None
+        why = f"; passed over: {'; '.join(passed)}" if passed else ""
+        return (
+            chosen,
+            f"{project} {chosen} chosen by its wheel's Requires-Dist (admits torch {torch}){why}",
+        )
+
     def first_complete(self, stack: str) -> Proposal:
         skipped: list[str] = []
         for rocm in self.candidates():
             why = self.why_not(rocm)
             chosen, why_builds, found = ({}, None, []) if why else _builds_for(
                 f"rocm{rocm}", self.keys, self.builds, self.device_of, self.python, self.arch,
-                self.torch_release,
+                self.torch_release, self.pair,
             )  # fmt: skip
             if why or why_builds:
                 skipped.append(why or f"ROCm {rocm}: {why_builds}")
@@ -754,9 +779,12 @@ def _builds_for(
     python: str,
     arch: str,
     torch_release: tuple[int, ...] | None = None,
+    pair: Callable[[str, Version, dict[Version, str]], tuple[Version, str] | None] | None = None,
 ) -> tuple[dict[str, tuple[Version, str]], str | None, list[str]]:
     """For one ROCm label (rocm10.1.0): key -> (the newest version of its project with that
-    local label that fits, a file of it); else why not; and notes on ambiguous pairings."""
+    local label that fits, a file of it); else why not; and notes on ambiguous pairings. Where
+    a companion has several builds, `pair(key, torch, fits)` may choose by the wheels' own
+    Requires-Dist: (version, note), or None where their metadata cannot be read."""
     chosen: dict[str, tuple[Version, str]] = {}
     notes = []
     for key in keys:
@@ -784,7 +812,11 @@ def _builds_for(
                 return chosen, f"no {project} +{label} with {package}", notes
         newest = max(fits)
         chosen[key] = (newest, fits[newest])
-        if key != TORCH_KEY and len(fits) > 1:
+        paired = pair(key, chosen[TORCH_KEY][0], fits) if pair and key != TORCH_KEY else None
+        if paired is not None and len(fits) > 1:
+            chosen[key] = (paired[0], fits[paired[0]])
+            notes.append(paired[1])
+        elif key != TORCH_KEY and len(fits) > 1:
             others = ", ".join(str(v) for v in sorted(fits) if v != newest)
             notes.append(
                 f"ambiguous: {project} has {len(fits)} builds for +{label} ({others} besides "

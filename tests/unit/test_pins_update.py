@@ -645,3 +645,26 @@ def test_the_shipped_pytorch_org_variants_are_all_proposed_from(tmp_path):
         ("pytorch-org:torch2.15-rocm10.0", "https://download.pytorch.org/whl/rocm10.0"),
         ("pytorch-org:torch2.15-rocm7.14", "https://download.pytorch.org/whl/rocm7.14"),
     ]
+
+
+def test_stable_pairs_an_ambiguous_torchvision_by_its_wheels_requires_dist(tree, offline):
+    """Two torchvision builds carry +rocm10.1.0; with their metadata saved (PEP 658), the one
+    whose Requires-Dist admits the proposed torch is chosen, not the newest."""
+    folder = offline / STABLE / "torchvision"
+    for version, torch in (("0.28.0", "torch==2.14.0+rocm10.1.0"),
+                           ("0.29.0a0", "torch==2.15.0a0+rocm10.1.0")):  # fmt: skip
+        for py in ("312", "313"):
+            name = f"torchvision-{version}+rocm10.1.0-cp{py}-cp{py}-linux_x86_64.whl.metadata"
+            (folder / name).write_text(
+                f"Metadata-Version: 2.1\nName: torchvision\nVersion: {version}+rocm10.1.0\n"
+                f"Requires-Dist: numpy\nRequires-Dist: {torch}\n"
+            )
+    proposal = propose(tree, offline, "stable")
+    assert proposed(proposal)["TORCH_VERSION"] == "2.14.0+rocm10.1.0"
+    assert proposed(proposal)["TORCHVISION_VERSION"] == "0.28.0+rocm10.1.0"
+    assert (
+        "torchvision 0.28.0+rocm10.1.0 chosen by its wheel's Requires-Dist (admits torch "
+        "2.14.0+rocm10.1.0); passed over: 0.29.0a0+rocm10.1.0 requires "
+        "torch==2.15.0a0+rocm10.1.0" in proposal.notes
+    )
+    assert not any(n.startswith("ambiguous: torchvision") for n in proposal.notes)
