@@ -457,6 +457,7 @@ def template_vars(arch: Arch, variant: str | None, layer: Layer, jobs: int) -> d
         "variant": variant,
         "jobs": jobs,
         "aotriton_status": status,
+        "aotriton": layer.aotriton_for(variant) or "",
         "aotriton_experimental": "1" if status == "experimental" else "0",
         "harmful_code_variants": " ".join(
             arch.harmful_code_variants.variants if arch.harmful_code_variants else ()

@@ -33,6 +33,7 @@ TEMPLATE_VARS = {
     "jobs": "build parallelism (hint args only)",
     "aotriton_experimental": "1 if the layer's AOTriton marks the arch experimental, else 0",
     "aotriton_status": "supported, experimental, tech-preview or none for the layer's AOTriton",
+    "aotriton": "the AOTriton tag the layer's torch carries, as the recipe says (empty when none)",
     "harmful_code_variants": "target ids arches.yaml marks harmful for the arch, space-separated "
     "(empty when none)",
 }
@@ -187,6 +188,19 @@ class SmokeCheck(Strict):
         description="with linkage: modules imported before the extension loads, space-separated "
         "(torch: its libc10/libtorch are then loaded, as when a user imports torch first)",
     )
+    observe: str | None = Field(
+        None,
+        description="KEY=VALUE words, what the recipe inferred (aotriton={aotriton} arch={arch}): "
+        "compared with what the layer's last step read from the image's files into the versions "
+        "manifest (attnforge/observe.py); a difference is said in one sentence",
+    )
+    hip_runtime: str | None = Field(
+        None,
+        description="a HIP runtime's library name as rocm_sdk.find_libraries takes it "
+        "(amdhip64): after `import torch` the one file of it mapped into the process must be "
+        "the one rocm_sdk names, no second one may lie where torch or Triton could load it, and "
+        "with a GPU one Triton kernel must run (Triton 3.9 refuses to mix ROCm installations)",
+    )
 
     @model_validator(mode="after")
     def _one_kind(self) -> SmokeCheck:
@@ -222,7 +236,10 @@ class SmokeCheck(Strict):
         return self
 
 
-_SMOKE_KINDS = ("dist", "absent", "torch_build", "python", "wheel_set", "device_code", "linkage")
+_SMOKE_KINDS = (
+    "dist", "absent", "torch_build", "python", "wheel_set", "device_code", "linkage", "hip_runtime",
+    "observe",
+)  # fmt: skip
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 # Templates ({arch}, {TORCH_VERSION}) are filled later, so braces are allowed in these words.
 _WHEEL_WORD = re.compile(r"[A-Za-z0-9{][A-Za-z0-9._*{}-]*(==[A-Za-z0-9._+!{}-]+)?")

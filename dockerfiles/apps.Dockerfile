@@ -20,4 +20,10 @@ RUN --mount=type=secret,id=ca,required=false \
         "transformers==${TRANSFORMERS_VERSION}" "diffusers==${DIFFUSERS_VERSION}" \
  && pip check
 
+# No attention kernel fetched from the Hub at run time: transformers (5.23 optionally, 5.25 always)
+# can fall back from flash_attention_2 to kernels.get_kernel("kernels-community/flash-attn2")
+# while USE_HUB_KERNELS is yes, its default (transformers integrations/hub_kernels.py).
+# `python -m validate apps` fails a fallback it sees (validate/checks/apps.py).
+ENV USE_HUB_KERNELS=NO
+
 COPY attnforge-manifest.json /opt/attnforge/versions.json

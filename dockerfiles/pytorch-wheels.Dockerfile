@@ -34,3 +34,6 @@ RUN --mount=type=secret,id=ca,required=false \
 ENV TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL="${AOTRITON_EXPERIMENTAL}"
 
 COPY attnforge-manifest.json /opt/attnforge/versions.json
+# What the recipe could only infer, read from the installed files into the manifest's "observed"
+# (AOTriton in torch, libtorch_hip's targets, the Triton beside torch, HIP): docs/build-checks.md.
+RUN --mount=type=bind,source=.,target=/ctx python3 /ctx/attnforge/observe.py /opt/attnforge/versions.json

@@ -92,6 +92,7 @@ def _host_lines(report: dict[str, Any]) -> list[str]:
         icon = "✅" if knob.get("ok") else "❌"
         out.append(f"- {icon} the image {state} `{knob['variable']}`; this arch {need} with "
                    f"AOTriton {knob.get('aotriton')}")  # fmt: skip
+    out += observed_lines(report, knob.get("aotriton"))
     if fp:
         gpus = ", ".join(g["arch"] for g in fp.get("gpus") or []) or "none seen"
         hsa = fp.get("hsa_override_gfx_version") or {}
@@ -225,8 +226,8 @@ def apps_markdown(report: dict[str, Any]) -> list[str]:
         return []
     out = ["### Apps: their own attention code", ""]
     if rows:
-        out += ["| app | model | implementation | ran | correct | kernel, or why it refused |",
-                "|---|---|---|---|---|---|"]  # fmt: skip
+        out += ["| app | model | implementation | ran | correct | kernel, or why it refused | "
+                "kernel from |", "|---|---|---|---|---|---|---|"]  # fmt: skip
         for r in rows:
             ran = "✅" if r.get("ran") else ("❌" if r.get("must_run") else "—")
             correct = {True: "✅", False: "❌"}.get(r.get("correct"), "")
@@ -235,7 +236,7 @@ def apps_markdown(report: dict[str, Any]) -> list[str]:
             why = r.get("kernel") if r.get("ran") else r.get("reason")
             out.append(f"| {_md(r.get('app'))} {_md(r.get('app_version') or '')} | "
                        f"{_md(r.get('model'))} | {_md(r.get('impl') or '')} | {ran} | {correct} | "
-                       f"{_md(why, 400)} |")  # fmt: skip
+                       f"{_md(why, 400)} | {_md(r.get('source') or '', 200)} |")  # fmt: skip
         out.append("")
     if probes:
         out += ["| contract | app's call | status | what the image has | source |",
@@ -315,6 +316,26 @@ def _num(x: Any, digits: int = 3) -> str:
     if x is None:
         return "<td class='num'></td>"
     return f"<td class='num'>{_h(f'{x:.{digits}g}' if isinstance(x, float) else x)}</td>"
+
+
+def observed_lines(report: dict[str, Any], said: str | None) -> list[str]:
+    """What the image read from its own files (the versions manifest's "observed", written by
+    attnforge/observe.py) against what the recipe inferred: AOTriton in torch."""
+    versions = (report.get("environment") or {}).get("image_versions") or {}
+    aot = ((versions.get("observed") or {}) if isinstance(versions, dict) else {}).get("aotriton")
+    seen = (aot or {}).get("tag")
+    if not seen:
+        return []
+    where = str((aot or {}).get("file") or "").rsplit("/", 1)[-1]
+    if said and _release(said) != _release(seen):
+        return [f"- ⚠️ the image contradicts the recipe: AOTriton in torch is {_md(seen)} "
+                f"({_md(where)}), the recipe inferred {_md(said)} (`invoke pins.update "
+                "--observed` proposes the correction)"]  # fmt: skip
+    return [f"- AOTriton in torch, read from the image: {_md(seen)} ({_md(where)})"]
+
+
+def _release(tag: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", tag)[:3])
 
 
 def _section(sid: str, body: list[str]) -> list[str]:
@@ -691,9 +712,10 @@ def apps_html(report: dict[str, Any]) -> list[str]:
             body.append([_h(f"{r.get('app')} {r.get('app_version') or ''}"), _h(r.get("model")),
                          _h(r.get("impl") or ""),
                          f"<span class='{state}'>{'ran' if r.get('ran') else 'refused'}</span>",
-                         _h(correct), _num(r.get("max_abs_err")), _h(why)])  # fmt: skip
+                         _h(correct), _num(r.get("max_abs_err")), _h(why),
+                         _h(r.get("source") or "")])  # fmt: skip
         out.append(_table(["app", "model", "implementation", "ran", "correct", "max|err|",
-                           "kernel, or why it refused"], body, raw=True))  # fmt: skip
+                           "kernel, or why it refused", "kernel from"], body, raw=True))  # fmt: skip
     if probes:
         body = [[f"<code>{_h(p.get('id'))}</code>", f"<code>{_h(p.get('call'))}</code>",
                  _status(p.get("status")), _h(p.get("message")), _h(p.get("source"))]

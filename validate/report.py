@@ -97,7 +97,7 @@ def apps_section(records: list[dict[str, Any]]) -> dict[str, Any] | None:
                 "impl": impl.get("impl"), "status": rec["status"], "ran": impl.get("ran"),
                 "correct": impl.get("correct"), "reference": impl.get("reference"),
                 "must_run": impl.get("must_run"), "kernel": impl.get("kernel"),
-                "reason": impl.get("reason"),
+                "source": impl.get("source"), "reason": impl.get("reason"),
                 "max_abs_err": max((j.get("max_abs_err") for j in (impl.get("judgements") or {}).values()
                                     if isinstance(j.get("max_abs_err"), (int, float))), default=None),
             })  # fmt: skip

@@ -15,7 +15,7 @@ from ..console import out, user_errors
 from ..errors import UserError
 from ..pins.channels import CHANNELS, DEFAULT_ARCH
 from ..workspace import Workspace
-from . import ARCH, ENGINE, IN_DIR, STACK, command, text
+from . import ARCH, ENGINE, IN_DIR, IN_FILE, STACK, command, text
 
 if TYPE_CHECKING:  # the library is imported where a task uses it (attnforge/cli/__init__.py)
     from rich.table import Table
@@ -121,6 +121,7 @@ def check(c, arch=None, stack=None, offline=None, python=None, engine="docker", 
         "python": text("X.Y"),
         "arch": text("ARCH"),
         "torch_branch": text("BRANCH"),
+        "observed": IN_FILE,
     },
     help={
         "channel": "the release channel to read: stable or pytorch-org (a diff of the "
@@ -131,20 +132,25 @@ def check(c, arch=None, stack=None, offline=None, python=None, engine="docker", 
         f"{DEFAULT_ARCH}); nightly: and whose tests AMD's Quartz feed says passed",
         "torch_branch": "nightly: the torch branch the Quartz feed must show passing (default: "
         "the stable channel's, e.g. release/2.14)",
+        "observed": "instead of an index: an image's /opt/attnforge/versions.json or its "
+        "validation report; propose the recipe corrected by what the image read from its own "
+        "files (the AOTriton in torch)",
         "json": "print the proposal as JSON",
         "debug": "show tracebacks",
     },
 )
 @user_errors
 def update(
-    c, channel=None, offline=None, python=None, arch=None, torch_branch=None, json=False,
-    debug=False,
+    c, channel=None, offline=None, python=None, arch=None, torch_branch=None, observed=None,
+    json=False, debug=False,
 ):  # fmt: skip
     """Propose the newest pins a channel's index serves; writes no file (docs/pins.md)."""
     from ..pins import update as pin_update
     from ..pins import upstream as pinlib
     from ..recipes import load_recipes
 
+    if observed is not None:
+        return _update_observed(Path(observed), json)
     if channel not in pin_update.CHANNELS:
         raise UserError(
             f"--channel {channel or '(not given)'}: expected one of "
@@ -199,3 +205,27 @@ def update(
     if diff and not proposal.current:
         done += "; review the diff, then apply it: save stdout and `git apply` it"
     say(done)
+
+
+def _update_observed(path: Path, json: bool) -> None:
+    """`pins.update --observed FILE`: the diff to stdout (for `git apply`), notes to stderr."""
+    from ..pins import update as pin_update
+    from ..recipes import load_recipes
+
+    try:
+        document = jsonlib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise UserError(f"--observed {path}: not a JSON file ({exc})") from None
+    if not isinstance(document, dict):
+        raise UserError(f"--observed {path}: not a versions manifest or a report")
+    recipes = load_recipes(Workspace.discover().root)
+    diff, notes = pin_update.observed_diff(recipes, document, str(path))
+    if json:
+        print(jsonlib.dumps({"observed": str(path), "current": not diff, "diff": diff,
+                             "notes": notes}, indent=2))  # fmt: skip
+        return
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr, flush=True)
+    print(diff if diff else "the recipes say what the image read", end="" if diff else "\n")
+    print("nothing was written" + ("; review the diff, then `git apply` it" if diff else ""),
+          file=sys.stderr)  # fmt: skip

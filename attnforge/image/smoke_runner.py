@@ -8,7 +8,8 @@ dist, absent, torch_build, python, wheel_set (the coupled ROCm wheels are one bu
 device_code (the arch's GPU code objects are present, read without a GPU or ROCm tools; their
 target-id variants are reported, and ones the arch table marks harmful fail) and linkage (a
 native extension's libraries resolve and its undefined symbols are defined, read with the
-image's binutils).
+image's binutils) and hip_runtime (one HIP runtime in the process: the libamdhip64 torch maps is
+the one rocm_sdk names, and no second one lies where torch or Triton could load it).
 """
 
 import fnmatch
@@ -142,22 +143,78 @@ def _family_word(name, arch):
 
 
 def check_wheel_set(spec, installed):
-    entries = []  # (canonical name, pinned version or None, why it is in the set)
+    entries, error = _set_entries(spec)
+    if error:
+        return False, error
+    anchor, arch = entries[0][0], spec.get("aotriton_arch") or ""
+    problems = []
+    error = _add_extras(spec.get("extras") or "", installed, entries, problems)
+    if error:
+        return False, error
+    have = installed.get(anchor)
+    if have is None:
+        return False, f"{anchor} is not installed"
+    label = _label(have)
+    if not label.startswith("rocm"):
+        return False, f"{anchor} is {have}, which is no ROCm build (no +rocm local label)"
+    build = _Build(f"{anchor} {have}", label, label[len("rocm") :])
+    members = _set_members(entries, installed, build, arch, problems)
+    if arch:
+        _aotriton_owners(arch, members, installed, build, problems)
+    # rocm pins its rocm-sdk-* parts exactly, so the SDK side is one release among itself even
+    # where it may be a later patch than torch's label.
+    fits = {n: v for n, v in members.items() if _sdk_side(n) and _sdk_fits(v, build.release)}
+    sdk = sorted({_sdk_release(v) for v in fits.values()})
+    if len(sdk) > 1:
+        parts = ", ".join(f"{n} {v}" for n, v in sorted(fits.items()))
+        problems.append(f"the ROCm SDK wheels are not one release ({parts})")
+    if problems:
+        return False, "; ".join(problems)
+    return True, (
+        f"{len(members)} wheels of ROCm build +{label} ({', '.join(sorted(members))})"
+        f"{_sdk_note(sdk, build.release)}"
+    )
+
+
+class _Build:
+    """The ROCm build a wheel set is held to: torch's, by its local label."""
+
+    def __init__(self, ref, label, release):
+        self.ref, self.label, self.release = ref, label, release
+
+    def problem(self, name, version):
+        """Why `name` `version` is not of this build, or None."""
+        if _sdk_side(name) and not _sdk_fits(version, self.release):
+            rule = _sdk_rule(self.release)
+            return f"{name} is {version}, from another ROCm build than {self.ref} ({rule})"
+        if not _sdk_side(name) and _label(version) != self.label:
+            return (
+                f"{name} is {version}, from another ROCm build than {self.ref} "
+                f"(expected +{self.label})"
+            )
+        return None
+
+
+def _set_entries(spec):
+    """(canonical name or glob, pinned version or None, why it is in the set) per word."""
+    entries = []
     for word in spec["wheel_set"].split():
         name, _, pin = word.partition("==")
         entries.append((_canon(name) if "*" not in name else name.lower(), pin or None, None))
     if not entries or "*" in entries[0][0]:
-        return False, "wheel_set must start with the wheel that defines the build (torch)"
-    anchor = entries[0][0]
-    arch = spec.get("aotriton_arch") or ""
-    problems = []
-    for word in (spec.get("extras") or "").split():
+        return [], "wheel_set must start with the wheel that defines the build (torch)"
+    return entries, None
+
+
+def _add_extras(words, installed, entries, problems):
+    """Every wheel an installed DIST's [EXTRA] requires joins the set; an error or None."""
+    for word in words.split():
         m = re.match(r"([A-Za-z0-9._-]+)\[([A-Za-z0-9._-]+)\]$", word)
         if not m:
-            return False, f"extras entry {word!r} is not dist[extra]"
+            return f"extras entry {word!r} is not dist[extra]"
         dist, extra = _canon(m.group(1)), m.group(2)
         if dist not in installed:
-            continue  # reported below as a missing wheel of the set
+            continue  # reported as a missing wheel of the set
         reqs = _extra_requires(dist, extra)
         if reqs is None:
             problems.append(
@@ -166,17 +223,12 @@ def check_wheel_set(spec, installed):
             )
             continue
         entries += [(n, v, f"{dist}[{extra}]") for n, v in reqs]
+    return None
 
-    have = installed.get(anchor)
-    if have is None:
-        return False, f"{anchor} is not installed"
-    label = _label(have)
-    if not label.startswith("rocm"):
-        return False, f"{anchor} is {have}, which is no ROCm build (no +rocm local label)"
-    ref = f"{anchor} {have}"
-    release = label[len("rocm") :]
-    members = {}
-    seen = set()
+
+def _set_members(entries, installed, build, arch, problems):
+    """name -> installed version of each wheel of the set; what is wrong goes to problems."""
+    members, seen = {}, set()
     for name, pin, why in entries:
         names = (
             [n for n in sorted(installed) if fnmatch.fnmatchcase(n, name)]
@@ -197,52 +249,43 @@ def check_wheel_set(spec, installed):
             members[n] = version
             # The build first: a wheel of another build is named as such even where it is
             # pinned, since that is what breaks at run time.
-            if _sdk_side(n) and not _sdk_fits(version, release):
-                rule = _sdk_rule(release)
-                problems.append(f"{n} is {version}, from another ROCm build than {ref} ({rule})")
-            elif not _sdk_side(n) and _label(version) != label:
-                problems.append(
-                    f"{n} is {version}, from another ROCm build than {ref} (expected +{label})"
-                )
+            wrong = build.problem(n, version)
+            if wrong:
+                problems.append(wrong)
             elif pin and version != pin:
                 problems.append(
                     f"{n} is {version}, expected {pin} ({why + ' pins it' if why else 'pinned'})"
                 )
-    if arch:
-        owners = _aotriton_image_owners(arch)
-        if not owners:
-            want = " or ".join(_image_dirs(arch))
-            problems.append(
-                f"no installed wheel carries AOTriton kernel images for {arch} "
-                f"({_IMAGES_IN_TORCH}/{want}): the family device wheel that ships them is missing "
-                f"(fused SDPA then fails, pytorch#194498)"
-            )
-        for owner in owners:
-            if owner not in members:
-                version = installed.get(owner, "?")
-                members[owner] = version
-                if _label(version) != label:
-                    problems.append(
-                        f"{owner} is {version}, from another ROCm build than {ref} "
-                        f"(expected +{label}); it carries the AOTriton images for {arch}"
-                    )
-    # rocm pins its rocm-sdk-* parts exactly, so the SDK side is one release among itself even
-    # where it may be a later patch than torch's label.
-    fits = {n: v for n, v in members.items() if _sdk_side(n) and _sdk_fits(v, release)}
-    sdk = sorted({_sdk_release(v) for v in fits.values()})
-    if len(sdk) > 1:
-        parts = ", ".join(f"{n} {v}" for n, v in sorted(fits.items()))
-        problems.append(f"the ROCm SDK wheels are not one release ({parts})")
-    if problems:
-        return False, "; ".join(problems)
-    note = ""
+    return members
+
+
+def _aotriton_owners(arch, members, installed, build, problems):
+    """An installed wheel of the build must carry AOTriton's images for the arch."""
+    owners = _aotriton_image_owners(arch)
+    if not owners:
+        want = " or ".join(_image_dirs(arch))
+        problems.append(
+            f"no installed wheel carries AOTriton kernel images for {arch} "
+            f"({_IMAGES_IN_TORCH}/{want}): the family device wheel that ships them is missing "
+            f"(fused SDPA then fails, pytorch#194498)"
+        )
+    for owner in owners:
+        if owner not in members:
+            version = installed.get(owner, "?")
+            members[owner] = version
+            if _label(version) != build.label:
+                problems.append(
+                    f"{owner} is {version}, from another ROCm build than {build.ref} "
+                    f"(expected +{build.label}); it carries the AOTriton images for {arch}"
+                )
+
+
+def _sdk_note(sdk, release):
     if sdk and _MINOR.match(release):
-        note = f"; ROCm SDK {sdk[0]}, which torch's rocm=={release}.* takes"
-    elif sdk and sdk[0] != release:
-        note = f"; ROCm SDK {sdk[0]}, a later patch that torch's rocm ~={release} allows (TheRock#7347)"
-    return True, (
-        f"{len(members)} wheels of ROCm build +{label} ({', '.join(sorted(members))}){note}"
-    )
+        return f"; ROCm SDK {sdk[0]}, which torch's rocm=={release}.* takes"
+    if sdk and sdk[0] != release:
+        return f"; ROCm SDK {sdk[0]}, a later patch that torch's rocm ~={release} allows (TheRock#7347)"
+    return ""
 
 
 _IMAGES_IN_TORCH = "torch/lib/aotriton.images"
@@ -1005,6 +1048,232 @@ def check_linkage(spec):
 # ---------------------------------------------------------------------------- dispatch
 
 
+# ---------------------------------------------------------------------------- hip_runtime
+#
+# One HIP runtime per process. Triton 3.9's AMD driver (triton/backends/amd/driver.py in the
+# triton 3.9.0 wheel, PyPI 2026-10-27) prefers TheRock's rocm_sdk.find_libraries("amdhip64") and
+# raises RuntimeError ("refusing to mix ROCm installations") when another libamdhip64 is already
+# loaded: torch loaded one through its RPATH, Triton wants the SDK's. Two SDKs in one image
+# (/opt/rocm beside the wheels) is the usual cause. Read without a GPU: the files where torch or
+# Triton could load one, and what `import torch` maps; with a GPU, one Triton kernel is launched.
+
+_HIP_NAME = re.compile(r"^lib(?P<stem>[A-Za-z0-9_]+)\.so(\.\d+)*$")
+
+
+def _is_runtime(name, stem):
+    m = _HIP_NAME.match(os.path.basename(name))
+    return bool(m) and m.group("stem") == stem
+
+
+def mapped_libraries(maps_text, stem):
+    """The paths of lib<stem>.so* mapped into a process, from its /proc/<pid>/maps text."""
+    out = []
+    for line in maps_text.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) < 6:
+            continue
+        path = parts[5].strip()
+        if path.endswith(" (deleted)"):
+            path = path[: -len(" (deleted)")]
+        if path.startswith("/") and _is_runtime(path, stem) and path not in out:
+            out.append(path)
+    return out
+
+
+def runtime_dirs(site_dirs, env):
+    """Folders torch or Triton could load the HIP runtime from: the wheels' lib folders (torch/
+    lib, TheRock's _rocm_sdk_*/lib), ROCM_PATH/HIP_PATH, /opt/rocm*, LD_LIBRARY_PATH, the
+    system's library folders and TRITON_LIBHIP_PATH's folder (Triton's override)."""
+    dirs = []
+    for site in site_dirs:
+        dirs += glob.glob(os.path.join(site, "*", "lib")) + glob.glob(
+            os.path.join(site, "*", "*", "lib")
+        )
+    for key in ("ROCM_PATH", "HIP_PATH", "ROCM_HOME"):
+        if env.get(key):
+            dirs += [os.path.join(env[key], "lib"), os.path.join(env[key], "lib64")]
+    dirs += glob.glob("/opt/rocm*/lib") + glob.glob("/opt/rocm*/*/lib")
+    dirs += [d for d in env.get("LD_LIBRARY_PATH", "").split(":") if d]
+    dirs += ["/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib"]
+    if env.get("TRITON_LIBHIP_PATH"):
+        dirs.append(os.path.dirname(env["TRITON_LIBHIP_PATH"]))
+    return list(dict.fromkeys(dirs))
+
+
+def runtimes_on_disk(dirs, stem):
+    """{real path: [paths that lead to it]} of every lib<stem>.so* file in `dirs` (symlinks to
+    one file count once)."""
+    found = {}
+    for folder in dirs:
+        try:
+            names = sorted(os.listdir(folder))
+        except OSError:
+            continue
+        for name in names:
+            path = os.path.join(folder, name)
+            real = os.path.realpath(path)
+            if _is_runtime(name, stem) and os.path.isfile(real):
+                found.setdefault(real, [])
+                if path not in found[real]:
+                    found[real].append(path)
+    return found
+
+
+def merge_identical(on_disk, digest):
+    """on_disk with real paths of identical content (digest(path)) merged into the first: a
+    byte-for-byte copy is the same runtime, only another path to it."""
+    merged, seen = {}, {}
+    for real in sorted(on_disk):
+        key = digest(real)
+        if key in seen:
+            merged[seen[key]] += [p for p in on_disk[real] if p not in merged[seen[key]]]
+        else:
+            seen[key] = real
+            merged[real] = list(on_disk[real])
+    return merged
+
+
+def file_digest(path):
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def judge_hip_runtime(stem, on_disk, mapped, sdk, launch):
+    """(ok, detail) of the one-runtime rule. on_disk: real path -> paths; mapped: real paths
+    mapped after `import torch`; sdk: the real path rocm_sdk names (None without rocm_sdk);
+    files of identical content count as one (merge_identical);
+    launch: None (no GPU), "ok", or why launching a Triton kernel failed."""
+    lib = f"lib{stem}"
+    problems = []
+    if len(on_disk) > 1:
+        names = " and ".join(paths[0] + (f" (-> {real})" if paths[0] != real else "")
+                             for real, paths in sorted(on_disk.items()))  # fmt: skip
+        problems.append(
+            f"two different {lib} where torch and Triton could each load one: {names} "
+            "(Triton 3.9 refuses to mix ROCm installations; remove one, or make one a link to the other)"
+        )
+    if not mapped:
+        problems.append(f"import torch mapped no {lib}: not a ROCm torch, or it failed to load")
+    elif len(mapped) > 1:
+        problems.append(f"{len(mapped)} {lib} mapped into one process: {' and '.join(mapped)}")
+    elif sdk is not None and mapped[0] != sdk:
+        problems.append(
+            f"torch loaded {mapped[0]} but rocm_sdk.find_libraries({stem!r}) names {sdk}: "
+            "Triton 3.9 then refuses to mix ROCm installations"
+        )
+    if launch not in (None, "ok"):
+        problems.append(f"a Triton kernel after import torch failed: {launch}")
+    if problems:
+        return False, "; ".join(problems)
+    where = mapped[0] + (" (the file rocm_sdk names)" if sdk else " (no rocm_sdk installed)")
+    ran = "one Triton kernel ran" if launch == "ok" else "no GPU here, no Triton kernel launched"
+    return True, f"one {lib}: {where}; {ran}"
+
+
+_HIP_PROBE = """
+import json, os, sys
+stem = sys.argv[1]
+import torch
+out = {"sdk": None, "launch": None, "maps": open("/proc/self/maps").read()}
+try:
+    import rocm_sdk
+except ImportError:
+    rocm_sdk = None
+if rocm_sdk is not None:
+    libs = rocm_sdk.find_libraries(stem)
+    out["sdk"] = os.path.realpath(str(libs[0])) if libs else None
+if torch.cuda.is_available():
+    try:
+        import triton, triton.language as tl
+
+        @triton.jit
+        def _plus_one(x, n, BLOCK: tl.constexpr):
+            i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            tl.store(x + i, tl.load(x + i, mask=i < n) + 1, mask=i < n)
+
+        x = torch.zeros(100, device="cuda")
+        _plus_one[(1,)](x, 100, BLOCK=128)
+        torch.cuda.synchronize()
+        out["launch"] = "ok" if bool((x == 1).all()) else "the kernel computed a wrong result"
+        out["maps"] = open("/proc/self/maps").read()
+    except Exception as exc:
+        out["launch"] = f"{type(exc).__name__}: {exc}"
+print(json.dumps(out))
+"""
+
+
+def check_hip_runtime(spec):
+    stem = spec["hip_runtime"]
+    proc = subprocess.run([sys.executable, "-c", _HIP_PROBE, stem], capture_output=True, text=True)
+    if proc.returncode != 0:
+        lines = (proc.stderr or proc.stdout).strip().splitlines()
+        return False, "import torch failed: " + (lines[-1] if lines else f"exit {proc.returncode}")
+    probe = json.loads(proc.stdout.strip().splitlines()[-1])
+    mapped = sorted({os.path.realpath(p) for p in mapped_libraries(probe["maps"], stem)})
+    site = [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
+    on_disk = merge_identical(runtimes_on_disk(runtime_dirs(site, os.environ), stem), file_digest)
+    return judge_hip_runtime(stem, on_disk, mapped, probe["sdk"], probe["launch"])
+
+
+# ---------------------------------------------------------------------------- observe
+#
+# What the recipe inferred (AOTriton's version inside torch, the arch among libtorch_hip's
+# targets) against what the image's torch layer read from its own files and recorded in the
+# versions manifest (attnforge/observe.py, the layer's last step). A difference is said in
+# one sentence, not failed: the inference was the recipe's best reading, and the image is the
+# better one (`invoke pins.update --observed` proposes the corrected recipe).
+
+IMAGE_MANIFEST = "/opt/attnforge/versions.json"
+
+
+def _tag_key(tag):
+    return tuple(int(x) for x in re.findall(r"\d+", tag)[:3]) + (0,) * 3
+
+
+def compare_observed(observed, inferred):
+    """One sentence per fact the image contradicts: inferred maps aotriton (a tag) and arch."""
+    out = []
+    aot = inferred.get("aotriton")
+    seen = (observed.get("aotriton") or {}).get("tag")
+    where = os.path.basename((observed.get("aotriton") or {}).get("file") or "")
+    if aot and not seen:
+        out.append(f"the recipe infers AOTriton {aot} in torch, but torch/lib holds no "
+                   "libaotriton_v2.so.*")  # fmt: skip
+    elif aot and _tag_key(seen)[:3] != _tag_key(aot)[:3]:
+        out.append(
+            f"the image contradicts the recipe: AOTriton in torch is {seen} ({where}), the recipe "
+            f"inferred {aot}; `invoke pins.update --observed` proposes the correction"
+        )
+    arch, targets = inferred.get("arch"), observed.get("torch_gfx_targets") or []
+    if arch and targets and arch not in targets:
+        out.append(f"libtorch_hip.so's offload bundles name {', '.join(targets)}, not {arch}")
+    return out
+
+
+def check_observe(spec, manifest=IMAGE_MANIFEST):
+    try:
+        with open(manifest, encoding="utf-8") as f:
+            observed = json.load(f).get("observed")
+    except (OSError, ValueError) as exc:
+        return False, f"cannot read {manifest}: {exc}"
+    if not observed:
+        return False, f"{manifest} records no observed facts (attnforge/observe.py)"
+    inferred = dict(w.partition("=")[::2] for w in spec["observe"].split() if "=" in w)
+    aot = observed.get("aotriton") or {}
+    read = (
+        f"read: AOTriton {aot.get('tag') or 'none'}, libtorch_hip targets "
+        f"{', '.join(observed.get('torch_gfx_targets') or []) or 'unread (compressed)'}, "
+        f"{observed.get('triton') or 'no triton'}, HIP {observed.get('hip') or '?'}"
+    )
+    differs = compare_observed(observed, {k: v for k, v in inferred.items() if v})
+    return True, "; ".join([*differs, read])
+
+
 def check(spec, installed):
     if "dist" in spec:
         have = installed.get(_canon(spec["dist"]))
@@ -1025,6 +1294,10 @@ def check(spec, installed):
         return check_device_code(spec)
     if "linkage" in spec:
         return check_linkage(spec)
+    if "hip_runtime" in spec:
+        return check_hip_runtime(spec)
+    if "observe" in spec:
+        return check_observe(spec)
     if "torch_build" in spec:
         code = (
             "import torch, json; print(json.dumps({'hip': torch.version.hip, 'cuda': torch.version.cuda,"

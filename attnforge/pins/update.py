@@ -21,12 +21,17 @@ compares an alphanumeric local segment as a string, so `2.11.0+rocm7.14.0` sorts
 from __future__ import annotations
 
 import difflib
+import email.parser
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from .. import yamlsrc
@@ -333,7 +338,7 @@ def propose(
     feed_problem: str = "none saved under --offline",
 ) -> Proposal:
     """The newest complete set of pins the channel's index serves, with a diff of the recipes
-    (stable) or the --set flags (nightly). Reads index pages only; writes nothing."""
+    (stable, pytorch-org) or the --set flags (nightly). Reads index pages only; writes nothing."""
     if channel not in CHANNELS:
         raise UserError(f"--channel {channel!r}: expected one of {', '.join(CHANNELS)}")
     arch = arch or DEFAULT_ARCH
@@ -343,118 +348,175 @@ def propose(
     python = _stack_python(recipes, stack, python)
     if channel == ORG:
         return _propose_org(recipes, stack, index, python, arch)
-    rocm_layer = _channel_layer(recipes, ROCM_LAYER, channel)
-    torch_layer = _channel_layer(recipes, TORCH_LAYER, channel)
-    if ROCM_KEY not in rocm_layer.keys or TORCH_KEY not in torch_layer.keys:
-        raise UserError(
-            f"the {channel!r} variants must pin (or take with --set) {ROCM_LAYER}.{ROCM_KEY} "
-            f"and {TORCH_LAYER}.{TORCH_KEY}"
-        )
-    reader = _Reader(index, channel)
-    notes: list[str] = []
-    extra = recipes.arches[arch].therock_extra
-    if extra is None:
-        notes.append(f"{arch} has no TheRock device extra: device packages not checked")
-
-    def device(layer: _Layer, project: str) -> set[Version] | None:
-        pattern = DEVICE_PACKAGES.get(project)
-        if extra is None or pattern is None:
-            return None
-        return reader.device(layer.index, pattern.format(arch=arch), notes)
-
-    rocm_project, rocm_files = reader.rocm_page(rocm_layer.index)
-    rocms = _fitting(rocm_files, rocm_project, python)
-    rocm_device = device(rocm_layer, "rocm")
-    # torch first: the companions are paired with it by their shared local label.
-    keys = [TORCH_KEY, *(k for k in torch_layer.keys if k != TORCH_KEY)]
-    builds = {
-        k: _by_version(reader.files(torch_layer.index, project_of(k)), project_of(k)) for k in keys
-    }
-    device_of = {TORCH_KEY: device(torch_layer, "torch")}
-
-    # nightly: only dates whose Quartz record says the PyTorch build and the arch's tests of the
-    # stack's torch branch passed (attnforge/pins/quartz.py), and only that branch's torch
-    trusted: dict[Version, str] = {}
-    refused: dict[Version, str] = {}
-    torch_release = None
+    search = _Search(recipes, channel, index, python, arch)
     if channel == "nightly":
+        search.trust_feed(feed, torch_branch or torch_branch_of(recipes), feed_problem)
+    proposal = search.first_complete(stack)
+    if channel == "stable":
+        _stable_diff(recipes, proposal)
+    return proposal
+
+
+class _Search:
+    """One channel's search for the newest ROCm release (or nightly) for which every pinned
+    wheel is on the index, in steps: the ROCm versions, the Quartz records (nightly), then
+    each version newest first until one is complete."""
+
+    def __init__(
+        self, recipes: Recipes, channel: str, index: IndexSource, python: str, arch: str
+    ) -> None:
+        self.channel, self.python, self.arch = channel, python, arch
+        self.rocm_layer = _channel_layer(recipes, ROCM_LAYER, channel)
+        self.torch_layer = _channel_layer(recipes, TORCH_LAYER, channel)
+        if ROCM_KEY not in self.rocm_layer.keys or TORCH_KEY not in self.torch_layer.keys:
+            raise UserError(
+                f"the {channel!r} variants must pin (or take with --set) {ROCM_LAYER}.{ROCM_KEY} "
+                f"and {TORCH_LAYER}.{TORCH_KEY}"
+            )
+        self.reader = _Reader(index, channel)
+        self.notes: list[str] = []
+        self.extra = recipes.arches[arch].therock_extra
+        if self.extra is None:
+            self.notes.append(f"{arch} has no TheRock device extra: device packages not checked")
+        self.rocm_project, files = self.reader.rocm_page(self.rocm_layer.index)
+        self.rocms = _fitting(files, self.rocm_project, python)
+        self.rocm_device = self.device(self.rocm_layer, "rocm")
+        # torch first: the companions are paired with it by their shared local label.
+        self.keys = [TORCH_KEY, *(k for k in self.torch_layer.keys if k != TORCH_KEY)]
+        self.builds = {
+            k: _by_version(self.reader.files(self.torch_layer.index, project_of(k)), project_of(k))
+            for k in self.keys
+        }
+        self.device_of = {TORCH_KEY: self.device(self.torch_layer, "torch")}
+        self.feed_used = False
+        self.trusted: dict[Version, str] = {}
+        self.refused: dict[Version, str] = {}
+        self.torch_release: tuple[int, ...] | None = None
+
+    def device(self, layer: _Layer, project: str) -> set[Version] | None:
+        pattern = DEVICE_PACKAGES.get(project)
+        if self.extra is None or pattern is None:
+            return None
+        return self.reader.device(layer.index, pattern.format(arch=self.arch), self.notes)
+
+    def trust_feed(self, feed, branch: str, problem: str) -> None:
+        """nightly: only dates whose Quartz record says the PyTorch build and the arch's tests
+        of the stack's torch branch passed (attnforge/pins/quartz.py), and only that branch's
+        torch."""
         from . import quartz
 
-        branch = torch_branch or torch_branch_of(recipes)
         if feed is None:
-            notes.append(f"no Quartz feed was read ({feed_problem}): the newest nightly on the "
-                         "index is proposed, not one AMD's feed shows tested")  # fmt: skip
-        else:
-            if branch.startswith("release/"):
-                torch_release = tuple(int(x) for x in branch.removeprefix("release/").split("."))
-            for where, status in feed:
-                v = quartz.judge(status, arch, branch, python)
-                try:
-                    rocm_v = Version(v.rocm)
-                except InvalidVersion:
-                    continue
-                if v.ok:
-                    trusted.setdefault(rocm_v, f"{where}: {v.why}")
-                else:
-                    refused.setdefault(rocm_v, f"Quartz {v.date}: {v.why}")
-    kind, kinds = ("release", "releases") if channel == "stable" else ("nightly", "nightlies")
-    keyed = [(key, v) for v in rocms if (key := _rocm_key(v, channel)) is not None]
-    if channel == "stable":  # pre-releases newer than every release: say why they lost
-        top = max((k[0] for k, _ in keyed), default=None)
-        pres = sorted(v for v in rocms if v.is_prerelease and (top is None or v > top))
-        if pres:
-            notes.append(f"not releases, so not proposed: ROCm {', '.join(map(str, pres))}")
-    skipped: list[str] = []
-    for _, rocm in sorted(keyed, reverse=True):
-        if channel == "nightly" and feed is not None and rocm not in trusted:
-            skipped.append(f"ROCm {rocm}: {refused.get(rocm, 'not in the Quartz feed')}")
-            continue
-        if rocm_device is not None and rocm not in rocm_device:
-            skipped.append(f"ROCm {rocm}: no {DEVICE_PACKAGES['rocm'].format(arch=arch)} {rocm}")
-            continue
-        label = f"rocm{rocm}"
-        chosen, why, found = _builds_for(
-            label, keys, builds, device_of, python, arch, torch_release
+            self.notes.append(f"no Quartz feed was read ({problem}): the newest nightly on the "
+                              "index is proposed, not one AMD's feed shows tested")  # fmt: skip
+            return
+        self.feed_used = True
+        if branch.startswith("release/"):
+            self.torch_release = tuple(int(x) for x in branch.removeprefix("release/").split("."))
+        for where, status in feed:
+            v = quartz.judge(status, self.arch, branch, self.python)
+            try:
+                rocm = Version(v.rocm)
+            except InvalidVersion:
+                continue
+            if v.ok:
+                self.trusted.setdefault(rocm, f"{where}: {v.why}")
+            else:
+                self.refused.setdefault(rocm, f"Quartz {v.date}: {v.why}")
+
+    def candidates(self) -> list[Version]:
+        """The channel's ROCm versions, newest first; a stable search says why pre-releases
+        newer than every release lost."""
+        keyed = [(key, v) for v in self.rocms if (key := _rocm_key(v, self.channel)) is not None]
+        if self.channel == "stable":
+            top = max((k[0] for k, _ in keyed), default=None)
+            pres = sorted(v for v in self.rocms if v.is_prerelease and (top is None or v > top))
+            if pres:
+                self.notes.append(
+                    f"not releases, so not proposed: ROCm {', '.join(map(str, pres))}"
+                )
+        return [v for _, v in sorted(keyed, reverse=True)]
+
+    def why_not(self, rocm: Version) -> str | None:
+        if self.feed_used and rocm not in self.trusted:
+            return f"ROCm {rocm}: {self.refused.get(rocm, 'not in the Quartz feed')}"
+        if self.rocm_device is not None and rocm not in self.rocm_device:
+            return f"ROCm {rocm}: no {DEVICE_PACKAGES['rocm'].format(arch=self.arch)} {rocm}"
+        return None
+
+    def pair(
+        self, key: str, torch: Version, fits: dict[Version, str]
+    ) -> tuple[Version, str] | None:
+        """The newest build of a companion whose wheel's Requires-Dist admits `torch`; None
+        where a wheel's metadata (PEP 658) cannot be read: the pairing is then left to a note."""
+        project, index = project_of(key), self.torch_layer.index
+        files = {f.filename: f for f in self.reader.files(index, project)}
+
+        def requires(version: Version) -> SpecifierSet | None:
+            return torch_requirement(
+                self.reader.index.metadata(index, project, files[fits[version]])
+            )
+
+        try:
+            chosen, passed = vision_for(torch, list(fits), requires)
+        except Unavailable:
+            return None
+        if chosen is None:
+            return None
+        why = f"; passed over: {'; '.join(passed)}" if passed else ""
+        return (
+            chosen,
+            f"{project} {chosen} chosen by its wheel's Requires-Dist (admits torch {torch}){why}",
         )
-        if why:
-            skipped.append(f"ROCm {rocm}: {why}")
-            continue
+
+    def first_complete(self, stack: str) -> Proposal:
+        skipped: list[str] = []
+        for rocm in self.candidates():
+            why = self.why_not(rocm)
+            chosen, why_builds, found = ({}, None, []) if why else _builds_for(
+                f"rocm{rocm}", self.keys, self.builds, self.device_of, self.python, self.arch,
+                self.torch_release, self.pair,
+            )  # fmt: skip
+            if why or why_builds:
+                skipped.append(why or f"ROCm {rocm}: {why_builds}")
+                continue
+            return self.proposal(stack, rocm, chosen, found, skipped)
+        raise self.nothing_complete(skipped)
+
+    def proposal(self, stack, rocm, chosen, found, skipped) -> Proposal:
+        kinds = "releases" if self.channel == "stable" else "nightlies"
+        notes = self.notes
         if skipped:
             notes.insert(0, f"newer {kinds} skipped: " + "; ".join(skipped))
         notes.extend(found)
-        if rocm in trusted:
-            notes.append(f"trusted the Quartz record {trusted[rocm]}")
+        if rocm in self.trusted:
+            notes.append(f"trusted the Quartz record {self.trusted[rocm]}")
+        rocm_file = self.rocms[rocm]
         picks = [
-            _pick(rocm_layer, ROCM_KEY, rocm_project, str(rocm), rocms[rocm], channel),
+            _pick(self.rocm_layer, ROCM_KEY, self.rocm_project, str(rocm), rocm_file, self.channel),
             *(
-                _pick(torch_layer, k, project_of(k), str(v), f, channel)
+                _pick(self.torch_layer, k, project_of(k), str(v), f, self.channel)
                 for k, (v, f) in chosen.items()
             ),
         ]
-        proposal = Proposal(
-            channel=channel,
-            stack=stack,
-            arch=arch,
-            python=python,
-            indexes={ROCM_LAYER: rocm_layer.index, TORCH_LAYER: torch_layer.index},
-            rocm=str(rocm),
-            picks=picks,
-            notes=notes,
-        )
-        if channel == "stable":
-            _stable_diff(recipes, proposal)
-        return proposal
-    device_note = f" and {arch}'s device packages" if extra else ""
-    names = ", ".join([rocm_project, *(project_of(k) for k in torch_layer.keys)])
-    raise UserError(
-        f"the {channel} index {torch_layer.index} has no ROCm {kind} with {names} for Python "
-        f"{python}{device_note}"
-        + (
+        return Proposal(
+            channel=self.channel, stack=stack, arch=self.arch, python=self.python,
+            indexes={ROCM_LAYER: self.rocm_layer.index, TORCH_LAYER: self.torch_layer.index},
+            rocm=str(rocm), picks=picks, notes=notes,
+        )  # fmt: skip
+
+    def nothing_complete(self, skipped: list[str]) -> UserError:
+        kind = "release" if self.channel == "stable" else "nightly"
+        device_note = f" and {self.arch}'s device packages" if self.extra else ""
+        names = ", ".join([self.rocm_project, *(project_of(k) for k in self.torch_layer.keys)])
+        why = (
             f" ({'; '.join(skipped[:3])})"
             if skipped
-            else f" (its {rocm_project} page lists no ROCm {kind})"
+            else f" (its {self.rocm_project} page lists no ROCm {kind})"
         )
-    )
+        return UserError(
+            f"the {self.channel} index {self.torch_layer.index} has no ROCm {kind} with {names} "
+            f"for Python {self.python}{device_note}{why}"
+        )
 
 
 def _stack_python(recipes: Recipes, stack: str, python: str | None) -> str:
@@ -470,7 +532,56 @@ def _stack_python(recipes: Recipes, stack: str, python: str | None) -> str:
     return python
 
 
+# ---------------------------------------------------------------------------- torchvision
+
+
+def torch_requirement(metadata: str) -> SpecifierSet | None:
+    """What a wheel's METADATA (`Requires-Dist: torch (>=2.14.0)`) asks of torch on Linux, or
+    None where it names no torch."""
+    message = email.parser.HeaderParser().parsestr(metadata)
+    for line in message.get_all("Requires-Dist") or []:
+        try:
+            req = Requirement(line)
+        except InvalidRequirement:
+            continue
+        if canonicalize_name(req.name) != "torch":
+            continue
+        env = {"platform_system": "Linux", "sys_platform": "linux", "extra": ""}
+        if req.marker is None or req.marker.evaluate(env):
+            return req.specifier
+    return None
+
+
+def vision_for(
+    torch: Version, candidates: list[Version], requires: Callable[[Version], SpecifierSet | None]
+) -> tuple[Version | None, list[str]]:
+    """The newest torchvision whose own wheel admits `torch` (its `Requires-Dist: torch`), and
+    why each newer one was passed over. No version formula: torchvision 0.29.1 and 0.29.2
+    (stable ABI, `torch>=2.14.0`) serve torch 2.14 and 2.15 alike, and no 0.30 exists on PyPI for
+    torch 2.15.0 (PyPI, read 2026-12-04)."""
+    passed = []
+    for version in sorted(candidates, reverse=True):
+        spec = requires(version)
+        if spec is not None and spec.contains(torch, prereleases=True):
+            return version, passed
+        passed.append(
+            f"{version} requires torch{spec}" if spec else f"{version} names no torch requirement"
+        )
+    return None, passed
+
+
 # ---------------------------------------------------------------------------- pytorch.org
+
+
+@dataclass(frozen=True)
+class _OrgBlock:
+    """One set of pins of the pytorch-org layer: its own (where=()) or a variant's."""
+
+    name: str  # pytorch-org, or pytorch-org:<variant>
+    where: tuple[str, ...]
+    url: str
+    pins: dict[str, str]
+    expect: str | None  # torch.version where this block states it
 
 
 def _org_stack(recipes: Recipes) -> str:
@@ -480,116 +591,184 @@ def _org_stack(recipes: Recipes) -> str:
     raise UserError(f"no stack in recipes/stacks.yaml uses the {ORG} layer")
 
 
+def org_blocks(recipes: Recipes) -> list[_OrgBlock]:
+    """The layer's own pins, then each variant that pins its own (torch 2.15's)."""
+    layer, keys = recipes.layers[ORG], (TORCH_KEY, VISION_KEY, ROCM_KEY)
+    shared = {**layer.args, **layer.hint_args}
+    sets = [(ORG, (), shared, layer.pins, layer.expect)] if layer.pins else []
+    sets += [
+        (f"{ORG}:{name}", ("variants", name), {**shared, **v.args, **v.hint_args}, v.pins, v.expect)
+        for name, v in layer.variants.items()
+        if v.pins
+    ]
+    blocks = []
+    for name, where, args, pins, expect in sets:
+        missing = [k for k in keys if k not in pins]
+        if not args.get(ORG_INDEX_KEY) or missing:
+            block = ".".join(("recipes/layers/pytorch-org.yaml", *where[1:]))
+            raise UserError(f"{block} must name {ORG_INDEX_KEY} and pin {', '.join(keys)}")
+        blocks.append(_OrgBlock(name, where, args[ORG_INDEX_KEY], dict(pins),
+                                expect.get(EXPECT_TORCH)))  # fmt: skip
+    if not blocks:
+        raise UserError(f"recipes/layers/{ORG}.yaml pins no torch")
+    return blocks
+
+
+def _org_releases(reader: _Reader, url: str, project: str, python: str, keep) -> dict[Version, str]:
+    found = _fitting(reader.files(url, project), project, python)
+    return {v: f for v, f in found.items() if not (v.is_prerelease or v.is_devrelease) and keep(v)}
+
+
+def _org_torch(reader: _Reader, block: _OrgBlock, python: str) -> tuple[Version, str, list[str]]:
+    """The newest torch of the block's release line (2.14.x) with its label (+rocm7.14); a
+    newer line on the index is named, not proposed: it is a variant of its own."""
+    current = _version(block, TORCH_KEY)
+    label, line = current.local, current.release[:2]
+    torches = _org_releases(reader, block.url, "torch", python, lambda v: v.local == label)
+    ours = {v: f for v, f in torches.items() if v.release[:2] == line}
+    if not ours:
+        raise UserError(
+            f"the {ORG} index {block.url} has no torch {line[0]}.{line[1]}.x +{label} for "
+            f"Python {python}"
+        )
+    newer = sorted({v.release[:2] for v in torches if v.release[:2] > line})
+    notes = [
+        f"{block.name}: the index also serves torch {', '.join('.'.join(map(str, n)) for n in newer)}"
+        f" +{label}; a newer torch line is a variant of its own (recipes/layers/{ORG}.yaml)"
+    ] if newer else []  # fmt: skip
+    torch = max(ours)
+    return torch, ours[torch], notes
+
+
+def _org_vision(
+    reader: _Reader, block: _OrgBlock, torch: Version, python: str
+) -> tuple[Version, str, list[str]]:
+    """The newest torchvision +label whose wheel's Requires-Dist admits the proposed torch."""
+    label = torch.local
+    found = _org_releases(reader, block.url, "torchvision", python, lambda v: v.local == label)
+    files = {f.filename: f for f in reader.files(block.url, "torchvision")}
+
+    def requires(version: Version) -> SpecifierSet | None:
+        try:
+            return torch_requirement(
+                reader.index.metadata(block.url, "torchvision", files[found[version]])
+            )
+        except Unavailable as exc:
+            raise reader.failed(exc) from None
+
+    vision, passed = vision_for(torch, list(found), requires)
+    if vision is None:
+        why = f" ({'; '.join(passed[:3])})" if passed else ""
+        raise UserError(
+            f"the {ORG} index {block.url} has no torchvision +{label} for Python {python} whose "
+            f"Requires-Dist admits torch {torch}{why}"
+        )
+    notes = (
+        [f"{block.name}: torchvision {'; '.join(passed)}: not for torch {torch}"] if passed else []
+    )
+    return vision, found[vision], notes
+
+
+def _org_rocm(reader: _Reader, block: _OrgBlock, python: str) -> tuple[Version, str, list[str]]:
+    """The newest republication (.postN) of the pinned rocm release; other patch releases the
+    label would take (7.14.1) are named, not proposed: which one torch runs on is the recipe's
+    decision (its comments say why)."""
+    current = _version(block, ROCM_KEY)
+    release = current.release
+    rocms = _org_releases(reader, block.url, "rocm", python,
+                          lambda v: v.release == release and not v.local)  # fmt: skip
+    if not rocms:
+        raise UserError(
+            f"the {ORG} index {block.url} no longer serves rocm {current.base_version} "
+            "(nor a .postN of it)"
+        )
+    others = sorted(
+        v
+        for v in _org_releases(
+            reader,
+            block.url,
+            "rocm",
+            python,
+            lambda v: v.release[:2] == release[:2] and not v.local,
+        )  # fmt: skip
+        if v.release != release
+    )
+    notes = [
+        f"not proposed: rocm {', '.join(map(str, others))}, other releases torch "
+        f"+{_version(block, TORCH_KEY).local} would take; pinning one is a decision for the "
+        "recipe (its comments), after a validation run"
+    ] if others else []  # fmt: skip
+    rocm = max(rocms)
+    return rocm, rocms[rocm], notes
+
+
+def _version(block: _OrgBlock, key: str) -> Version:
+    try:
+        return Version(block.pins[key])
+    except InvalidVersion as exc:
+        raise UserError(f"recipes/layers/{ORG}.yaml {block.name} {key}: {exc}") from None
+
+
 def _propose_org(
     recipes: Recipes, stack: str, index: IndexSource, python: str, arch: str
 ) -> Proposal:
-    """The newest torch release the pytorch.org index serves with the pinned torch's label
-    (+rocm7.14), the torchvision of its line, and the newest republication (.postN) of the
-    pinned rocm release. Another rocm patch the label would take (7.14.1) is named, not
-    proposed: which ROCm patch torch runs on is the recipe's decision (its comments say why)."""
-    layer = recipes.layers[ORG]
-    url = {**layer.args, **layer.hint_args}.get(ORG_INDEX_KEY)
-    missing = [k for k in (TORCH_KEY, VISION_KEY, ROCM_KEY) if k not in layer.pins]
-    if not url or missing:
-        raise UserError(
-            f"recipes/layers/{ORG}.yaml must name {ORG_INDEX_KEY} and pin "
-            f"{', '.join([TORCH_KEY, VISION_KEY, ROCM_KEY])}"
-        )
+    """Per block of the pytorch-org layer: the newest torch of its line and label, the newest
+    torchvision that admits it, the newest .postN of its rocm; one diff of the layer file."""
     reader = _Reader(index, ORG)
-    try:
-        current_torch = Version(layer.pins[TORCH_KEY])
-        current_rocm = Version(layer.pins[ROCM_KEY])
-    except InvalidVersion as exc:
-        raise UserError(f"recipes/layers/{ORG}.yaml: {exc}") from None
-    label = current_torch.local
+    picks: list[Pick] = []
     notes: list[str] = []
-
-    def releases(project: str, keep) -> dict[Version, str]:
-        found = _fitting(reader.files(url, project), project, python)
-        return {
-            v: f for v, f in found.items() if not (v.is_prerelease or v.is_devrelease) and keep(v)
-        }
-
-    torches = releases("torch", lambda v: v.local == label)
-    if not torches:
-        raise UserError(f"the {ORG} index {url} has no torch release +{label} for Python {python}")
-    torch = max(torches)
-    # torchvision 0.N pairs with torch 2.(N-15): pytorch/vision README, "Installation" table
-    # (torch 2.14 <-> torchvision 0.29, 2.13 <-> 0.28).
-    line = (0, torch.minor + 15)
-    visions = releases("torchvision", lambda v: v.local == label and v.release[:2] == line)
-    if not visions:
-        raise UserError(
-            f"the {ORG} index {url} has no torchvision {line[0]}.{line[1]}.x +{label} for "
-            f"Python {python}, the line of torch {torch}"
-        )
-    vision = max(visions)
-    if len(visions) > 1:
-        notes.append(
-            f"torchvision has {len(visions)} releases of its {line[0]}.{line[1]} line +{label}; "
-            f"proposing the newest: confirm that {vision} requires torch {torch} (its wheel's "
-            "Requires-Dist)"
-        )
-    release = current_rocm.release
-    rocms = releases("rocm", lambda v: v.release == release and not v.local)
-    if not rocms:
-        raise UserError(
-            f"the {ORG} index {url} no longer serves rocm {current_rocm.base_version} "
-            f"(nor a .postN of it)"
-        )
-    rocm = max(rocms)
-    others = sorted(
-        v
-        for v in releases("rocm", lambda v: v.release[:2] == release[:2] and not v.local)
-        if v.release != release
-    )
-    if others:
-        notes.append(
-            f"not proposed: rocm {', '.join(map(str, others))}, other releases torch "
-            f"+{label} would take; pinning one is a decision for the recipe (its comments), "
-            "after a validation run"
-        )
-    picks = [
-        Pick(ORG, TORCH_KEY, "torch", layer.pins[TORCH_KEY], str(torch), torches[torch]),
-        Pick(ORG, VISION_KEY, "torchvision", layer.pins[VISION_KEY], str(vision), visions[vision]),
-        Pick(ORG, ROCM_KEY, "rocm", layer.pins[ROCM_KEY], str(rocm), rocms[rocm]),
-    ]
-    proposal = Proposal(
-        channel=ORG,
-        stack=stack,
-        arch=arch,
-        python=python,
-        indexes={ORG: url},
-        rocm=str(rocm),
-        picks=picks,
-        notes=notes,
-    )
+    rocms, indexes = [], {}
+    for block in org_blocks(recipes):
+        torch, torch_file, torch_notes = _org_torch(reader, block, python)
+        vision, vision_file, vision_notes = _org_vision(reader, block, torch, python)
+        rocm, rocm_file, rocm_notes = _org_rocm(reader, block, python)
+        notes += torch_notes + vision_notes + rocm_notes
+        rocms.append(str(rocm))
+        indexes[block.name] = block.url
+        picks += [
+            Pick(block.name, TORCH_KEY, "torch", block.pins[TORCH_KEY], str(torch), torch_file),
+            Pick(block.name, VISION_KEY, "torchvision", block.pins[VISION_KEY], str(vision),
+                 vision_file),
+            Pick(block.name, ROCM_KEY, "rocm", block.pins[ROCM_KEY], str(rocm), rocm_file),
+        ]  # fmt: skip
+    proposal = Proposal(channel=ORG, stack=stack, arch=arch, python=python, indexes=indexes,
+                        rocm=", ".join(dict.fromkeys(rocms)), picks=picks, notes=notes)  # fmt: skip
     _org_diff(recipes, proposal)
     return proposal
 
 
+def _new_expect(expect: str, current: str | None, proposed: str) -> str:
+    """validate/expect.py matches torch.version as a prefix: a prefix the new torch still starts
+    with stays, a full version (or a stale prefix) follows the pin."""
+    return expect if expect != current and proposed.startswith(expect) else proposed
+
+
 def _org_diff(recipes: Recipes, proposal: Proposal) -> None:
-    edits = {("pins", p.key): p.proposed for p in proposal.picks if p.changed}
-    torch = next(p for p in proposal.picks if p.key == TORCH_KEY)
-    expect = recipes.layers[ORG].expect.get(EXPECT_TORCH)
-    if isinstance(expect, str):
-        new = expect if expect != torch.current and torch.proposed.startswith(expect) else None
-        new = new or torch.proposed
-        proposal.expect = (expect, new)
-        if new != expect:
-            edits[("expect", EXPECT_TORCH)] = new
-    if not edits:
-        return
-    rel = recipes.layer_files[ORG]
-    old, new_text = edit_layer(recipes.root / rel, rel, (), edits)
-    proposal.diff = "".join(
+    edits: dict[tuple[str, ...], dict[tuple[str, str], str]] = {}
+    for block in org_blocks(recipes):
+        mine = [p for p in proposal.picks if p.layer == block.name]
+        changes = {("pins", p.key): p.proposed for p in mine if p.changed}
+        torch = next(p for p in mine if p.key == TORCH_KEY)
+        if isinstance(block.expect, str):
+            new = _new_expect(block.expect, torch.current, torch.proposed)
+            proposal.expect = proposal.expect or (block.expect, new)
+            if new != block.expect:
+                changes[("expect", EXPECT_TORCH)] = new
+        if changes:
+            edits[block.where] = changes
+    if edits:
+        rel = recipes.layer_files[ORG]
+        old, new_text = edit_blocks(recipes.root / rel, rel, edits)
+        proposal.diff = _unified(old, new_text, rel)
+
+
+def _unified(old: str, new: str, rel: str) -> str:
+    return "".join(
         difflib.unified_diff(
-            old.splitlines(keepends=True),
-            new_text.splitlines(keepends=True),
-            fromfile=f"a/{rel}",
-            tofile=f"b/{rel}",
+            old.splitlines(keepends=True), new.splitlines(keepends=True),
+            fromfile=f"a/{rel}", tofile=f"b/{rel}",
         )
-    )
+    )  # fmt: skip
 
 
 def _builds_for(
@@ -600,9 +779,12 @@ def _builds_for(
     python: str,
     arch: str,
     torch_release: tuple[int, ...] | None = None,
+    pair: Callable[[str, Version, dict[Version, str]], tuple[Version, str] | None] | None = None,
 ) -> tuple[dict[str, tuple[Version, str]], str | None, list[str]]:
     """For one ROCm label (rocm10.1.0): key -> (the newest version of its project with that
-    local label that fits, a file of it); else why not; and notes on ambiguous pairings."""
+    local label that fits, a file of it); else why not; and notes on ambiguous pairings. Where
+    a companion has several builds, `pair(key, torch, fits)` may choose by the wheels' own
+    Requires-Dist: (version, note), or None where their metadata cannot be read."""
     chosen: dict[str, tuple[Version, str]] = {}
     notes = []
     for key in keys:
@@ -630,7 +812,11 @@ def _builds_for(
                 return chosen, f"no {project} +{label} with {package}", notes
         newest = max(fits)
         chosen[key] = (newest, fits[newest])
-        if key != TORCH_KEY and len(fits) > 1:
+        paired = pair(key, chosen[TORCH_KEY][0], fits) if pair and key != TORCH_KEY else None
+        if paired is not None and len(fits) > 1:
+            chosen[key] = (paired[0], fits[paired[0]])
+            notes.append(paired[1])
+        elif key != TORCH_KEY and len(fits) > 1:
             others = ", ".join(str(v) for v in sorted(fits) if v != newest)
             notes.append(
                 f"ambiguous: {project} has {len(fits)} builds for +{label} ({others} besides "
@@ -675,31 +861,42 @@ def edit_layer(
 ) -> tuple[str, str]:
     """edit_variant for any block of a layer file: `where` is the path to the block holding
     the sections (("variants", "stable"), or () for the layer's own pins)."""
+    return edit_blocks(path, rel, {where: changes})
+
+
+def edit_blocks(
+    path: Path, rel: str, edits: dict[tuple[str, ...], dict[tuple[str, ...], str]]
+) -> tuple[str, str]:
+    """(old text, new text) of a layer file with the values of several blocks replaced (block
+    path -> key path within it, ("pins", "TORCH_VERSION") or ("aotriton",) -> value); only
+    those lines change, and the result is read back to prove it says what was meant."""
     src = yamlsrc.load(path, rel)
     text = path.read_text(encoding="utf-8")
     lines = text.splitlines(keepends=True)
-    shown = ".".join(where[1:])
-    for (section, key), value in changes.items():
-        loc = (*where, section, key)
-        number = src.lines.get(loc)
-        new = _replace_value(lines[number - 1], key, value) if number else None
-        name = ".".join(filter(None, (shown, section, key)))
-        if new is None:
-            raise UserError(
-                f"{rel}:{number or '?'}: cannot edit {name} as one line; set it to {value!r} "
-                "by hand"
-            )
-        lines[number - 1] = new
+    for where, changes in edits.items():
+        for keys, value in changes.items():
+            number = src.lines.get((*where, *keys))
+            new = _replace_value(lines[number - 1], keys[-1], value) if number else None
+            if new is None:
+                raise UserError(
+                    f"{rel}:{number or '?'}: cannot edit {_shown(where, *keys)} as one "
+                    f"line; set it to {value!r} by hand"
+                )
+            lines[number - 1] = new
     edited = "".join(lines)
     data = yaml.safe_load(edited)
-    for (section, key), value in changes.items():
-        block = data
-        for part in where:
-            block = block[part]
-        if block[section][key] != value:
-            name = ".".join(filter(None, (shown, section, key)))
-            raise UserError(f"{rel}: editing {name} went wrong; set it by hand")
+    for where, changes in edits.items():
+        for keys, value in changes.items():
+            block = data
+            for part in (*where, *keys):
+                block = block[part]
+            if block != value:
+                raise UserError(f"{rel}: editing {_shown(where, *keys)} went wrong; set it by hand")
     return text, edited
+
+
+def _shown(where: tuple[str, ...], *keys: str) -> str:
+    return ".".join(filter(None, (*where[1:], *keys)))
 
 
 def _stable_diff(recipes: Recipes, proposal: Proposal) -> None:
@@ -710,29 +907,16 @@ def _stable_diff(recipes: Recipes, proposal: Proposal) -> None:
     torch = next(p for p in proposal.picks if p.key == TORCH_KEY)
     expect = recipes.layers[TORCH_LAYER].variants[proposal.channel].expect.get(EXPECT_TORCH)
     if isinstance(expect, str):
-        # validate/expect.py matches torch.version as a prefix: a prefix the new torch still
-        # starts with stays, a full version (or a stale prefix) follows the pin.
-        new = expect if expect != torch.current and torch.proposed.startswith(expect) else None
-        new = new or torch.proposed
+        new = _new_expect(expect, torch.current, torch.proposed)
         proposal.expect = (expect, new)
         if new != expect:
             edits.setdefault(TORCH_LAYER, {})[("expect", EXPECT_TORCH)] = new
     chunks = []
     for layer in (ROCM_LAYER, TORCH_LAYER):
-        if layer not in edits:
-            continue
-        rel = recipes.layer_files[layer]
-        old, new_text = edit_variant(recipes.root / rel, rel, proposal.channel, edits[layer])
-        chunks.append(
-            "".join(
-                difflib.unified_diff(
-                    old.splitlines(keepends=True),
-                    new_text.splitlines(keepends=True),
-                    fromfile=f"a/{rel}",
-                    tofile=f"b/{rel}",
-                )
-            )
-        )
+        if layer in edits:
+            rel = recipes.layer_files[layer]
+            old, new_text = edit_variant(recipes.root / rel, rel, proposal.channel, edits[layer])
+            chunks.append(_unified(old, new_text, rel))
     proposal.diff = "".join(chunks)
 
 
@@ -745,21 +929,7 @@ def reminders(proposal: Proposal, recipes: Recipes) -> list[str]:
     torch = next(p for p in proposal.picks if p.key == TORCH_KEY)
     out = []
     if proposal.channel == ORG:
-        aot = recipes.layers[ORG].aotriton
-        if torch.changed:
-            out.append(
-                f"re-check the AOTriton torch {torch.proposed} bundles: the {ORG} layer says "
-                f'aotriton: "{aot}"; after applying, `invoke pins.check --stack '
-                f"{proposal.stack}` reads it from PyTorch's release tag"
-            )
-        if proposal.expect and proposal.expect[0] != proposal.expect[1]:
-            out.append(
-                f'expect {EXPECT_TORCH}: "{proposal.expect[0]}" -> "{proposal.expect[1]}" '
-                "(in the diff)"
-            )
-        if not proposal.current:
-            out.append(f"the comments above the {ORG} layer's pins name their sources: edit them")
-        return out
+        return _org_reminders(proposal, recipes)
     variant = recipes.layers[TORCH_LAYER].variants[proposal.channel]
     aot = recipes.layers[TORCH_LAYER].aotriton_for(proposal.channel)
     if proposal.channel == "stable":
@@ -790,3 +960,84 @@ def reminders(proposal: Proposal, recipes: Recipes) -> list[str]:
         if variant.pins:
             out.append(f"the nightly variant also pins {', '.join(variant.pins)}")
     return out
+
+
+def _org_reminders(proposal: Proposal, recipes: Recipes) -> list[str]:
+    layer, out = recipes.layers[ORG], []
+    for p in proposal.picks:
+        if p.key != TORCH_KEY or not p.changed:
+            continue
+        variant = p.layer.partition(":")[2] or None
+        stack = _org_stack_of(recipes, variant) or proposal.stack
+        out.append(
+            f"re-check the AOTriton torch {p.proposed} bundles: the {p.layer} layer says "
+            f'aotriton: "{layer.aotriton_for(variant)}"; after applying, `invoke pins.check '
+            f"--stack {stack}` reads it from PyTorch's release tag"
+        )
+    if proposal.expect and proposal.expect[0] != proposal.expect[1]:
+        out.append(
+            f'expect {EXPECT_TORCH}: "{proposal.expect[0]}" -> "{proposal.expect[1]}" (in the diff)'
+        )
+    if not proposal.current:
+        out.append(f"the comments above the {ORG} layer's pins name their sources: edit them")
+    return out
+
+
+def _org_stack_of(recipes: Recipes, variant: str | None) -> str | None:
+    """The stack that builds the pytorch-org layer as `variant` (None: the layer's own pins)."""
+    for name, stack in recipes.stacks.items():
+        for entry in stack.entries():
+            chosen = entry.variant[0] if isinstance(entry.variant, list) else entry.variant
+            if entry.layer == ORG and (variant is None or chosen == variant):
+                return name
+    return None
+
+
+# ---------------------------------------------------------------------------- what an image read
+
+
+def observed_in(document: dict[str, Any], source: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the versions manifest, its "observed" facts) from an image's manifest
+    (/opt/attnforge/versions.json) or a validation report, whose env check records it."""
+    manifest = document
+    if "checks" in document:  # a report: the env check's details.image_versions
+        env = next((c for c in document.get("checks", []) if c.get("id") == "env"), {})
+        manifest = (env.get("details") or {}).get("image_versions") or {}
+    observed = manifest.get("observed") if isinstance(manifest, dict) else None
+    if not isinstance(observed, dict):
+        raise UserError(
+            f"--observed {source}: no observed facts in it (an image's /opt/attnforge/"
+            "versions.json, or a validation report of an image built with them)"
+        )
+    return manifest, observed
+
+
+def observed_diff(recipes: Recipes, document: dict[str, Any], source: str) -> tuple[str, list[str]]:
+    """The recipe corrected by what an image read from its own files: the `aotriton:` of the
+    torch layer (or its variant) the image was built from. (diff, notes); an empty diff when
+    the recipe already says what the image has."""
+    manifest, observed = observed_in(document, source)
+    seen = (observed.get("aotriton") or {}).get("tag")
+    for name, entry in manifest.items():
+        layer = recipes.layers.get(name)
+        if layer is None or "torch" not in layer.provides or not isinstance(entry, dict):
+            continue
+        variant = entry.get("variant")
+        said = layer.aotriton_for(variant)
+        notes = [f"{name}{':' + variant if variant else ''}: the recipe says AOTriton {said}, "
+                 f"the image has {seen or 'none'} ({(observed.get('aotriton') or {}).get('file')})"]  # fmt: skip
+        if not seen or not said or _aot_release(seen) == _aot_release(said):
+            return "", notes
+        own = variant and layer.variants.get(variant) and layer.variants[variant].aotriton
+        where = ("variants", variant) if own else ()
+        rel = recipes.layer_files[name]
+        old, new = edit_blocks(recipes.root / rel, rel, {where: {("aotriton",): seen}})
+        notes.append(
+            "the comments beside aotriton: say it was inferred: say it was read, and from where"
+        )
+        return _unified(old, new, rel), notes
+    raise UserError(f"--observed {source}: names no layer of these recipes that provides torch")
+
+
+def _aot_release(tag: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", tag)[:3])

@@ -230,6 +230,8 @@ class DistFile:
     filename: str
     requires_python: str | None
     yanked: bool
+    # the link as the page gives it (relative to the page), for PEP 658 metadata; not identity
+    href: str = field(default="", compare=False)
 
 
 class _AnchorParser(HTMLParser):
@@ -258,7 +260,10 @@ class _AnchorParser(HTMLParser):
             )
             self.files.append(
                 DistFile(
-                    name, self._attrs.get("data-requires-python"), "data-yanked" in self._attrs
+                    name,
+                    self._attrs.get("data-requires-python"),
+                    "data-yanked" in self._attrs,
+                    href,
                 )
             )
             self._attrs = None
@@ -270,7 +275,9 @@ def parse_index_page(body: str, content_type: str) -> list[DistFile]:
     if "json" in content_type:
         data = json.loads(body)
         return [
-            DistFile(f["filename"], f.get("requires-python"), bool(f.get("yanked")))
+            DistFile(
+                f["filename"], f.get("requires-python"), bool(f.get("yanked")), f.get("url", "")
+            )
             for f in data.get("files", [])
         ]
     parser = _AnchorParser()
@@ -299,6 +306,24 @@ class IndexSource:
         if url not in self._cache:
             self._cache[url] = self._read(url)
         return self._cache[url]
+
+    def metadata(self, index: str, project: str, file: DistFile) -> str:
+        """A wheel's METADATA without downloading the wheel: PEP 658's `<file URL>.metadata`
+        online, `<saved page folder>/<filename>.metadata` offline."""
+        page = self.page_url(index, project)
+        if self.offline is not None:
+            saved = self.offline / url_path(page) / f"{file.filename}.metadata"
+            if saved.is_file():
+                return saved.read_text(encoding="utf-8")
+            raise Unavailable(f"no saved metadata {saved}")
+        url = urllib.parse.urljoin(page, (file.href or file.filename).split("#", 1)[0])
+        try:
+            with urllib.request.urlopen(url + ".metadata", timeout=60) as resp:  # noqa: S310
+                return resp.read().decode("utf-8", "replace")
+        except urllib.error.HTTPError as exc:
+            raise Unavailable(f"GET {url}.metadata: HTTP {exc.code} (PEP 658)") from None
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            raise Unavailable(f"GET {url}.metadata: {getattr(exc, 'reason', exc)}") from None
 
     def _read(self, url: str) -> list[DistFile]:
         if self.offline is not None:

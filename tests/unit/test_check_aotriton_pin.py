@@ -12,7 +12,7 @@ from tests.conftest import REPO
 
 SCRIPT = REPO / "dockerfiles/scripts/check_aotriton_pin.py"
 PIN = "269036897bcee4292f4e928767df1e3dd0e3c8bd"
-SHIPPED = "6e00ef3e335b45dfb49065259533b59c68995bfe"
+SHIPPED = "c11b5b886a10a00f925f74133d38b3505e67ccd9"
 CMAKE = f"""
 set(__AOTRITON_VER "0.12b")
 if(DEFINED ENV{{PYTORCH_AOTRITON_COMMIT}})
@@ -51,6 +51,6 @@ def test_a_mismatch_or_missing_layer_fails_the_build_with_the_fix(tmp_path, buil
 def test_the_shipped_aotriton_layer_pins_what_the_recipe_says():
     from attnforge.recipes import load_recipes
 
-    # v2.14.1's pin, AOTriton 0.13b (recipes/layers/aotriton.yaml); the check itself is
+    # v2.15.0's pin, AOTriton 0.14.2b (recipes/layers/aotriton.yaml); the check itself is
     # exercised above with 0.12b's commit
     assert load_recipes(REPO).layers["aotriton"].source.ref == SHIPPED

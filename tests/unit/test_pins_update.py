@@ -12,6 +12,7 @@ import shutil
 import socket
 import subprocess
 import threading
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -345,6 +346,8 @@ class _SimpleIndex(http.server.BaseHTTPRequestHandler):
     root: Path
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        if self.path.endswith(".metadata"):  # PEP 658, beside the wheel's URL
+            return self._metadata()
         folder = self.root / self.path.strip("/")
         for name, ctype in (
             ("index.json", "application/vnd.pypi.simple.v1+json"),
@@ -359,6 +362,22 @@ class _SimpleIndex(http.server.BaseHTTPRequestHandler):
                 self.wfile.write(body)
                 return
         self.send_error(404)
+
+    def _metadata(self) -> None:
+        """`/whl/rocm7.14/<wheel>.metadata`: saved beside the project's page (pytorch.org's
+        wheels sit in the index folder itself, their pages one folder down). The page's
+        absolute hrefs drop the host folder the saved pages are served under: any host's."""
+        folder, _, name = urllib.parse.unquote(self.path.strip("/")).rpartition("/")
+        rel = f"{folder}/{name.split('-', 1)[0]}/{name}"
+        saved = next((p for p in (self.root / rel, *self.root.glob(f"*/{rel}")) if p.is_file()),
+                     None)  # fmt: skip
+        if saved is None:
+            return self.send_error(404)
+        body = saved.read_bytes()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
     def log_message(self, *args) -> None:
         pass
@@ -453,7 +472,7 @@ ORG_DIFF = """\
 -  TORCHVISION_VERSION: "0.29.0+rocm7.14"
 -  ROCM_VERSION: "7.14.0"  # 7.14.0 requires itself
 +  TORCH_VERSION: "2.14.1+rocm7.14"
-+  TORCHVISION_VERSION: "0.29.1+rocm7.14"
++  TORCHVISION_VERSION: "0.29.2+rocm7.14"
 +  ROCM_VERSION: "7.14.0.post1"  # 7.14.0 requires itself
  expect:
 -  torch.version: "2.14.0+rocm7.14"
@@ -492,15 +511,160 @@ def test_pytorch_org_prints_the_diff_of_the_layers_pins(org_tree, offline):
 
 def test_pytorch_org_pins_that_are_newest_are_current(org_tree, offline):
     layer = org_tree / "recipes/layers/pytorch-org.yaml"
-    text = layer.read_text().replace("2.14.0+", "2.14.1+").replace("0.29.0+", "0.29.1+")
+    text = layer.read_text().replace("2.14.0+", "2.14.1+").replace("0.29.0+", "0.29.2+")
     layer.write_text(text.replace('"7.14.0"', '"7.14.0.post1"'))
     proc = update(org_tree, "--channel", "pytorch-org", "--offline", str(offline))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "pytorch-org pins are current\n"
 
 
-def test_pytorch_org_without_its_torch_line_on_the_index_says_so(org_tree, offline):
-    page = offline / "download.pytorch.org/whl/rocm7.14/torchvision/index.html"
-    page.write_text(page.read_text().replace("0.29.", "0.28."))
-    with pytest.raises(UserError, match=r"no torchvision 0\.29\.x \+rocm7\.14 for Python 3\.12"):
+def test_pytorch_org_without_a_torchvision_for_its_torch_says_so(org_tree, offline):
+    folder = offline / "download.pytorch.org/whl/rocm7.14/torchvision"
+    for meta in folder.glob("*.metadata"):  # every torchvision now requires an older torch
+        meta.write_text(meta.read_text().replace("torch>=2.14.0", "torch==2.13.0")
+                        .replace("torch (>=2.14.0)", "torch==2.13.0"))  # fmt: skip
+    with pytest.raises(UserError) as err:
         propose(org_tree, offline, "pytorch-org")
+    assert err.value.message.startswith(
+        "the pytorch-org index https://download.pytorch.org/whl/rocm7.14 has no torchvision "
+        "+rocm7.14 for Python 3.12 whose Requires-Dist admits torch 2.14.1+rocm7.14 "
+        "(0.29.2+rocm7.14 requires torch==2.13.0; 0.29.1+rocm7.14 requires torch==2.13.0; "
+        "0.29.0+rocm7.14 requires torch==2.14.0)"
+    )
+
+
+# ------------------------------------------------------------------ torchvision by Requires-Dist
+
+METADATA = REPO / "tests" / "pins" / "metadata"
+
+
+def _requires(name: str):
+    return pins_update.torch_requirement((METADATA / f"{name}.metadata").read_text())
+
+
+def test_the_torch_requirement_is_read_from_saved_torchvision_metadata():
+    assert str(_requires("torchvision-0.29.0")) == "==2.14.0"
+    assert str(_requires("torchvision-0.29.1")) == ">=2.14.0"
+    assert str(_requires("torchvision-0.29.2")) == ">=2.14.0"  # `torch (>=2.14.0)`, PyPI's form
+    assert str(_requires("torchvision-0.30.0a0+rocm10.2.0a20261007")) == (
+        "==2.15.0a0+rocm10.2.0a20261007"
+    )
+    # an extra's requirement is not torch's, and a wheel naming no torch says so
+    assert pins_update.torch_requirement('Requires-Dist: torch==1.0; extra == "x"\n') is None
+    assert pins_update.torch_requirement("Name: torchvision\nRequires-Dist: numpy\n") is None
+
+
+PYPI_VISIONS = {Version(v): f"torchvision-{v}" for v in ("0.29.0", "0.29.1", "0.29.2")}
+
+
+@pytest.mark.parametrize(
+    ("torch", "chosen"),
+    [("2.15.0", "0.29.2"), ("2.15.0+rocm10.0", "0.29.2"), ("2.14.0", "0.29.2"),
+     ("2.13.0", None)],
+)  # fmt: skip
+def test_torchvision_is_the_newest_whose_wheel_admits_the_torch(torch, chosen):
+    vision, passed = pins_update.vision_for(
+        Version(torch), list(PYPI_VISIONS), lambda v: _requires(PYPI_VISIONS[v])
+    )
+    assert vision == (Version(chosen) if chosen else None)
+    if chosen is None:  # each one names what it requires instead
+        assert passed == [
+            "0.29.2 requires torch>=2.14.0",
+            "0.29.1 requires torch>=2.14.0",
+            "0.29.0 requires torch==2.14.0",
+        ]
+
+
+def test_the_old_formula_would_find_nothing_for_torch_2_15():
+    """torch 2.N <-> torchvision 0.(N+15) asks for 0.30 for torch 2.15: PyPI has none (2026-12-04),
+    while 0.29.2's own wheel admits 2.15.0."""
+    assert not [v for v in PYPI_VISIONS if v.release[:2] == (0, 30)]
+    assert pins_update.vision_for(Version("2.15.0"), list(PYPI_VISIONS),
+                                  lambda v: _requires(PYPI_VISIONS[v]))[0] == Version("0.29.2")  # fmt: skip
+
+
+def test_a_nightly_torchvision_serves_only_its_own_nightly_torch():
+    nightly = Version("0.30.0a0+rocm10.2.0a20261007")
+    visions = {**PYPI_VISIONS, nightly: "torchvision-0.30.0a0+rocm10.2.0a20261007"}
+
+    def pick(torch):
+        return pins_update.vision_for(Version(torch), list(visions),
+                                      lambda v: _requires(visions[v]))  # fmt: skip
+
+    assert pick("2.15.0a0+rocm10.2.0a20261007")[0] == nightly
+    vision, passed = pick("2.15.0")  # the release is not the nightly 0.30.0a0 was built for
+    assert vision == Version("0.29.2")
+    assert passed == [f"{nightly} requires torch==2.15.0a0+rocm10.2.0a20261007"]
+
+
+ORG_2_15 = """variants:
+  rocm7.14: {}
+  torch2.15-rocm7.14:
+    aotriton: "0.14.2b"
+    hint_args:
+      TORCH_INDEX_URL: https://download.pytorch.org/whl/rocm7.14
+    pins:
+      TORCH_VERSION: "2.15.0+rocm7.14"
+      TORCHVISION_VERSION: "0.30.0+rocm7.14"  # the old formula's guess
+      ROCM_VERSION: "7.14.0.post1"
+    expect:
+      torch.version: "2.15.0+rocm7.14"
+"""
+
+
+def test_pytorch_org_proposes_each_variants_torchvision_by_its_requires_dist(org_tree, offline):
+    layer = org_tree / "recipes/layers/pytorch-org.yaml"
+    layer.write_text(layer.read_text() + ORG_2_15)
+    proposal = propose(org_tree, offline, "pytorch-org")
+    by = {(p.layer, p.key): (p.current, p.proposed) for p in proposal.picks}
+    # 0.29.2 (stable ABI, torch>=2.14.0) serves torch 2.14.1 too; 0.29.0 requires torch==2.14.0
+    assert by[("pytorch-org", "TORCHVISION_VERSION")] == ("0.29.0+rocm7.14", "0.29.2+rocm7.14")
+    assert by[("pytorch-org:torch2.15-rocm7.14", "TORCH_VERSION")] == (
+        "2.15.0+rocm7.14", "2.15.0+rocm7.14",
+    )  # fmt: skip
+    assert by[("pytorch-org:torch2.15-rocm7.14", "TORCHVISION_VERSION")] == (
+        "0.30.0+rocm7.14", "0.29.2+rocm7.14",
+    )  # fmt: skip
+    # the 2.14 block stays on its line; the 2.15 line is named
+    assert by[("pytorch-org", "TORCH_VERSION")][1] == "2.14.1+rocm7.14"
+    assert any("also serves torch 2.15 +rocm7.14" in n for n in proposal.notes)
+    # one diff of the file: the layer's pins and the variant's torchvision line
+    assert '+      TORCHVISION_VERSION: "0.29.2+rocm7.14"  # the old formula\'s guess' in (
+        proposal.diff
+    )
+    assert '+  TORCH_VERSION: "2.14.1+rocm7.14"' in proposal.diff
+    reminders = pins_update.reminders(proposal, load_recipes(org_tree))
+    assert any('pytorch-org layer says aotriton: "0.12b"' in r for r in reminders)
+
+
+def test_the_shipped_pytorch_org_variants_are_all_proposed_from(tmp_path):
+    """The repository's own layer: one block per torch line it pins, each with an index."""
+    blocks = pins_update.org_blocks(load_recipes(REPO))
+    assert [(b.name, b.url) for b in blocks] == [
+        ("pytorch-org", "https://download.pytorch.org/whl/rocm7.14"),
+        ("pytorch-org:torch2.15-rocm10.0", "https://download.pytorch.org/whl/rocm10.0"),
+        ("pytorch-org:torch2.15-rocm7.14", "https://download.pytorch.org/whl/rocm7.14"),
+    ]
+
+
+def test_stable_pairs_an_ambiguous_torchvision_by_its_wheels_requires_dist(tree, offline):
+    """Two torchvision builds carry +rocm10.1.0; with their metadata saved (PEP 658), the one
+    whose Requires-Dist admits the proposed torch is chosen, not the newest."""
+    folder = offline / STABLE / "torchvision"
+    for version, torch in (("0.28.0", "torch==2.14.0+rocm10.1.0"),
+                           ("0.29.0a0", "torch==2.15.0a0+rocm10.1.0")):  # fmt: skip
+        for py in ("312", "313"):
+            name = f"torchvision-{version}+rocm10.1.0-cp{py}-cp{py}-linux_x86_64.whl.metadata"
+            (folder / name).write_text(
+                f"Metadata-Version: 2.1\nName: torchvision\nVersion: {version}+rocm10.1.0\n"
+                f"Requires-Dist: numpy\nRequires-Dist: {torch}\n"
+            )
+    proposal = propose(tree, offline, "stable")
+    assert proposed(proposal)["TORCH_VERSION"] == "2.14.0+rocm10.1.0"
+    assert proposed(proposal)["TORCHVISION_VERSION"] == "0.28.0+rocm10.1.0"
+    assert (
+        "torchvision 0.28.0+rocm10.1.0 chosen by its wheel's Requires-Dist (admits torch "
+        "2.14.0+rocm10.1.0); passed over: 0.29.0a0+rocm10.1.0 requires "
+        "torch==2.15.0a0+rocm10.1.0" in proposal.notes
+    )
+    assert not any(n.startswith("ambiguous: torchvision") for n in proposal.notes)

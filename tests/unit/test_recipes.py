@@ -214,7 +214,7 @@ INJECTION = "; rm -rf / #"
         # the issue's own example: a source pin that is a shell command
         (
             "recipes/layers/aotriton.yaml",
-            "ref: 6e00ef3e335b45dfb49065259533b59c68995bfe",
+            "ref: c11b5b886a10a00f925f74133d38b3505e67ccd9",
             f'ref: "{INJECTION}"',
             "ref: ",
             "source.ref",
@@ -247,8 +247,8 @@ INJECTION = "; rm -rf / #"
         ),
         (
             "recipes/layers/aotriton.yaml",
-            'tag: "0.13b"',
-            'tag: "0.13b..x"',
+            'tag: "0.14.2b"',
+            'tag: "0.14.2b..x"',
             "tag: ",
             "source.tag",
             "may not contain '..'",

@@ -261,3 +261,60 @@ def test_a_refused_must_run_implementation_renders_as_a_failure():
          "correct": None, "must_run": True, "kernel": None, "reason": "RuntimeError: x"}]}}  # fmt: skip
     [row] = [ln for ln in render.apps_markdown(report) if "| vit |" in ln]
     assert "| sdpa | ❌ |  | RuntimeError: x |" in row
+
+
+# ---------------------------------------------------------------------------- kernels from the Hub
+
+
+def test_every_implementation_says_where_its_kernel_came_from(honest):
+    _, report, md = honest
+    got = rows(report, "llama-gqa")
+    assert got["sdpa"]["source"].startswith("torch's SDPA (torch ")
+    assert (
+        got["sdpa+shim"]["source"] == "the bundled kernels (kernels.sdpa_shim) behind torch's SDPA"
+    )
+    assert got["eager"]["source"] == "transformers eager attention (matmul + softmax)"
+    assert got["flash_attention_2"]["source"] == "none (refused)"
+    assert "| kernel from |" in md
+
+
+# transformers 5.25 falls back from flash_attention_2 to kernels.get_kernel("kernels-community/
+# flash-attn2") where flash_attn is missing and USE_HUB_KERNELS is yes. Planted on the venv's
+# transformers: a stand-in for Hugging Face's `kernels` API (get_kernel on the module named
+# `kernels`) whose body would download, and set_attn_implementation calling it as 5.25 does.
+# Without the check's watch, the stand-in raises, transformers refuses flash_attention_2, and
+# the refusal alone would not fail the check.
+HUB_FALLBACK = """
+    import kernels
+    import transformers.modeling_utils as mu
+
+    def get_kernel(repo_id, *args, **kwargs):
+        raise RuntimeError(f"stand-in kernels.get_kernel would download {repo_id}")
+
+    kernels.get_kernel = get_kernel
+    _select = mu.PreTrainedModel.set_attn_implementation
+
+    def set_attn_implementation(self, name, *args, **kwargs):
+        if name == "flash_attention_2":
+            from kernels import get_kernel as fetch
+
+            fetch("kernels-community/flash-attn2")
+        return _select(self, name, *args, **kwargs)
+
+    mu.PreTrainedModel.set_attn_implementation = set_attn_implementation
+"""
+
+
+def test_a_hub_kernel_fallback_fails_naming_the_switch(tmp_path, run_validate):
+    proc, report = run_apps(run_validate, tmp_path, "apps.llama-gqa", prelude=HUB_FALLBACK)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    [check] = [c for c in report["checks"] if c["id"] == "apps.llama-gqa"]
+    assert check["status"] == "fail"
+    assert (
+        "flash_attention_2 fell back to a Hub kernel (kernels-community/flash-attn2) instead of "
+        "the image's: set USE_HUB_KERNELS=NO in the image's environment" in check["message"]
+    )
+    fa2 = rows(report, "llama-gqa")["flash_attention_2"]
+    assert fa2["source"] == "a Hub kernel (kernels-community/flash-attn2)"
+    assert "refused to fetch the Hub kernel" in fa2["reason"]
+    assert rows(report, "llama-gqa")["sdpa"]["correct"] is True  # the rest ran as before

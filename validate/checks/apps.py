@@ -365,9 +365,137 @@ def warm_up(params: dict[str, Any]) -> None:
         torch.zeros(1, device="cuda")
 
 
+# ---------------------------------------------------------------------------- where kernels come from
+#
+# transformers 5.25 (2026-12-01) makes Hugging Face's `kernels` a dependency and, with
+# USE_HUB_KERNELS defaulting to yes, lets `attn_implementation="flash_attention_2"` fall back to
+# `kernels.get_kernel("kernels-community/flash-attn2")`: a kernel downloaded at run time, which
+# the image never validated (transformers integrations/hub_kernels.py, the 5.25.0 wheel). The
+# check runs every implementation with the network off and any Hub kernel fetch refused, and
+# says where each implementation's attention kernel came from.
+
+HUB_SWITCH = "USE_HUB_KERNELS"  # transformers' switch; NO turns Hub kernels off
+_OFF = {"0", "NO", "FALSE", "OFF"}
+
+
+class NetworkOff:
+    """While entered: connections to anything but this host are refused and recorded, and so
+    are Hub kernel fetches (``kernels.get_kernel``, wherever a module bound it), recorded with
+    the repository asked for. Restores everything on exit."""
+
+    def __init__(self) -> None:
+        self.attempts: list[str] = []
+        self.hub: list[str] = []
+        self._undo: list[tuple[Any, str, Any]] = []
+
+    def __enter__(self) -> NetworkOff:
+        import socket
+
+        real_connect = socket.socket.connect
+
+        def connect(sock, address):
+            if sock.family in (socket.AF_INET, socket.AF_INET6) and not _loopback(address):
+                self.attempts.append(f"{address[0]}:{address[1]}")
+                raise OSError(f"validate runs the apps with the network off ({address[0]})")
+            return real_connect(sock, address)
+
+        self._swap(socket.socket, "connect", connect)
+        self._watch_hub()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for owner, name, value in reversed(self._undo):
+            setattr(owner, name, value)
+        self._undo.clear()
+
+    def _swap(self, owner, name: str, value) -> None:
+        self._undo.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, value)
+
+    def _watch_hub(self) -> None:
+        import sys
+
+        if "kernels" not in sys.modules and importlib.util.find_spec("kernels") is not None:
+            importlib.import_module("kernels")  # bind the Hub API before the app looks it up
+        hub = sys.modules.get("kernels")
+        original = getattr(hub, "get_kernel", None)
+        if original is None:  # no Hugging Face `kernels` API imported in this process
+            return
+
+        def get_kernel(repo_id, *args, **kwargs):
+            self.hub.append(str(repo_id))
+            raise RuntimeError(
+                f"validate refused to fetch the Hub kernel {repo_id}: a validated image runs "
+                f"only the kernels it holds ({HUB_SWITCH}=NO turns the Hub off)"
+            )
+
+        for module in list(sys.modules.values()):  # `from kernels import get_kernel as ...`
+            for name, value in list(getattr(module, "__dict__", {}).items()):
+                if value is original:
+                    self._swap(module, name, get_kernel)
+
+
+def _loopback(address) -> bool:
+    host = str(address[0]) if isinstance(address, tuple) and address else ""
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def hub_setting(environ: dict[str, str]) -> dict[str, Any]:
+    """What the image's environment says of Hub kernels, as the check found it."""
+    value = environ.get(HUB_SWITCH)
+    return {"variable": HUB_SWITCH, "value": value, "off": (value or "").upper() in _OFF}
+
+
+def kernel_source(torch, spec: AppModel, impl: Impl, ran: bool, hub: list[str]) -> str:
+    """Where an implementation's attention kernel came from, in words."""
+    if hub:
+        return f"a Hub kernel ({', '.join(dict.fromkeys(hub))})"
+    if not ran:
+        return "none (refused)"
+    if impl.needs == "flash_attn":
+        import sys
+
+        fa = sys.modules.get("flash_attn")
+        where = getattr(fa, "__file__", None) or "?"
+        return f"the image's flash_attn {getattr(fa, '__version__', '?')} ({where})"
+    if impl.shim:
+        return "the bundled kernels (kernels.sdpa_shim) behind torch's SDPA"
+    if impl.reference and impl.name != "_native_math":
+        return f"{spec.app} eager attention (matmul + softmax)"
+    return f"torch's SDPA (torch {torch.__version__})"
+
+
+# ---------------------------------------------------------------------------- the check
+
+
+@dataclass
+class _Setup:
+    """What every implementation of one app model is run and judged with."""
+
+    torch: Any
+    spec: AppModel
+    sdpa: Any
+    numerics: Any
+    interpret: bool
+    gpu: bool
+    device: str
+    dt: Any
+    low: Any  # the model in DTYPE with the reference implementation
+    inputs: Callable[..., Any]
+    output: Callable[..., Any]
+    grad: tuple[Any, Any]  # (input name, parameter suffix)
+    reference: Impl
+    ref: dict[str, Any]
+    ref_lp: dict[str, Any]
+
+    def forward(self, model, dtype):
+        return _run(self.torch, self.spec, model, self.inputs, self.output, *self.grad, dtype)
+
+
 def run(params: dict[str, Any], ctx) -> dict[str, Any]:
-    """One app model under every implementation its app offers here."""
+    """One app model under every implementation its app offers here, with the network off."""
     spec = BY_NAME[params["model"]]
+    hub = hub_setting(dict(os.environ))  # the image's own, before this check sets anything
     for k, v in OFFLINE_ENV.items():
         os.environ.setdefault(k, v)
     if importlib.util.find_spec(spec.app) is None:
@@ -378,9 +506,26 @@ def run(params: dict[str, Any], ctx) -> dict[str, Any]:
         }
     import torch
 
-    from validate.checks import numerics, sdpa
+    app, version, details = _import_app(spec, ctx)
+    details["hub_kernels"] = hub
+    if spec.min_version and _older(version, spec.min_version):
+        return {
+            "status": "skip",
+            "message": f"{spec.app} {version} predates {spec.title.split(',')[0]} "
+            f"({spec.min_version})",
+            "details": details,
+        }
+    setup = _setup(torch, spec, app, ctx)
+    failures: list[str] = []
+    for impl in spec.impls:
+        ctx.progress(f"{spec.name}: {impl.label}")
+        row, problems = _run_impl(setup, impl)
+        details["implementations"].append(row)
+        failures += problems
+    return _verdict(spec, version, setup.reference, details, failures)
 
-    interpret = _interpret_without_gpu(torch)
+
+def _import_app(spec: AppModel, ctx) -> tuple[Any, str, dict[str, Any]]:
     ctx.progress(f"import {spec.app}")
     app = importlib.import_module(spec.app)
     try:  # the apps' info logs ("attention backends are experimental") are noise here
@@ -389,77 +534,62 @@ def run(params: dict[str, Any], ctx) -> dict[str, Any]:
         pass
     version = str(getattr(app, "__version__", "?"))
     details: dict[str, Any] = {
-        "app": spec.app,
-        "app_version": version,
-        "model": spec.name,
-        "title": spec.title,
-        "why": spec.why,
-        "backward": spec.backward,
-        "dtype": DTYPE,
-        "implementations": [],
-    }
-    needed = spec.min_version
-    if needed and _older(version, needed):
-        return {
-            "status": "skip",
-            "message": f"{spec.app} {version} predates {spec.title.split(',')[0]} ({needed})",
-            "details": details,
-        }
+        "app": spec.app, "app_version": version, "model": spec.name, "title": spec.title,
+        "why": spec.why, "backward": spec.backward, "dtype": DTYPE, "implementations": [],
+    }  # fmt: skip
+    return app, version, details
+
+
+def _setup(torch, spec: AppModel, app, ctx) -> _Setup:
+    """The model built from its config, on the device, and the reference outputs: the eager or
+    math path in fp32 and in DTYPE (numerics.judge's rule)."""
+    from validate.checks import numerics, sdpa
+
+    interpret = _interpret_without_gpu(torch)
     gpu = torch.cuda.is_available()
     device = "cuda" if gpu else "cpu"
-    dt = numerics.torch_dtype(DTYPE)
     ctx.progress(f"build {spec.name} from its config")
-    base, inputs, output, grad_input, grad_param = BUILDERS[spec.name](torch, app)
+    base, make, output, grad_input, grad_param = BUILDERS[spec.name](torch, app)
     base = base.to(device)
 
-    def on_device(make):
-        def wrapped(dtype):
-            inp = make(dtype)
-            return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inp.items()}
+    def inputs(dtype):
+        inp = make(dtype)
+        return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inp.items()}
 
-        return wrapped
-
-    inputs = on_device(inputs)
     reference = next(i for i in spec.impls if i.reference)
+    dt = numerics.torch_dtype(DTYPE)
     ctx.progress(f"{spec.name}: reference {reference.name} in fp32 and {DTYPE}")
+    setup = _Setup(torch, spec, sdpa, numerics, interpret, gpu, device, dt, None, inputs, output,
+                   (grad_input, grad_param), reference, {}, {})  # fmt: skip
     ref_model = copy.deepcopy(base)
     _select(spec, ref_model, reference)
-    ref = _run(torch, spec, ref_model, inputs, output, grad_input, grad_param, torch.float32)
-    low = copy.deepcopy(base).to(dt)
-    _select(spec, low, reference)
-    ref_lp = _run(torch, spec, low, inputs, output, grad_input, grad_param, dt)
-    del ref_model
+    setup.ref = setup.forward(ref_model, torch.float32)
+    setup.low = copy.deepcopy(base).to(dt)
+    _select(spec, setup.low, reference)
+    setup.ref_lp = setup.forward(setup.low, dt)
+    return setup
 
+
+def _run_impl(setup: _Setup, impl: Impl) -> tuple[dict[str, Any], list[str]]:
+    """One implementation, with the network off: its row of the report and what failed."""
+    row: dict[str, Any] = {
+        "impl": impl.label, "reference": impl.reference, "must_run": _must_run(impl, setup.gpu),
+        "ran": False, "correct": None, "kernel": None, "source": None, "reason": None,
+        "judgements": {},
+    }  # fmt: skip
+    model, shim, seen, got = copy.deepcopy(setup.low), None, [], {}
     failures: list[str] = []
-    for impl in spec.impls:
-        ctx.progress(f"{spec.name}: {impl.label}")
-        row: dict[str, Any] = {
-            "impl": impl.label,
-            "reference": impl.reference,
-            "must_run": _must_run(impl, gpu),
-            "ran": False,
-            "correct": None,
-            "kernel": None,
-            "reason": None,
-            "judgements": {},
-        }
-        details["implementations"].append(row)
-        model = copy.deepcopy(low)
-        shim = None
-        seen: list[str] = []
-        got: dict[str, Any] = {}
-
-        def once(model=model, box=got):
-            box.update(_run(torch, spec, model, inputs, output, grad_input, grad_param, dt))
-
+    with NetworkOff() as net:
         try:
-            _select(spec, model, impl)
+            _select(setup.spec, model, impl)
             if impl.shim:
                 shim = importlib.import_module("kernels.sdpa_shim")
                 shim.reset_stats()
                 shim.enable()
-            with sdpa.captured_warnings() as seen:
-                kernels, ops = sdpa.profile_kernels(torch, once, device)
+            with setup.sdpa.captured_warnings() as seen:
+                kernels, ops = setup.sdpa.profile_kernels(
+                    setup.torch, lambda: got.update(setup.forward(model, setup.dt)), setup.device
+                )
         except Refused as exc:
             row["reason"] = str(exc)
         except Exception as exc:  # noqa: BLE001 - a refusal at run time, with PyTorch's reason
@@ -467,30 +597,52 @@ def run(params: dict[str, Any], ctx) -> dict[str, Any]:
             row["reason"] = _first_line(exc) + (f" ({'; '.join(why[:3])})" if why else "")
         else:
             row["ran"] = True
-            stats = shim.stats() if shim else None
-            row["kernel"] = _kernel(sdpa, ops, kernels, impl, stats)
-            if stats is not None:
-                row["shim"] = stats
-                if interpret and stats["routed"]:
-                    row["kernel"] += " (Triton interpreter)"
-            verdicts = {k: numerics.judge(got[k], ref[k], ref_lp[k]) for k in ref}
-            row["judgements"] = {k: j.to_json() for k, j in verdicts.items()}
-            row["correct"] = all(j.ok for j in verdicts.values())
-            if not row["correct"]:
-                bad = [f"{k}: {j.message}" for k, j in verdicts.items() if not j.ok]
-                failures.append(f"{impl.label} diverges from {reference.name} ({'; '.join(bad)})")
+            failures += _judge_row(setup, impl, row, got, ops, kernels, shim)
         finally:
             if shim is not None:
                 shim.disable()
-        if not row["ran"] and row["must_run"]:
-            failures.append(f"{impl.label} refused where it must run: {row['reason']}")
+    row["source"] = kernel_source(setup.torch, setup.spec, impl, row["ran"], net.hub)
+    failures += network_failures(impl, net)
+    if not row["ran"] and row["must_run"]:
+        failures.append(f"{impl.label} refused where it must run: {row['reason']}")
+    return row, failures
+
+
+def _judge_row(setup: _Setup, impl: Impl, row, got, ops, kernels, shim) -> list[str]:
+    stats = shim.stats() if shim else None
+    row["kernel"] = _kernel(setup.sdpa, ops, kernels, impl, stats)
+    if stats is not None:
+        row["shim"] = stats
+        if setup.interpret and stats["routed"]:
+            row["kernel"] += " (Triton interpreter)"
+    verdicts = {k: setup.numerics.judge(got[k], setup.ref[k], setup.ref_lp[k]) for k in setup.ref}
+    row["judgements"] = {k: j.to_json() for k, j in verdicts.items()}
+    row["correct"] = all(j.ok for j in verdicts.values())
+    if row["correct"]:
+        return []
+    bad = [f"{k}: {j.message}" for k, j in verdicts.items() if not j.ok]
+    return [f"{impl.label} diverges from {setup.reference.name} ({'; '.join(bad)})"]
+
+
+def network_failures(impl: Impl, net: NetworkOff) -> list[str]:
+    out = []
+    if net.hub:
+        out.append(
+            f"{impl.label} fell back to a Hub kernel ({', '.join(dict.fromkeys(net.hub))}) "
+            f"instead of the image's: set {HUB_SWITCH}=NO in the image's environment"
+        )
+    if net.attempts:
+        out.append(
+            f"{impl.label} reached for the network ({', '.join(dict.fromkeys(net.attempts))}); "
+            "a validated image runs offline"
+        )
+    return out
+
+
+def _verdict(spec: AppModel, version: str, reference: Impl, details, failures) -> dict[str, Any]:
     ran = [r for r in details["implementations"] if r["ran"]]
     refused = [r["impl"] for r in details["implementations"] if not r["ran"]]
     obs = {f"apps.{spec.name}.works": not failures}
-    summary = (
-        f"{spec.app} {version}: {len(ran)} implementation(s) ran and matched "
-        f"{reference.name}" + (f"; refused: {', '.join(refused)}" if refused else "")
-    )
     if failures:
         return {
             "status": "fail",
@@ -498,6 +650,10 @@ def run(params: dict[str, Any], ctx) -> dict[str, Any]:
             "observations": obs,
             "details": details,
         }
+    summary = (
+        f"{spec.app} {version}: {len(ran)} implementation(s) ran and matched "
+        f"{reference.name}" + (f"; refused: {', '.join(refused)}" if refused else "")
+    )
     return {"status": "pass", "message": summary, "observations": obs, "details": details}
 
 

@@ -30,6 +30,8 @@ ENV_KNOBS = (
     "PYTORCH_HIP_ALLOC_CONF",
     "TORCH_BLAS_PREFER_HIPBLASLT",
     "TORCH_CUDNN_SDPA_DEPRIORITIZED",
+    # transformers' switch for kernels fetched from the Hub at run time (validate apps)
+    "USE_HUB_KERNELS",
     # CPU thread caps: they set what a CPU benchmark measures (invoke validate passes the host's
     # into the image: attnforge/validation.py THREAD_ENV)
     "OMP_NUM_THREADS",
