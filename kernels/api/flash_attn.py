@@ -232,15 +232,21 @@ def _gluon_scope(q, mask: Mask, softcap: float, slopes, varlen: bool, drop, *ten
     )
 
 
+def _shorter_sequence(q, k) -> int:
+    """The fewer of a call's query and key rows per sequence ((b, s, h, d) tensors; varlen calls
+    are outside the Gluon kernels' scope)."""
+    return min(q.shape[-3], k.shape[-3])
+
+
 def gluon_forward_ok(
     cfg: configs.AttnConfig, q, k, v, out, mask: Mask, softcap: float, slopes, varlen: bool,
     drop, fp8: bool,
 ) -> bool:  # fmt: skip
-    """Whether a forward call runs the Gluon forward: the config asks for it at this head dim
-    (Hopper; exactly 128, ``AttnConfig.gluon_fwd_at``), it is not FP8, its output has q's dtype,
-    and it is in ``_gluon_scope``."""
+    """Whether a forward call runs the Gluon forward: the config asks for it at this head dim and
+    sequence length (Hopper; exactly 128, long enough: ``AttnConfig.gluon_fwd_at``), it is not
+    FP8, its output has q's dtype, and it is in ``_gluon_scope``."""
     return (
-        cfg.gluon_fwd_at(q.shape[-1])
+        cfg.gluon_fwd_at(q.shape[-1], _shorter_sequence(q, k))
         and not fp8
         and _gluon_scope(q, mask, softcap, slopes, varlen, drop, k, v, out)
     )
@@ -253,7 +259,7 @@ def gluon_backward_ok(
     """Whether a backward call's dK and dV come from the Gluon dK/dV kernel: the config asks for
     it at this head dim (Hopper; exactly 64 or 128, with dQ reduced in its own kernel,
     ``AttnConfig.gluon_bwd_at``), and the call is in ``_gluon_scope``, the gradients included."""
-    return cfg.gluon_bwd_at(q.shape[-1]) and _gluon_scope(
+    return cfg.gluon_bwd_at(q.shape[-1], _shorter_sequence(q, k)) and _gluon_scope(
         q, mask, softcap, slopes, varlen, drop, k, v, do, dk, dv
     )
 

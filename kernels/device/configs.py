@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -84,18 +85,27 @@ class AttnConfig:
     # (kernels.api.flash_attn.gluon_forward_ok, gluon_backward_ok); fwd / bwd_kv are then unused.
     gluon_fwd: bool = False
     gluon_bwd: bool = False
+    # The shortest sequence (the fewer of a call's queries and keys) at which the Gluon kernels
+    # run where the config asks for them; shorter calls run the Triton kernels, which measured
+    # as fast or faster there (GLUON_MIN_SEQ below). 0: at any length.
+    gluon_fwd_min_seq: int = 0
+    gluon_bwd_min_seq: int = 0
     # The forward's single-block path (``SHORT_KV``) where every key of every sequence fits one
     # key block of the forward tile; off only to measure the loop against it.
     short_kv: bool = True
 
-    def gluon_fwd_at(self, head_dim: int) -> bool:
-        """Whether the config runs the Gluon forward at this (unpadded) head dim."""
-        return self.gluon_fwd and head_dim == GLUON_FWD_HEAD_DIM
+    def gluon_fwd_at(self, head_dim: int, seqlen: int | None = None) -> bool:
+        """Whether the config runs the Gluon forward at this (unpadded) head dim and, given the
+        call's shorter sequence, at that length (the compile check asks without one)."""
+        long_enough = seqlen is None or seqlen >= self.gluon_fwd_min_seq
+        return self.gluon_fwd and head_dim == GLUON_FWD_HEAD_DIM and long_enough
 
-    def gluon_bwd_at(self, head_dim: int) -> bool:
+    def gluon_bwd_at(self, head_dim: int, seqlen: int | None = None) -> bool:
         """Whether the config runs the Gluon dK/dV kernel at this (unpadded) head dim: it has a
-        tile for it, and dQ is reduced in its own kernel (no ``atomic_dq``)."""
-        return self.gluon_bwd and not self.atomic_dq and head_dim in GLUON_BWD_TILES
+        tile for it, dQ is reduced in its own kernel (no ``atomic_dq``), and the call's shorter
+        sequence, where given, is long enough."""
+        long_enough = seqlen is None or seqlen >= self.gluon_bwd_min_seq
+        return self.gluon_bwd and not self.atomic_dq and head_dim in GLUON_BWD_TILES and long_enough
 
     def without_tma(self) -> AttnConfig:
         return replace(self, **{k: replace(getattr(self, k), tma=False) for k in TILE_KEYS})
@@ -114,6 +124,14 @@ TILE_KEYS = ("fwd", "bwd_kv", "bwd_q")
 # at (4,32,4096,64) against 2.02 for 64-row blocks, causal 1.16 against 1.31).
 GLUON_FWD_HEAD_DIM = 128
 GLUON_BWD_TILES = {64: (128, 128, 2), 128: (64, 128, 3)}
+# Where the Gluon kernels pay, by head dim: the shortest sequence each runs at (the Hopper
+# configs' gluon_fwd_min_seq / gluon_bwd_min_seq). Measured on an H200 (docs/benchmarks.md,
+# "Hopper dispatch"; `python -m kernels.bench --dispatch`): bf16, GQA 1/4/7/8, causal and not,
+# 512-32k tokens, 212 shapes. The d=128 Gluon forward took 0.70-1.01 of the Triton forward's time
+# from 4096 tokens, 0.81-1.20 at 2048 and 0.94-2.23 below: it runs from 4096. The d=128 Gluon
+# dK/dV kernel made a forward+backward 0.79-0.97 of the time from 2048 tokens and 0.67-1.79 below:
+# it runs from 2048. The d=64 one: 0.79-1.03 at every length.
+GLUON_MIN_SEQ = {"fwd": {128: 4096}, "bwd": {64: 0, 128: 2048}}
 
 
 # Triton's HIP JIT compiles tensors of at most 2 GiB with 32-bit buffer-load offsets; larger ones
@@ -189,15 +207,19 @@ def _hopper(d: int) -> AttnConfig:
             Tile(64, 64, 4, 2, tma=True),
             Tile(128, 64, 8, 3, tma=True),
             gluon_bwd=True,
+            gluon_bwd_min_seq=GLUON_MIN_SEQ["bwd"][64],
         )
     if d <= 128:
-        # The Triton forward tile stays the fallback (odd head dims, varlen, windows, ...).
+        # The Triton forward tile stays the fallback (odd head dims, varlen, windows, short
+        # sequences, ...).
         return AttnConfig(
             Tile(128, 64, 8, 3),
             Tile(64, 64, 4, 2, tma=True),
             Tile(128, 64, 8, 3, tma=True),
             gluon_fwd=True,
             gluon_bwd=True,
+            gluon_fwd_min_seq=GLUON_MIN_SEQ["fwd"][128],
+            gluon_bwd_min_seq=GLUON_MIN_SEQ["bwd"][128],
         )
     return AttnConfig(Tile(64, 64, 8, 2), Tile(16, 32, 8, 1), Tile(32, 32, 4, 1))
 
@@ -441,8 +463,30 @@ def newer_triton_tiles(family: str, head_dim: int, release: tuple[int, int] | No
     return NEWER_TRITON_TILES.get((release, family, head_dim), {})
 
 
+# A JSON config override for one-off experiments and benchmarks (``override``).
+OVERRIDE_ENV = "ATTNFORGE_KERNELS_CONFIG"
+
+
+@contextmanager
+def overridden(spec: str | None):
+    """ATTNFORGE_KERNELS_CONFIG set to ``spec`` (unset for None) inside the block, restored
+    after: a benchmark's way to time a config override in its own process."""
+    old = os.environ.get(OVERRIDE_ENV)
+    if spec is None:
+        os.environ.pop(OVERRIDE_ENV, None)
+    else:
+        os.environ[OVERRIDE_ENV] = spec
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(OVERRIDE_ENV, None)
+        else:
+            os.environ[OVERRIDE_ENV] = old
+
+
 def _env_names_fwd() -> bool:
-    return _names_fwd(os.environ.get("ATTNFORGE_KERNELS_CONFIG"))
+    return _names_fwd(os.environ.get(OVERRIDE_ENV))
 
 
 @functools.lru_cache(maxsize=16)
@@ -461,7 +505,7 @@ def config_for(family: str, head_dim: int, dropout: bool = False) -> AttnConfig:
     """The default config of a family for a (padded) head dimension; no device needed.
     ``dropout``: the backward tiles of the dropout kernels where they differ."""
     return _config_for(family, padded_head_dim(head_dim), dropout,
-                       os.environ.get("ATTNFORGE_KERNELS_CONFIG"))  # fmt: skip
+                       os.environ.get(OVERRIDE_ENV))  # fmt: skip
 
 
 @functools.lru_cache(maxsize=256)
@@ -492,7 +536,8 @@ def override(cfg: AttnConfig, spec: str | None) -> AttnConfig:
 
     Tiles are ``[block_m, block_n, num_warps, num_stages(, waves_per_eu)]`` or objects with
     Tile's field names; keys fwd, bwd_kv, bwd_q, atomic_dq, reload, gluon_fwd, gluon_bwd,
-    short_kv, chunk_kv, chunk_q (head-dim chunk: 0 or a power of two >= 16), and ``tma``:
+    gluon_fwd_min_seq, gluon_bwd_min_seq (0 or more), short_kv, chunk_kv, chunk_q (head-dim
+    chunk: 0 or a power of two >= 16), and ``tma``:
     true/false for every tile or a list of the tiles (``["bwd_kv", "bwd_q"]``) that use TMA, the
     others not.
     Set through ``ATTNFORGE_KERNELS_CONFIG`` for one-off experiments.
@@ -513,6 +558,12 @@ def override(cfg: AttnConfig, spec: str | None) -> AttnConfig:
     for key in ("atomic_dq", "reload", "gluon_fwd", "gluon_bwd", "short_kv"):
         if key in data:
             changes[key] = bool(data[key])
+    for key in ("gluon_fwd_min_seq", "gluon_bwd_min_seq"):
+        if key in data:
+            n = int(data[key])
+            if n < 0:
+                raise ValueError(f"{key} must be 0 or more, got {n}")
+            changes[key] = n
     for key in ("chunk_kv", "chunk_q"):
         if key in data:
             n = int(data[key])

@@ -8,6 +8,7 @@ causal; forward+backward 3.5x that. Times are medians of ``triton.testing.do_ben
     python -m kernels.bench --decode [--quick] [--splits N,N,...] [--batches N,...]
                                      [--caches N,...] [--gpu-time]
     python -m kernels.bench --host
+    python -m kernels.bench --dispatch
 
 The sweep shapes are made as (b, h, s, d) tensors and handed to the kernels as BSHD views (SDPA's
 layout, transposed). ``--workloads`` times the shapes of ``contract/workloads.py`` (SD 1.5, SDXL,
@@ -24,15 +25,15 @@ the (b, s, h, d) cache transposed to SDPA's (b, h, s, d) view with ``enable_gqa=
 ``--host`` times back-to-back calls with no L2 flush (the larger of host and GPU time per call): a
 forward at a tiny shape, and a decoding step at batch 1 with 4096 keys, without and with a new
 key appended (flash_attn's decoding loop), ours also unplanned (the full path every call).
+``--dispatch`` times the default path against the all-Triton path and Gluon on Hopper
+(kernels/tools/dispatch.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-from contextlib import contextmanager
 
 SHAPES = [
     # (b, h, s, d, causal, mode)
@@ -56,22 +57,6 @@ MEMORY_SHAPE = (1, 16, 32768, 128)
 def flops(b, h, s, d, causal, mode) -> float:
     f = 4.0 * b * h * s * s * d / (2 if causal else 1)
     return f if mode == "fwd" else 3.5 * f
-
-
-@contextmanager
-def _env(key, value):
-    old = os.environ.get(key)
-    if value is None:
-        os.environ.pop(key, None)
-    else:
-        os.environ[key] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = old
 
 
 def _providers(variants: dict):
@@ -127,7 +112,9 @@ def _time(fn, q, k, v, causal, mode):
     spec = getattr(fn, "config_override", None)
     if spec is None:
         return _time_inner(fn, q, k, v, causal, mode)
-    with _env("ATTNFORGE_KERNELS_CONFIG", spec or None):
+    from ..device import configs
+
+    with configs.overridden(spec or None):
         return _time_inner(fn, q, k, v, causal, mode)
 
 
@@ -641,6 +628,12 @@ def _parser() -> argparse.ArgumentParser:
         "appended key)",
     )
     ap.add_argument(
+        "--dispatch",
+        action="store_true",
+        help="the Hopper dispatch sweep: default path against all-Triton and Gluon "
+        "(GQA 1/4/7/8, causal, 512-32k tokens, d=64/128)",
+    )
+    ap.add_argument(
         "--variant",
         action="append",
         default=[],
@@ -690,6 +683,10 @@ def main(argv=None) -> int:
         return 0
     if args.decode:
         return _decode(args)
+    if args.dispatch:
+        from .dispatch import dispatch_table, run_dispatch
+
+        return _report(run_dispatch(), args, dispatch_table)
     if args.workloads:
         layouts = ("bshd", "bhsd") if args.layout == "both" else (args.layout,)
         modes = (args.mode,) if args.mode else ("fwd", "fwd+bwd")

@@ -97,14 +97,15 @@ def _t(shape, dtype=torch.bfloat16):
     return torch.zeros(shape, dtype=dtype)
 
 
-CFG = replace(configs.config_for("hopper", 128), gluon_fwd=True)
+# The scope rules at any length; the length rule has a test of its own.
+CFG = replace(configs.config_for("hopper", 128), gluon_fwd=True, gluon_fwd_min_seq=0)
 
 
 def _ok(cfg=CFG, d=128, mask=None, softcap=0.0, slopes=None, varlen=False, drop=None,
-        fp8=False, dtype=torch.bfloat16, out_dtype=None, q=None):  # fmt: skip
+        fp8=False, dtype=torch.bfloat16, out_dtype=None, q=None, sk=300):  # fmt: skip
     mask = mask or Mask()
     q = _t((2, 300, 8, d), dtype) if q is None else q
-    k = v = _t((2, 300, 2, d), dtype)
+    k = v = _t((2, sk, 2, d), dtype)
     out = torch.empty(q.shape, dtype=out_dtype or dtype)
     return gluon_forward_ok(cfg, q, k, v, out, mask, softcap, slopes, varlen, drop, fp8)
 
@@ -142,14 +143,16 @@ def test_config_enables_it_on_hopper_d128_only():
     assert not off.gluon_fwd
 
 
-BWD_CFG = replace(configs.config_for("hopper", 128), gluon_bwd=True, atomic_dq=False)
+BWD_CFG = replace(
+    configs.config_for("hopper", 128), gluon_bwd=True, atomic_dq=False, gluon_bwd_min_seq=0
+)
 
 
 def _bwd_ok(cfg=BWD_CFG, d=128, mask=None, softcap=0.0, slopes=None, varlen=False, drop=None,
-            dtype=torch.bfloat16, grad_dtype=None, dk=None):  # fmt: skip
+            dtype=torch.bfloat16, grad_dtype=None, dk=None, sq=300):  # fmt: skip
     mask = mask or Mask()
-    q = do = _t((2, 300, 8, d), dtype)
-    k = v = _t((2, 300, 2, d), dtype)
+    q = do = _t((2, sq, 8, d), dtype)
+    k = v = _t((2, 300 if dk is None else dk.shape[1], 2, d), dtype)
     dk = torch.empty(k.shape, dtype=grad_dtype or dtype) if dk is None else dk
     dv = torch.empty(v.shape, dtype=grad_dtype or dtype)
     return gluon_backward_ok(cfg, q, k, v, do, dk, dv, mask, softcap, slopes, varlen, drop)
@@ -187,3 +190,26 @@ def test_backward_config_on_hopper_up_to_d128():
         assert not configs.config_for(fam, 128).gluon_bwd
     off = configs.override(configs.config_for("hopper", 128), '{"gluon_bwd": false}')
     assert not off.gluon_bwd and off.gluon_fwd
+
+
+def test_gluon_runs_only_at_the_lengths_it_measured_faster(monkeypatch):
+    """The Hopper configs take Gluon from GLUON_MIN_SEQ's lengths on (the shorter of queries and
+    keys): below them the Triton kernels measured as fast or faster, and a dispatch that picks the
+    slower of its own two kernels is a defect (docs/benchmarks.md, "Hopper dispatch")."""
+    monkeypatch.setattr(configs, "INTERPRET", False)
+    hopper = configs.config_for("hopper", 128)
+    fwd_min, bwd_min = configs.GLUON_MIN_SEQ["fwd"][128], configs.GLUON_MIN_SEQ["bwd"][128]
+    assert (hopper.gluon_fwd_min_seq, hopper.gluon_bwd_min_seq) == (fwd_min, bwd_min) != (0, 0)
+    assert configs.config_for("hopper", 64).gluon_bwd_min_seq == configs.GLUON_MIN_SEQ["bwd"][64]
+    q = _t((1, fwd_min, 8, 128))
+    assert _ok(cfg=hopper, q=q, sk=fwd_min)
+    assert not _ok(cfg=hopper, q=q, sk=fwd_min - 1)  # the keys are the shorter sequence
+    assert not _ok(cfg=hopper, q=_t((1, fwd_min // 2, 8, 128)), sk=fwd_min)
+    k_long = torch.empty((2, bwd_min, 2, 128), dtype=torch.bfloat16)
+    assert _bwd_ok(cfg=hopper, sq=bwd_min, dk=k_long)
+    assert not _bwd_ok(cfg=hopper, sq=bwd_min - 1, dk=k_long)
+    assert hopper.gluon_fwd_at(128) and hopper.gluon_bwd_at(128)  # the compile check's question
+    forced = configs.override(hopper, '{"gluon_fwd_min_seq": 0, "gluon_bwd_min_seq": 0}')
+    assert _ok(cfg=forced) and _bwd_ok(cfg=forced)
+    with pytest.raises(ValueError, match="gluon_fwd_min_seq must be 0 or more"):
+        configs.override(hopper, '{"gluon_fwd_min_seq": -1}')

@@ -1,0 +1,33 @@
+"""The Hopper dispatch sweep's report (kernels/tools/dispatch.py): ratios per length and the worst
+default/triton against the target, from rows shaped as run_dispatch records them."""
+
+from kernels.tools.dispatch import TARGET, dispatch_table, ratios
+
+
+def row(d, s, causal, fwd, fwdbwd):
+    """fwd / fwdbwd: (default, triton, gluon) milliseconds."""
+    ms = {
+        m: dict(zip(("default", "triton", "gluon"), t, strict=True))
+        for m, t in (("fwd", fwd), ("fwd+bwd", fwdbwd))
+    }
+    return {"d": d, "s": s, "b": 1, "hq": 16, "hkv": 16, "causal": causal, "ms": ms}
+
+
+ROWS = [
+    row(128, 512, False, (1.0, 1.0, 2.0), (3.0, 3.0, 4.5)),  # short: default = Triton, Gluon slower
+    row(128, 512, True, (1.0, 1.0, 1.5), (3.0, 3.0, 3.3)),
+    row(128, 4096, False, (0.8, 1.0, 0.8), (2.7, 3.0, 2.7)),  # long: default = Gluon, faster
+    row(128, 4096, True, (1.1, 1.0, 1.1), (3.0, 3.0, 3.0)),  # one timing 10% slower: flagged
+]
+
+
+def test_ratios_are_each_path_over_the_all_triton_path():
+    assert ratios(ROWS[2], "fwd") == (0.8, 0.8)
+    assert ratios(ROWS[0], "fwd+bwd") == (1.0, 1.5)
+
+
+def test_the_table_gives_ranges_per_length_and_counts_timings_over_the_target():
+    text = dispatch_table({"dispatch_rows": ROWS})
+    assert "| 128 | 512 | 1.00-1.00 | 1.50-2.00 | 1.00-1.00 | 1.10-1.50 |" in text
+    assert "| 128 | 4096 | 0.80-1.10 | 0.80-1.10 | 0.90-1.00 | 0.90-1.00 |" in text
+    assert text.splitlines()[-1] == f"default/triton worst 1.100; 1 of 8 timings above {TARGET}"
