@@ -127,11 +127,12 @@ GLUON_BWD_TILES = {64: (128, 128, 2), 128: (64, 128, 3)}
 # Where the Gluon kernels pay, by head dim: the shortest sequence each runs at (the Hopper
 # configs' gluon_fwd_min_seq / gluon_bwd_min_seq). Measured on an H200 (docs/benchmarks.md,
 # "Hopper dispatch"; `python -m kernels.bench --dispatch`): bf16, GQA 1/4/7/8, causal and not,
-# 512-32k tokens, 212 shapes. The d=128 Gluon forward took 0.70-1.01 of the Triton forward's time
+# 512-32k tokens, two sweeps. The d=128 Gluon forward took 0.70-1.01 of the Triton forward's time
 # from 4096 tokens, 0.81-1.20 at 2048 and 0.94-2.23 below: it runs from 4096. The d=128 Gluon
 # dK/dV kernel made a forward+backward 0.79-0.97 of the time from 2048 tokens and 0.67-1.79 below:
-# it runs from 2048. The d=64 one: 0.79-1.03 at every length.
-GLUON_MIN_SEQ = {"fwd": {128: 4096}, "bwd": {64: 0, 128: 2048}}
+# it runs from 2048. The d=64 one: 0.77-0.95 from 1024 tokens, 0.81-1.21 at 512 (16 heads, no
+# GQA, was the slow one): it runs from 1024.
+GLUON_MIN_SEQ = {"fwd": {128: 4096}, "bwd": {64: 1024, 128: 2048}}
 
 
 # Triton's HIP JIT compiles tensors of at most 2 GiB with 32-bit buffer-load offsets; larger ones
