@@ -117,7 +117,7 @@ class Arch(Strict):
         if version is None or self.aotriton is None:
             return "none"
         try:
-            if _aotriton_key(version) < _aotriton_key(self.aotriton.since):
+            if aotriton_key(version) < aotriton_key(self.aotriton.since):
                 return "none"
         except InvalidVersion:
             return "none"
@@ -126,7 +126,8 @@ class Arch(Strict):
         return "experimental" if version in self.aotriton.experimental else "supported"
 
 
-def _aotriton_key(tag: str) -> Version:
+def aotriton_key(tag: str) -> Version:
+    """An AOTriton tag as a comparable version."""
     # AOTriton tags look like 0.11.2b or 0.13.50tp; the suffix is a channel, not a pre-release.
     return Version(re.sub(r"[a-z]+$", "", tag))
 

@@ -220,6 +220,22 @@ def _existing(kind: str) -> Callable[[str, Any], str]:
     return check
 
 
+def _ca_cert(flag: str, value: Any) -> str:
+    """A CA bundle pip is to trust: an existing file, or 'none' for pip's own."""
+    if _text(flag, value) == "none":
+        return value
+    if not Path(value).is_file():
+        raise UserError(f"{flag} {value}: no such file (give a CA bundle, or 'none')")
+    return value
+
+
+def _interpreter(flag: str, value: Any) -> str:
+    path = Path(_text(flag, value))
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        raise UserError(f"{flag} {value}: no such file, or not an executable interpreter")
+    return value
+
+
 REFERENCE_PART = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*")
 REGISTRY_HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?(:[0-9]+)?")
 
@@ -248,6 +264,8 @@ OUT_DIR = Opt("DIR", _out_dir, kind="out_dir")
 IN_FILE = Opt("FILE", _existing("file"), kind="in_file")
 IN_DIR = Opt("DIR", _existing("folder"), kind="in_dir")
 NAMESPACE = Opt("NAMESPACE", _registry_namespace, kind="namespace")
+CA_CERT = Opt("FILE|none", _ca_cert, kind="in_file")
+INTERPRETER = Opt("PYTHON", _interpreter, kind="in_file")
 
 
 def out_file(metavar: str = "FILE") -> Opt:
@@ -390,6 +408,8 @@ class _Task(Task):
                 if opt.required and value in (None, [], ""):
                     raise UserError(
                         f"{opt.metavar} is needed: give it after the task's name, or as {flag}"
+                        if opt.positional
+                        else f"{flag} is required: {opt.metavar}"
                     )
                 if value is None or value == []:
                     continue

@@ -14,6 +14,7 @@ from ..files import write_aside
 from ..workspace import Workspace
 from . import (
     ARCH,
+    CA_CERT,
     ENGINE,
     IN_DIR,
     NAMESPACE,
@@ -23,7 +24,6 @@ from . import (
     command,
     number,
     text,
-    whole_number,
 )
 
 if TYPE_CHECKING:  # the library is imported where a task uses it (attnforge/cli/__init__.py)
@@ -39,7 +39,7 @@ HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 
 BUILD_OPTIONS = {
     "arch": ARCH, "stack": STACK, "only": text("LAYER"), "set_": text("LAYER.KEY=VALUE", repeatable=True),
-    "base_image": text("IMAGE"), "wheelhouse": IN_DIR, "ca_cert": text("FILE"), "engine": ENGINE,
+    "base_image": text("IMAGE"), "wheelhouse": IN_DIR, "ca_cert": CA_CERT, "engine": ENGINE,
     "jobs": number("N"), "namespace": NAMESPACE, "cache_from": NAMESPACE,
 }  # fmt: skip
 
@@ -184,10 +184,8 @@ def _invocation(
 ) -> Invocation:  # fmt: skip
     """Check the options a user gave (before anything runs) and fill in the defaults."""
     from ..build import Invocation
-    from ..engine import check_engine_name
 
-    check_engine_name(engine)
-    jobs = whole_number("--jobs", jobs) if jobs is not None else hostinfo.default_jobs()
+    jobs = jobs if jobs is not None else hostinfo.default_jobs()
     arch, stack = choose_target(recipes, arch, stack)
     if wheelhouse is None and any(ws.wheelhouse.glob("*.whl")):
         wheelhouse = ws.wheelhouse
@@ -199,9 +197,6 @@ def _invocation(
         ca_cert = HOST_CA_BUNDLE
     elif ca_cert == "none":
         ca_cert = None
-    for path, flag in ((wheelhouse, "--wheelhouse"), (ca_cert, "--ca-cert")):
-        if path and not Path(path).exists():
-            raise UserError(f"{flag} {path}: no such file or folder")
     return Invocation(
         arch=arch, stack=stack, sets=list(sets or []), only=only, base_image=base_image,
         wheelhouse=str(Path(wheelhouse).resolve()) if wheelhouse else None,
