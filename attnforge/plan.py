@@ -26,6 +26,7 @@ from .errors import RecipeError, UserError, unknown
 from .multiarch import ArchSet, common_expect, member_smoke
 from .recipes import (
     CXX_STD_ORDER,
+    TRITONS,
     Arch,
     Layer,
     Recipes,
@@ -217,7 +218,8 @@ def parse_overrides(items: Iterable[str], recipes: Recipes) -> dict[str, dict[st
             )
         if key == "variant" and value not in spec.variants:
             raise unknown(f"variant of {layer}", value, spec.variants)
-        why = check_pin(key, value) if key != "variant" and value else None
+        # an empty value too: `TRITON_VERSION=` is a malformed pin, not a floating one
+        why = check_pin(key, value) if key != "variant" else None
         if why:
             raise UserError(f"bad --set {item!r}: {why}")
         out.setdefault(layer, {})[key] = value
@@ -385,6 +387,26 @@ def torch_cxx_need(recipes: Recipes, layer: Layer, pins: Mapping[str, Any]) -> T
         if release in SpecifierSet(rule.torch):
             return TorchCxxNeed(version, rule.std, f"{rule.cite}; recipes/torch.yaml")
     return TorchCxxNeed(version, None, "no rule of recipes/torch.yaml covers it")
+
+
+def triton_row_missing(recipes: Recipes, layer: Layer, pins: Mapping[str, Any]) -> str | None:
+    """Why a layer's torch cannot be planned: its release line has no row in recipes/tritons.yaml,
+    so which Triton the bundled kernels meet there is unknown. None where it has one, where the
+    layer provides no torch, or where the torch comes from --set (a nightly: the newest Triton)."""
+    if recipes.tritons is None or "torch" not in layer.provides or not layer.torch_version_pin:
+        return None
+    version = str(pins.get(layer.torch_version_pin) or "")
+    try:
+        line = ".".join(map(str, Version(version).release[:2]))
+    except InvalidVersion:
+        return None  # no pin (a nightly from --set) or one check_pin refuses
+    if recipes.tritons.row_for(line) is not None:
+        return None
+    rows = ", ".join(r.torch for r in recipes.tritons.torch)
+    return (
+        f"torch {version} is of the {line} line, which has no row in {TRITONS} (torch: {rows}): "
+        f"add the Triton torch {line} requires there"
+    )
 
 
 def cxx_conflict(layer: Layer, variant: str | None, need: TorchCxxNeed | None) -> str | None:
@@ -555,6 +577,8 @@ def resolve(
                 passed_over=passed_over,
             )  # fmt: skip
             values = render_values(layer, variant, arch, where, options.jobs, sets)
+            if why := triton_row_missing(recipes, layer, values.pins):
+                raise Gated(why)
         except Gated as gated:
             status = "skipped" if entry.optional else "unsupported"
             blocked_by = blocked_by or (layer.name if status == "unsupported" else None)

@@ -198,15 +198,21 @@ def _date(text: str) -> str:
     return f"{m.group(1)}-{m.group(2)}-{m.group(3)}" if m else ""
 
 
+def _version(flag: str, value: str) -> Version:
+    try:
+        return Version(value)
+    except InvalidVersion:
+        raise UserError(
+            f"{flag} {value!r}: not a version; a wheel's pin is a PEP 440 version such as 2.11.0"
+        ) from None
+
+
 def wheel_candidates(
     index: IndexSource, index_url: str, project: str, python: str | None, good: str, bad: str
 ) -> list[Candidate]:
     """[good, ..., bad]: the versions of `project` the index serves between two versions (for
     `python` when known, with the local label family of the good one: +cpu, +rocm...)."""
-    try:
-        g, b = Version(good), Version(bad)
-    except InvalidVersion as exc:
-        raise UserError(f"not a version: {exc}") from None
+    g, b = _version("--good", good), _version("--bad", bad)
     if g == b:
         raise UserError(f"--good and --bad are the same version ({good}): nothing to bisect")
     if b < g:

@@ -50,6 +50,14 @@ def invoke(*args, cwd=REPO, env=None):
         (["validate", "--engine", "nope"], "unknown engine 'nope'"),
         (["pins.check", "--engine", "nope"], "unknown engine 'nope'"),
         (["build", "--set", "nope", "--dry-run"], "e.g. pytorch-wheels.TORCH_VERSION=2.13.0"),
+        (
+            ["build", "--arch", "cpu", "--set", "triton.TRITON_VERSION=", "--dry-run"],
+            "bad --set 'triton.TRITON_VERSION=': TRITON_VERSION pins a version",
+        ),
+        (
+            ["build", "--arch", "cpu", "--ca-cert", "/nonexistent", "--dry-run"],
+            "--ca-cert /nonexistent: no such file (give a CA bundle, or 'none')",
+        ),
         (["build", "--json"], "--json and --explain go with --dry-run"),
         (
             ["build", "-a", "gfx1151", "--dry-run", "--explain", "ck"],
