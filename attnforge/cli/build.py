@@ -47,6 +47,7 @@ BUILD_OPTIONS = {
 @command(
     options={**BUILD_OPTIONS, "explain": text("LAYER"), "builder": text("BUILDER")},
     writes=("build",),
+    goes_with={"json": "dry_run", "explain": "dry_run"},
     help={
         "arch": "GPU arch to build for (default: the host's AMD GPU, else cpu); see `invoke arches`",
         "stack": "stack from recipes/stacks.yaml (default: 'default', or the arch's only stack)",
@@ -112,8 +113,6 @@ def build(
             "--builder goes with --engine docker: podman has no BuildKit builders",
             hint="leave --builder out to build with podman itself",
         )
-    if (json or explain) and not dry_run:
-        raise UserError("--json and --explain go with --dry-run")
 
     if dry_run:
         _dry_run(inv, recipes, ws, as_json=json, layer=explain)

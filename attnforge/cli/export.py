@@ -24,9 +24,10 @@ from . import (
     NAMESPACE,
     OUT_DIR,
     STACK,
+    Opt,
     choose_target,
     command,
-    text,
+    nonempty,
 )
 
 
@@ -139,7 +140,12 @@ def _image_manifest(engine: str, image: str, record: dict | None) -> dict:
     name="verify-env",
     options={
         "python": INTERPRETER,
-        "against": text("EXPORT|REPORT|IMAGE", required=True),
+        "against": Opt(
+            "EXPORT|REPORT|IMAGE",
+            nonempty,
+            required=True,
+            needs="--against is needed: an export folder, a report.json or an image",
+        ),
         "engine": ENGINE,
     },
     help={

@@ -30,7 +30,13 @@ def publish_refs(
 
 @command(
     options={
-        "to": Opt("REGISTRY/NAMESPACE", NAMESPACE.check, required=True, kind="namespace"),
+        "to": Opt(
+            "REGISTRY/NAMESPACE",
+            NAMESPACE.check,
+            required=True,
+            kind="namespace",
+            needs="--to is needed: the registry namespace to push to, e.g. ghcr.io/org/attnforge",
+        ),  # fmt: skip
         "arch": ARCH,
         "stack": STACK,
         "namespace": NAMESPACE,

@@ -18,8 +18,10 @@ from . import (
     ENGINE,
     NAMESPACE,
     STACK,
+    Opt,
     choose_target,
     command,
+    nonempty,
     number,
     text,
     writable_folder,
@@ -67,6 +69,37 @@ def stress_workloads(values: list[str], known: list[str]) -> list[str]:
     return picked
 
 
+def _stress(flag: str, value: str) -> str:
+    """One --stress value (a workload or a comma list of them), checked against the tree's."""
+    nonempty(flag, value)
+    stress_workloads([value], workload_names(Workspace.discover().root))
+    return value
+
+
+def _bench_backend(flag: str, value: str) -> str:
+    nonempty(flag, value)
+    bench_backends([value])
+    return value
+
+
+def _baseline(flag: str, value: str) -> str:
+    """--baseline: a report folder, report.json or bench.json is read now; an image is looked up
+    by the task, which asks the engine."""
+    from ..baseline import gate
+    from ..baseline import store as baseline_store
+
+    nonempty(flag, value)
+    if not baseline_store.looks_like_image(value):
+        try:
+            gate.load_bench(gate.bench_file(value))
+        except gate.BaselineError as exc:
+            raise UserError(f"{flag}: {exc}") from None
+    return value
+
+
+BENCH_ONLY = ", which runs the benchmark it is about"
+
+
 def print_summary(report_path: Path) -> None:
     """Print the suite's Markdown summary up to its first collapsed details block (the full text,
     which CI puts in a step summary, stays in report.md)."""
@@ -85,12 +118,13 @@ def print_summary(report_path: Path) -> None:
         "timeout": number("SECONDS"),
         "engine": ENGINE,
         "namespace": NAMESPACE,
-        "stress": text("WORKLOAD[,WORKLOAD...]", repeatable=True),
+        "stress": Opt("WORKLOAD[,WORKLOAD...]", _stress, repeatable=True),
         "stress_iters": number("N"),
-        "baseline": text("PATH|IMAGE"),
-        "bench_backend": text("BACKEND[,BACKEND...]", repeatable=True),
+        "baseline": Opt("PATH|IMAGE", _baseline),
+        "bench_backend": Opt("BACKEND[,BACKEND...]", _bench_backend, repeatable=True),
     },  # fmt: skip
     writes=("reports",),
+    goes_with={"baseline": ("bench", BENCH_ONLY), "bench_backend": ("bench", BENCH_ONLY)},
     help={
         "arch": "arch of the image to validate (default: the host's AMD GPU, else cpu)",
         "stack": "stack whose final image to validate (default: as for build)",
@@ -126,7 +160,7 @@ def validate(
     last report stays in place until this run has written a complete new one; so do the last
     bench and stress documents, and the kept baseline moves only after a run that passed."""
     from ..baseline import store as baseline_store
-    from ..engine import LocalEngine, check_engine_name, connect
+    from ..engine import LocalEngine, connect
     from ..plan import Options, resolve
     from ..recipes import load_recipes
     from ..validation import (
@@ -145,16 +179,11 @@ def validate(
     timeout = timeout or 0
     iters = stress_iters
     workloads = stress_workloads(list(stress or []), workload_names(ws.root) if stress else [])
-    if (baseline or bench_backend) and not bench:
-        flag = "--baseline" if baseline else "--bench-backend"
-        raise UserError(f"{flag} goes with --bench, which runs the benchmark it is about",
-                        hint=f"invoke validate --arch {arch} --bench {flag} ...")  # fmt: skip
     runs = tool_runs(
         bench, workloads, quick, tiny=recipes.arches[arch].vendor == "cpu", timeout=timeout,
         stress_iters=iters or (10 if quick else 100),
         backends=bench_backends(list(bench_backend or [])),
     )  # fmt: skip
-    check_engine_name(engine)
     plan = resolve(recipes, arch, stack, Options(namespace=namespace))
     if plan.blocked_by and not (local or image):
         first = plan.blocked_by[0]

@@ -73,7 +73,8 @@ def _required(name: str, tmp: Path, but: str = "") -> list[str]:
     found = []
     for option, opt in TASKS[name].options.items():
         if opt.required and option != but:
-            found += ["--" + option.replace("_", "-"), good[opt.kind]]
+            value = opt.choices[0] if opt.choices else good[opt.kind]
+            found += ["--" + option.replace("_", "-"), value]
     return found
 
 
