@@ -27,7 +27,7 @@ from . import (
 )
 
 if TYPE_CHECKING:  # the library is imported where a task uses it (attnforge/cli/__init__.py)
-    from ..build import Invocation
+    from ..build import BuildState, Invocation
     from ..engine import Engine
     from ..plan import Plan
     from ..recipes import Recipes
@@ -85,8 +85,7 @@ def build(
     builder=None, debug=False,
 ):  # fmt: skip
     """Build a stack's images layer by layer, skipping every layer whose inputs did not change."""
-    from ..build import BuildState, build_requests, execute, plan_build
-    from ..engine import connect
+    from ..build import BuildState
     from ..recipes import load_recipes
 
     started = time.monotonic()
@@ -94,10 +93,10 @@ def build(
     recipes = load_recipes(ws.root)
     if continue_:
         state = BuildState.load(ws)
-        inv = state.invocation
         where = f", which stopped at layer {state.stopped_at}" if state.stopped_at else ""
-        out.print(f"continuing the last build: stack {inv.stack} for {inv.arch}{where}")
-        inv.push = inv.push or push
+        out.print(f"continuing the last build: stack {state.invocation.stack} for "
+                  f"{state.invocation.arch}{where}")  # fmt: skip
+        state.invocation.push = state.invocation.push or push
     else:
         inv = _invocation(recipes, ws, arch, stack, only, set_, base_image, wheelhouse, ca_cert,
                           engine, jobs, namespace)  # fmt: skip
@@ -108,15 +107,26 @@ def build(
             raise UserError("--require-cache goes with --cache-from (or attnforge.cache_from)")
         inv.builder, inv.push = builder or None, push
         state = BuildState(inv)
-    if inv.builder and inv.engine != "docker":
+    if state.invocation.builder and state.invocation.engine != "docker":
         raise UserError(
             "--builder goes with --engine docker: podman has no BuildKit builders",
             hint="leave --builder out to build with podman itself",
         )
-
     if dry_run:
-        _dry_run(inv, recipes, ws, as_json=json, layer=explain)
+        _dry_run(state.invocation, recipes, ws, as_json=json, layer=explain)
         return
+    plan, outcomes = _build(state, recipes, ws, given_base=base_image is not None or continue_,
+                                 resumed=continue_)  # fmt: skip
+    out.print(summary_table(outcomes, time.monotonic() - started))
+    if plan.final_tag:
+        out.print(
+            f"final image: [bold]{plan.final_tag}[/]  (validate it: invoke validate --arch {plan.arch} --stack {plan.stack})"
+        )
+
+
+def _engine_for(inv: Invocation) -> Engine:
+    """The engine a build runs on, its --builder checked (and a note where it needs --push)."""
+    from ..engine import connect
 
     eng = connect(inv.engine)
     if inv.builder:
@@ -127,8 +137,13 @@ def build(
                 "remote builder can only pull from a registry: add --push with --namespace "
                 "REGISTRY/TEAM unless the builder shares this engine's images[/]"
             )
-    inv = _local_defaults(inv, recipes, ws, eng, given_base=base_image is not None or continue_)
-    state.invocation = inv
+    return eng
+
+
+def _buildable_plan(inv: Invocation, recipes: Recipes, ws: Workspace, eng: Engine) -> Plan:
+    """The plan of a build, its notes printed; a UserError where a layer is unsupported."""
+    from ..build import plan_build
+
     notes: list[str] = []
     plan, _ = plan_build(inv, recipes, ws, eng, notes)
     for note in notes:
@@ -139,23 +154,21 @@ def build(
         raise UserError(
             f"stack {plan.stack} cannot be built for {plan.arch}: layer {first.layer} is unsupported: {first.reason}"
         )
+    return plan
+
+
+def _build(state: BuildState, recipes: Recipes, ws: Workspace, given_base: bool, resumed: bool):
+    """Plan and build (pushing where asked): (plan, each layer's outcome)."""
+    from ..build import build_requests, execute
+
+    eng = _engine_for(state.invocation)
+    inv = state.invocation = _local_defaults(state.invocation, recipes, ws, eng, given_base)
+    plan = _buildable_plan(inv, recipes, ws, eng)
     out.print(f"engine: {eng.describe()}; jobs: {inv.jobs}")
-    if not continue_:
+    if not resumed:
         state.save(ws)
+    pusher = _Pusher(eng, ws.logs_for(plan.arch) / "push.log")
     progress = LayerProgress(total=len(plan.chain))
-    pushed: set[str] = set()
-    push_log = ws.logs_for(plan.arch) / "push.log"
-
-    def push_layer(step) -> None:
-        push_log.parent.mkdir(parents=True, exist_ok=True)
-        with push_log.open("a") as fh:
-            for ref in (step.hash_tag, *step.moving_tags):
-                if ref not in pushed:
-                    out.print(f"pushing {ref}")
-                    eng.push(ref, fh)
-                    pushed.add(ref)
-
-    push_log.unlink(missing_ok=True)
     try:
         requests = build_requests(plan, ws, Path(inv.ca_cert) if inv.ca_cert else None,
                                   builder=inv.builder, push=inv.push)  # fmt: skip
@@ -163,18 +176,31 @@ def build(
             plan, eng, ws=ws, state=state, requests=requests,
             wheelhouse=Path(inv.wheelhouse) if inv.wheelhouse else None, progress=progress,
             # a remote builder's next layer pulls its parent: push each one as soon as it passed
-            after_layer=push_layer if inv.builder and inv.push else None,
+            after_layer=pusher.push if inv.builder and inv.push else None,
         )  # fmt: skip
     finally:
         progress.close()
     if inv.push:
         for s in plan.chain:
-            push_layer(s)
-    out.print(summary_table(outcomes, time.monotonic() - started))
-    if plan.final_tag:
-        out.print(
-            f"final image: [bold]{plan.final_tag}[/]  (validate it: invoke validate --arch {plan.arch} --stack {plan.stack})"
-        )
+            pusher.push(s)
+    return plan, outcomes
+
+
+class _Pusher:
+    """Pushes a layer's tags once each, logging to push.log (started afresh by each build)."""
+
+    def __init__(self, eng: Engine, log: Path) -> None:
+        self.eng, self.log, self.pushed = eng, log, set()
+        log.unlink(missing_ok=True)
+
+    def push(self, step) -> None:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with self.log.open("a") as fh:
+            for ref in (step.hash_tag, *step.moving_tags):
+                if ref not in self.pushed:
+                    out.print(f"pushing {ref}")
+                    self.eng.push(ref, fh)
+                    self.pushed.add(ref)
 
 
 def _invocation(
