@@ -53,6 +53,15 @@ POLL_S = 0.2
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    """`python -m validate stress`'s options, in --help's order: what is stressed, how often it
+    is judged, at which shapes, and how a run is watched (or the real pipeline run instead)."""
+    _add_targets(p)
+    _add_iterations(p)
+    _add_shapes(p)
+    _add_run(p)
+
+
+def _add_targets(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--workload",
         choices=workloads.names(),
@@ -66,6 +75,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"a backend to stress (repeatable, or comma-separated): {', '.join(BACKENDS)}, "
         "or all (default all)",
     )
+
+
+def _add_iterations(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--iters",
         type=positive_int,
@@ -87,6 +99,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="set AMD_SERIALIZE_KERNEL=3 and CUDA_LAUNCH_BLOCKING=1 in each run, so a GPU fault "
         "surfaces at the kernel that caused it (slower)",
     )
+
+
+def _add_shapes(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--resolution",
         metavar="WxH",
@@ -110,6 +125,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="shrink every shape (batch 1, 2 heads or 1 key/value head, sequences <= 64; head dims "
         "kept) for CPU runs and tests",
     )
+
+
+def _add_run(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--timeout",
         type=seconds,
