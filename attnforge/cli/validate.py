@@ -159,60 +159,21 @@ def validate(
     beside the report; --bench compares with the baseline and fails below the stack's gates. The
     last report stays in place until this run has written a complete new one; so do the last
     bench and stress documents, and the kept baseline moves only after a run that passed."""
-    from ..baseline import store as baseline_store
-    from ..engine import LocalEngine, connect
-    from ..plan import Options, resolve
     from ..recipes import load_recipes
-    from ..validation import (
-        device_flags,
-        execute,
-        plan_validation,
-        report_target,
-        stack_gates,
-        thread_env,
-        tool_runs,
-    )
+    from ..validation import execute, tool_runs
 
     ws = Workspace.discover()
     recipes = load_recipes(ws.root)
     arch, stack = choose_target(recipes, arch, stack)
     timeout = timeout or 0
-    iters = stress_iters
     workloads = stress_workloads(list(stress or []), workload_names(ws.root) if stress else [])
     runs = tool_runs(
         bench, workloads, quick, tiny=recipes.arches[arch].vendor == "cpu", timeout=timeout,
-        stress_iters=iters or (10 if quick else 100),
+        stress_iters=stress_iters or (10 if quick else 100),
         backends=bench_backends(list(bench_backend or [])),
     )  # fmt: skip
-    plan = resolve(recipes, arch, stack, Options(namespace=namespace))
-    if plan.blocked_by and not (local or image):
-        first = plan.blocked_by[0]
-        raise UserError(
-            f"stack {stack} has no image for {arch}: layer {first.layer} is unsupported: {first.reason}"
-        )
-    eng = LocalEngine(ws.root) if local else None
-    ref, flags = None, None
-    if not local:  # everything that can fail early, before a file is touched
-        flags = device_flags(recipes.arches[arch].vendor)
-        eng = connect(engine)
-        ref = image or plan.final_tag
-        if not ref or eng.image_id(ref) is None:
-            raise UserError(
-                f"image {ref} not found",
-                hint=f"build it first: invoke build --arch {arch} --stack {stack}",
-            )
-
-    reports, expect = report_target(recipes, plan, ws.reports_for(arch, stack), in_image=not local)
-    base = find_baseline(baseline, reports, ws, engine) if bench else None
-    gates, min_ratio = stack_gates(recipes, stack)
-    from validate.report import new_run_id  # the suite's own: stdlib only
-
-    # In an image: the engine's name, and the host's thread caps (--local inherits them anyway).
-    env = {} if local else {"ATTNFORGE_ENGINE": eng.describe(), **thread_env()}
-    v = plan_validation(
-        reports, expect, image=ref, quick=quick, timeout=timeout, runs=runs, flags=flags, env=env,
-        bench=bench, base=base, gates=gates, min_ratio=min_ratio, run_id=new_run_id(),
-    )  # fmt: skip
+    v, eng, ref = _planned(ws, recipes, arch, stack, image, local, engine, namespace, quick,
+                           timeout, runs, bench, baseline)  # fmt: skip
     if local:
         out.print(f"running the suite on this host: {' '.join(eng.argv(v.suite))}")
     else:
@@ -225,8 +186,56 @@ def validate(
             out.print(f"  {detail}", markup=False, highlight=False)
 
     result = execute(v, eng, progress)
+    _print_outcome(result, v.reports, runs, ws.root)
+    if not result.passed:
+        raise Exit(code=result.code or 1)
+
+
+def _planned(ws, recipes, arch, stack, image, local, engine, namespace, quick, timeout, runs,
+             bench, baseline):  # fmt: skip
+    """(the Validation, its engine, the image) with everything that can fail checked before a
+    file is touched: the plan, the engine, the image, the baseline."""
+    from ..engine import LocalEngine, connect
+    from ..plan import Options, resolve
+    from ..validation import device_flags, plan_validation, report_target, stack_gates, thread_env
+
+    plan = resolve(recipes, arch, stack, Options(namespace=namespace))
+    if plan.blocked_by and not (local or image):
+        first = plan.blocked_by[0]
+        raise UserError(
+            f"stack {stack} has no image for {arch}: layer {first.layer} is unsupported: {first.reason}"
+        )
+    eng = LocalEngine(ws.root) if local else None
+    ref, flags = None, None
+    if not local:
+        flags = device_flags(recipes.arches[arch].vendor)
+        eng = connect(engine)
+        ref = image or plan.final_tag
+        if not ref or eng.image_id(ref) is None:
+            raise UserError(
+                f"image {ref} not found",
+                hint=f"build it first: invoke build --arch {arch} --stack {stack}",
+            )
+    reports, expect = report_target(recipes, plan, ws.reports_for(arch, stack), in_image=not local)
+    base = find_baseline(baseline, reports, ws, engine) if bench else None
+    gates, min_ratio = stack_gates(recipes, stack)
+    from validate.report import new_run_id  # the suite's own: stdlib only
+
+    # In an image: the engine's name, and the host's thread caps (--local inherits them anyway).
+    env = {} if local else {"ATTNFORGE_ENGINE": eng.describe(), **thread_env()}
+    v = plan_validation(
+        reports, expect, image=ref, quick=quick, timeout=timeout, runs=runs, flags=flags, env=env,
+        bench=bench, base=base, gates=gates, min_ratio=min_ratio, run_id=new_run_id(),
+    )  # fmt: skip
+    return v, eng, ref
+
+
+def _print_outcome(result, reports: Path, runs, root: Path) -> None:
+    """The report, the tools' documents, the baseline's comparison and the verdict."""
+    from ..baseline import store as baseline_store
+
     report = reports / "report.json"
-    refresh_page(report, ws.root)
+    refresh_page(report, root)
     print_summary(report)
     out.print(f"report: {report}")
     for t in runs:
@@ -243,8 +252,6 @@ def validate(
         out.print(f"[bold red]validation failed[/] (exit {result.code})")
     for sentence in result.failures:
         out.print(sentence, style="bold red", markup=False, highlight=False)
-    if not result.passed:
-        raise Exit(code=result.code or 1)
 
 
 def render(report: Path, root: Path, html: bool) -> subprocess.CompletedProcess:
