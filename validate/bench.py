@@ -17,6 +17,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from contract import names, workloads
@@ -533,8 +534,6 @@ def _planted_slowdown(torch, attn: Attention, timed):
 
 def run_item(torch, attn: Attention, item: dict[str, Any], warmup: int, repeats: int) -> dict:
     """Warm-up, then ``repeats`` timed calls of one (shape, mode): {"status", "ms_all", ...}."""
-    from validate.checks.sdpa import captured_warnings
-
     shape, mode = item["shape"], item["mode"]
     device = attn.device
     causal, gqa = shape["causal"], shape["hkv"] != shape["h"]
@@ -544,78 +543,86 @@ def run_item(torch, attn: Attention, item: dict[str, Any], warmup: int, repeats:
         q, k, v = _inputs(torch, attn, shape, device, grad)
     except torch.cuda.OutOfMemoryError as exc:
         raise Refused(f"out of memory for the inputs: {_one_line(exc)}") from None
-    dout = torch.randn_like(q) if grad else None
-
-    def forward():
-        return attn(q, k, v, causal, gqa)
-
-    def clear():
-        q.grad = k.grad = v.grad = None
-
-    if mode == "fwd":
-        prepare, timed = (lambda: None), (lambda state: forward())
-    elif mode == "bwd":
-
-        def prepare():
-            clear()
-            return forward()
-
-        def timed(out):
-            out.backward(dout)
-
-    else:
-
-        def prepare():
-            clear()
-
-        def timed(state):
-            forward().backward(dout)
-
+    prepare, timed = _steps(mode, lambda: attn(q, k, v, causal, gqa), (q, k, v),
+                            torch.randn_like(q) if grad else None)  # fmt: skip
     # The planted slowdown (tests only) stretches the timed repeats alone: the first call and the
     # warm-up hold one-time costs (lazy imports, first dispatch) that a multiple would turn into
     # minutes of sleep on a loaded machine.
     slowed = _planted_slowdown(torch, attn, timed)
     message = ""
     with attn.context(), torch.set_grad_enabled(grad):
-        with captured_warnings() as warned:
-            try:
-                timed(prepare())
-                if device == "cuda":
-                    torch.cuda.synchronize()
-            except torch.cuda.OutOfMemoryError as exc:
-                raise Refused(f"out of memory at this shape: {_one_line(exc)}") from None
-            except (RuntimeError, TypeError, ValueError, NotImplementedError) as exc:
-                text = str(exc)
-                if attn.backend in SDPA_ENUM and any(n in text for n in NO_KERNEL):
-                    raise Refused(_refusal(torch, attn, shape, q, k, v, exc, warned)) from None
-                if attn.fn is not None and not isinstance(exc, RuntimeError):
-                    raise Refused(_one_line(exc)) from None  # flash_attn's / kernels' own checks
-                raise
-        if attn.backend == "kernels.sdpa_shim":
-            stats = attn.shim.stats()
-            if not stats.get("routed"):
-                why = ", ".join(stats.get("reasons") or {}) or "unknown"
-                raise Refused(f"the shim did not route this call to the kernels (fell back: {why})")
+        _first_call(torch, attn, shape, (q, k, v), prepare, timed)
         if attn.backend == "sdpa.default":
             from validate.checks.sdpa import fused_choice
 
             pick, _ = fused_choice(torch, q, k, v, _case(shape))
             message = f"SDPA picks {pick}" if pick else ""
-        start, stop, read = _timer(torch, device)
-        for _ in range(max(0, warmup - 1)):
-            timed(prepare())
-        if device == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-        marks = []
-        for _ in range(repeats):
-            state = prepare()
-            begin = start()
-            slowed(state)
-            marks.append(stop(begin))
-        ms_all = read(marks)
-        peak = torch.cuda.max_memory_allocated() / 2**20 if device == "cuda" else None
+        ms_all, peak = _timed_repeats(torch, device, prepare, timed, slowed, warmup, repeats)
     return {"status": "ok", "ms_all": ms_all, "peak_mem_mb": peak, "message": message}
+
+
+def _steps(mode: str, forward: Callable[[], Any], inputs: tuple, dout) -> tuple:
+    """(prepare, timed) of a mode: what runs before each timed call (untimed) and the call."""
+
+    def clear():
+        for t in inputs:
+            t.grad = None
+
+    if mode == "fwd":
+        return (lambda: None), (lambda state: forward())
+    if mode == "bwd":
+
+        def prepare():
+            clear()
+            return forward()
+
+        return prepare, (lambda out: out.backward(dout))
+    return clear, (lambda state: forward().backward(dout))
+
+
+def _first_call(torch, attn: Attention, shape: dict, qkv: tuple, prepare, timed) -> None:
+    """The first call, which decides whether the backend takes this shape at all: a refusal
+    (no kernel, out of memory, the shim falling back) raises Refused; other errors propagate."""
+    from validate.checks.sdpa import captured_warnings
+
+    with captured_warnings() as warned:
+        try:
+            timed(prepare())
+            if attn.device == "cuda":
+                torch.cuda.synchronize()
+        except torch.cuda.OutOfMemoryError as exc:
+            raise Refused(f"out of memory at this shape: {_one_line(exc)}") from None
+        except (RuntimeError, TypeError, ValueError, NotImplementedError) as exc:
+            text = str(exc)
+            if attn.backend in SDPA_ENUM and any(n in text for n in NO_KERNEL):
+                raise Refused(_refusal(torch, attn, shape, *qkv, exc, warned)) from None
+            if attn.fn is not None and not isinstance(exc, RuntimeError):
+                raise Refused(_one_line(exc)) from None  # flash_attn's / kernels' own checks
+            raise
+    if attn.backend == "kernels.sdpa_shim":
+        stats = attn.shim.stats()
+        if not stats.get("routed"):
+            why = ", ".join(stats.get("reasons") or {}) or "unknown"
+            raise Refused(f"the shim did not route this call to the kernels (fell back: {why})")
+
+
+def _timed_repeats(torch, device: str, prepare, timed, slowed, warmup: int, repeats: int):
+    """The rest of the warm-up, then the timed repeats: (ms of each, peak MiB or None)."""
+    start, stop, read = _timer(torch, device)
+    for _ in range(max(0, warmup - 1)):
+        timed(prepare())
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    marks = []
+    for _ in range(repeats):
+        state = prepare()
+        begin = start()
+        slowed(state)
+        marks.append(stop(begin))
+    ms_all = read(marks)
+    peak = torch.cuda.max_memory_allocated() / 2**20 if device == "cuda" else None
+    return ms_all, peak
 
 
 def child(spec_path: str, events_path: str) -> None:
