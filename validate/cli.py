@@ -172,7 +172,7 @@ def _write(text: str, path: str) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def _check_writable(path: str | None, flag: str) -> None:
+def check_writable(path: str | None, flag: str) -> None:
     """Refuse an output path that cannot be written before spending minutes on checks."""
     if not path or path == "-":
         return
@@ -196,8 +196,8 @@ def cmd_render(args: argparse.Namespace) -> int:
         siblings = report.load_siblings(args.report, data) if args.html else {}
     except report.ReportError as exc:
         raise UsageError(str(exc)) from None
-    _check_writable(args.md, "--md")
-    _check_writable(args.html, "--html")
+    check_writable(args.md, "--md")
+    check_writable(args.html, "--html")
     try:
         if args.md:
             _write(render.to_markdown(data), args.md)
@@ -224,8 +224,8 @@ def _print_record(rec: dict[str, Any]) -> None:
 def cmd_run(args: argparse.Namespace, argv: list[str]) -> int:
     """`python -m validate all|sdpa|...`: plan the checks, run them, judge the expectations,
     write the report; the exit status says how it went."""
-    _check_writable(args.json, "--json")
-    _check_writable(args.md, "--md")
+    check_writable(args.json, "--json")
+    check_writable(args.md, "--md")
     spec = _load_spec(args.expect)
     try:
         checks = suite.plan(args.command, args.quick, spec.sdpa_limits if spec else None)

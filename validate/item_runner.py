@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from validate import forkserver, runner
-from validate.runner import _kill_group, is_device_fault, signal_name, tail
+from validate.runner import is_device_fault, kill_group, signal_name, tail
 
 POLL_S = 0.1
 # A child that ends on purpose after a GPU fault (its device state is no longer trustworthy).
@@ -156,7 +156,7 @@ def _attempt(
             stderr=err_fh,
         )
         timed_out, stalled = _watch(proc, events, timeout, on_result)
-        _kill_group(proc)
+        kill_group(proc)
         proc.wait()
     events.read(on_result)
     stderr = err_path.read_bytes().decode("utf-8", "replace")

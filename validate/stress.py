@@ -24,7 +24,7 @@ from contract import names, workloads
 from validate import forkserver
 from validate.argtypes import positive_int, seconds
 from validate.report import current_run_id
-from validate.runner import Outcome, _kill_group, child_env, classify, signal_name, tail
+from validate.runner import Outcome, child_env, classify, kill_group, signal_name, tail
 
 HELP = "run backends for many iterations at real workload shapes; report the first failure"
 DESCRIPTION = """\
@@ -337,7 +337,7 @@ def launch(args: list[str], stall_s: float, env: dict[str, str]) -> tuple[Outcom
                 elif time.monotonic() - last > stall_s:
                     timed_out = True
                     break
-            _kill_group(proc)  # leftovers too (a compile worker pool), not only a hung child
+            kill_group(proc)  # leftovers too (a compile worker pool), not only a hung child
             proc.wait()
         payload = None
         if result.exists():
