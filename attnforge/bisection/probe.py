@@ -36,7 +36,7 @@ from ..engine import Engine, RunRequest
 from ..errors import UserError
 from ..files import swap_folder
 from ..pins.update import _by_version, _fitting
-from ..pins.upstream import IndexSource, Unavailable, _run_git, url_path
+from ..pins.upstream import IndexSource, Unavailable, run_git, url_path
 from ..plan import Plan
 from ..recipes import Recipes
 from ..workspace import Workspace
@@ -73,7 +73,7 @@ def local_path(url: str) -> Path | None:
 
 
 def _git(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return _run_git(list(args), cwd=repo)
+    return run_git(list(args), cwd=repo)
 
 
 def _last(proc: subprocess.CompletedProcess[str]) -> str:
@@ -112,7 +112,7 @@ class GitHistory:
             return proc.stdout.strip()
         if _SHA.fullmatch(ref):
             return ref
-        proc = _run_git(["ls-remote", self.url, ref, f"{ref}^{{}}"])
+        proc = run_git(["ls-remote", self.url, ref, f"{ref}^{{}}"])
         if proc.returncode != 0:
             raise UserError(f"git ls-remote {self.url} failed: {_last(proc)}",
                             hint="check the network, or use --repo with a local mirror")  # fmt: skip

@@ -98,7 +98,7 @@ def build(
                   f"{state.invocation.arch}{where}")  # fmt: skip
         state.invocation.push = state.invocation.push or push
     else:
-        inv = _invocation(recipes, ws, arch, stack, only, set_, base_image, wheelhouse, ca_cert,
+        inv = build_invocation(recipes, ws, arch, stack, only, set_, base_image, wheelhouse, ca_cert,
                           engine, jobs, namespace)  # fmt: skip
         # invoke.yaml (next to tasks.py, or ~/.invoke.yaml) may name the team's cache
         inv.cache_from = cache_from or (c.config.get("attnforge") or {}).get("cache_from")
@@ -162,7 +162,7 @@ def _build(state: BuildState, recipes: Recipes, ws: Workspace, given_base: bool,
     from ..build import build_requests, execute
 
     eng = _engine_for(state.invocation)
-    inv = state.invocation = _local_defaults(state.invocation, recipes, ws, eng, given_base)
+    inv = state.invocation = local_defaults(state.invocation, recipes, ws, eng, given_base)
     plan = _buildable_plan(inv, recipes, ws, eng)
     out.print(f"engine: {eng.describe()}; jobs: {inv.jobs}")
     if not resumed:
@@ -203,7 +203,7 @@ class _Pusher:
                     self.pushed.add(ref)
 
 
-def _invocation(
+def build_invocation(
     recipes: Recipes, ws: Workspace, arch, stack, only, sets, base_image, wheelhouse, ca_cert,
     engine, jobs, namespace,
 ) -> Invocation:  # fmt: skip
@@ -230,7 +230,7 @@ def _invocation(
     )  # fmt: skip
 
 
-def _local_defaults(
+def local_defaults(
     inv: Invocation,
     recipes: Recipes,
     ws: Workspace,
@@ -256,7 +256,8 @@ def _local_defaults(
     return Invocation(**{**inv.__dict__, "base_image": local})
 
 
-def _connect_for_plan(name: str, quiet: bool) -> Engine | None:
+def connect_for_plan(name: str, quiet: bool) -> Engine | None:
+    """The engine a plan asks what is cached, or None (said unless quiet) where none answers."""
     from ..engine import connect
 
     try:
@@ -271,9 +272,9 @@ def _dry_run(inv: Invocation, recipes: Recipes, ws: Workspace, as_json: bool, la
     from ..build import build_requests, plan_build
     from ..plan import stack_options
 
-    eng = _connect_for_plan(inv.engine, quiet=as_json)
+    eng = connect_for_plan(inv.engine, quiet=as_json)
     if eng is not None:
-        inv = _local_defaults(inv, recipes, ws, eng, given_base=inv.base_image is not None)
+        inv = local_defaults(inv, recipes, ws, eng, given_base=inv.base_image is not None)
     notes: list[str] = []
     plan, known = plan_build(inv, recipes, ws, eng, notes)
     for note in notes:
