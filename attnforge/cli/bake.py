@@ -53,8 +53,10 @@ def bake(
 
     ws = Workspace.discover()
     recipes = load_recipes(ws.root)
-    inv = build_invocation(recipes, ws, arch, stack, only, set_, base_image, wheelhouse, ca_cert,
-                      "docker", jobs, namespace)  # fmt: skip
+    inv = build_invocation(
+        recipes, ws, arch, stack, only, set_, base_image, wheelhouse, ca_cert,
+        "docker", jobs, namespace,
+    )  # fmt: skip
     cache_from = cache_from or (c.config.get("attnforge") or {}).get("cache_from")
     if push_cache and not cache_from:
         raise UserError("--push-cache goes with --cache-from (or attnforge.cache_from)")

@@ -96,8 +96,10 @@ def bisect(
 
     ws = Workspace.discover()
     recipes = load_recipes(ws.root)
-    inv = build_invocation(recipes, ws, arch, stack, None, set_, base_image, wheelhouse, ca_cert,
-                      engine, jobs, namespace)  # fmt: skip
+    inv = build_invocation(
+        recipes, ws, arch, stack, None, set_, base_image, wheelhouse, ca_cert,
+        engine, jobs, namespace,
+    )  # fmt: skip
     limit, seconds = max_probes, timeout
     if not check:
         raise UserError("--check is needed: what tells a good pin from a bad one",

@@ -98,8 +98,10 @@ def build(
                   f"{state.invocation.arch}{where}")  # fmt: skip
         state.invocation.push = state.invocation.push or push
     else:
-        inv = build_invocation(recipes, ws, arch, stack, only, set_, base_image, wheelhouse, ca_cert,
-                          engine, jobs, namespace)  # fmt: skip
+        inv = build_invocation(
+            recipes, ws, arch, stack, only, set_, base_image, wheelhouse, ca_cert,
+            engine, jobs, namespace,
+        )  # fmt: skip
         # invoke.yaml (next to tasks.py, or ~/.invoke.yaml) may name the team's cache
         inv.cache_from = cache_from or (c.config.get("attnforge") or {}).get("cache_from")
         inv.require_cache = require_cache
