@@ -390,10 +390,14 @@ def torch_cxx_need(recipes: Recipes, layer: Layer, pins: Mapping[str, Any]) -> T
 
 
 def triton_row_missing(recipes: Recipes, layer: Layer, pins: Mapping[str, Any]) -> str | None:
-    """Why a layer's torch cannot be planned: its release line has no row in recipes/tritons.yaml,
-    so which Triton the bundled kernels meet there is unknown. None where it has one, where the
-    layer provides no torch, or where the torch comes from --set (a nightly: the newest Triton)."""
-    if recipes.tritons is None or "torch" not in layer.provides or not layer.torch_version_pin:
+    """Why a layer's torch cannot be planned: it brings the Triton its release line requires, and
+    that line has no row in recipes/tritons.yaml, so which Triton the bundled kernels meet there is
+    unknown. None where it has one, where the layer provides no torch or not its Triton (a stack
+    that pins Triton itself: cpu), or where the torch comes from --set (a nightly: the newest)."""
+    provides = set(layer.provides)
+    if recipes.tritons is None or not {"torch", "triton"} <= provides:
+        return None
+    if not layer.torch_version_pin:
         return None
     version = str(pins.get(layer.torch_version_pin) or "")
     try:

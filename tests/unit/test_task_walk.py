@@ -164,11 +164,14 @@ def test_kernels_aot_refuses_a_cache_dir_that_is_a_file_before_compiling(capsys,
 
 
 def test_positional_paths_are_taken_as_users_type_them(capsys, outputs):
-    # invoke matrix FILE...: every path is read (the first missing one is named)
+    # invoke matrix FILE...: every path is taken (a missing one is named with the options, before
+    # any is read)
     code, _, err = _run(capsys, "matrix", str(outputs), str(outputs / "missing"))
-    assert code == 2 and "no report.json" in err  # the first, a folder without reports
+    assert code == 2 and "--reports" in err and "missing: no such file or folder" in err
     code, _, err = _run(capsys, "matrix", str(outputs / "missing"), str(outputs))
     assert code == 2 and "missing: no such file or folder" in err
+    code, _, err = _run(capsys, "matrix", str(outputs))
+    assert code == 2 and "no report.json" in err  # a folder without reports
     # invoke report FILE
     code, _, err = _run(capsys, "report", str(outputs / "missing.json"))
     assert code == 2 and "missing.json: no such report" in err

@@ -147,6 +147,10 @@ def test_a_stack_whose_torch_line_has_no_row_is_refused_by_the_plan(recipes):
     assert "torch 2.14.0+rocm10.1.0 is of the 2.14 line" in torch.reason
     assert "no row in recipes/tritons.yaml (torch: 2.12, 2.13, 2.15" in torch.reason
     assert plan.final_tag is None and plan.blocked_by[0].layer == "pytorch-wheels"
+    # a torch that does not bring its Triton (the cpu stack pins one) needs no row
+    no_213 = dataclasses.replace(recipes, tritons=recipes.tritons.model_copy(
+        update={"torch": [r for r in recipes.tritons.torch if r.torch != "2.13"]}))  # fmt: skip
+    assert resolve(no_213, "cpu", "cpu").step("torch-cpu").status == "build"
     # the same stack with the row plans, and so does every stack of the recipes as they stand
     assert resolve(recipes, "gfx1151", "default").step("pytorch-wheels").status == "build"
     refused = [
