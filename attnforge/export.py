@@ -1,8 +1,10 @@
 """A validated stack outside containers: the export manifest, the files an installer reads, and
 the comparison of an environment with it.
 
-Pure: the inputs are what attnforge/image/envprobe.py printed (for the image or a user's Python), wheel
-files on disk and the validation stamp; the engine and subprocess work is in attnforge/cli/export.py.
+Pure up to its last section: the inputs are what attnforge/image/envprobe.py printed (for the image
+or a user's Python), wheel files on disk and the validation stamp. The last section runs the export
+through an Engine (attnforge/probing.py probes the image); attnforge/cli/export.py holds the
+options and the printing.
 
 Why the wheel hashes are honest: pip records no hash of the wheel it installed from an index or a
 find-links folder (direct_url.json exists only for direct URL installs). So a wheel file is taken
@@ -18,16 +20,25 @@ import csv
 import hashlib
 import io
 import json
+import os
 import re
+import shlex
+import shutil
+import tempfile
 import zipfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 from contract import names
+
+from .engine import Engine, RunRequest
+from .errors import UserError
+from .probing import probe_image
 
 EXPORT_KIND = names.EXPORT
 EXPORT_VERSION = names.KIND_VERSIONS[EXPORT_KIND]
@@ -365,3 +376,257 @@ def manifest_from_image_probe(probe: dict, meta: dict) -> dict:
         for d in sorted(dists, key=lambda d: d.key) if d.key not in TOOLING
     ]  # fmt: skip
     return {**meta, "python": probe["python"], "wheels": wheels}
+
+
+# ---------------------------------------------------------------------------------------------
+# The export's run: the image's wheels found (a local folder, the image, pip in the image), the
+# files written into a dot folder beside the target and moved over it only once complete.
+
+
+@dataclass(frozen=True)
+class ExportJob:
+    """What an export is made from: the validated image and where its wheels may come from."""
+
+    arch: str
+    stack: str
+    image: str
+    image_id: str
+    record: dict  # the validation stamp the image passed with
+    wheelhouse: Path  # a folder of wheels taken first
+    ca_cert: Path | None  # the CA bundle pip trusts in the image
+    indexes: tuple[str, ...]  # the package indexes the stack's layers name
+
+
+def ca_bundle(value: str | None, default: Path = Path("/etc/ssl/certs/ca-certificates.crt")):
+    """--ca-cert as a file: 'none' is pip's own bundle; not given, the host's when it has one."""
+    if value == "none":
+        return None
+    path = Path(value) if value else default
+    return path if path.is_file() else None
+
+
+def stack_indexes(plan: Any) -> tuple[str, ...]:
+    """The package indexes a plan's layers name (*_INDEX_URL args and hints)."""
+    return tuple(sorted({
+        str(v) for s in plan.steps for k, v in {**s.args, **s.hint_args}.items()
+        if k.endswith("INDEX_URL") and v
+    }))  # fmt: skip
+
+
+def choose_wheels(
+    dists: Iterable[Dist],
+    chosen: dict[str, tuple[Path, str]],
+    sources: Iterable[tuple[Path, Callable[[Path], str]]],
+) -> None:
+    """For each distribution not yet chosen, the first wheel (folder by folder) whose files are
+    what the image installed, with a note of where it came from."""
+    sources = list(sources)
+    for d in dists:
+        for folder, source in sources if d.key not in chosen else ():
+            match = next((c for c in candidate_wheels(d.name, d.version, [folder])
+                          if wheel_matches(c, d.record)), None)  # fmt: skip
+            if match is not None:
+                chosen[d.key] = (match, source(match))
+                break
+
+
+def refuse_unmatched(
+    dists: Iterable[Dist], chosen: dict[str, tuple[Path, str]], image: str, house: Path
+) -> None:
+    """A UserError naming the distributions no wheel was found for (nothing is exported)."""
+    left = [d for d in dists if d.key not in chosen]
+    from_source = [f"{d.key}=={d.version}" for d in left if "dir_info" in (d.direct_url or {})]
+    if from_source:
+        raise UserError(
+            f"{', '.join(from_source)} {'was' if len(from_source) == 1 else 'were'} built from a "
+            f"source tree in {image} and no wheel of it was kept in {IMAGE_WHEELS}; "
+            "nothing was exported",
+            hint="rebuild that layer with a Dockerfile that keeps its wheel there "
+            "(dockerfiles/pytorch-source.Dockerfile does)",
+        )
+    if left:
+        raise UserError(
+            f"no wheel whose files match what {image} installed was found for "
+            f"{', '.join(f'{d.key}=={d.version}' for d in left)}; nothing was exported",
+            hint=f"put those wheels in {house} (or pass --wheelhouse) and run it again",
+        )
+
+
+def _fetch_script(dest: Path, specs: list[str], wheelhouse: bool, indexes: Iterable[str]) -> str:
+    script = [
+        "set -e",
+        "cp -r /opt/attnforge/src /out/src",
+        f"mkdir -p /out/built && if [ -d {IMAGE_WHEELS} ]; then cp {IMAGE_WHEELS}/*.whl /out/built/ 2>/dev/null || true; fi",
+    ]
+    if specs:
+        (dest / "specs.txt").write_text("\n".join(specs) + "\n")
+        links = "--find-links /wheelhouse" if wheelhouse else ""
+        # the indexes the stack's layers install from (AMD's, PyTorch's), beside PyPI; one retry,
+        # so that an index this network cannot reach costs seconds, not minutes (a wheel that is
+        # then missing is named by refuse_unmatched; a wrong one never matches the installed RECORD)
+        links += "".join(f" --extra-index-url {shlex.quote(url)}" for url in indexes)
+        script += [
+            "if [ -s /run/ca.crt ]; then export PIP_CERT=/run/ca.crt; fi",
+            f"pip install -q --retries 1 --dry-run --ignore-installed --no-deps --only-binary=:all: {links} --report /out/report.json -r /out/specs.txt",
+            f"pip download -q --retries 1 --no-deps --only-binary=:all: {links} -d /out/downloaded -r /out/specs.txt",
+        ]
+    return "\n".join(script)
+
+
+def fetch_in_image(eng: Engine, job: ExportJob, dest: Path, specs: list[str]) -> None:
+    """In the image (its pip, Python and platform): copy out its kernels sources and the wheels
+    a source build kept, and download the pinned wheels no local folder had, with the index
+    pip resolved each from (pip's --report); a UserError if that fails."""
+    house = job.wheelhouse if job.wheelhouse.is_dir() else None
+    mounts = [(dest, "/out", False)]
+    if house:
+        mounts.append((house, "/wheelhouse", True))
+    if job.ca_cert:
+        mounts.append((job.ca_cert, "/run/ca.crt", True))
+    req = RunRequest(
+        image=job.image, command=["bash", "-c", _fetch_script(dest, specs, bool(house), job.indexes)],
+        mounts=mounts, env={"HOME": "/tmp", "PIP_CACHE_DIR": "/tmp/pip-cache"},
+        extra=["--user", f"{os.getuid()}:{os.getgid()}"],
+    )  # fmt: skip
+    proc = eng.run(req, timeout=1800)
+    if proc.returncode != 0:
+        raise UserError(
+            f"fetching wheels in {job.image} failed: {(proc.stderr or proc.stdout).strip()[-800:]}"
+        )
+
+
+def pip_report_urls(report: Path) -> dict[str, str]:
+    """wheel file name -> the URL pip resolved it from, out of `pip install --report`."""
+    if not report.is_file():
+        return {}
+    found = {}
+    for item in json.loads(report.read_text()).get("install", []):
+        url = (item.get("download_info") or {}).get("url", "")
+        if url:
+            found[url.rsplit("/", 1)[-1].split("#")[0].replace("%2B", "+")] = url.split("#")[0]
+    return found
+
+
+def gather_wheels(eng: Engine, job: ExportJob, dists: list[Dist], fetch: Path) -> dict:
+    """key -> (wheel file, where it came from) for every distribution: the wheelhouse first, then
+    what the image kept and what pip in the image downloads; a UserError if any is missing."""
+    chosen: dict[str, tuple[Path, str]] = {}
+    choose_wheels(dists, chosen, [(job.wheelhouse, lambda _: f"wheelhouse {job.wheelhouse}")])
+    fetch_in_image(eng, job, fetch, [f"{d.key}=={d.version}" for d in dists if d.key not in chosen])
+    urls = pip_report_urls(fetch / "report.json")
+    choose_wheels(dists, chosen, [
+        (fetch / "built", lambda _: f"built in the image ({IMAGE_WHEELS})"),
+        (fetch / "downloaded", lambda wheel: urls.get(wheel.name, "downloaded by pip")),
+    ])  # fmt: skip
+    refuse_unmatched(dists, chosen, job.image, job.wheelhouse)
+    return chosen
+
+
+def kernels_entry(kernels: Path, image: str) -> dict:
+    """The export's entry for the kernels wheel built from the image's sources."""
+    version = kernels.name.split("-")[1]
+    return {
+        "name": KERNELS_DIST, "version": version, "local": local_label(version),
+        "filename": kernels.name, "sha256": sha256_file(kernels),
+        "source": f"built by attnforge from {image}:/opt/attnforge/src",
+    }  # fmt: skip
+
+
+def _fill(eng: Engine, job: ExportJob, probe: dict, dists: list[Dist], tmp: Path) -> dict:
+    """Write the export's wheels and files into `tmp`; its manifest."""
+    fetch = tmp / ".fetch"
+    fetch.mkdir()
+    chosen = gather_wheels(eng, job, dists, fetch)
+    wheels_dir = tmp / WHEELS
+    wheels_dir.mkdir()
+    entries = []
+    for d in dists:
+        path, source = chosen[d.key]
+        shutil.copy2(path, wheels_dir / path.name)
+        entries.append(wheel_entry(d, wheels_dir / path.name, source))
+    entries.append(kernels_entry(kernels_wheel(fetch / "src", wheels_dir), job.image))
+    shutil.rmtree(fetch)
+    manifest = {
+        "kind": EXPORT_KIND, "version": EXPORT_VERSION, "arch": job.arch, "stack": job.stack,
+        "image": job.image, "image_id": job.image_id, "python": probe["python"],
+        "env": probe["env"], "validation": job.record,
+        "verdict": "passed" if job.record.get("passed") else "failed",
+        "wheels": entries,
+    }  # fmt: skip
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    (tmp / REQUIREMENTS).write_text(requirements_text(manifest))
+    (tmp / PYLOCK).write_text(pylock_text(manifest))
+    (tmp / ENV_FILE).write_text(env_text(manifest))
+    return manifest
+
+
+def replace_dir(tmp: Path, target: Path) -> None:
+    """Move a finished export into place; the last one is removed only after."""
+    old = target.with_name(f".{target.name}.old")
+    if old.exists():
+        shutil.rmtree(old)
+    if target.exists():
+        os.replace(target, old)
+    os.replace(tmp, target)
+    if old.exists():
+        shutil.rmtree(old)
+
+
+def write_export(eng: Engine, job: ExportJob, target: Path) -> dict:
+    """Export the validated image's exact wheels into `target` (the last export stays until the
+    new one is complete); its manifest."""
+    probe = probe_image(eng, job.image, "--records")
+    dists, broken = dists_of(probe)
+    if broken:
+        raise UserError(f"{job.image} has damaged metadata: {'; '.join(broken)}")
+    dists = sorted((d for d in dists if d.key not in TOOLING), key=lambda d: d.key)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it private; an export is for users to read
+    try:
+        manifest = _fill(eng, job, probe, dists, tmp)
+        (tmp / "README.md").write_text(readme_text(manifest, target.resolve()))
+        replace_dir(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return manifest
+
+
+def readme_text(m: dict, where: Path) -> str:
+    """The export's README.md: what was validated and how to install it."""
+    py = m["python"]
+    env = ", ".join(f"{k}={v}" for k, v in m["env"].items() if v) or "none"
+    return f"""# {m["stack"]} for {m["arch"]}, as validated
+
+Image {m["image"]} ({m["image_id"]}), validation {m["verdict"]} (exit {m["validation"].get("exit")}).
+Its wheels are built for Python {py["version"]} ({py["tag"]}, {py["platform"]}): use a Python of
+that version.
+
+## Install
+
+python{py["version"].rsplit(".", 1)[0]} -m venv ~/attn-venv
+{install_command(m, "~/attn-venv/bin/python", f"{where}/")}
+. {where}/{ENV_FILE}     # the environment the image sets: {env}
+invoke verify-env --python ~/attn-venv/bin/python --against {where}
+
+{built_here(m)}pip 26.3 also installs from the PEP 751 lock ({PYLOCK}; experimental in pip): run
+`~/attn-venv/bin/python -m pip install --no-index -r {PYLOCK}` inside {where}.
+"""
+
+
+def built_here(m: dict) -> str:
+    """The wheels a source-built layer compiled in the image: each for one Python and platform."""
+    built = [w for w in m["wheels"] if w["source"].startswith("built in the image")]
+    if not built:
+        return ""
+    lines = ["Built from source in the image (each wheel runs only on the Python and platform its",
+             "name carries; the requirements install them too):", ""]  # fmt: skip
+    for w in built:
+        _, _, _, tags = parse_wheel_filename(w["filename"])
+        tag = sorted(tags, key=str)[0]
+        py = m["python"]["version"].rsplit(".", 1)[0]
+        lines.append(f"  # {w['name']} {w['version']}: {tag.interpreter}, {tag.platform}")
+        lines.append(f"  echo '{w['sha256']}  wheels/{w['filename']}' | sha256sum -c")
+        lines.append(f"  python{py} -m pip install --no-deps wheels/{w['filename']}")
+    return "\n".join(lines) + "\n\n"

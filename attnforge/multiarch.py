@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import UserError, unknown
-from .recipes import AotritonSupport, Arch, Recipes, _aotriton_key
+from .recipes import AotritonSupport, Arch, Recipes, aotriton_key
+from .templates import render, template_vars
 
 
 class ArchSet(Arch):
@@ -98,7 +99,7 @@ def arch_set(recipes: Recipes, names: list[str]) -> ArchSet:
     aotriton = None
     if all(aot):
         aotriton = AotritonSupport(
-            since=max((a.since for a in aot), key=_aotriton_key),
+            since=max((a.since for a in aot), key=aotriton_key),
             experimental=sorted({t for a in aot for t in a.experimental}),
         )
     return ArchSet(
@@ -130,8 +131,6 @@ def member_smoke(
 ) -> tuple[dict[str, Any], ...]:
     """A layer's smoke checks for a set: a check that names the arch once per member (named for
     it), any other once."""
-    from .plan import _render, template_vars
-
     arch_keys = ("{arch}", "{therock_extra}", "{family}", "{wave_size}", "{aotriton")
     checks: list[dict[str, Any]] = []
     for check in layer.smoke:
@@ -141,7 +140,7 @@ def member_smoke(
             tvars = {**template_vars(member, variant, layer, jobs), **args}
             if member is arch:
                 tvars["arch"] = arch.targets
-            rendered = _render(raw, tvars, where, strict=False)
+            rendered = render(raw, tvars, where, strict=False)
             if per_member:
                 rendered["name"] = f"{rendered['name']} [{member.name}]"
             checks.append(rendered)
@@ -151,11 +150,9 @@ def member_smoke(
 def member_expect(recipes: Recipes, plan, member: str, jobs: int = 2) -> dict[str, Any]:
     """What validation holds the set's image to on one member's GPU: the stack's expectations
     and each built layer's, rendered for that member with the variant the set's plan chose."""
-    from .plan import _render, template_vars
-
     arch = recipes.arches[member]
     stack = recipes.stacks[plan.stack]
-    expect = _render(
+    expect = render(
         stack.expect, {"arch": arch.name, "family": arch.family, "vendor": arch.vendor},
         "recipes/stacks.yaml: expect", strict=False,
     )  # fmt: skip
@@ -165,9 +162,7 @@ def member_expect(recipes: Recipes, plan, member: str, jobs: int = 2) -> dict[st
         layer = recipes.layers[step.layer]
         vspec = layer.variants.get(step.variant) if step.variant else None
         raw = {**layer.expect, **(vspec.expect if vspec else {})}
-        expect.update(
-            _render(raw, template_vars(arch, step.variant, layer, jobs), "", strict=False)
-        )
+        expect.update(render(raw, template_vars(arch, step.variant, layer, jobs), "", strict=False))
     return expect
 
 

@@ -32,7 +32,7 @@ from typing import Any
 
 from . import patches as patch_series
 from .errors import UserError, unknown
-from .pins.upstream import GitRepo, Sources, Unavailable, _run_git
+from .pins.upstream import GitRepo, Sources, Unavailable, run_git
 from .recipes import Recipes
 
 NEEDED, DROPPABLE, UNKNOWN = "still needed", "droppable", "unknown"
@@ -120,7 +120,7 @@ def _holds(repo: GitRepo, ref: str, cond: DropCondition) -> tuple[bool, str]:
             raise Unavailable(f"{repo.url} has no commit {missing[:12]} here")
         if repo.online:
             raise Unavailable("ancestry needs a full mirror (--offline DIR with a clone)")
-        proc = _run_git(["merge-base", "--is-ancestor", cond.commit, ref], cwd=repo.path)
+        proc = run_git(["merge-base", "--is-ancestor", cond.commit, ref], cwd=repo.path)
         if proc.returncode not in (0, 1):
             raise Unavailable(f"git merge-base failed in {repo.path}")
         held = proc.returncode == 0

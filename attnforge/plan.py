@@ -26,6 +26,7 @@ from .errors import RecipeError, UserError, unknown
 from .multiarch import ArchSet, common_expect, member_smoke
 from .recipes import (
     CXX_STD_ORDER,
+    TRITONS,
     Arch,
     Layer,
     Recipes,
@@ -34,6 +35,7 @@ from .recipes import (
     check_pin,
     selectors_match,
 )
+from .templates import Gated, render, template_vars
 
 # Bumping this rebuilds everything: for changes to how images are made that the hashed
 # inputs cannot see (a new label, a changed staging layout).
@@ -216,7 +218,8 @@ def parse_overrides(items: Iterable[str], recipes: Recipes) -> dict[str, dict[st
             )
         if key == "variant" and value not in spec.variants:
             raise unknown(f"variant of {layer}", value, spec.variants)
-        why = check_pin(key, value) if key != "variant" and value else None
+        # an empty value too: `TRITON_VERSION=` is a malformed pin, not a floating one
+        why = check_pin(key, value) if key != "variant" else None
         if why:
             raise UserError(f"bad --set {item!r}: {why}")
         out.setdefault(layer, {})[key] = value
@@ -323,50 +326,20 @@ def default_stack(recipes: Recipes, arch: str) -> str:
 # ---------------------------------------------------------------------------- resolve, in steps
 
 
-class _Gated(Exception):
-    """A layer cannot be built for this arch; the message says why (from the data)."""
-
-
-_TEMPLATE = re.compile(r"{(\w+)}")
-
-
-def _render(
-    values: Mapping[str, Any], tvars: Mapping[str, Any], where: str, strict: bool = True
-) -> dict[str, Any]:
-    """Fill {name} templates. Strict: every name must have a value for this arch (else _Gated);
-    lenient (smoke code): only known names are filled, other braces are left alone."""
-    out: dict[str, Any] = {}
-    for key, value in values.items():
-        if not isinstance(value, str):
-            out[key] = value
-            continue
-        if strict:
-            missing = [n for n in _TEMPLATE.findall(value) if tvars.get(n) is None]
-            if missing:
-                raise _Gated(f"{where}.{key} needs {{{missing[0]}}}, which this arch does not have")
-
-        def fill(m: re.Match[str]) -> str:
-            name = m.group(1)
-            return str(tvars[name]) if tvars.get(name) is not None else m.group(0)
-
-        out[key] = _TEMPLATE.sub(fill, value)
-    return out
-
-
 def choose_variant(
     layer: Layer, entry: StackEntry, arch: Arch, chosen: str | None,
     refuse: Callable[[str | None], str | None] | None = None,
     passed_over: list[str] | None = None,
 ) -> str | None:  # fmt: skip
     """Step 1: the variant to use (--set wins, then the stack's preference list, then the layer's
-    order), or raise _Gated with the reason from the data. `refuse(variant)` may turn a variant
+    order), or raise Gated with the reason from the data. `refuse(variant)` may turn a variant
     down for what lies below it (a torch whose C++ standard it cannot build against); the
     variants passed over before the chosen one are appended to `passed_over` with why."""
     if not selectors_match(layer.arches, arch):
-        raise _Gated(layer.gated_because or f"{layer.name} supports {', '.join(layer.arches)}")
+        raise Gated(layer.gated_because or f"{layer.name} supports {', '.join(layer.arches)}")
     if not layer.variants:
         if refuse and (why := refuse(None)):
-            raise _Gated(why)
+            raise Gated(why)
         return None
     if chosen:
         candidates = [chosen]
@@ -385,7 +358,7 @@ def choose_variant(
                 passed_over.extend(reasons)
             return name
         reasons.append(f"{name}: {v.gated_because or 'supports ' + ', '.join(v.arches)}")
-    raise _Gated("; ".join(reasons))
+    raise Gated("; ".join(reasons))
 
 
 # ---------------------------------------------------------------------------- C++ standard
@@ -414,6 +387,30 @@ def torch_cxx_need(recipes: Recipes, layer: Layer, pins: Mapping[str, Any]) -> T
         if release in SpecifierSet(rule.torch):
             return TorchCxxNeed(version, rule.std, f"{rule.cite}; recipes/torch.yaml")
     return TorchCxxNeed(version, None, "no rule of recipes/torch.yaml covers it")
+
+
+def triton_row_missing(recipes: Recipes, layer: Layer, pins: Mapping[str, Any]) -> str | None:
+    """Why a layer's torch cannot be planned: it brings the Triton its release line requires, and
+    that line has no row in recipes/tritons.yaml, so which Triton the bundled kernels meet there is
+    unknown. None where it has one, where the layer provides no torch or not its Triton (a stack
+    that pins Triton itself: cpu), or where the torch comes from --set (a nightly: the newest)."""
+    provides = set(layer.provides)
+    if recipes.tritons is None or not {"torch", "triton"} <= provides:
+        return None
+    if not layer.torch_version_pin:
+        return None
+    version = str(pins.get(layer.torch_version_pin) or "")
+    try:
+        line = ".".join(map(str, Version(version).release[:2]))
+    except InvalidVersion:
+        return None  # no pin (a nightly from --set) or one check_pin refuses
+    if recipes.tritons.row_for(line) is not None:
+        return None
+    rows = ", ".join(r.torch for r in recipes.tritons.torch)
+    return (
+        f"torch {version} is of the {line} line, which has no row in {TRITONS} (torch: {rows}): "
+        f"add the Triton torch {line} requires there"
+    )
 
 
 def cxx_conflict(layer: Layer, variant: str | None, need: TorchCxxNeed | None) -> str | None:
@@ -446,41 +443,22 @@ class _Values:
     tvars: dict[str, Any]
 
 
-def template_vars(arch: Arch, variant: str | None, layer: Layer, jobs: int) -> dict[str, Any]:
-    status = arch.aotriton_status(layer.aotriton_for(variant))
-    return {
-        "arch": getattr(arch, "targets", arch.name),  # an ArchSet: its members, ';'-joined
-        "family": arch.family,
-        "vendor": arch.vendor,
-        "wave_size": arch.wave_size,
-        "therock_extra": arch.therock_extra,
-        "variant": variant,
-        "jobs": jobs,
-        "aotriton_status": status,
-        "aotriton": layer.aotriton_for(variant) or "",
-        "aotriton_experimental": "1" if status == "experimental" else "0",
-        "harmful_code_variants": " ".join(
-            arch.harmful_code_variants.variants if arch.harmful_code_variants else ()
-        ),
-    }
-
-
 def render_values(
     layer: Layer, variant: str | None, arch: Arch, where: str, jobs: int, sets: Mapping[str, str]
 ) -> _Values:
     """Step 2: fill the templates of args, pins, hint args and expectations; apply --set."""
     tvars = template_vars(arch, variant, layer, jobs)
     vspec = layer.variants.get(variant) if variant else None
-    args = _render({**layer.args, **(vspec.args if vspec else {})}, tvars, f"{where}: args")
-    pins = _render({**layer.pins, **(vspec.pins if vspec else {})}, tvars, f"{where}: pins")
-    hints = _render(
+    args = render({**layer.args, **(vspec.args if vspec else {})}, tvars, f"{where}: args")
+    pins = render({**layer.pins, **(vspec.pins if vspec else {})}, tvars, f"{where}: pins")
+    hints = render(
         {**layer.hint_args, **(vspec.hint_args if vspec else {})}, tvars, f"{where}: hint_args"
     )
-    expect = _render({**layer.expect, **(vspec.expect if vspec else {})}, tvars, f"{where}: expect")
+    expect = render({**layer.expect, **(vspec.expect if vspec else {})}, tvars, f"{where}: expect")
     missing = [k for k in (vspec.from_set if vspec else []) if k not in sets]
     if missing:
         given = " ".join(f"--set {layer.name}.{k}=..." for k in missing)
-        raise _Gated(f"variant {variant} takes {', '.join(missing)} from the command line: {given}")
+        raise Gated(f"variant {variant} takes {', '.join(missing)} from the command line: {given}")
     from_set = set(vspec.from_set) if vspec else set()
     if layer.source:
         pins = {"SOURCE_REPO": layer.source.repo, "SOURCE_REF": layer.source.ref, **pins}
@@ -581,7 +559,7 @@ def resolve(
         raise unknown(f"layer of stack {stack_name}", options.only, names)
 
     arch_vars = {"arch": arch.name, "family": arch.family, "vendor": arch.vendor}
-    expect = _render(stack.expect, arch_vars, "recipes/stacks.yaml: expect", strict=False)
+    expect = render(stack.expect, arch_vars, "recipes/stacks.yaml: expect", strict=False)
     for workload, selectors in stack.fused.items():
         if selectors_match(selectors, arch):
             expect[f"sdpa.workload.{workload}.fused"] = True
@@ -603,7 +581,9 @@ def resolve(
                 passed_over=passed_over,
             )  # fmt: skip
             values = render_values(layer, variant, arch, where, options.jobs, sets)
-        except _Gated as gated:
+            if why := triton_row_missing(recipes, layer, values.pins):
+                raise Gated(why)
+        except Gated as gated:
             status = "skipped" if entry.optional else "unsupported"
             blocked_by = blocked_by or (layer.name if status == "unsupported" else None)
             steps.append(_placeholder(layer, variant, arch.name, status, str(gated)))
@@ -679,7 +659,7 @@ def _make_step(
         hint_args=values.hints, context=ctx, patches=tuple(layer.patches),
         wheelhouse=layer.wheelhouse, manifest=manifest,
         smoke=tuple(
-            _render(c.model_dump(exclude_none=True), smoke_vars, where, strict=False)
+            render(c.model_dump(exclude_none=True), smoke_vars, where, strict=False)
             for c in layer.smoke
         ),
         floating=tuple(floating), hash=key, hash_tag=f"{tag_base}:{arch}-{key[:12]}",

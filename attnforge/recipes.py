@@ -118,7 +118,7 @@ class Arch(Strict):
         if version is None or self.aotriton is None:
             return "none"
         try:
-            if _aotriton_key(version) < _aotriton_key(self.aotriton.since):
+            if aotriton_key(version) < aotriton_key(self.aotriton.since):
                 return "none"
         except InvalidVersion:
             return "none"
@@ -127,7 +127,8 @@ class Arch(Strict):
         return "experimental" if version in self.aotriton.experimental else "supported"
 
 
-def _aotriton_key(tag: str) -> Version:
+def aotriton_key(tag: str) -> Version:
+    """An AOTriton tag as a comparable version."""
     # AOTriton tags look like 0.11.2b or 0.13.50tp; the suffix is a channel, not a pre-release.
     return Version(re.sub(r"[a-z]+$", "", tag))
 
@@ -283,6 +284,43 @@ class TorchCxxRule(Strict):
 
 class TorchFile(Strict):
     cxx_standard: list[TorchCxxRule]
+
+
+class TorchTritonRow(Strict):
+    """recipes/tritons.yaml `torch:`: the Triton a torch release line's wheels require."""
+
+    torch: str = Field(description="a torch release line, e.g. '2.14'")
+    triton: str = Field(description="the Triton release its wheels require, e.g. '3.8.0'")
+    source: str = Field(description="where this was read, with the date")
+
+
+class NewestTriton(Strict):
+    triton: str = Field(description="the newest Triton release (nightly stacks are checked at it)")
+    source: str
+
+
+class KnownTritonProblem(Strict):
+    """What one Triton line does to one kernel that the tiles do not fix."""
+
+    triton: str = Field(description="a Triton line, e.g. '3.9'")
+    arch: str
+    head_dim: int
+    kernel: str
+    happens: str
+    reason: str
+    fallback: str
+
+
+class TritonsFile(Strict):
+    """recipes/tritons.yaml: which Triton the bundled kernels meet in each stack."""
+
+    torch: list[TorchTritonRow]
+    newest: NewestTriton
+    known: list[KnownTritonProblem] = Field(default_factory=list)
+
+    def row_for(self, line: str) -> TorchTritonRow | None:
+        """The row of a torch release line ('2.14'), or None."""
+        return next((r for r in self.torch if r.torch == line), None)
 
 
 class Variant(Strict):
@@ -459,6 +497,7 @@ class Recipes:
     host_rules: tuple[HostRule, ...] = ()
     torch_cxx: tuple[TorchCxxRule, ...] = ()  # recipes/torch.yaml
     neighbours: tuple[Neighbour, ...] = ()  # arches.yaml: arches the recipes lack
+    tritons: TritonsFile | None = None  # recipes/tritons.yaml
 
 
 # ---------------------------------------------------------------------------- pin formats
@@ -845,7 +884,36 @@ def load_recipes(root: Path) -> Recipes:
                                   "specifier such as '>=2.14'", field="cxx_standard.torch",
                                   line=torch_src.line_of(("cxx_standard", i, "torch"))) from None  # fmt: skip
     return Recipes(root, arches, layers, stacks, layer_files, hosts, torch_rules,
-                   tuple(arches_file.neighbours))  # fmt: skip
+                   tuple(arches_file.neighbours), load_tritons(root))  # fmt: skip
+
+
+TRITONS = "recipes/tritons.yaml"
+
+
+def load_tritons(root: Path) -> TritonsFile | None:
+    """recipes/tritons.yaml loaded strictly (unknown keys, malformed YAML and versions are errors
+    with the line and field); None where a tree has no such file."""
+    path = Path(root) / TRITONS
+    if not path.is_file():
+        return None
+    src = yamlsrc.load(path, TRITONS)
+    table: TritonsFile = _validate(TritonsFile, src)
+    fields = [(("torch", i, "torch"), r.torch + ".0") for i, r in enumerate(table.torch)]
+    fields += [(("torch", i, "triton"), r.triton) for i, r in enumerate(table.torch)]
+    fields += [(("newest", "triton"), table.newest.triton)]
+    fields += [(("known", i, "triton"), k.triton + ".0") for i, k in enumerate(table.known)]
+    for loc, value in fields:
+        try:
+            Version(value)
+        except InvalidVersion:
+            raise RecipeError(TRITONS, f"{value.removesuffix('.0')!r} is not a version",
+                              line=src.line_of(loc), field=".".join(map(str, loc))) from None  # fmt: skip
+    lines = [r.torch for r in table.torch]
+    for i, line in enumerate(lines):
+        if line in lines[:i]:
+            raise RecipeError(TRITONS, f"torch {line} has a row already", field=f"torch.{i}.torch",
+                              line=src.line_of(("torch", i, "torch")))  # fmt: skip
+    return table
 
 
 def _check_layer(

@@ -21,9 +21,9 @@ from packaging.version import InvalidVersion, Version
 
 from .errors import UserError
 from .plan import resolve
-from .recipes import Recipes, load_recipes, selectors_match
+from .recipes import TRITONS, Recipes, load_recipes, load_tritons, selectors_match
 
-TABLE = "recipes/tritons.yaml"
+TABLE = TRITONS
 
 
 @dataclass(frozen=True)
@@ -78,37 +78,23 @@ class StackTriton:
     how: str  # where that came from
 
 
-def load_table(root: Path) -> TritonTable:
-    """recipes/tritons.yaml, checked: every version parses, no torch line twice."""
-    import yaml
+def _words(text: str) -> str:
+    return " ".join(str(text).split())
 
-    path = Path(root) / TABLE
-    try:
-        data = yaml.safe_load(path.read_text())
-        rows = tuple(
-            TorchTriton(str(r["torch"]), str(r["triton"]), " ".join(str(r["source"]).split()))
-            for r in data["torch"]
-        )
-        newest, newest_source = str(data["newest"]["triton"]), str(data["newest"]["source"])
-        known = tuple(
-            KnownProblem(str(k["triton"]), str(k["arch"]), int(k["head_dim"]), str(k["kernel"]),
-                         *(" ".join(str(k[f]).split()) for f in ("happens", "reason", "fallback")))
-            for k in data.get("known") or ()
-        )  # fmt: skip
-    except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError) as e:
-        raise UserError(f"{TABLE}: expected torch: [{{torch, triton, source}}], newest: "
-                        f"{{triton, source}} and known: [{{triton, arch, head_dim, kernel, happens, "
-                        f"reason, fallback}}] ({type(e).__name__}: {e})") from None  # fmt: skip
-    lines_ = [r.torch + ".0" for r in rows] + [k.triton + ".0" for k in known]
-    for value in [r.triton for r in rows] + [newest] + lines_:
-        try:
-            Version(value)
-        except InvalidVersion:
-            raise UserError(f"{TABLE}: {value!r} is not a version") from None
-    lines = [r.torch for r in rows]
-    if len(set(lines)) != len(lines):
-        raise UserError(f"{TABLE}: torch {sorted({x for x in lines if lines.count(x) > 1})} twice")
-    return TritonTable(rows, newest, newest_source, known)
+
+def load_table(root: Path) -> TritonTable:
+    """recipes/tritons.yaml, loaded and checked by the recipes' strict loader (unknown keys,
+    malformed YAML, versions and a torch line twice are errors naming the line and field)."""
+    data = load_tritons(root)
+    if data is None:
+        raise UserError(f"{TABLE}: no such file under {root}")
+    rows = tuple(TorchTriton(r.torch, r.triton, _words(r.source)) for r in data.torch)
+    known = tuple(
+        KnownProblem(k.triton, k.arch, k.head_dim, k.kernel, _words(k.happens), _words(k.reason),
+                     _words(k.fallback))
+        for k in data.known
+    )  # fmt: skip
+    return TritonTable(rows, data.newest.triton, data.newest.source, known)
 
 
 def _an_arch(recipes: Recipes, stack: str) -> str:

@@ -33,9 +33,9 @@ from .baseline import gate
 from .baseline import store as baseline_store
 from .engine import Engine, RunRequest
 from .errors import UserError
-from .plan import Plan, aotriton_facts
+from .plan import Options, Plan, aotriton_facts, resolve
 from .recipes import Recipes
-from .workspace import VALIDATED
+from .workspace import VALIDATED, Workspace
 
 # TheRock dockerfiles/README.md: docker run --device=/dev/kfd --device=/dev/dri --ipc=host
 # --group-add=video --group-add=render; ROCm's "Running ROCm Docker containers" page also
@@ -386,3 +386,67 @@ def keep_baseline(v: Validation, engine: Engine) -> Path:
         "image_id": engine.image_id(v.image) if v.image else None,
         "compared_with": v.base.source if v.base else None,
     })  # fmt: skip
+
+
+# ---------------------------------------------------------------------------- the stamp's policy
+# What lets an image leave this machine (publish, export): the stamp `stamp` wrote for that very
+# image id, passed; for an arch set, every member's.
+
+
+def single_validation(
+    ws: Workspace, arch: str, stack: str, final: str, final_id: str, done: str = "published"
+) -> dict:
+    """The stamp `invoke validate` left for this very image, or a UserError saying why not and
+    that the image is not `done` with (published, exported)."""
+    stamp_file = ws.validated_stamp(arch, stack)
+    if not stamp_file.exists():
+        raise UserError(
+            f"{final} was never validated here; it is not {done}",
+            hint=f"invoke validate --arch {arch} --stack {stack}",
+        )
+    record = json.loads(stamp_file.read_text())
+    if record.get("image_id") != final_id:
+        raise UserError(
+            f"{final} changed since it was validated (validated {str(record.get('image_id'))[:19]}, now {final_id[:19]}); it is not {done}",
+            hint=f"invoke validate --arch {arch} --stack {stack}",
+        )
+    if not record.get("passed"):
+        raise UserError(
+            f"{final} failed validation (exit {record.get('exit')}); it is not {done}",
+            hint=f"see {ws.reports_for(arch, stack) / 'report.md'}",
+        )
+    return record
+
+
+def set_validation(
+    ws: Workspace, arch: multiarch.ArchSet, stack: str, final: str, final_id: str
+) -> dict:
+    """One image for several arches leaves only when every member passed on it."""
+    reports = ws.reports_for(arch.name, stack)
+    stamps = {}
+    for m in arch.members:
+        path = multiarch.member_reports(reports, m.name) / VALIDATED
+        stamps[m.name] = json.loads(path.read_text()) if path.is_file() else None
+    why = multiarch.publish_refusals(final_id, stamps)
+    if why:
+        raise UserError(
+            f"{final} is not published: {'; '.join(why)}",
+            hint=f"run `invoke validate --arch {arch.name} --stack {stack}` on a GPU of each "
+            "arch it lists",
+        )
+    return {"image": final, "image_id": final_id, "passed": True, "members": stamps}
+
+
+def validated_image(
+    ws: Workspace, recipes: Recipes, eng: Engine, arch: str, stack: str, namespace: str,
+    done: str = "published",
+) -> tuple[str, str, dict]:  # fmt: skip
+    """(final tag, image id, validation record) of a stack whose final image passed `invoke
+    validate`, or a UserError saying why it is not `done` (published, exported)."""
+    final = resolve(recipes, arch, stack, Options(namespace=namespace)).final_tag
+    final_id = eng.image_id(final) if final else None
+    if final_id is None:
+        raise UserError(f"no image {final}", hint=f"invoke build --arch {arch} --stack {stack}")
+    if isinstance(recipes.arches[arch], multiarch.ArchSet):
+        return final, final_id, set_validation(ws, recipes.arches[arch], stack, final, final_id)
+    return final, final_id, single_validation(ws, arch, stack, final, final_id, done)

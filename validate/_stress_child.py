@@ -289,11 +289,10 @@ def _failure(iteration: int, kind: str, message: str) -> dict[str, Any]:
 
 
 def stress(spec: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    """One backend's stress run: its shapes prepared, iterated and judged, as one result."""
     import torch
 
-    from validate.checks.numerics import judge, make_inputs
-
-    name, iters, every = spec["backend"], int(spec["iters"]), max(1, int(spec["check_every"]))
+    name = spec["backend"]
     faults = parse_faults(os.environ.get(FAULT_ENV), name)
     device = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -307,6 +306,23 @@ def stress(spec: dict[str, Any], progress: Progress) -> dict[str, Any]:
     except Unsupported as exc:
         return {"status": "unsupported", "iters_completed": 0, "message": str(exc)}
     skipped: dict[str, str] = {}
+    cases = _prepare_cases(spec, backend, device, sync, progress, skipped)
+    times: list[float] = []
+    completed, failure = 0, None
+    if cases:
+        cases, times, completed, failure = _iterate(
+            torch, backend, cases, spec, faults, sync, progress, skipped
+        )
+    if not cases:
+        return {"status": "unsupported", "iters_completed": 0, "message": _skipped_text(skipped)}
+    return _result(backend, cases, skipped, times, completed, failure)
+
+
+def _prepare_cases(spec, backend, device, sync, progress, skipped: dict[str, str]) -> list:
+    """(shape, q, k, v, fp32 reference, its low-precision twin) of each shape the backend
+    takes; the others go into `skipped` with why."""
+    from validate.checks.numerics import make_inputs
+
     cases = []
     for s in spec["shapes"]:
         progress(f"setup {s['name']}: support")
@@ -319,70 +335,82 @@ def stress(spec: dict[str, Any], progress: Progress) -> dict[str, Any]:
         ref, ref_lp = reference(q, k, v, s["causal"])
         sync()
         cases.append((s, q, k, v, ref, ref_lp))
-    if not cases:
-        return {"status": "unsupported", "iters_completed": 0, "message": _skipped_text(skipped)}
+    return cases
 
+
+def _iterate(torch, backend, cases, spec, faults, sync, progress, skipped: dict[str, str]):
+    """Every iteration over every case until the first failure: (the cases still run, ms per
+    iteration, iterations completed, the first failure or None). A shape refused at the first
+    iteration moves to `skipped`; with none left the cases come back empty."""
+    iters, every = int(spec["iters"]), max(1, int(spec["check_every"]))
     times: list[float] = []
-    completed = 0
-    failure = None
+    completed, failure = 0, None
     for i in range(1, iters + 1):
         check = i == 1 or i == iters or i % every == 0
         elapsed = 0.0
-        for s, q, k, v, ref, ref_lp in list(cases):
+        for case in list(cases):
+            s = case[0]
             progress(f"iter {i} {s['name']}")
             fault = faults.get(i) if s is cases[0][0] else None
-            routed_before = backend.shim.stats()["routed"] if backend.shim else 0
-            t0 = time.perf_counter()
-            try:
-                plant_before(fault)
-                out = backend.call(q, k, v, s)
-                sync()
-            except Exception as exc:  # noqa: BLE001 - every error is a result
-                text = _first_line(exc)
-                if is_device_fault(f"{exc}"):
-                    failure = _failure(i, "crash", f"GPU fault at {s['name']}: {text}")
-                elif i == 1 and _refused(exc):
-                    skipped[s["name"]] = text
-                    cases = [c for c in cases if c[0] is not s]
-                    continue
-                else:
-                    failure = _failure(i, "error", f"{s['name']} raised {text}")
-                break
-            elapsed += time.perf_counter() - t0
-            if (
-                backend.shim is not None
-                and i == 1
-                and backend.shim.stats()["routed"] == routed_before
-            ):
-                reasons = ", ".join(backend.shim.stats()["reasons"]) or "?"
-                skipped[s["name"]] = f"the shim fell back to SDPA ({reasons})"
+            spent, skip, failure = _call_once(torch, backend, case, i, fault, check, sync)
+            elapsed += spent
+            if skip is not None:
+                skipped[s["name"]] = skip
                 cases = [c for c in cases if c[0] is not s]
                 continue
-            out = plant_after(fault, out)
-            finite = torch.isfinite(out)
-            if not bool(finite.all()):
-                nans = int(torch.isnan(out).sum())
-                kind = "nan" if nans else "inf"
-                bad = int((~finite).sum())
-                failure = _failure(i, kind, f"{bad} non-finite values ({nans} NaN) in {s['name']}")
+            if failure is not None:
                 break
-            if check:
-                j = judge(out, ref, ref_lp)
-                if not j.ok:
-                    failure = _failure(i, "mismatch", f"{s['name']}: {j.message}")
-                    break
-        if failure is not None:
+        if failure is not None or not cases:
             break
-        if not cases:
-            return {
-                "status": "unsupported",
-                "iters_completed": 0,
-                "message": _skipped_text(skipped),
-            }
         times.append(elapsed * 1000)
         completed = i
         progress(f"done {i} {elapsed * 1000:.4f}")
+    return cases, times, completed, failure
 
+
+def _call_once(torch, backend, case, i: int, fault, check: bool, sync):
+    """One call of one case at iteration i: (seconds it took, why the shape is skipped or None,
+    the failure or None). A call that raised took no time that counts."""
+    s, q, k, v, ref, ref_lp = case
+    routed_before = backend.shim.stats()["routed"] if backend.shim else 0
+    t0 = time.perf_counter()
+    try:
+        plant_before(fault)
+        out = backend.call(q, k, v, s)
+        sync()
+    except Exception as exc:  # noqa: BLE001 - every error is a result
+        text = _first_line(exc)
+        if is_device_fault(f"{exc}"):
+            return 0.0, None, _failure(i, "crash", f"GPU fault at {s['name']}: {text}")
+        if i == 1 and _refused(exc):
+            return 0.0, text, None
+        return 0.0, None, _failure(i, "error", f"{s['name']} raised {text}")
+    elapsed = time.perf_counter() - t0
+    if backend.shim is not None and i == 1 and backend.shim.stats()["routed"] == routed_before:
+        reasons = ", ".join(backend.shim.stats()["reasons"]) or "?"
+        return elapsed, f"the shim fell back to SDPA ({reasons})", None
+    return elapsed, None, _judged(torch, plant_after(fault, out), ref, ref_lp, s, i, check)
+
+
+def _judged(torch, out, ref, ref_lp, s: dict, i: int, check: bool) -> dict | None:
+    """The failure of one output (NaN/Inf every iteration; against the reference when
+    `check`), or None."""
+    from validate.checks.numerics import judge
+
+    finite = torch.isfinite(out)
+    if not bool(finite.all()):
+        nans = int(torch.isnan(out).sum())
+        kind = "nan" if nans else "inf"
+        bad = int((~finite).sum())
+        return _failure(i, kind, f"{bad} non-finite values ({nans} NaN) in {s['name']}")
+    if check:
+        j = judge(out, ref, ref_lp)
+        if not j.ok:
+            return _failure(i, "mismatch", f"{s['name']}: {j.message}")
+    return None
+
+
+def _result(backend, cases, skipped, times, completed: int, failure) -> dict[str, Any]:
     result: dict[str, Any] = {
         "iters_completed": completed,
         "ms_per_iter": _median(times),

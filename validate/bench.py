@@ -17,6 +17,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from contract import names, workloads
@@ -124,7 +125,7 @@ def exit_code(results: list[dict[str, Any]]) -> int:
 # --- command line (parent: standard library only) ------------------------------------------
 
 
-def _names(values: list[str] | None, known: tuple[str, ...], what: str) -> list[str]:
+def picked_names(values: list[str] | None, known: tuple[str, ...], what: str) -> list[str]:
     """Repeatable, comma-separated choices; 'all' (or nothing) is every one."""
     from validate.cli import UsageError
 
@@ -239,7 +240,7 @@ def workload_shapes(
         return []
     known = tuple(n for n in workloads.names() if n != workloads.CUSTOM)
     shapes: list[dict[str, Any]] = []
-    for name in _names(flat, known, "workload"):
+    for name in picked_names(flat, known, "workload"):
         # --resolution is for the image workloads; the others' shapes are fixed.
         res = resolution if workloads.WORKLOADS[name].resolutions else None
         try:
@@ -251,7 +252,7 @@ def workload_shapes(
     return shapes
 
 
-def _fmt(x: float | None, spec: str) -> str:
+def fmt(x: float | None, spec: str) -> str:
     """``format(x, spec)``, or a dash as wide as the spec asks for None."""
     if x is None:
         width = spec.split(".")[0]
@@ -262,8 +263,8 @@ def _fmt(x: float | None, spec: str) -> str:
 def print_row(r: dict[str, Any]) -> None:
     cells = (
         f"{r['status']:>11}  {r['backend']:<17} {r['shape']['name']:<40} {r['mode']:<7} "
-        f"{_fmt(r['ms'], '10.3f')} ms {_fmt(r['tflops'], '8.3g')} TFLOP/s "
-        f"{_fmt(r['peak_mem_mb'], '8.0f')} MB"
+        f"{fmt(r['ms'], '10.3f')} ms {fmt(r['tflops'], '8.3g')} TFLOP/s "
+        f"{fmt(r['peak_mem_mb'], '8.0f')} MB"
     )
     msg = f"  {r['message']}" if r["message"] else ""
     print((cells + msg)[:300], flush=True)
@@ -274,7 +275,7 @@ def table(results: list[dict[str, Any]]) -> str:
     backends = list(dict.fromkeys(r["backend"] for r in results))
     rows: dict[tuple[str, str], dict[str, str]] = {}
     for r in results:
-        cell = _fmt(r["tflops"], ".3g") if r["status"] == "ok" else r["status"][:5]
+        cell = fmt(r["tflops"], ".3g") if r["status"] == "ok" else r["status"][:5]
         rows.setdefault((r["shape"]["name"], r["mode"]), {})[r["backend"]] = cell
     width = max([len(b) for b in backends] + [7])
     head = f"{'shape':<40} {'mode':<7} " + " ".join(f"{b:>{width}}" for b in backends)
@@ -287,12 +288,12 @@ def table(results: list[dict[str, Any]]) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from validate.cli import UsageError, _check_writable
+    from validate.cli import UsageError, check_writable
     from validate.report import current_run_id, now
 
-    _check_writable(args.json, "--json")
-    backends = _names(args.backend, BACKENDS, "backend")
-    modes = _names(args.mode, MODES, "mode")
+    check_writable(args.json, "--json")
+    backends = picked_names(args.backend, BACKENDS, "backend")
+    modes = picked_names(args.mode, MODES, "mode")
     if args.warmup is not None and args.warmup < 0:
         raise UsageError("--warmup must be 0 or more.")
     env, why = probe_env()
@@ -381,7 +382,8 @@ class Refused(Exception):
     """The backend cannot run this item; the message says why (PyTorch's words where it has them)."""
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
+    """An exception as one short line: its type and the first line of its message."""
     text = f"{type(exc).__name__}: {exc}".strip()
     return (text.splitlines() or [type(exc).__name__])[0][:400]
 
@@ -402,19 +404,19 @@ class Attention:
             try:
                 from flash_attn import flash_attn_func
             except Exception as exc:  # noqa: BLE001 - absent or broken: refused, with the reason
-                raise Refused(f"flash_attn does not import: {_one_line(exc)}") from None
+                raise Refused(f"flash_attn does not import: {one_line(exc)}") from None
             self.fn = flash_attn_func
         elif backend == "kernels":
             try:
                 from kernels import flash_attn_func
             except Exception as exc:  # noqa: BLE001
-                raise Refused(f"the bundled kernels do not import: {_one_line(exc)}") from None
+                raise Refused(f"the bundled kernels do not import: {one_line(exc)}") from None
             self.fn = flash_attn_func
         elif backend == "kernels.sdpa_shim":
             try:
                 from kernels import sdpa_shim
             except Exception as exc:  # noqa: BLE001
-                raise Refused(f"the bundled kernels do not import: {_one_line(exc)}") from None
+                raise Refused(f"the bundled kernels do not import: {one_line(exc)}") from None
             sdpa_shim.enable()
             self.shim = sdpa_shim
 
@@ -456,7 +458,7 @@ def _refusal(torch, attn: Attention, shape: dict[str, Any], q, k, v, exc, warned
             _, reasons = sdpa.can_use(torch, name, params)
         except Exception:  # noqa: BLE001 - then the error text is all there is
             reasons = []
-    return "; ".join(reasons)[:600] or _one_line(exc)
+    return "; ".join(reasons)[:600] or one_line(exc)
 
 
 def _inputs(torch, attn: Attention, shape: dict[str, Any], device: str, grad: bool):
@@ -472,7 +474,7 @@ def _inputs(torch, attn: Attention, shape: dict[str, Any], device: str, grad: bo
     return rnd(shape["h"], sq), rnd(shape["hkv"], sk), rnd(shape["hkv"], sk)
 
 
-def _timer(torch, device: str):
+def timer(torch, device: str):
     """(start(), stop() -> ms) pairs: device events on a GPU, perf_counter on a CPU."""
     if device == "cuda":
 
@@ -533,8 +535,6 @@ def _planted_slowdown(torch, attn: Attention, timed):
 
 def run_item(torch, attn: Attention, item: dict[str, Any], warmup: int, repeats: int) -> dict:
     """Warm-up, then ``repeats`` timed calls of one (shape, mode): {"status", "ms_all", ...}."""
-    from validate.checks.sdpa import captured_warnings
-
     shape, mode = item["shape"], item["mode"]
     device = attn.device
     causal, gqa = shape["causal"], shape["hkv"] != shape["h"]
@@ -543,79 +543,87 @@ def run_item(torch, attn: Attention, item: dict[str, Any], warmup: int, repeats:
     try:
         q, k, v = _inputs(torch, attn, shape, device, grad)
     except torch.cuda.OutOfMemoryError as exc:
-        raise Refused(f"out of memory for the inputs: {_one_line(exc)}") from None
-    dout = torch.randn_like(q) if grad else None
-
-    def forward():
-        return attn(q, k, v, causal, gqa)
-
-    def clear():
-        q.grad = k.grad = v.grad = None
-
-    if mode == "fwd":
-        prepare, timed = (lambda: None), (lambda state: forward())
-    elif mode == "bwd":
-
-        def prepare():
-            clear()
-            return forward()
-
-        def timed(out):
-            out.backward(dout)
-
-    else:
-
-        def prepare():
-            clear()
-
-        def timed(state):
-            forward().backward(dout)
-
+        raise Refused(f"out of memory for the inputs: {one_line(exc)}") from None
+    prepare, timed = _steps(mode, lambda: attn(q, k, v, causal, gqa), (q, k, v),
+                            torch.randn_like(q) if grad else None)  # fmt: skip
     # The planted slowdown (tests only) stretches the timed repeats alone: the first call and the
     # warm-up hold one-time costs (lazy imports, first dispatch) that a multiple would turn into
     # minutes of sleep on a loaded machine.
     slowed = _planted_slowdown(torch, attn, timed)
     message = ""
     with attn.context(), torch.set_grad_enabled(grad):
-        with captured_warnings() as warned:
-            try:
-                timed(prepare())
-                if device == "cuda":
-                    torch.cuda.synchronize()
-            except torch.cuda.OutOfMemoryError as exc:
-                raise Refused(f"out of memory at this shape: {_one_line(exc)}") from None
-            except (RuntimeError, TypeError, ValueError, NotImplementedError) as exc:
-                text = str(exc)
-                if attn.backend in SDPA_ENUM and any(n in text for n in NO_KERNEL):
-                    raise Refused(_refusal(torch, attn, shape, q, k, v, exc, warned)) from None
-                if attn.fn is not None and not isinstance(exc, RuntimeError):
-                    raise Refused(_one_line(exc)) from None  # flash_attn's / kernels' own checks
-                raise
-        if attn.backend == "kernels.sdpa_shim":
-            stats = attn.shim.stats()
-            if not stats.get("routed"):
-                why = ", ".join(stats.get("reasons") or {}) or "unknown"
-                raise Refused(f"the shim did not route this call to the kernels (fell back: {why})")
+        _first_call(torch, attn, shape, (q, k, v), prepare, timed)
         if attn.backend == "sdpa.default":
             from validate.checks.sdpa import fused_choice
 
             pick, _ = fused_choice(torch, q, k, v, _case(shape))
             message = f"SDPA picks {pick}" if pick else ""
-        start, stop, read = _timer(torch, device)
-        for _ in range(max(0, warmup - 1)):
-            timed(prepare())
-        if device == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-        marks = []
-        for _ in range(repeats):
-            state = prepare()
-            begin = start()
-            slowed(state)
-            marks.append(stop(begin))
-        ms_all = read(marks)
-        peak = torch.cuda.max_memory_allocated() / 2**20 if device == "cuda" else None
+        ms_all, peak = _timed_repeats(torch, device, prepare, timed, slowed, warmup, repeats)
     return {"status": "ok", "ms_all": ms_all, "peak_mem_mb": peak, "message": message}
+
+
+def _steps(mode: str, forward: Callable[[], Any], inputs: tuple, dout) -> tuple:
+    """(prepare, timed) of a mode: what runs before each timed call (untimed) and the call."""
+
+    def clear():
+        for t in inputs:
+            t.grad = None
+
+    if mode == "fwd":
+        return (lambda: None), (lambda state: forward())
+    if mode == "bwd":
+
+        def prepare():
+            clear()
+            return forward()
+
+        return prepare, (lambda out: out.backward(dout))
+    return clear, (lambda state: forward().backward(dout))
+
+
+def _first_call(torch, attn: Attention, shape: dict, qkv: tuple, prepare, timed) -> None:
+    """The first call, which decides whether the backend takes this shape at all: a refusal
+    (no kernel, out of memory, the shim falling back) raises Refused; other errors propagate."""
+    from validate.checks.sdpa import captured_warnings
+
+    with captured_warnings() as warned:
+        try:
+            timed(prepare())
+            if attn.device == "cuda":
+                torch.cuda.synchronize()
+        except torch.cuda.OutOfMemoryError as exc:
+            raise Refused(f"out of memory at this shape: {one_line(exc)}") from None
+        except (RuntimeError, TypeError, ValueError, NotImplementedError) as exc:
+            text = str(exc)
+            if attn.backend in SDPA_ENUM and any(n in text for n in NO_KERNEL):
+                raise Refused(_refusal(torch, attn, shape, *qkv, exc, warned)) from None
+            if attn.fn is not None and not isinstance(exc, RuntimeError):
+                raise Refused(one_line(exc)) from None  # flash_attn's / kernels' own checks
+            raise
+    if attn.backend == "kernels.sdpa_shim":
+        stats = attn.shim.stats()
+        if not stats.get("routed"):
+            why = ", ".join(stats.get("reasons") or {}) or "unknown"
+            raise Refused(f"the shim did not route this call to the kernels (fell back: {why})")
+
+
+def _timed_repeats(torch, device: str, prepare, timed, slowed, warmup: int, repeats: int):
+    """The rest of the warm-up, then the timed repeats: (ms of each, peak MiB or None)."""
+    start, stop, read = timer(torch, device)
+    for _ in range(max(0, warmup - 1)):
+        timed(prepare())
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    marks = []
+    for _ in range(repeats):
+        state = prepare()
+        begin = start()
+        slowed(state)
+        marks.append(stop(begin))
+    ms_all = read(marks)
+    peak = torch.cuda.max_memory_allocated() / 2**20 if device == "cuda" else None
+    return ms_all, peak
 
 
 def child(spec_path: str, events_path: str) -> None:
@@ -649,7 +657,7 @@ def child(spec_path: str, events_path: str) -> None:
             except Refused as exc:
                 result = {"status": "unsupported", "message": str(exc)}
             except Exception as exc:  # noqa: BLE001 - the item's result
-                text = _one_line(exc)
+                text = one_line(exc)
                 if is_device_fault(f"{exc}"):
                     out.emit(
                         {

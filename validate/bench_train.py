@@ -192,7 +192,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    fmt = bench._fmt
+    fmt = bench.fmt
     lines = [
         f"{'backend':<18} {'status':>11} {'step ms':>10} {'tokens/s':>10} {'peak MB':>9} {'first loss':>11}"
     ]
@@ -206,11 +206,11 @@ def table(results: list[dict[str, Any]]) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from validate.cli import UsageError, _check_writable
+    from validate.cli import UsageError, check_writable
     from validate.report import current_run_id, now
 
-    _check_writable(args.json, "--json")
-    backends = bench._names(args.backend, bench.BACKENDS, "backend")
+    check_writable(args.json, "--json")
+    backends = bench.picked_names(args.backend, bench.BACKENDS, "backend")
     if args.warmup is not None and args.warmup < 0:
         raise UsageError("--warmup must be 0 or more.")
     size = "tiny" if args.tiny else ("quick" if args.quick else "full")
@@ -253,8 +253,8 @@ def main(args: argparse.Namespace) -> int:
         results.append(row)
         msg = f"  {row['message']}" if row["message"] else ""
         print(
-            f"{row['status']:>11}  {backend:<17} {bench._fmt(row['median_step_ms'], '10.3f')} ms/step"
-            f"  first loss {bench._fmt(row['first_loss'], '.6g')}{msg}"[:300],
+            f"{row['status']:>11}  {backend:<17} {bench.fmt(row['median_step_ms'], '10.3f')} ms/step"
+            f"  first loss {bench.fmt(row['first_loss'], '.6g')}{msg}"[:300],
             flush=True,
         )
     check = loss_check(results, cfg["dtype"], args.tolerance)
@@ -330,10 +330,30 @@ def build_model(torch, cfg: dict[str, Any], attend):
 
 def train(torch, attn: bench.Attention, cfg: dict[str, Any]) -> dict[str, Any]:
     """Warm-up and timed steps; {"status": "ok", "step_ms", "first_loss", ...}."""
+    step = _training_step(torch, attn, cfg)
+    with attn.context():
+        first_loss, grad_norm = _first_step(torch, attn, step)
+        for _ in range(max(0, cfg["warmup"] - 1)):
+            step()
+        step_ms, peak, losses = _timed_steps(torch, attn.device, step, cfg["steps"])
+    last = float(losses[-1]) if losses else first_loss
+    return {
+        "status": "ok",
+        "step_ms": step_ms,
+        "peak_mem_mb": peak,
+        "first_loss": first_loss,
+        "first_grad_norm": grad_norm,
+        "last_loss": last,
+        "message": "",
+    }
+
+
+def _training_step(torch, attn: bench.Attention, cfg: dict[str, Any]):
+    """The model, batch and optimizer of the run, as `step(norm=False) -> (loss, grad norm)`:
+    one optimizer step (the gradient norm measured only when asked)."""
     import contextlib
 
     from validate.checks.numerics import torch_dtype
-    from validate.checks.sdpa import captured_warnings
 
     device = attn.device
 
@@ -360,7 +380,7 @@ def train(torch, attn: bench.Attention, cfg: dict[str, Any]) -> dict[str, Any]:
         torch.amp.GradScaler("cuda") if dtype == "fp16" and device == "cuda" else None
     )  # fp16 training needs loss scaling; bf16 and fp32 do not
 
-    def step() -> tuple[float, float | None]:
+    def step(norm: bool = False) -> tuple[float, float | None]:
         opt.zero_grad(set_to_none=True)
         with amp:
             logits = model(inputs)
@@ -372,66 +392,71 @@ def train(torch, attn: bench.Attention, cfg: dict[str, Any]) -> dict[str, Any]:
             scaler.unscale_(opt)
         else:
             loss.backward()
-        norm = None
-        if first[0]:
+        grad_norm = None
+        if norm:
             grads = [p.grad.float().norm() for p in model.parameters() if p.grad is not None]
-            norm = float(torch.stack(grads).norm())
+            grad_norm = float(torch.stack(grads).norm())
         if scaler is not None:
             scaler.step(opt)
             scaler.update()
         else:
             opt.step()
-        return loss, norm
+        return loss, grad_norm
 
-    first = [True]
-    with attn.context():
-        with captured_warnings() as warned:
-            try:
-                loss, grad_norm = step()
-                first_loss = float(loss)
-            except torch.cuda.OutOfMemoryError as exc:
-                raise bench.Refused(f"out of memory: {bench._one_line(exc)}") from None
-            except (RuntimeError, TypeError, ValueError, NotImplementedError) as exc:
-                text = str(exc)
-                if attn.backend in bench.SDPA_ENUM and any(n in text for n in bench.NO_KERNEL):
-                    from validate.checks import sdpa
+    return step
 
-                    name = attn.backend.split(".", 1)[1]
-                    reasons = [w for w in dict.fromkeys(warned) if w and "No available" not in w]
-                    if not reasons and device == "cpu" and name in sdpa.GPU_ONLY:
-                        reasons = [f"{sdpa.ENUM_NAMES[name]} has no CPU kernel in PyTorch"]
-                    raise bench.Refused("; ".join(reasons)[:600] or bench._one_line(exc)) from None
-                if attn.fn is not None and not isinstance(exc, RuntimeError):
-                    raise bench.Refused(bench._one_line(exc)) from None
-                raise
-        first[0] = False
-        if attn.backend == "kernels.sdpa_shim" and not attn.shim.stats().get("routed"):
-            why = ", ".join(attn.shim.stats().get("reasons") or {}) or "unknown"
-            raise bench.Refused(f"the shim routed no call to the kernels (fell back: {why})")
-        for _ in range(max(0, cfg["warmup"] - 1)):
-            step()
-        start, stop, read = bench._timer(torch, device)
-        if device == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-        marks, losses = [], []
-        for _ in range(cfg["steps"]):
-            begin = start()
-            loss, _ = step()
-            marks.append(stop(begin))
-            losses.append(loss)
-        step_ms = read(marks)
-        peak = torch.cuda.max_memory_allocated() / 2**20 if device == "cuda" else None
-    last = float(losses[-1]) if losses else first_loss
-    return {
-        "status": "ok",
-        "step_ms": step_ms,
-        "peak_mem_mb": peak,
-        "first_loss": first_loss,
-        "first_grad_norm": grad_norm,
-        "last_loss": last,
-        "message": "",
-    }
+
+def _first_step(torch, attn: bench.Attention, step) -> tuple[float, float | None]:
+    """The first step, which decides whether the backend trains at all: (its loss, the
+    gradient norm); a refusal (no kernel, out of memory, the shim falling back) raises
+    Refused, other errors propagate."""
+    from validate.checks.sdpa import captured_warnings
+
+    with captured_warnings() as warned:
+        try:
+            loss, grad_norm = step(norm=True)
+            first_loss = float(loss)
+        except torch.cuda.OutOfMemoryError as exc:
+            raise bench.Refused(f"out of memory: {bench.one_line(exc)}") from None
+        except (RuntimeError, TypeError, ValueError, NotImplementedError) as exc:
+            text = str(exc)
+            if attn.backend in bench.SDPA_ENUM and any(n in text for n in bench.NO_KERNEL):
+                raise bench.Refused(_no_kernel(attn, warned, exc)) from None
+            if attn.fn is not None and not isinstance(exc, RuntimeError):
+                raise bench.Refused(bench.one_line(exc)) from None
+            raise
+    if attn.backend == "kernels.sdpa_shim" and not attn.shim.stats().get("routed"):
+        why = ", ".join(attn.shim.stats().get("reasons") or {}) or "unknown"
+        raise bench.Refused(f"the shim routed no call to the kernels (fell back: {why})")
+    return first_loss, grad_norm
+
+
+def _no_kernel(attn: bench.Attention, warned: list[str], exc: Exception) -> str:
+    """Why an SDPA backend had no kernel for the step: PyTorch's warnings, else the error."""
+    from validate.checks import sdpa
+
+    name = attn.backend.split(".", 1)[1]
+    reasons = [w for w in dict.fromkeys(warned) if w and "No available" not in w]
+    if not reasons and attn.device == "cpu" and name in sdpa.GPU_ONLY:
+        reasons = [f"{sdpa.ENUM_NAMES[name]} has no CPU kernel in PyTorch"]
+    return "; ".join(reasons)[:600] or bench.one_line(exc)
+
+
+def _timed_steps(torch, device: str, step, steps: int):
+    """`steps` timed steps: (ms of each, peak MiB or None, their losses)."""
+    start, stop, read = bench.timer(torch, device)
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    marks, losses = [], []
+    for _ in range(steps):
+        begin = start()
+        loss, _ = step()
+        marks.append(stop(begin))
+        losses.append(loss)
+    step_ms = read(marks)
+    peak = torch.cuda.max_memory_allocated() / 2**20 if device == "cuda" else None
+    return step_ms, peak, losses
 
 
 def child(spec_path: str, events_path: str) -> None:
@@ -453,7 +478,7 @@ def child(spec_path: str, events_path: str) -> None:
     except bench.Refused as exc:
         result = {"status": "unsupported", "message": str(exc)}
     except Exception as exc:  # noqa: BLE001 - the run's result
-        text = bench._one_line(exc)
+        text = bench.one_line(exc)
         if is_device_fault(str(exc)):
             result = {"status": "crash", "message": f"GPU fault: {text}"}
         else:

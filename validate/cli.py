@@ -172,7 +172,7 @@ def _write(text: str, path: str) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def _check_writable(path: str | None, flag: str) -> None:
+def check_writable(path: str | None, flag: str) -> None:
     """Refuse an output path that cannot be written before spending minutes on checks."""
     if not path or path == "-":
         return
@@ -196,8 +196,8 @@ def cmd_render(args: argparse.Namespace) -> int:
         siblings = report.load_siblings(args.report, data) if args.html else {}
     except report.ReportError as exc:
         raise UsageError(str(exc)) from None
-    _check_writable(args.md, "--md")
-    _check_writable(args.html, "--html")
+    check_writable(args.md, "--md")
+    check_writable(args.html, "--html")
     try:
         if args.md:
             _write(render.to_markdown(data), args.md)
@@ -222,14 +222,11 @@ def _print_record(rec: dict[str, Any]) -> None:
 
 
 def cmd_run(args: argparse.Namespace, argv: list[str]) -> int:
-    _check_writable(args.json, "--json")
-    _check_writable(args.md, "--md")
-    spec = None
-    if args.expect:
-        try:
-            spec = load_expect(args.expect)
-        except ExpectError as exc:
-            raise UsageError(str(exc)) from None
+    """`python -m validate all|sdpa|...`: plan the checks, run them, judge the expectations,
+    write the report; the exit status says how it went."""
+    check_writable(args.json, "--json")
+    check_writable(args.md, "--md")
+    spec = _load_spec(args.expect)
     try:
         checks = suite.plan(
             args.command,
@@ -238,58 +235,11 @@ def cmd_run(args: argparse.Namespace, argv: list[str]) -> int:
         )
     except (OSError, ValueError, SyntaxError, KeyError) as exc:
         raise UsageError(f"{suite.EXTRA_CHECKS_ENV}: {exc}") from None
-    only = None
-    if args.only or args.skip:
-        include, exclude = list(args.only or ["*"]), list(args.skip or [])
-
-        def only(cid: str) -> bool:
-            return any(fnmatch.fnmatchcase(cid, p) for p in include) and not any(
-                fnmatch.fnmatchcase(cid, p) for p in exclude
-            )
-
     started_at = report.now()
     t0 = time.monotonic()
-    how = (
-        "one subprocess per check (--isolate)"
-        if args.isolate
-        else f"{args.workers} check worker{'s' if args.workers > 1 else ''}"
-    )
-    print(f"validate {args.command}{' --quick' if args.quick else ''}: {how}", flush=True)
-    if args.isolate:
-        records = suite.execute(
-            checks, args.timeout, only=only, on_record=_print_record, workers=args.workers
-        )
-    else:
-        from validate.pool import Pool
-
-        with Pool(workers=args.workers) as pool:
-            for key, steps in suite.early_starts(
-                [c for c in checks if only is None or only(c["id"])]
-            ):
-                pool.start_early(key, steps)
-            records = suite.execute(
-                checks,
-                args.timeout,
-                only=only,
-                on_record=_print_record,
-                runner=pool.run,
-                workers=args.workers,
-            )
+    records = _run_checks(args, checks, _selection(args.only, args.skip))
     obs = suite.observations(records)
-    expectations = None
-    broken = 0
-    if spec is not None:
-        results = evaluate(spec.expect, obs, suite.missing_reasons(records, args.command),
-                           in_image=spec.in_image, aotriton=spec.aotriton)  # fmt: skip
-        broken = sum(not r.met for r in results)
-        expectations = {
-            "file": spec.name,
-            "stack": spec.stack,
-            "arch": spec.arch,
-            "results": [r.to_json() for r in results],
-        }
-        for r in results:
-            print(f"{'met' if r.met else 'BROKEN':>7}  expect {r.key}: {r.message}", flush=True)
+    expectations, broken = _judge(spec, obs, records, args.command)
     code = suite.exit_code(records, broken)
     fp = host.fingerprint()
     warnings = host.host_warnings(fp, list(spec.host_rules) if spec else [], spec and spec.arch)
@@ -308,17 +258,90 @@ def cmd_run(args: argparse.Namespace, argv: list[str]) -> int:
         expectations=expectations,
         exit_code=code,
     )
-    try:
-        if args.json:
-            report.write_json(doc, args.json)
-        if args.md:
-            _write(render.to_markdown(doc), args.md)
-    except OSError as exc:
-        raise UsageError(f"cannot write the report: {exc}") from None
+    _write_reports(doc, args.json, args.md)
     s = doc["summary"]
     counts = ", ".join(f"{n} {k}" for k, n in s["counts"].items() if n)
     print(f"validate: {s['status'].upper()} ({counts}; {broken} broken expectation(s))", flush=True)
     return code
+
+
+def _load_spec(path: str | None):
+    """--expect's expectations, or None; a bad file is a usage error."""
+    if not path:
+        return None
+    try:
+        return load_expect(path)
+    except ExpectError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _selection(include: list[str] | None, exclude: list[str] | None):
+    """--only/--skip as a predicate on check ids, or None when every check runs."""
+    if not include and not exclude:
+        return None
+    include, exclude = list(include or ["*"]), list(exclude or [])
+
+    def only(cid: str) -> bool:
+        return any(fnmatch.fnmatchcase(cid, p) for p in include) and not any(
+            fnmatch.fnmatchcase(cid, p) for p in exclude
+        )
+
+    return only
+
+
+def _run_checks(args: argparse.Namespace, checks: list, only) -> list:
+    """Run the checks: one subprocess each (--isolate), or on a pool of check workers whose
+    slow imports start early."""
+    how = (
+        "one subprocess per check (--isolate)"
+        if args.isolate
+        else f"{args.workers} check worker{'s' if args.workers > 1 else ''}"
+    )
+    print(f"validate {args.command}{' --quick' if args.quick else ''}: {how}", flush=True)
+    if args.isolate:
+        return suite.execute(
+            checks, args.timeout, only=only, on_record=_print_record, workers=args.workers
+        )
+    from validate.pool import Pool
+
+    with Pool(workers=args.workers) as pool:
+        for key, steps in suite.early_starts([c for c in checks if only is None or only(c["id"])]):
+            pool.start_early(key, steps)
+        return suite.execute(
+            checks,
+            args.timeout,
+            only=only,
+            on_record=_print_record,
+            runner=pool.run,
+            workers=args.workers,
+        )
+
+
+def _judge(spec, obs: dict, records: list, command: str) -> tuple[dict | None, int]:
+    """(the expectations section of the report, how many broke); (None, 0) without --expect."""
+    if spec is None:
+        return None, 0
+    results = evaluate(spec.expect, obs, suite.missing_reasons(records, command),
+                       in_image=spec.in_image, aotriton=spec.aotriton)  # fmt: skip
+    for r in results:
+        print(f"{'met' if r.met else 'BROKEN':>7}  expect {r.key}: {r.message}", flush=True)
+    section = {
+        "file": spec.name,
+        "stack": spec.stack,
+        "arch": spec.arch,
+        "results": [r.to_json() for r in results],
+    }
+    return section, sum(not r.met for r in results)
+
+
+def _write_reports(doc: dict, json_path: str | None, md_path: str | None) -> None:
+    try:
+        if json_path:
+            report.write_json(doc, json_path)
+        if md_path:
+            _write(render.to_markdown(doc), md_path)
+    except OSError as exc:
+        raise UsageError(f"cannot write the report: {exc}") from None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,6 +14,7 @@ when the observed string starts with the expected one (``"2.9"`` matches ``"2.9.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -249,112 +250,134 @@ def _experimental(context: dict[str, Any]) -> str:
 
 
 def likely_fix(key: str, expected: Any, observed: Any, context: dict[str, Any]) -> str:
-    """The most likely remedy for a broken expectation, as a sentence (may be empty)."""
+    """The most likely remedy for a broken expectation, as a sentence (may be empty): the first
+    row of _FIXES whose key (and expected value) matches says it."""
     hip = context.get("torch.hip") is True
     exp = _norm(expected if not isinstance(expected, list) else expected[0])
     obs = _norm(observed)
-    if key in ("sdpa.default_backend", "sdpa.flash.works", "sdpa.flash.can_use") and exp in (
-        "flash",
-        True,
-    ):
-        parts = [_reasons(context, "flash").strip()]
-        if (
-            key == "sdpa.default_backend"
-            and obs in ("cudnn", "efficient")
-            and context.get("sdpa.flash.can_use") is True
-            and context.get("sdpa.flash.enabled") is not False
-        ):
-            parts.append(
-                f"Flash is usable here (can_use_flash_attention is true), but SDPA ranks {obs} "
-                "above it for this GPU and torch version: promise that backend, or disable it "
-                f"(torch.backends.cuda.enable_{'cudnn' if obs == 'cudnn' else 'mem_efficient'}_sdp(False))."
-                + (
-                    " Recent torch puts cuDNN first on sm90/sm100 with cuDNN > 9.15; "
-                    "TORCH_CUDNN_SDPA_DEPRIORITIZED=1 restores flash first."
-                    if obs == "cudnn"
-                    else ""
-                )
-            )
-        if context.get("sdpa.flash.enabled") is False:
-            parts.append(
-                "Flash SDPA is disabled in this process: something calls "
-                "torch.backends.cuda.enable_flash_sdp(False) (or sdpa_kernel without FLASH_ATTENTION)."
-            )
-        if context.get("sdpa.flash.available") is False:
-            parts.append(
-                "This torch has no flash attention compiled in: rebuild it with "
-                "USE_FLASH_ATTENTION=1 (and USE_MEM_EFF_ATTENTION=1)."
-            )
-        if hip:
-            parts.append(
-                _experimental(context) + "; check that PYTORCH_ROCM_ARCH at build time included "
-                "this GPU's arch."
-            )
-        return " ".join(p for p in parts if p)
-    if key.startswith("sdpa.workload.") and key.endswith(".fused") and exp is True:
-        return _workload_fix(key, context, hip)
-    if key.startswith("sdpa.") and key.endswith((".works", ".can_use")):
-        backend = key.split(".")[1]
-        flag = {
-            "efficient": "USE_MEM_EFF_ATTENTION=1",
-            "cudnn": "a CUDA build with cuDNN >= 9",
-            "math": "nothing (math always exists): this is a torch bug",
-        }.get(backend, "")
-        return (_reasons(context, backend) + (f" Needs {flag}." if flag else "")).strip()
-    if key in ("rocm.preferred_fa_library", "rocm.effective_fa_library"):
-        if exp == "ck":
-            return (
-                "Set TORCH_ROCM_FA_PREFER_CK=1 and build torch with USE_ROCM_CK_SDPA=1 for an arch "
-                "that CK SDPA supports (gfx90a/gfx942/gfx950); otherwise torch falls back to AOTriton."
-            )
-        if obs == "ck":
-            return "Unset TORCH_ROCM_FA_PREFER_CK (it makes CK the preferred library)."
-        if not hip:
-            return "torch is not a ROCm build, so there is no ROCm flash-attention library."
-        return ""
-    if key == "rocm.ck_sdpa_available" and exp is True:
-        return (
-            "Build torch with USE_ROCM_CK_SDPA=1 and PYTORCH_ROCM_ARCH containing gfx942 or gfx950."
-        )
-    if key == "flash_attn.backend":
-        if obs == "absent":
-            return "flash_attn does not import: install the flash-attention layer into this image."
-        if exp == "triton":
-            return (
-                'Set FLASH_ATTENTION_TRITON_AMD_ENABLE="TRUE" (exact string) both when building '
-                "and when running flash_attn."
-            )
-        if exp == "ck":
-            return (
-                "Unset FLASH_ATTENTION_TRITON_AMD_ENABLE and build flash_attn's CK extension "
-                "(GPU_ARCHS=<arch>)."
-            )
-        return ""
-    if key == "torch.hip" and exp is True:
-        return "Install a ROCm build of torch (TheRock or download.pytorch.org/whl/rocmX.Y)."
-    if key == "torch.device_arch":
-        return (
-            "The image was built for another GPU: build for this arch, or check "
-            "HSA_OVERRIDE_GFX_VERSION / HIP_VISIBLE_DEVICES."
-        )
-    if key == "torch.gpu_available" and exp is True:
-        if context.get(IN_IMAGE) is False:  # --local: the suite ran on the host itself
-            return (
-                "No GPU is visible to this process: check that the GPU driver is loaded "
-                "(ROCm: /dev/kfd and /dev/dri readable, the user in the video and render groups; "
-                "NVIDIA: nvidia-smi) and HIP_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES."
-            )
-        return (
-            "No GPU is visible: pass the devices to the container (ROCm: --device /dev/kfd "
-            "--device /dev/dri; NVIDIA: --gpus all) and check HIP_VISIBLE_DEVICES."
-        )
-    if key == "aotriton.present" and exp is True:
-        return "Build torch with USE_FLASH_ATTENTION=1 so AOTriton is downloaded or built."
-    if key.startswith("kernels."):
-        return "See the kernels.case.* checks for the failing cases."
-    if key == "flash_attn.works":
-        return "See the flash_attn.run check for the error."
+    for matches, fix in _FIXES:
+        if matches(key, exp):
+            return fix(key, exp, obs, context, hip)
     return ""
+
+
+def _flash_fix(key: str, exp: Any, obs: Any, context: dict[str, Any], hip: bool) -> str:
+    parts = [_reasons(context, "flash").strip()]
+    if (
+        key == "sdpa.default_backend"
+        and obs in ("cudnn", "efficient")
+        and context.get("sdpa.flash.can_use") is True
+        and context.get("sdpa.flash.enabled") is not False
+    ):
+        parts.append(
+            f"Flash is usable here (can_use_flash_attention is true), but SDPA ranks {obs} "
+            "above it for this GPU and torch version: promise that backend, or disable it "
+            f"(torch.backends.cuda.enable_{'cudnn' if obs == 'cudnn' else 'mem_efficient'}_sdp(False))."
+            + (
+                " Recent torch puts cuDNN first on sm90/sm100 with cuDNN > 9.15; "
+                "TORCH_CUDNN_SDPA_DEPRIORITIZED=1 restores flash first."
+                if obs == "cudnn"
+                else ""
+            )
+        )
+    if context.get("sdpa.flash.enabled") is False:
+        parts.append(
+            "Flash SDPA is disabled in this process: something calls "
+            "torch.backends.cuda.enable_flash_sdp(False) (or sdpa_kernel without FLASH_ATTENTION)."
+        )
+    if context.get("sdpa.flash.available") is False:
+        parts.append(
+            "This torch has no flash attention compiled in: rebuild it with "
+            "USE_FLASH_ATTENTION=1 (and USE_MEM_EFF_ATTENTION=1)."
+        )
+    if hip:
+        parts.append(
+            _experimental(context) + "; check that PYTORCH_ROCM_ARCH at build time included "
+            "this GPU's arch."
+        )
+    return " ".join(p for p in parts if p)
+
+
+def _backend_fix(key: str, exp: Any, obs: Any, context: dict[str, Any], hip: bool) -> str:
+    backend = key.split(".")[1]
+    flag = {
+        "efficient": "USE_MEM_EFF_ATTENTION=1",
+        "cudnn": "a CUDA build with cuDNN >= 9",
+        "math": "nothing (math always exists): this is a torch bug",
+    }.get(backend, "")
+    return (_reasons(context, backend) + (f" Needs {flag}." if flag else "")).strip()
+
+
+def _rocm_library_fix(key: str, exp: Any, obs: Any, context: dict[str, Any], hip: bool) -> str:
+    if exp == "ck":
+        return (
+            "Set TORCH_ROCM_FA_PREFER_CK=1 and build torch with USE_ROCM_CK_SDPA=1 for an arch "
+            "that CK SDPA supports (gfx90a/gfx942/gfx950); otherwise torch falls back to AOTriton."
+        )
+    if obs == "ck":
+        return "Unset TORCH_ROCM_FA_PREFER_CK (it makes CK the preferred library)."
+    if not hip:
+        return "torch is not a ROCm build, so there is no ROCm flash-attention library."
+    return ""
+
+
+def _flash_attn_fix(key: str, exp: Any, obs: Any, context: dict[str, Any], hip: bool) -> str:
+    if obs == "absent":
+        return "flash_attn does not import: install the flash-attention layer into this image."
+    if exp == "triton":
+        return (
+            'Set FLASH_ATTENTION_TRITON_AMD_ENABLE="TRUE" (exact string) both when building '
+            "and when running flash_attn."
+        )
+    if exp == "ck":
+        return (
+            "Unset FLASH_ATTENTION_TRITON_AMD_ENABLE and build flash_attn's CK extension "
+            "(GPU_ARCHS=<arch>)."
+        )
+    return ""
+
+
+def _gpu_fix(key: str, exp: Any, obs: Any, context: dict[str, Any], hip: bool) -> str:
+    if context.get(IN_IMAGE) is False:  # --local: the suite ran on the host itself
+        return (
+            "No GPU is visible to this process: check that the GPU driver is loaded "
+            "(ROCm: /dev/kfd and /dev/dri readable, the user in the video and render groups; "
+            "NVIDIA: nvidia-smi) and HIP_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES."
+        )
+    return (
+        "No GPU is visible: pass the devices to the container (ROCm: --device /dev/kfd "
+        "--device /dev/dri; NVIDIA: --gpus all) and check HIP_VISIBLE_DEVICES."
+    )
+
+
+def _said(sentence: str) -> Callable[..., str]:
+    return lambda *_: sentence
+
+
+# (does the row match (key, expected), its remedy): the first matching row answers.
+_FIXES: list[tuple[Callable[[str, Any], bool], Callable[..., str]]] = [
+    (lambda k, e: k in ("sdpa.default_backend", "sdpa.flash.works", "sdpa.flash.can_use")
+     and e in ("flash", True), _flash_fix),
+    (lambda k, e: k.startswith("sdpa.workload.") and k.endswith(".fused") and e is True,
+     lambda key, exp, obs, context, hip: _workload_fix(key, context, hip)),
+    (lambda k, e: k.startswith("sdpa.") and k.endswith((".works", ".can_use")), _backend_fix),
+    (lambda k, e: k in ("rocm.preferred_fa_library", "rocm.effective_fa_library"),
+     _rocm_library_fix),
+    (lambda k, e: k == "rocm.ck_sdpa_available" and e is True, _said(
+        "Build torch with USE_ROCM_CK_SDPA=1 and PYTORCH_ROCM_ARCH containing gfx942 or gfx950.")),
+    (lambda k, e: k == "flash_attn.backend", _flash_attn_fix),
+    (lambda k, e: k == "torch.hip" and e is True, _said(
+        "Install a ROCm build of torch (TheRock or download.pytorch.org/whl/rocmX.Y).")),
+    (lambda k, e: k == "torch.device_arch", _said(
+        "The image was built for another GPU: build for this arch, or check "
+        "HSA_OVERRIDE_GFX_VERSION / HIP_VISIBLE_DEVICES.")),
+    (lambda k, e: k == "torch.gpu_available" and e is True, _gpu_fix),
+    (lambda k, e: k == "aotriton.present" and e is True, _said(
+        "Build torch with USE_FLASH_ATTENTION=1 so AOTriton is downloaded or built.")),
+    (lambda k, e: k.startswith("kernels."), _said(
+        "See the kernels.case.* checks for the failing cases.")),
+    (lambda k, e: k == "flash_attn.works", _said("See the flash_attn.run check for the error.")),
+]  # fmt: skip
 
 
 def _workload_fix(key: str, context: dict[str, Any], hip: bool) -> str:

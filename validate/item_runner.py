@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from validate import forkserver, runner
-from validate.runner import _kill_group, is_device_fault, signal_name, tail
+from validate.runner import is_device_fault, kill_group, signal_name, tail
 
 POLL_S = 0.1
 # A child that ends on purpose after a GPU fault (its device state is no longer trustworthy).
@@ -117,74 +117,100 @@ def run_items(
         attempt = 0
         while remaining:
             attempt += 1
-            spec_path = Path(tmp, f"spec-{attempt}.json")
-            events = _Events(Path(tmp, f"events-{attempt}.jsonl"))
-            spec_path.write_text(json.dumps({**spec, "indices": remaining}), encoding="utf-8")
-            err_path = Path(tmp, f"stderr-{attempt}.txt")
-            with open(err_path, "wb") as err_fh:
-                # Output to files, not pipes: a helper the child leaves behind (a compile
-                # worker) would hold a pipe open and make a finished child look hung.
-                proc = forkserver.popen_module(
-                    module,
-                    ["--child", str(spec_path), str(events.path)],
-                    env=child_env,
-                    stdout=err_fh,
-                    stderr=err_fh,
-                )
-                timed_out: int | None = None
-                stalled = False
-                while True:
-                    try:
-                        proc.wait(timeout=POLL_S)
-                        break
-                    except subprocess.TimeoutExpired:
-                        pass
-                    events.read(on_result)
-                    running = [i for i in events.started if i not in events.results]
-                    if running and time.monotonic() - events.started[running[-1]] > timeout:
-                        timed_out = running[-1]
-                        break
-                    if not running and time.monotonic() - events.last_event > timeout:
-                        stalled = True  # between items: importing torch, say
-                        break
-                _kill_group(proc)
-                proc.wait()
-            events.read(on_result)
-            env_seen = env_seen or events.env
-            stderr = err_path.read_bytes().decode("utf-8", "replace")
-            remaining = [i for i in remaining if i not in events.results]
-            if not remaining:
-                break
-            if timed_out is not None:
-                on_outcome(
-                    timed_out,
-                    ItemOutcome(
-                        "timeout", f"no result within {timeout:g} s; the process was killed"
-                    ),
-                )
-                remaining.remove(timed_out)
-                continue
-            if stalled:
-                for i in remaining:  # a new process would most likely hang the same way
-                    on_outcome(
-                        i,
-                        ItemOutcome(
-                            "timeout",
-                            f"before this item started: no progress outside any item for "
-                            f"{timeout:g} s; the process was killed",
-                        ),
-                    )
-                break
-            in_flight = [i for i in remaining if i in events.started]
-            how = _how_it_ended(proc.returncode, stderr)
-            if in_flight:
-                on_outcome(in_flight[0], ItemOutcome("crash", how))
-                remaining.remove(in_flight[0])
-                continue
-            for i in remaining:  # it died outside any item: a new process would too
-                on_outcome(i, ItemOutcome("crash", f"before this item started: {how}"))
-            remaining = []
+            end = _attempt(module, {**spec, "indices": remaining}, Path(tmp), attempt, child_env,
+                           timeout, on_result)  # fmt: skip
+            env_seen = env_seen or end.events.env
+            remaining = [i for i in remaining if i not in end.events.results]
+            remaining = _charge(end, remaining, timeout, on_outcome)
     return env_seen
+
+
+@dataclass
+class _End:
+    """How one child process ended: what it reported, and what it was killed for."""
+
+    events: _Events
+    timed_out: int | None  # the item that ran past the timeout
+    stalled: bool  # no progress between items for the timeout
+    returncode: int | None
+    stderr: str
+
+
+def _attempt(
+    module: str, spec: dict[str, Any], tmp: Path, attempt: int, child_env: dict[str, str],
+    timeout: float, on_result: Callable[[int, dict[str, Any]], None],
+) -> _End:  # fmt: skip
+    """One child process over the items `spec` lists, watched until it ends or is killed."""
+    spec_path = tmp / f"spec-{attempt}.json"
+    events = _Events(tmp / f"events-{attempt}.jsonl")
+    spec_path.write_text(json.dumps(spec), encoding="utf-8")
+    err_path = tmp / f"stderr-{attempt}.txt"
+    with open(err_path, "wb") as err_fh:
+        # Output to files, not pipes: a helper the child leaves behind (a compile
+        # worker) would hold a pipe open and make a finished child look hung.
+        proc = forkserver.popen_module(
+            module,
+            ["--child", str(spec_path), str(events.path)],
+            env=child_env,
+            stdout=err_fh,
+            stderr=err_fh,
+        )
+        timed_out, stalled = _watch(proc, events, timeout, on_result)
+        kill_group(proc)
+        proc.wait()
+    events.read(on_result)
+    stderr = err_path.read_bytes().decode("utf-8", "replace")
+    return _End(events, timed_out, stalled, proc.returncode, stderr)
+
+
+def _watch(proc, events: _Events, timeout: float, on_result) -> tuple[int | None, bool]:
+    """Wait for the child, reading its events: (the item that timed out, or None; whether it
+    stalled between items)."""
+    while True:
+        try:
+            proc.wait(timeout=POLL_S)
+            return None, False
+        except subprocess.TimeoutExpired:
+            pass
+        events.read(on_result)
+        running = [i for i in events.started if i not in events.results]
+        if running and time.monotonic() - events.started[running[-1]] > timeout:
+            return running[-1], False
+        if not running and time.monotonic() - events.last_event > timeout:
+            return None, True  # between items: importing torch, say
+
+
+def _charge(
+    end: _End, remaining: list[int], timeout: float, on_outcome: Callable[[int, ItemOutcome], None]
+) -> list[int]:
+    """Charge the items a child left unreported with its end; the ones to run again."""
+    if not remaining:
+        return []
+    if end.timed_out is not None:
+        on_outcome(
+            end.timed_out,
+            ItemOutcome("timeout", f"no result within {timeout:g} s; the process was killed"),
+        )
+        return [i for i in remaining if i != end.timed_out]
+    if end.stalled:
+        for i in remaining:  # a new process would most likely hang the same way
+            on_outcome(
+                i,
+                ItemOutcome(
+                    "timeout",
+                    f"before this item started: no progress outside any item for "
+                    f"{timeout:g} s; the process was killed",
+                ),
+            )
+        return []
+    in_flight = [i for i in remaining if i in end.events.started]
+    how = _how_it_ended(end.returncode, end.stderr)
+    if in_flight:
+        on_outcome(in_flight[0], ItemOutcome("crash", how))
+        return [i for i in remaining if i != in_flight[0]]
+    for i in remaining:  # it died outside any item: a new process would too
+        on_outcome(i, ItemOutcome("crash", f"before this item started: {how}"))
+    return []
 
 
 class EventWriter:

@@ -113,43 +113,53 @@ def _host_lines(report: dict[str, Any]) -> list[str]:
 
 
 def to_markdown(report: dict[str, Any]) -> str:
+    """The report as Markdown, section by section."""
+    out = _summary_lines(report) + _host_lines(report) + _expectation_lines(report)
+    out += _check_lines(report) + _matrix_lines(report)
+    out += layouts_markdown(report)
+    out += workloads_markdown(report)
+    out += apps_markdown(report)
+    out += _failure_lines(report)
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _summary_lines(report: dict[str, Any]) -> list[str]:
     s = report.get("summary") or {}
     status = str(s.get("status", "?")).upper()
     title = f"## {ICON.get(s.get('status'), '')} Validation {status}"
     if report.get("stack") or report.get("arch"):
         title += f": stack `{report.get('stack')}` on `{report.get('arch')}`"
-    out = [title, "", headline(report), ""]
     counts = s.get("counts") or {}
-    out.append(
-        "Checks: "
-        + ", ".join(f"{n} {k}" for k, n in counts.items() if n)
-        + f" · exit status {s.get('exit_code')}"
-    )
-    out.append("")
+    checks = ", ".join(f"{n} {k}" for k, n in counts.items() if n)
+    return [title, "", headline(report), "", f"Checks: {checks} · exit status {s.get('exit_code')}",
+            ""]  # fmt: skip
 
-    out += _host_lines(report)
 
+def _expectation_lines(report: dict[str, Any]) -> list[str]:
     exp = report.get("expectations")
-    if exp:
-        out += [
-            f"### Expectations ({exp.get('file')})",
-            "",
-            "| | key | promised | seen |",
-            "|---|---|---|---|",
-        ]
-        for e in exp.get("results", []):
-            icon = "✅" if e["status"] == "met" else "❌"
-            out.append(
-                f"| {icon} | `{e['key']}` | {_md(_value(e['expected']))} | "
-                f"{_md(_value(e['observed']))} |"
-            )
-        broken = [e for e in exp.get("results", []) if e["status"] == "broken"]
-        if broken:
-            out.append("")
-            out += [f"- ❌ {_md(e['message'], 1000)}" for e in broken]
+    if not exp:
+        return []
+    out = [
+        f"### Expectations ({exp.get('file')})",
+        "",
+        "| | key | promised | seen |",
+        "|---|---|---|---|",
+    ]
+    for e in exp.get("results", []):
+        icon = "✅" if e["status"] == "met" else "❌"
+        out.append(
+            f"| {icon} | `{e['key']}` | {_md(_value(e['expected']))} | "
+            f"{_md(_value(e['observed']))} |"
+        )
+    broken = [e for e in exp.get("results", []) if e["status"] == "broken"]
+    if broken:
         out.append("")
+        out += [f"- ❌ {_md(e['message'], 1000)}" for e in broken]
+    return [*out, ""]
 
-    out += ["### Checks", "", "| status | check | time | message |", "|---|---|---|---|"]
+
+def _check_lines(report: dict[str, Any]) -> list[str]:
+    out = ["### Checks", "", "| status | check | time | message |", "|---|---|---|---|"]
     for r in report.get("checks", []):
         req = "" if r.get("required", True) else " (optional)"
         suspect = " · host-suspect" if r.get("host_suspect") else ""
@@ -157,63 +167,63 @@ def to_markdown(report: dict[str, Any]) -> str:
             f"| {ICON.get(r['status'], '')} {r['status']}{suspect} | `{r['id']}`{req} | "
             f"{r.get('duration_s', 0):.1f}s | {_md(r.get('message'))} |"
         )
-    out.append("")
+    return [*out, ""]
 
+
+def _matrix_lines(report: dict[str, Any]) -> list[str]:
     matrix = report.get("backend_matrix") or []
-    if matrix:
-        out += [
-            "### SDPA backends",
-            "",
-            "Forced run per backend: ✅/❌ max|err| / tolerance (flash-attention rule: 2× the "
-            "same-dtype math error + rounding floor); — = refused; 💥 = GPU fault; 💥 deferred = "
-            "the run returned, but the checked op after it failed.",
-            "",
-            "| case | default pick | profiler | " + " | ".join(SDPA_BACKENDS) + " |",
-            "|---|---|---|" + "---|" * len(SDPA_BACKENDS),
-        ]
-        for row in matrix:
-            cells = [backend_cell(row["backends"].get(b)) for b in SDPA_BACKENDS]
-            out.append(
-                f"| {row['case']} | {row.get('default_backend') or '?'} | "
-                f"{row.get('profiler_backend') or ''} | " + " | ".join(cells) + " |"
-            )
-        out.append("")
-        ref = next(
-            (r for r in matrix if any(b.get("reasons") for b in r["backends"].values())), None
+    if not matrix:
+        return []
+    out = [
+        "### SDPA backends",
+        "",
+        "Forced run per backend: ✅/❌ max|err| / tolerance (flash-attention rule: 2× the "
+        "same-dtype math error + rounding floor); — = refused; 💥 = GPU fault; 💥 deferred = "
+        "the run returned, but the checked op after it failed.",
+        "",
+        "| case | default pick | profiler | " + " | ".join(SDPA_BACKENDS) + " |",
+        "|---|---|---|" + "---|" * len(SDPA_BACKENDS),
+    ]
+    for row in matrix:
+        cells = [backend_cell(row["backends"].get(b)) for b in SDPA_BACKENDS]
+        out.append(
+            f"| {row['case']} | {row.get('default_backend') or '?'} | "
+            f"{row.get('profiler_backend') or ''} | " + " | ".join(cells) + " |"
         )
-        if ref:
-            out += ["<details><summary>Why backends were refused (PyTorch's reasons)</summary>", ""]
-            for row in matrix:
-                for b, e in row["backends"].items():
-                    if e.get("reasons"):
-                        out.append(f"- {row['case']} / {b}: " + _md("; ".join(e["reasons"]), 600))
-            out += ["", "</details>", ""]
-        kern = [r for r in matrix if r.get("default_kernels")]
-        if kern:
-            out += ["<details><summary>Kernels the profiler saw (default pick)</summary>", ""]
-            for row in kern:
-                out.append(
-                    f"- {row['case']}: "
-                    + ", ".join(f"`{_md(k, 120)}`" for k in row["default_kernels"][:6])
-                )
-            out += ["", "</details>", ""]
+    out.append("")
+    reasons = [
+        f"- {row['case']} / {b}: " + _md("; ".join(e["reasons"]), 600)
+        for row in matrix for b, e in row["backends"].items() if e.get("reasons")
+    ]  # fmt: skip
+    out += _details("Why backends were refused (PyTorch's reasons)", reasons)
+    kernels = [
+        f"- {row['case']}: " + ", ".join(f"`{_md(k, 120)}`" for k in row["default_kernels"][:6])
+        for row in matrix if row.get("default_kernels")
+    ]  # fmt: skip
+    out += _details("Kernels the profiler saw (default pick)", kernels)
+    return out
 
-    out += layouts_markdown(report)
-    out += workloads_markdown(report)
-    out += apps_markdown(report)
 
+def _details(summary: str, lines: list[str]) -> list[str]:
+    """A collapsed block of lines, or nothing when there are none."""
+    if not lines:
+        return []
+    return [f"<details><summary>{summary}</summary>", "", *lines, "", "</details>", ""]
+
+
+def _failure_lines(report: dict[str, Any]) -> list[str]:
     bad = [r for r in report.get("checks", []) if r["status"] in FAILING]
-    if bad:
-        out += ["### Failures", ""]
-        for r in bad:
-            out.append(f"- **{r['id']}** {r['status']}: {_md(r.get('message'), 1000)}")
-            lines = r.get("stderr_tail") or []
-            if lines:
-                out += ["  <details><summary>last stderr lines</summary>", "", "  ```"]
-                out += [f"  {ln}" for ln in lines[-12:]]
-                out += ["  ```", "  </details>"]
-        out.append("")
-    return "\n".join(out).rstrip() + "\n"
+    if not bad:
+        return []
+    out = ["### Failures", ""]
+    for r in bad:
+        out.append(f"- **{r['id']}** {r['status']}: {_md(r.get('message'), 1000)}")
+        lines = r.get("stderr_tail") or []
+        if lines:
+            out += ["  <details><summary>last stderr lines</summary>", "", "  ```"]
+            out += [f"  {ln}" for ln in lines[-12:]]
+            out += ["  ```", "  </details>"]
+    return [*out, ""]
 
 
 def apps_markdown(report: dict[str, Any]) -> list[str]:

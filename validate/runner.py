@@ -127,7 +127,7 @@ def classify(outcome: Outcome) -> tuple[str, str]:
     return "crash", f"exited with status {rc} without a result{fault}{stage}{last_line}"
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def kill_group(proc: subprocess.Popen) -> None:
     """SIGKILL the check's process group (it leads its own session); gone already is fine."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -263,7 +263,7 @@ def run_isolated(
                 proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 timed_out = True
-            _kill_group(proc)  # the check's leftovers too, not only a hung check
+            kill_group(proc)  # the check's leftovers too, not only a hung check
             proc.wait()
         duration = time.monotonic() - started
         payload = read_result(result_path)

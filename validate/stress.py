@@ -24,7 +24,7 @@ from contract import names, workloads
 from validate import forkserver
 from validate.argtypes import positive_int, seconds
 from validate.report import current_run_id
-from validate.runner import Outcome, _kill_group, child_env, classify, signal_name, tail
+from validate.runner import Outcome, child_env, classify, kill_group, signal_name, tail
 
 HELP = "run backends for many iterations at real workload shapes; report the first failure"
 DESCRIPTION = """\
@@ -53,6 +53,15 @@ POLL_S = 0.2
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    """`python -m validate stress`'s options, in --help's order: what is stressed, how often it
+    is judged, at which shapes, and how a run is watched (or the real pipeline run instead)."""
+    _add_targets(p)
+    _add_iterations(p)
+    _add_shapes(p)
+    _add_run(p)
+
+
+def _add_targets(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--workload",
         choices=workloads.names(),
@@ -66,6 +75,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"a backend to stress (repeatable, or comma-separated): {', '.join(BACKENDS)}, "
         "or all (default all)",
     )
+
+
+def _add_iterations(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--iters",
         type=positive_int,
@@ -87,6 +99,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="set AMD_SERIALIZE_KERNEL=3 and CUDA_LAUNCH_BLOCKING=1 in each run, so a GPU fault "
         "surfaces at the kernel that caused it (slower)",
     )
+
+
+def _add_shapes(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--resolution",
         metavar="WxH",
@@ -110,6 +125,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="shrink every shape (batch 1, 2 heads or 1 key/value head, sequences <= 64; head dims "
         "kept) for CPU runs and tests",
     )
+
+
+def _add_run(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--timeout",
         type=seconds,
@@ -319,7 +337,7 @@ def launch(args: list[str], stall_s: float, env: dict[str, str]) -> tuple[Outcom
                 elif time.monotonic() - last > stall_s:
                     timed_out = True
                     break
-            _kill_group(proc)  # leftovers too (a compile worker pool), not only a hung child
+            kill_group(proc)  # leftovers too (a compile worker pool), not only a hung child
             proc.wait()
         payload = None
         if result.exists():

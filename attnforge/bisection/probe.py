@@ -36,7 +36,7 @@ from ..engine import Engine, RunRequest
 from ..errors import UserError
 from ..files import swap_folder
 from ..pins.update import _by_version, _fitting
-from ..pins.upstream import IndexSource, Unavailable, _run_git, url_path
+from ..pins.upstream import IndexSource, Unavailable, run_git, url_path
 from ..plan import Plan
 from ..recipes import Recipes
 from ..workspace import Workspace
@@ -73,7 +73,7 @@ def local_path(url: str) -> Path | None:
 
 
 def _git(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return _run_git(list(args), cwd=repo)
+    return run_git(list(args), cwd=repo)
 
 
 def _last(proc: subprocess.CompletedProcess[str]) -> str:
@@ -112,7 +112,7 @@ class GitHistory:
             return proc.stdout.strip()
         if _SHA.fullmatch(ref):
             return ref
-        proc = _run_git(["ls-remote", self.url, ref, f"{ref}^{{}}"])
+        proc = run_git(["ls-remote", self.url, ref, f"{ref}^{{}}"])
         if proc.returncode != 0:
             raise UserError(f"git ls-remote {self.url} failed: {_last(proc)}",
                             hint="check the network, or use --repo with a local mirror")  # fmt: skip
@@ -198,15 +198,21 @@ def _date(text: str) -> str:
     return f"{m.group(1)}-{m.group(2)}-{m.group(3)}" if m else ""
 
 
+def _version(flag: str, value: str) -> Version:
+    try:
+        return Version(value)
+    except InvalidVersion:
+        raise UserError(
+            f"{flag} {value!r}: not a version; a wheel's pin is a PEP 440 version such as 2.11.0"
+        ) from None
+
+
 def wheel_candidates(
     index: IndexSource, index_url: str, project: str, python: str | None, good: str, bad: str
 ) -> list[Candidate]:
     """[good, ..., bad]: the versions of `project` the index serves between two versions (for
     `python` when known, with the local label family of the good one: +cpu, +rocm...)."""
-    try:
-        g, b = Version(good), Version(bad)
-    except InvalidVersion as exc:
-        raise UserError(f"not a version: {exc}") from None
+    g, b = _version("--good", good), _version("--bad", bad)
     if g == b:
         raise UserError(f"--good and --bad are the same version ({good}): nothing to bisect")
     if b < g:

@@ -60,6 +60,8 @@ class Opt:
     repeatable: bool = False  # given several times (or as a comma list, where the task says so)
     positional: bool = False  # also taken without its flag: `invoke report FILE`
     required: bool = False  # checked by the task wrapper, after --help had its chance
+    needs: str = ""  # a required option's refusal when it is missing (default: it names it)
+    choices: tuple[str, ...] = ()  # a choice's valid values
     kind: str = "text"  # what sort of value: text, number, choice, arch, stack, out_file ...
 
 
@@ -74,7 +76,8 @@ def whole_number(flag: str, value: Any, minimum: int = 1) -> int:
     return number
 
 
-def _text(flag: str, value: Any) -> str:
+def nonempty(flag: str, value: Any) -> str:
+    """A value that is not empty, or a UserError naming the flag."""
     if not str(value).strip():
         raise UserError(f"{flag}: given an empty value")
     return str(value)
@@ -101,7 +104,7 @@ def _recipes() -> Recipes:
 def _arch(flag: str, value: Any) -> str:
     from .. import multiarch
 
-    value = _text(flag, value)
+    value = nonempty(flag, value)
     arches = _recipes().arches
     if multiarch.is_set(value) and value not in arches:
         try:  # one image for several arches: each member must exist
@@ -116,13 +119,13 @@ def _arch(flag: str, value: Any) -> str:
 
 def _arch_list(flag: str, value: Any) -> str:
     """A comma list of arches (kernels.aot)."""
-    for name in filter(None, (a.strip() for a in _text(flag, value).split(","))):
+    for name in filter(None, (a.strip() for a in nonempty(flag, value).split(","))):
         _arch(flag, name)
     return value
 
 
 def _stack(flag: str, value: Any) -> str:
-    value = _text(flag, value)
+    value = nonempty(flag, value)
     stacks = _recipes().stacks
     if value not in stacks:
         raise _named(flag, unknown("stack", value, stacks))
@@ -155,7 +158,7 @@ def choice(metavar: str, choices: Iterable[str]) -> Opt:
             raise UserError(f"{flag} {value!r}: choose {listed}")
         return value
 
-    return Opt(metavar, check, kind="choice")
+    return Opt(metavar, check, kind="choice", choices=allowed)
 
 
 def number(metavar: str = "N", minimum: int = 1) -> Opt:
@@ -164,7 +167,7 @@ def number(metavar: str = "N", minimum: int = 1) -> Opt:
 
 def text(metavar: str, *, repeatable: bool = False, positional: bool = False,
          required: bool = False) -> Opt:  # fmt: skip
-    return Opt(metavar, _text, repeatable=repeatable, positional=positional, required=required)
+    return Opt(metavar, nonempty, repeatable=repeatable, positional=positional, required=required)
 
 
 def _folder_problem(path: Path) -> str | None:
@@ -198,18 +201,18 @@ def writable_file(path: Path, what: str) -> None:
 
 
 def _out_file(flag: str, value: Any) -> str:
-    writable_file(Path(_text(flag, value)), flag)
+    writable_file(Path(nonempty(flag, value)), flag)
     return value
 
 
 def _out_dir(flag: str, value: Any) -> str:
-    writable_folder(Path(_text(flag, value)), flag)
+    writable_folder(Path(nonempty(flag, value)), flag)
     return value
 
 
 def _existing(kind: str) -> Callable[[str, Any], str]:
     def check(flag: str, value: Any) -> str:
-        path = Path(_text(flag, value))
+        path = Path(nonempty(flag, value))
         ok = {"file": path.is_file, "folder": path.is_dir, "path": path.exists}[kind]()
         if not ok:
             raise UserError(
@@ -218,6 +221,22 @@ def _existing(kind: str) -> Callable[[str, Any], str]:
         return value
 
     return check
+
+
+def _ca_cert(flag: str, value: Any) -> str:
+    """A CA bundle pip is to trust: an existing file, or 'none' for pip's own."""
+    if nonempty(flag, value) == "none":
+        return value
+    if not Path(value).is_file():
+        raise UserError(f"{flag} {value}: no such file (give a CA bundle, or 'none')")
+    return value
+
+
+def _interpreter(flag: str, value: Any) -> str:
+    path = Path(nonempty(flag, value))
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        raise UserError(f"{flag} {value}: no such file, or not an executable interpreter")
+    return value
 
 
 REFERENCE_PART = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*")
@@ -248,6 +267,8 @@ OUT_DIR = Opt("DIR", _out_dir, kind="out_dir")
 IN_FILE = Opt("FILE", _existing("file"), kind="in_file")
 IN_DIR = Opt("DIR", _existing("folder"), kind="in_dir")
 NAMESPACE = Opt("NAMESPACE", _registry_namespace, kind="namespace")
+CA_CERT = Opt("FILE|none", _ca_cert, kind="in_file")
+INTERPRETER = Opt("PYTHON", _interpreter, kind="in_file")
 
 
 def out_file(metavar: str = "FILE") -> Opt:
@@ -341,9 +362,20 @@ class _Context(ParserContext):
 invoke_collection.ParserContext = _Context
 
 
+def _flag(name: str) -> str:
+    return "--" + name.rstrip("_").replace("_", "-")
+
+
+def _missing(flag: str, opt: Opt) -> str:
+    if opt.positional:
+        return f"{opt.metavar} is needed: give it after the task's name, or as {flag}"
+    return f"{flag} is needed: {opt.metavar}"
+
+
 class _Task(Task):
     options: dict[str, Opt]
     writes: tuple[str, ...]
+    goes_with: dict[str, tuple[str, str]]
 
     def arg_opts(self, name: str, default: Any, taken_names: set[str]) -> dict[str, Any]:
         opts = super().arg_opts(name, default, taken_names)
@@ -381,16 +413,17 @@ class _Task(Task):
         """The task's option values, checked and converted; a UserError names the first bad one."""
         from ..workspace import BUILD_DIR_ENV, REPORTS_DIR_ENV, Workspace
 
+        for name, (needed, why) in self.goes_with.items():  # the combination before the values
+            if kwargs.get(name) not in (None, False, []) and not kwargs.get(needed):
+                raise UserError(f"{_flag(name)} goes with {_flag(needed)}{why}")
         global _checked_recipes
         _checked_recipes = {}
         try:
             for name, opt in self.options.items():
-                flag = "--" + name.rstrip("_").replace("_", "-")
+                flag = _flag(name)
                 value = kwargs.get(name)
                 if opt.required and value in (None, [], ""):
-                    raise UserError(
-                        f"{opt.metavar} is needed: give it after the task's name, or as {flag}"
-                    )
+                    raise UserError(opt.needs or _missing(flag, opt))
                 if value is None or value == []:
                     continue
                 if opt.repeatable:
@@ -434,6 +467,7 @@ def command(
     options: dict[str, Opt] | None = None,
     writes: tuple[str, ...] = (),
     positional: list[str] | None = None,
+    goes_with: dict[str, str | tuple[str, str]] | None = None,
     **kwargs: Any,
 ) -> Callable[[Callable[..., Any]], Task]:
     """`@invoke.task` with attnforge's flag rules.
@@ -441,7 +475,9 @@ def command(
     `options` declares each option that takes a value (every one must be declared: a task's
     values are all checked before it runs); `writes` names the workspace folders ("build",
     "reports") it writes, checked writable first. Options marked repeatable are invoke's
-    `iterable`, positional ones its `positional`; a bool default makes a plain flag."""
+    `iterable`, positional ones its `positional`; a bool default makes a plain flag.
+    `goes_with` names, for an option or flag, the flag it needs (and optionally why, as the
+    rest of the sentence): `--json` without `--dry-run` is refused before the task runs."""
     options = options or {}
 
     def wrap(fn: Callable[..., Any]) -> Task:
@@ -463,6 +499,9 @@ def command(
             **kwargs,
         )(user_errors(checked))
         t.options, t.writes = options, writes
+        t.goes_with = {
+            k: (v, "") if isinstance(v, str) else v for k, v in (goes_with or {}).items()
+        }
         return t
 
     return wrap

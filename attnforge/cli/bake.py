@@ -13,7 +13,7 @@ from ..errors import UserError
 from ..files import aside, swap_folder, write_aside
 from ..workspace import Workspace
 from . import OUT_FILE, command
-from .build import BUILD_OPTIONS, HOST_CA_BUNDLE, _connect_for_plan, _invocation, _local_defaults
+from .build import BUILD_OPTIONS, HOST_CA_BUNDLE, build_invocation, connect_for_plan, local_defaults
 
 if TYPE_CHECKING:  # the library is imported where a task uses it (attnforge/cli/__init__.py)
     from ..plan import Plan
@@ -53,16 +53,18 @@ def bake(
 
     ws = Workspace.discover()
     recipes = load_recipes(ws.root)
-    inv = _invocation(recipes, ws, arch, stack, only, set_, base_image, wheelhouse, ca_cert,
-                      "docker", jobs, namespace)  # fmt: skip
+    inv = build_invocation(
+        recipes, ws, arch, stack, only, set_, base_image, wheelhouse, ca_cert,
+        "docker", jobs, namespace,
+    )  # fmt: skip
     cache_from = cache_from or (c.config.get("attnforge") or {}).get("cache_from")
     if push_cache and not cache_from:
         raise UserError("--push-cache goes with --cache-from (or attnforge.cache_from)")
     # The engine gives the base image's digest, part of the first layer's key: without it the
     # content tags would differ from those `invoke build` makes on this machine.
-    eng = _connect_for_plan(inv.engine, quiet=False)
+    eng = connect_for_plan(inv.engine, quiet=False)
     if eng is not None:
-        inv = _local_defaults(inv, recipes, ws, eng, given_base=base_image is not None)
+        inv = local_defaults(inv, recipes, ws, eng, given_base=base_image is not None)
     plan, _ = plan_build(inv, recipes, ws, eng)
     if plan.blocked_by:
         first = plan.blocked_by[0]

@@ -14,7 +14,7 @@ from ..console import LayerProgress, err, out, user_errors
 from ..errors import UserError
 from ..workspace import Workspace
 from . import ARCH, IN_DIR, STACK, command, number, text
-from .build import BUILD_OPTIONS, _invocation, _local_defaults
+from .build import BUILD_OPTIONS, build_invocation, local_defaults
 
 if TYPE_CHECKING:  # the library is imported where a task uses it (attnforge/cli/__init__.py)
     from ..bisection import search as bs
@@ -96,8 +96,10 @@ def bisect(
 
     ws = Workspace.discover()
     recipes = load_recipes(ws.root)
-    inv = _invocation(recipes, ws, arch, stack, None, set_, base_image, wheelhouse, ca_cert,
-                      engine, jobs, namespace)  # fmt: skip
+    inv = build_invocation(
+        recipes, ws, arch, stack, None, set_, base_image, wheelhouse, ca_cert,
+        engine, jobs, namespace,
+    )  # fmt: skip
     limit, seconds = max_probes, timeout
     if not check:
         raise UserError("--check is needed: what tells a good pin from a bad one",
@@ -234,9 +236,9 @@ def _candidates(
         IndexSource,
         Sources,
         Unavailable,
-        _distro_python,
-        _indexes,
+        distro_python,
         project_of,
+        step_indexes,
     )
     from ..recipes import pin_kind
 
@@ -254,8 +256,8 @@ def _candidates(
         history = GitHistory(url, cache_dir=ws.build_dir / "bisect-cache", mirror=mirror)
         good_sha, bad_sha = history.resolve(good, "--good"), history.resolve(bad, "--bad")
         return history.between(good_sha, bad_sha), history.describe()
-    url = index or _indexes(step)[0]
-    python = _distro_python(base_image)  # the wheels that install on the image's Python
+    url = index or step_indexes(step)[0]
+    python = distro_python(base_image)  # the wheels that install on the image's Python
     source = IndexSource(Path(offline) if offline else None)
     found = wheel_candidates(source, url, project_of(key), python, good, bad)
     return found, f"{project_of(key)} on {url}"
@@ -276,7 +278,7 @@ def _probe_until_done(
 
     flags = device_flags(recipes.arches[inv.arch].vendor)
     eng = connect(inv.engine)
-    inv = _local_defaults(inv, recipes, ws, eng, given_base=given_base)
+    inv = local_defaults(inv, recipes, ws, eng, given_base=given_base)
     expect = None
     if spec.kind == "validate":
         plan = resolve(recipes, inv.arch, inv.stack, Options(namespace=inv.namespace))

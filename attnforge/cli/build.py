@@ -14,6 +14,7 @@ from ..files import write_aside
 from ..workspace import Workspace
 from . import (
     ARCH,
+    CA_CERT,
     ENGINE,
     IN_DIR,
     NAMESPACE,
@@ -23,11 +24,10 @@ from . import (
     command,
     number,
     text,
-    whole_number,
 )
 
 if TYPE_CHECKING:  # the library is imported where a task uses it (attnforge/cli/__init__.py)
-    from ..build import Invocation
+    from ..build import BuildState, Invocation
     from ..engine import Engine
     from ..plan import Plan
     from ..recipes import Recipes
@@ -39,7 +39,7 @@ HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 
 BUILD_OPTIONS = {
     "arch": ARCH, "stack": STACK, "only": text("LAYER"), "set_": text("LAYER.KEY=VALUE", repeatable=True),
-    "base_image": text("IMAGE"), "wheelhouse": IN_DIR, "ca_cert": text("FILE"), "engine": ENGINE,
+    "base_image": text("IMAGE"), "wheelhouse": IN_DIR, "ca_cert": CA_CERT, "engine": ENGINE,
     "jobs": number("N"), "namespace": NAMESPACE, "cache_from": NAMESPACE,
 }  # fmt: skip
 
@@ -47,6 +47,7 @@ BUILD_OPTIONS = {
 @command(
     options={**BUILD_OPTIONS, "explain": text("LAYER"), "builder": text("BUILDER")},
     writes=("build",),
+    goes_with={"json": "dry_run", "explain": "dry_run"},
     help={
         "arch": "GPU arch to build for (default: the host's AMD GPU, else cpu); see `invoke arches`",
         "stack": "stack from recipes/stacks.yaml (default: 'default', or the arch's only stack)",
@@ -84,8 +85,7 @@ def build(
     builder=None, debug=False,
 ):  # fmt: skip
     """Build a stack's images layer by layer, skipping every layer whose inputs did not change."""
-    from ..build import BuildState, build_requests, execute, plan_build
-    from ..engine import connect
+    from ..build import BuildState
     from ..recipes import load_recipes
 
     started = time.monotonic()
@@ -93,13 +93,15 @@ def build(
     recipes = load_recipes(ws.root)
     if continue_:
         state = BuildState.load(ws)
-        inv = state.invocation
         where = f", which stopped at layer {state.stopped_at}" if state.stopped_at else ""
-        out.print(f"continuing the last build: stack {inv.stack} for {inv.arch}{where}")
-        inv.push = inv.push or push
+        out.print(f"continuing the last build: stack {state.invocation.stack} for "
+                  f"{state.invocation.arch}{where}")  # fmt: skip
+        state.invocation.push = state.invocation.push or push
     else:
-        inv = _invocation(recipes, ws, arch, stack, only, set_, base_image, wheelhouse, ca_cert,
-                          engine, jobs, namespace)  # fmt: skip
+        inv = build_invocation(
+            recipes, ws, arch, stack, only, set_, base_image, wheelhouse, ca_cert,
+            engine, jobs, namespace,
+        )  # fmt: skip
         # invoke.yaml (next to tasks.py, or ~/.invoke.yaml) may name the team's cache
         inv.cache_from = cache_from or (c.config.get("attnforge") or {}).get("cache_from")
         inv.require_cache = require_cache
@@ -107,17 +109,26 @@ def build(
             raise UserError("--require-cache goes with --cache-from (or attnforge.cache_from)")
         inv.builder, inv.push = builder or None, push
         state = BuildState(inv)
-    if inv.builder and inv.engine != "docker":
+    if state.invocation.builder and state.invocation.engine != "docker":
         raise UserError(
             "--builder goes with --engine docker: podman has no BuildKit builders",
             hint="leave --builder out to build with podman itself",
         )
-    if (json or explain) and not dry_run:
-        raise UserError("--json and --explain go with --dry-run")
-
     if dry_run:
-        _dry_run(inv, recipes, ws, as_json=json, layer=explain)
+        _dry_run(state.invocation, recipes, ws, as_json=json, layer=explain)
         return
+    plan, outcomes = _build(state, recipes, ws, given_base=base_image is not None or continue_,
+                                 resumed=continue_)  # fmt: skip
+    out.print(summary_table(outcomes, time.monotonic() - started))
+    if plan.final_tag:
+        out.print(
+            f"final image: [bold]{plan.final_tag}[/]  (validate it: invoke validate --arch {plan.arch} --stack {plan.stack})"
+        )
+
+
+def _engine_for(inv: Invocation) -> Engine:
+    """The engine a build runs on, its --builder checked (and a note where it needs --push)."""
+    from ..engine import connect
 
     eng = connect(inv.engine)
     if inv.builder:
@@ -128,8 +139,13 @@ def build(
                 "remote builder can only pull from a registry: add --push with --namespace "
                 "REGISTRY/TEAM unless the builder shares this engine's images[/]"
             )
-    inv = _local_defaults(inv, recipes, ws, eng, given_base=base_image is not None or continue_)
-    state.invocation = inv
+    return eng
+
+
+def _buildable_plan(inv: Invocation, recipes: Recipes, ws: Workspace, eng: Engine) -> Plan:
+    """The plan of a build, its notes printed; a UserError where a layer is unsupported."""
+    from ..build import plan_build
+
     notes: list[str] = []
     plan, _ = plan_build(inv, recipes, ws, eng, notes)
     for note in notes:
@@ -140,23 +156,21 @@ def build(
         raise UserError(
             f"stack {plan.stack} cannot be built for {plan.arch}: layer {first.layer} is unsupported: {first.reason}"
         )
+    return plan
+
+
+def _build(state: BuildState, recipes: Recipes, ws: Workspace, given_base: bool, resumed: bool):
+    """Plan and build (pushing where asked): (plan, each layer's outcome)."""
+    from ..build import build_requests, execute
+
+    eng = _engine_for(state.invocation)
+    inv = state.invocation = local_defaults(state.invocation, recipes, ws, eng, given_base)
+    plan = _buildable_plan(inv, recipes, ws, eng)
     out.print(f"engine: {eng.describe()}; jobs: {inv.jobs}")
-    if not continue_:
+    if not resumed:
         state.save(ws)
+    pusher = _Pusher(eng, ws.logs_for(plan.arch) / "push.log")
     progress = LayerProgress(total=len(plan.chain))
-    pushed: set[str] = set()
-    push_log = ws.logs_for(plan.arch) / "push.log"
-
-    def push_layer(step) -> None:
-        push_log.parent.mkdir(parents=True, exist_ok=True)
-        with push_log.open("a") as fh:
-            for ref in (step.hash_tag, *step.moving_tags):
-                if ref not in pushed:
-                    out.print(f"pushing {ref}")
-                    eng.push(ref, fh)
-                    pushed.add(ref)
-
-    push_log.unlink(missing_ok=True)
     try:
         requests = build_requests(plan, ws, Path(inv.ca_cert) if inv.ca_cert else None,
                                   builder=inv.builder, push=inv.push)  # fmt: skip
@@ -164,30 +178,41 @@ def build(
             plan, eng, ws=ws, state=state, requests=requests,
             wheelhouse=Path(inv.wheelhouse) if inv.wheelhouse else None, progress=progress,
             # a remote builder's next layer pulls its parent: push each one as soon as it passed
-            after_layer=push_layer if inv.builder and inv.push else None,
+            after_layer=pusher.push if inv.builder and inv.push else None,
         )  # fmt: skip
     finally:
         progress.close()
     if inv.push:
         for s in plan.chain:
-            push_layer(s)
-    out.print(summary_table(outcomes, time.monotonic() - started))
-    if plan.final_tag:
-        out.print(
-            f"final image: [bold]{plan.final_tag}[/]  (validate it: invoke validate --arch {plan.arch} --stack {plan.stack})"
-        )
+            pusher.push(s)
+    return plan, outcomes
 
 
-def _invocation(
+class _Pusher:
+    """Pushes a layer's tags once each, logging to push.log (started afresh by each build)."""
+
+    def __init__(self, eng: Engine, log: Path) -> None:
+        self.eng, self.log, self.pushed = eng, log, set()
+        log.unlink(missing_ok=True)
+
+    def push(self, step) -> None:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with self.log.open("a") as fh:
+            for ref in (step.hash_tag, *step.moving_tags):
+                if ref not in self.pushed:
+                    out.print(f"pushing {ref}")
+                    self.eng.push(ref, fh)
+                    self.pushed.add(ref)
+
+
+def build_invocation(
     recipes: Recipes, ws: Workspace, arch, stack, only, sets, base_image, wheelhouse, ca_cert,
     engine, jobs, namespace,
 ) -> Invocation:  # fmt: skip
     """Check the options a user gave (before anything runs) and fill in the defaults."""
     from ..build import Invocation
-    from ..engine import check_engine_name
 
-    check_engine_name(engine)
-    jobs = whole_number("--jobs", jobs) if jobs is not None else hostinfo.default_jobs()
+    jobs = jobs if jobs is not None else hostinfo.default_jobs()
     arch, stack = choose_target(recipes, arch, stack)
     if wheelhouse is None and any(ws.wheelhouse.glob("*.whl")):
         wheelhouse = ws.wheelhouse
@@ -199,9 +224,6 @@ def _invocation(
         ca_cert = HOST_CA_BUNDLE
     elif ca_cert == "none":
         ca_cert = None
-    for path, flag in ((wheelhouse, "--wheelhouse"), (ca_cert, "--ca-cert")):
-        if path and not Path(path).exists():
-            raise UserError(f"{flag} {path}: no such file or folder")
     return Invocation(
         arch=arch, stack=stack, sets=list(sets or []), only=only, base_image=base_image,
         wheelhouse=str(Path(wheelhouse).resolve()) if wheelhouse else None,
@@ -210,7 +232,7 @@ def _invocation(
     )  # fmt: skip
 
 
-def _local_defaults(
+def local_defaults(
     inv: Invocation,
     recipes: Recipes,
     ws: Workspace,
@@ -236,7 +258,8 @@ def _local_defaults(
     return Invocation(**{**inv.__dict__, "base_image": local})
 
 
-def _connect_for_plan(name: str, quiet: bool) -> Engine | None:
+def connect_for_plan(name: str, quiet: bool) -> Engine | None:
+    """The engine a plan asks what is cached, or None (said unless quiet) where none answers."""
     from ..engine import connect
 
     try:
@@ -251,9 +274,9 @@ def _dry_run(inv: Invocation, recipes: Recipes, ws: Workspace, as_json: bool, la
     from ..build import build_requests, plan_build
     from ..plan import stack_options
 
-    eng = _connect_for_plan(inv.engine, quiet=as_json)
+    eng = connect_for_plan(inv.engine, quiet=as_json)
     if eng is not None:
-        inv = _local_defaults(inv, recipes, ws, eng, given_base=inv.base_image is not None)
+        inv = local_defaults(inv, recipes, ws, eng, given_base=inv.base_image is not None)
     notes: list[str] = []
     plan, known = plan_build(inv, recipes, ws, eng, notes)
     for note in notes:

@@ -3,18 +3,31 @@
 from __future__ import annotations
 
 import json as jsonlib
+import re
 from typing import TYPE_CHECKING
 
 from invoke.exceptions import Exit
 
 from ..console import out, user_errors
+from ..errors import UserError
 from ..workspace import Workspace
-from . import ENGINE, command, text
+from . import ENGINE, Opt, command, nonempty, text
 
 if TYPE_CHECKING:  # the library is imported where a task uses it (attnforge/cli/__init__.py)
     from rich.table import Table
 
     from .. import doctor as core
+
+ARCH_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:+-]*")
+
+
+def _arch_name(flag: str, value: str) -> str:
+    if not ARCH_NAME.fullmatch(nonempty(flag, value)):
+        raise UserError(
+            f"{flag} {value!r}: not an arch name (letters, digits and _ . : + -, e.g. gfx1151)"
+        )
+    return value
+
 
 STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "info": "dim"}
 
@@ -34,8 +47,9 @@ def rows_table(rows: list[core.Row]) -> Table:
 
 
 @command(
-    # --arch stays free text: an arch the recipes do not know is one of doctor's own findings
-    options={"arch": text("ARCH"), "engine": ENGINE, "registry": text("HOST")},
+    # --arch is not checked against the recipes: an arch they do not know is one of doctor's own
+    # findings; a value that cannot be an arch name at all is refused like any other bad option
+    options={"arch": Opt("ARCH", _arch_name), "engine": ENGINE, "registry": text("HOST")},
     writes=("build",),
     help={
         "arch": "also check this arch: do the recipes build it, does it match the host's GPU",
@@ -53,10 +67,8 @@ def doctor(c, arch=None, engine="docker", registry=None, json=False, debug=False
     from rich.markup import escape
 
     from .. import doctor as core
-    from ..engine import check_engine_name
     from ..recipes import load_recipes
 
-    check_engine_name(engine)
     ws = Workspace.discover()
     recipes = core.RecipeFacts.of(load_recipes(ws.root))
     facts = core.gather(engine, ws.build_dir, registry)

@@ -3,11 +3,7 @@ held against it."""
 
 from __future__ import annotations
 
-import functools
 import json as jsonlib
-import os
-import shlex
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -16,118 +12,23 @@ from pathlib import Path
 from invoke.exceptions import Exit
 
 from ..console import out, user_errors
-from ..engine import RunRequest, connect
+from ..engine import connect
 from ..errors import UserError
 from ..workspace import VALIDATED, Workspace
 from . import (
     ARCH,
+    CA_CERT,
     ENGINE,
     IN_DIR,
+    INTERPRETER,
     NAMESPACE,
     OUT_DIR,
     STACK,
     Opt,
-    _existing,
     choose_target,
     command,
-    text,
+    nonempty,
 )
-
-
-@functools.cache
-def probe_source() -> str:
-    """envprobe's source, read when a probe runs (the library is imported where a task uses it:
-    attnforge/cli/__init__.py)."""
-    from ..image import envprobe
-
-    return Path(envprobe.__file__).read_text()
-
-
-def validated_image(
-    ws: Workspace, recipes, eng, arch: str, stack: str, namespace: str
-) -> tuple[str, str, dict]:
-    """(final tag, image id, validation stamp) of a stack whose final image passed `invoke
-    validate`; the same refusals as `invoke publish`."""
-    from ..multiarch import ArchSet
-    from ..plan import Options, resolve
-
-    final = resolve(recipes, arch, stack, Options(namespace=namespace)).final_tag
-    final_id = eng.image_id(final) if final else None
-    if final_id is None:
-        raise UserError(f"no image {final}", hint=f"invoke build --arch {arch} --stack {stack}")
-    from .publish import set_validation, single_validation
-
-    if isinstance(recipes.arches[arch], ArchSet):  # every arch of the set passed on this image
-        return final, final_id, set_validation(ws, recipes.arches[arch], stack, final, final_id)
-    return final, final_id, single_validation(ws, arch, stack, final, final_id, done="exported")
-
-
-def probe_image(eng, image: str, *flags: str) -> dict:
-    """envprobe's document for the image's Python (the script goes in on stdin)."""
-    proc = eng.run(
-        RunRequest(image=image, command=["python3", "-", *flags], stdin=True, network="none"),
-        input=probe_source(),
-        timeout=600,
-    )
-    if proc.returncode != 0:
-        raise UserError(f"probing the Python of {image} failed: {proc.stderr.strip()[-500:]}")
-    return jsonlib.loads(proc.stdout)
-
-
-def fetch_in_image(
-    eng,
-    image: str,
-    dest: Path,
-    specs: list[str],
-    wheelhouse: Path | None,
-    ca_cert: Path | None,
-    indexes: list[str] = (),
-) -> subprocess.CompletedProcess[str]:
-    """In the image (its pip, Python and platform): copy out its kernels sources and the wheels
-    a source build kept, and download the pinned wheels no local folder had, with the index
-    pip resolved each from (pip's --report)."""
-    from .. import export as core
-
-    script = [
-        "set -e",
-        "cp -r /opt/attnforge/src /out/src",
-        f"mkdir -p /out/built && if [ -d {core.IMAGE_WHEELS} ]; then cp {core.IMAGE_WHEELS}/*.whl /out/built/ 2>/dev/null || true; fi",
-    ]
-    if specs:
-        (dest / "specs.txt").write_text("\n".join(specs) + "\n")
-        links = "--find-links /wheelhouse" if wheelhouse else ""
-        # the indexes the stack's layers install from (AMD's, PyTorch's), beside PyPI; one retry,
-        # so that an index this network cannot reach costs seconds, not minutes (a wheel that is
-        # then missing is named below; a wrong one never matches the installed RECORD)
-        links += "".join(f" --extra-index-url {shlex.quote(url)}" for url in indexes)
-        script += [
-            "if [ -s /run/ca.crt ]; then export PIP_CERT=/run/ca.crt; fi",
-            f"pip install -q --retries 1 --dry-run --ignore-installed --no-deps --only-binary=:all: {links} --report /out/report.json -r /out/specs.txt",
-            f"pip download -q --retries 1 --no-deps --only-binary=:all: {links} -d /out/downloaded -r /out/specs.txt",
-        ]
-    mounts = [(dest, "/out", False)]
-    if wheelhouse:
-        mounts.append((wheelhouse, "/wheelhouse", True))
-    if ca_cert:
-        mounts.append((ca_cert, "/run/ca.crt", True))
-    req = RunRequest(
-        image=image, command=["bash", "-c", "\n".join(script)], mounts=mounts,
-        env={"HOME": "/tmp", "PIP_CACHE_DIR": "/tmp/pip-cache"},
-        extra=["--user", f"{os.getuid()}:{os.getgid()}"],
-    )  # fmt: skip
-    return eng.run(req, timeout=1800)
-
-
-def _replace_dir(tmp: Path, target: Path) -> None:
-    """Move a finished export into place; the last one is removed only after."""
-    old = target.with_name(f".{target.name}.old")
-    if old.exists():
-        shutil.rmtree(old)
-    if target.exists():
-        os.replace(target, old)
-    os.replace(tmp, target)
-    if old.exists():
-        shutil.rmtree(old)
 
 
 @command(
@@ -137,7 +38,7 @@ def _replace_dir(tmp: Path, target: Path) -> None:
         "output": OUT_DIR,
         "namespace": NAMESPACE,
         "wheelhouse": IN_DIR,
-        "ca_cert": text("FILE"),
+        "ca_cert": CA_CERT,
         "engine": ENGINE,
     },  # fmt: skip
     writes=("build",),
@@ -157,186 +58,27 @@ def export(c, arch=None, stack=None, output=None, namespace="attnforge", wheelho
            ca_cert=None, engine="docker", debug=False):  # fmt: skip
     """Write a validated stack's exact wheels, hashes, environment and verdict for a venv."""
     from .. import export as core
+    from ..plan import resolve
     from ..recipes import load_recipes
+    from ..validation import validated_image
 
     ws = Workspace.discover()
     recipes = load_recipes(ws.root)
     arch, stack = choose_target(recipes, arch, stack)
     eng = connect(engine)
-    final, final_id, record = validated_image(ws, recipes, eng, arch, stack, namespace)
-    house = Path(wheelhouse) if wheelhouse else ws.wheelhouse
-    if wheelhouse and not house.is_dir():
-        raise UserError(f"--wheelhouse {wheelhouse}: no such folder")
-    ca = _ca_cert(ca_cert)
+    final, final_id, record = validated_image(ws, recipes, eng, arch, stack, namespace, "exported")
+    job = core.ExportJob(
+        arch=arch, stack=stack, image=final, image_id=final_id, record=record,
+        wheelhouse=Path(wheelhouse) if wheelhouse else ws.wheelhouse,
+        ca_cert=core.ca_bundle(ca_cert), indexes=core.stack_indexes(resolve(recipes, arch, stack)),
+    )  # fmt: skip
     target = Path(output) if output else ws.build_dir / "export" / arch / stack
-    target.parent.mkdir(parents=True, exist_ok=True)
-
     out.print(f"exporting the validated {final} ({final_id[:19]})", markup=False)
-    probe = probe_image(eng, final, "--records")
-    dists, broken = core.dists_of(probe)
-    if broken:
-        raise UserError(f"{final} has damaged metadata: {'; '.join(broken)}")
-    dists = sorted((d for d in dists if d.key not in core.TOOLING), key=lambda d: d.key)
-
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    tmp.chmod(0o755)  # mkdtemp makes it private; an export is for users to read
-    try:
-        wheels_dir = tmp / core.WHEELS
-        wheels_dir.mkdir()
-        chosen: dict[str, tuple[Path, str]] = {}
-        for d in dists:
-            for cand in core.candidate_wheels(d.name, d.version, [house]):
-                if core.wheel_matches(cand, d.record):
-                    chosen[d.key] = (cand, f"wheelhouse {house}")
-                    break
-        fetch = tmp / ".fetch"
-        fetch.mkdir()
-        specs = [f"{d.key}=={d.version}" for d in dists if d.key not in chosen]
-        proc = fetch_in_image(eng, final, fetch, specs, house if house.is_dir() else None, ca,
-                              stack_indexes(recipes, arch, stack))  # fmt: skip
-        if proc.returncode != 0:
-            raise UserError(
-                f"fetching wheels in {final} failed: {(proc.stderr or proc.stdout).strip()[-800:]}"
-            )
-        urls = _report_urls(fetch / "report.json")
-        for d in dists:
-            if d.key in chosen:
-                continue
-            for folder, source in ((fetch / "built", f"built in the image ({core.IMAGE_WHEELS})"),
-                                   (fetch / "downloaded", None)):  # fmt: skip
-                for cand in core.candidate_wheels(d.name, d.version, [folder]):
-                    if core.wheel_matches(cand, d.record):
-                        chosen[d.key] = (cand, source or urls.get(cand.name, "downloaded by pip"))
-                        break
-                if d.key in chosen:
-                    break
-        unmatched = [f"{d.key}=={d.version}" for d in dists if d.key not in chosen]
-        from_source = [
-            f"{d.key}=={d.version}" for d in dists
-            if d.key not in chosen and "dir_info" in (d.direct_url or {})
-        ]  # fmt: skip
-        if from_source:
-            raise UserError(
-                f"{', '.join(from_source)} {'was' if len(from_source) == 1 else 'were'} built from a "
-                f"source tree in {final} and no wheel of it was kept in {core.IMAGE_WHEELS}; "
-                "nothing was exported",
-                hint="rebuild that layer with a Dockerfile that keeps its wheel there "
-                "(dockerfiles/pytorch-source.Dockerfile does)",
-            )
-        if unmatched:
-            raise UserError(
-                f"no wheel whose files match what {final} installed was found for "
-                f"{', '.join(unmatched)}; nothing was exported",
-                hint=f"put those wheels in {house} (or pass --wheelhouse) and run it again",
-            )
-        entries = []
-        for d in dists:
-            path, source = chosen[d.key]
-            shutil.copy2(path, wheels_dir / path.name)
-            entries.append(core.wheel_entry(d, wheels_dir / path.name, source))
-        kernels = core.kernels_wheel(fetch / "src", wheels_dir)
-        entries.append({
-            "name": core.KERNELS_DIST, "version": kernels.name.split("-")[1],
-            "local": core.local_label(kernels.name.split("-")[1]), "filename": kernels.name,
-            "sha256": core.sha256_file(kernels), "source": f"built by attnforge from {final}:/opt/attnforge/src",
-        })  # fmt: skip
-        shutil.rmtree(fetch)
-        manifest = {
-            "kind": core.EXPORT_KIND, "version": core.EXPORT_VERSION, "arch": arch, "stack": stack,
-            "image": final, "image_id": final_id, "python": probe["python"],
-            "env": probe["env"], "validation": record,
-            "verdict": "passed" if record.get("passed") else "failed",
-            "wheels": entries,
-        }  # fmt: skip
-        (tmp / core.MANIFEST).write_text(jsonlib.dumps(manifest, indent=2) + "\n")
-        (tmp / core.REQUIREMENTS).write_text(core.requirements_text(manifest))
-        (tmp / core.PYLOCK).write_text(core.pylock_text(manifest))
-        (tmp / core.ENV_FILE).write_text(core.env_text(manifest))
-        (tmp / "README.md").write_text(_readme(manifest, target.resolve()))
-        _replace_dir(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    out.print(
-        _readme(manifest, target.resolve()).split("## Install", 1)[1].strip(),
-        markup=False,
-        highlight=False,
-    )
-    out.print(f"[green]exported[/] {len(entries)} wheels of the validated {final} to {target}")
-
-
-def stack_indexes(recipes, arch: str, stack: str) -> list[str]:
-    """The package indexes the stack's layers name (*_INDEX_URL args and hints)."""
-    from ..plan import resolve
-
-    plan = resolve(recipes, arch, stack)
-    return sorted({
-        str(v) for s in plan.steps for k, v in {**s.args, **s.hint_args}.items()
-        if k.endswith("INDEX_URL") and v
-    })  # fmt: skip
-
-
-def _ca_cert(value: str | None) -> Path | None:
-    if value == "none":
-        return None
-    path = Path(value or "/etc/ssl/certs/ca-certificates.crt")
-    if value and not path.is_file():
-        raise UserError(f"--ca-cert {value}: no such file (pass a CA bundle, or 'none')")
-    return path if path.is_file() else None
-
-
-def _report_urls(report: Path) -> dict[str, str]:
-    """wheel file name -> the URL pip resolved it from, out of `pip install --report`."""
-    if not report.is_file():
-        return {}
-    found = {}
-    for item in jsonlib.loads(report.read_text()).get("install", []):
-        url = (item.get("download_info") or {}).get("url", "")
-        if url:
-            found[url.rsplit("/", 1)[-1].split("#")[0].replace("%2B", "+")] = url.split("#")[0]
-    return found
-
-
-def _readme(m: dict, where: Path) -> str:
-    from .. import export as core
-
-    py = m["python"]
-    env = ", ".join(f"{k}={v}" for k, v in m["env"].items() if v) or "none"
-    return f"""# {m["stack"]} for {m["arch"]}, as validated
-
-Image {m["image"]} ({m["image_id"]}), validation {m["verdict"]} (exit {m["validation"].get("exit")}).
-Its wheels are built for Python {py["version"]} ({py["tag"]}, {py["platform"]}): use a Python of
-that version.
-
-## Install
-
-python{py["version"].rsplit(".", 1)[0]} -m venv ~/attn-venv
-{core.install_command(m, "~/attn-venv/bin/python", f"{where}/")}
-. {where}/{core.ENV_FILE}     # the environment the image sets: {env}
-invoke verify-env --python ~/attn-venv/bin/python --against {where}
-
-{_built_here(m)}pip 26.3 also installs from the PEP 751 lock ({core.PYLOCK}; experimental in pip): run
-`~/attn-venv/bin/python -m pip install --no-index -r {core.PYLOCK}` inside {where}.
-"""
-
-
-def _built_here(m: dict) -> str:
-    """The wheels a source-built layer compiled in the image: each for one Python and platform."""
-    from packaging.utils import parse_wheel_filename
-
-    built = [w for w in m["wheels"] if w["source"].startswith("built in the image")]
-    if not built:
-        return ""
-    lines = ["Built from source in the image (each wheel runs only on the Python and platform its",
-             "name carries; the requirements install them too):", ""]  # fmt: skip
-    for w in built:
-        _, _, _, tags = parse_wheel_filename(w["filename"])
-        tag = sorted(tags, key=str)[0]
-        py = m["python"]["version"].rsplit(".", 1)[0]
-        lines.append(f"  # {w['name']} {w['version']}: {tag.interpreter}, {tag.platform}")
-        lines.append(f"  echo '{w['sha256']}  wheels/{w['filename']}' | sha256sum -c")
-        lines.append(f"  python{py} -m pip install --no-deps wheels/{w['filename']}")
-    return "\n".join(lines) + "\n\n"
+    manifest = core.write_export(eng, job, target)
+    install = core.readme_text(manifest, target.resolve()).split("## Install", 1)[1].strip()
+    out.print(install, markup=False, highlight=False)
+    out.print(f"[green]exported[/] {len(manifest['wheels'])} wheels of the validated {final} "
+              f"to {target}")  # fmt: skip
 
 
 def verdict_text(code: int) -> str:
@@ -383,6 +125,7 @@ def load_against(ws: Workspace, against: str, engine: str) -> tuple[dict, Path |
 
 def _image_manifest(engine: str, image: str, record: dict | None) -> dict:
     from .. import export as core
+    from ..probing import probe_image
 
     eng = connect(engine)
     image_id = eng.image_id(image)
@@ -396,8 +139,13 @@ def _image_manifest(engine: str, image: str, record: dict | None) -> dict:
 @command(
     name="verify-env",
     options={
-        "python": Opt("PYTHON", _existing("file"), kind="in_file"),
-        "against": text("EXPORT|REPORT|IMAGE"),
+        "python": INTERPRETER,
+        "against": Opt(
+            "EXPORT|REPORT|IMAGE",
+            nonempty,
+            required=True,
+            needs="--against is needed: an export folder, a report.json or an image",
+        ),
         "engine": ENGINE,
     },
     help={
@@ -414,21 +162,12 @@ def verify_env(c, against=None, python=None, validate=False, json=False, engine=
                debug=False):  # fmt: skip
     """Compare a Python environment with a validated stack; exit 0 same, 1 differs, 3 differs and fails validation."""
     from .. import export as core
+    from ..probing import probe_python
 
-    if not against:
-        raise UserError("--against is required: an export folder, a report.json or an image")
     ws = Workspace.discover()
     python = python or sys.executable
-    if not (Path(python).is_file() and os.access(python, os.X_OK)):
-        raise UserError(f"--python {python}: no such interpreter")
     manifest, export_dir = load_against(ws, against, engine)
-    proc = subprocess.run(
-        [python, "-", "--verify"], input=probe_source(), capture_output=True, text=True,
-        cwd=tempfile.gettempdir(),  # not the tree: its packages would shadow the environment's
-    )  # fmt: skip
-    if proc.returncode != 0:
-        raise UserError(f"probing {python} failed: {proc.stderr.strip()[-500:]}")
-    probe = jsonlib.loads(proc.stdout)
+    probe = probe_python(python, "--verify")
     diffs = core.compare(manifest, probe, export_dir.resolve() if export_dir else None)
     verdict_doc = None
     if validate:

@@ -19,7 +19,7 @@ from ..console import out, user_errors
 from ..errors import UserError
 from ..files import swap_folder, write_aside
 from ..workspace import REPORTS_DIR_ENV, Workspace
-from . import OUT_DIR, choice, command, text, writable_folder
+from . import OUT_DIR, Opt, choice, command, nonempty, text, writable_folder
 
 if TYPE_CHECKING:  # the library is imported where a task uses it (attnforge/cli/__init__.py)
     from .. import matrix
@@ -91,6 +91,14 @@ def kept_copy(path: Path) -> bool:
         return True
     return folder.parent.name == baseline_store.PUBLISHED and any(
         (folder.parent.parent / name).is_file() for name in ("report.json", "publish.json"))  # fmt: skip
+
+
+def _existing_paths(flag: str, value: str) -> str:
+    """One --reports value (a comma list of files or folders): every one exists."""
+    for part in (p.strip() for p in nonempty(flag, value).split(",")):
+        if part and not Path(part).exists():
+            raise UserError(f"{flag} {part}: no such file or folder", hint=WHAT)
+    return value
 
 
 def find(paths: list[Path], skip: Path | None = None) -> list[tuple[Path | None, Path | None]]:
@@ -213,7 +221,7 @@ def write(output: Path, page: str, markdown: str, staged_reports: Path | None) -
 
 @command(
     options={
-        "reports": text("FILE", positional=True, repeatable=True),
+        "reports": Opt("FILE", _existing_paths, positional=True, repeatable=True),
         "output": OUT_DIR,
         "shape": text("SHAPE"),
         "mode": choice("MODE", names.MODES),

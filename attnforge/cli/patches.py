@@ -9,7 +9,6 @@ from invoke.exceptions import Exit
 from attnforge import patches
 from attnforge.cli import IN_DIR, Opt, command, text
 from attnforge.console import user_errors
-from attnforge.errors import UserError
 from attnforge.workspace import Workspace
 
 
@@ -143,8 +142,6 @@ def ledger(c, layer=None, ref=None, offline=None, json=False, debug=False):
     from attnforge.pins.upstream import Sources
     from attnforge.recipes import load_recipes
 
-    if offline and not Path(offline).is_dir():
-        raise UserError(f"--offline {offline}: no such folder")
     found = patch_ledger.status(
         load_recipes(Workspace.discover().root), Sources(Path(offline) if offline else None),
         layer=layer, ref=ref,

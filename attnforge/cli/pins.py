@@ -15,12 +15,18 @@ from ..console import out, user_errors
 from ..errors import UserError
 from ..pins.channels import CHANNELS, DEFAULT_ARCH
 from ..workspace import Workspace
-from . import ARCH, ENGINE, IN_DIR, IN_FILE, STACK, command, text
+from . import ARCH, ENGINE, IN_DIR, IN_FILE, STACK, Opt, command, text
 
 if TYPE_CHECKING:  # the library is imported where a task uses it (attnforge/cli/__init__.py)
     from rich.table import Table
 
     from ..pins import upstream as pinlib
+
+
+def _channel(flag: str, value: str) -> str:
+    if value not in CHANNELS:
+        raise UserError(f"{flag} {value}: expected one of {', '.join(CHANNELS)}")
+    return value
 
 
 def status_style() -> dict[str, str]:
@@ -87,8 +93,6 @@ def check(c, arch=None, stack=None, offline=None, python=None, engine="docker", 
     ws = Workspace.discover()
     recipes = load_recipes(ws.root)
     digest_of = pinlib.engine_digest(check_engine_name(engine))
-    if offline is not None and not Path(offline).is_dir():
-        raise UserError(f"--offline {offline}: no such folder (layout: docs/pins.md)")
     sources = pinlib.Sources(Path(offline) if offline else None, cache=ws.build_dir / "pins-cache")
     pairs = pinlib.targets(recipes, arch, stack)
     findings = pinlib.check(recipes, pairs, sources, python=python, digest_of=digest_of)
@@ -114,9 +118,17 @@ def check(c, arch=None, stack=None, offline=None, python=None, engine="docker", 
         raise Exit(code=1)
 
 
+NEEDS_CHANNEL = f"--channel (not given): expected one of {', '.join(CHANNELS)}"
+
+
 @command(
     options={
-        "channel": text("|".join(CHANNELS).upper()),
+        "channel": Opt(
+            "|".join(CHANNELS).upper(),
+            _channel,
+            kind="choice",
+            choices=CHANNELS,
+        ),
         "offline": IN_DIR,
         "python": text("X.Y"),
         "arch": text("ARCH"),
@@ -151,15 +163,10 @@ def update(
 
     if observed is not None:
         return _update_observed(Path(observed), json)
-    if channel not in pin_update.CHANNELS:
-        raise UserError(
-            f"--channel {channel or '(not given)'}: expected one of "
-            f"{', '.join(pin_update.CHANNELS)}"
-        )
+    if channel is None:  # needed unless --observed, so not a required option
+        raise UserError(NEEDS_CHANNEL)
     ws = Workspace.discover()
     recipes = load_recipes(ws.root)
-    if offline is not None and not Path(offline).is_dir():
-        raise UserError(f"--offline {offline}: no such folder (layout: docs/pins.md)")
     index = pinlib.IndexSource(Path(offline) if offline else None)
     feed, problem = None, "none saved under --offline"
     if channel == "nightly":

@@ -6,18 +6,13 @@ import contextlib
 import json
 import os
 import socket
-from typing import TYPE_CHECKING
 
 from ..console import out, user_errors
-from ..engine import RunRequest, connect
+from ..engine import connect
 from ..errors import UserError
 from ..files import write_aside
-from ..workspace import VALIDATED, Workspace
+from ..workspace import Workspace
 from . import ARCH, ENGINE, NAMESPACE, STACK, Opt, choose_target, command
-from .export import probe_image
-
-if TYPE_CHECKING:  # the library is imported where a task uses it (attnforge/cli/__init__.py)
-    from .. import multiarch
 
 
 def publish_refs(
@@ -35,7 +30,13 @@ def publish_refs(
 
 @command(
     options={
-        "to": Opt("REGISTRY/NAMESPACE", NAMESPACE.check, kind="namespace"),
+        "to": Opt(
+            "REGISTRY/NAMESPACE",
+            NAMESPACE.check,
+            required=True,
+            kind="namespace",
+            needs="--to is needed: the registry namespace to push to, e.g. ghcr.io/org/attnforge",
+        ),  # fmt: skip
         "arch": ARCH,
         "stack": STACK,
         "namespace": NAMESPACE,
@@ -54,27 +55,15 @@ def publish_refs(
 @user_errors
 def publish(c, to=None, arch=None, stack=None, namespace="attnforge", engine="docker", debug=False):
     """Push every layer of a validated stack (content and moving tags); refuse an unvalidated one."""
-    from .. import multiarch
     from ..baseline.store import snapshot_published
-    from ..plan import Options, resolve
     from ..recipes import load_recipes
+    from ..validation import validated_image
 
-    if not to:
-        raise UserError(
-            "--to is required: the registry namespace to push to (e.g. ghcr.io/org/attnforge)"
-        )
     ws = Workspace.discover()
     recipes = load_recipes(ws.root)
     arch, stack = choose_target(recipes, arch, stack)
-    final = resolve(recipes, arch, stack, Options(namespace=namespace)).final_tag
     eng = connect(engine)
-    final_id = eng.image_id(final) if final else None
-    if final_id is None:
-        raise UserError(f"no image {final}", hint=f"invoke build --arch {arch} --stack {stack}")
-    if isinstance(recipes.arches[arch], multiarch.ArchSet):
-        record = set_validation(ws, recipes.arches[arch], stack, final, final_id)
-    else:
-        record = single_validation(ws, arch, stack, final, final_id)
+    final, final_id, record = validated_image(ws, recipes, eng, arch, stack, namespace)
     lineage = json.loads(eng.labels(final).get("org.attnforge.lineage", "[]"))
     if not lineage:
         raise UserError(f"{final} has no org.attnforge.lineage label: was it built by attnforge?")
@@ -158,14 +147,10 @@ def attestation_facts(ws, eng, recipes, arch, stack, namespace, final, final_id,
     from (each layer's BuildInput, matched to the image's lineage by cache key)."""
     from ..baseline.store import sha256_file
     from ..plan import Options, resolve
+    from ..probing import dpkg_status, probe_image
 
     probe = probe_image(eng, final)
-    dpkg = eng.run(RunRequest(image=final, command=["cat", "/var/lib/dpkg/status"], network="none"),
-                   timeout=300)  # fmt: skip
-    if dpkg.returncode != 0:
-        raise UserError(
-            f"no SBOM: reading /var/lib/dpkg/status in {final} failed; nothing was published"
-        )
+    dpkg = dpkg_status(eng, final)
     plan = resolve(recipes, arch, stack, Options(namespace=namespace))
     by_key = {s.hash: s.input.to_json() for s in plan.steps if s.input is not None}
     kept = {}
@@ -190,7 +175,7 @@ def attestation_facts(ws, eng, recipes, arch, stack, namespace, final, final_id,
         if doc.get("image_id") == final_id:
             wheel_hashes = {w["name"]: w["sha256"] for w in doc["wheels"]}
     report = ws.reports_for(arch, stack) / "report.json"
-    return {"probe": probe, "dpkg": dpkg.stdout, "inputs": inputs, "lineage": lineage,
+    return {"probe": probe, "dpkg": dpkg, "inputs": inputs, "lineage": lineage,
             "wheel_hashes": wheel_hashes, "invocation": {"arch": arch, "stack": stack},
             "report_sha256": sha256_file(report) if report.is_file() else None}  # fmt: skip
 
@@ -218,52 +203,6 @@ def attach_attestations(final_ref: str, refs: list[dict], facts: dict, record: d
         found[key] = {"ref": ref, "digest": manifest_digest,
                       "content_sha256": ociregistry.sha256_digest(payload)}  # fmt: skip
     return found
-
-
-def single_validation(
-    ws: Workspace, arch: str, stack: str, final: str, final_id: str, done: str = "published"
-) -> dict:
-    """The stamp `invoke validate` left for this very image, or a UserError saying why not and
-    that the image is not `done` with (published, exported)."""
-    stamp = ws.validated_stamp(arch, stack)
-    if not stamp.exists():
-        raise UserError(
-            f"{final} was never validated here; it is not {done}",
-            hint=f"invoke validate --arch {arch} --stack {stack}",
-        )
-    record = json.loads(stamp.read_text())
-    if record.get("image_id") != final_id:
-        raise UserError(
-            f"{final} changed since it was validated (validated {str(record.get('image_id'))[:19]}, now {final_id[:19]}); it is not {done}",
-            hint=f"invoke validate --arch {arch} --stack {stack}",
-        )
-    if not record.get("passed"):
-        raise UserError(
-            f"{final} failed validation (exit {record.get('exit')}); it is not {done}",
-            hint=f"see {ws.reports_for(arch, stack) / 'report.md'}",
-        )
-    return record
-
-
-def set_validation(
-    ws: Workspace, arch: multiarch.ArchSet, stack: str, final: str, final_id: str
-) -> dict:
-    """One image for several arches is published only when every member passed on it."""
-    from .. import multiarch
-
-    reports = ws.reports_for(arch.name, stack)
-    stamps = {}
-    for m in arch.members:
-        path = multiarch.member_reports(reports, m.name) / VALIDATED
-        stamps[m.name] = json.loads(path.read_text()) if path.is_file() else None
-    why = multiarch.publish_refusals(final_id, stamps)
-    if why:
-        raise UserError(
-            f"{final} is not published: {'; '.join(why)}",
-            hint=f"run `invoke validate --arch {arch.name} --stack {stack}` on a GPU of each "
-            "arch it lists",
-        )
-    return {"image": final, "image_id": final_id, "passed": True, "members": stamps}
 
 
 def pull_lines(manifest: dict) -> str:

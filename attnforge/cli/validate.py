@@ -18,8 +18,10 @@ from . import (
     ENGINE,
     NAMESPACE,
     STACK,
+    Opt,
     choose_target,
     command,
+    nonempty,
     number,
     text,
     writable_folder,
@@ -67,6 +69,37 @@ def stress_workloads(values: list[str], known: list[str]) -> list[str]:
     return picked
 
 
+def _stress(flag: str, value: str) -> str:
+    """One --stress value (a workload or a comma list of them), checked against the tree's."""
+    nonempty(flag, value)
+    stress_workloads([value], workload_names(Workspace.discover().root))
+    return value
+
+
+def _bench_backend(flag: str, value: str) -> str:
+    nonempty(flag, value)
+    bench_backends([value])
+    return value
+
+
+def _baseline(flag: str, value: str) -> str:
+    """--baseline: a report folder, report.json or bench.json is read now; an image is looked up
+    by the task, which asks the engine."""
+    from ..baseline import gate
+    from ..baseline import store as baseline_store
+
+    nonempty(flag, value)
+    if not baseline_store.looks_like_image(value):
+        try:
+            gate.load_bench(gate.bench_file(value))
+        except gate.BaselineError as exc:
+            raise UserError(f"{flag}: {exc}") from None
+    return value
+
+
+BENCH_ONLY = ", which runs the benchmark it is about"
+
+
 def print_summary(report_path: Path) -> None:
     """Print the suite's Markdown summary up to its first collapsed details block (the full text,
     which CI puts in a step summary, stays in report.md)."""
@@ -85,12 +118,13 @@ def print_summary(report_path: Path) -> None:
         "timeout": number("SECONDS"),
         "engine": ENGINE,
         "namespace": NAMESPACE,
-        "stress": text("WORKLOAD[,WORKLOAD...]", repeatable=True),
+        "stress": Opt("WORKLOAD[,WORKLOAD...]", _stress, repeatable=True),
         "stress_iters": number("N"),
-        "baseline": text("PATH|IMAGE"),
-        "bench_backend": text("BACKEND[,BACKEND...]", repeatable=True),
+        "baseline": Opt("PATH|IMAGE", _baseline),
+        "bench_backend": Opt("BACKEND[,BACKEND...]", _bench_backend, repeatable=True),
     },  # fmt: skip
     writes=("reports",),
+    goes_with={"baseline": ("bench", BENCH_ONLY), "bench_backend": ("bench", BENCH_ONLY)},
     help={
         "arch": "arch of the image to validate (default: the host's AMD GPU, else cpu)",
         "stack": "stack whose final image to validate (default: as for build)",
@@ -125,65 +159,21 @@ def validate(
     beside the report; --bench compares with the baseline and fails below the stack's gates. The
     last report stays in place until this run has written a complete new one; so do the last
     bench and stress documents, and the kept baseline moves only after a run that passed."""
-    from ..baseline import store as baseline_store
-    from ..engine import LocalEngine, check_engine_name, connect
-    from ..plan import Options, resolve
     from ..recipes import load_recipes
-    from ..validation import (
-        device_flags,
-        execute,
-        plan_validation,
-        report_target,
-        stack_gates,
-        thread_env,
-        tool_runs,
-    )
+    from ..validation import execute, tool_runs
 
     ws = Workspace.discover()
     recipes = load_recipes(ws.root)
     arch, stack = choose_target(recipes, arch, stack)
     timeout = timeout or 0
-    iters = stress_iters
     workloads = stress_workloads(list(stress or []), workload_names(ws.root) if stress else [])
-    if (baseline or bench_backend) and not bench:
-        flag = "--baseline" if baseline else "--bench-backend"
-        raise UserError(f"{flag} goes with --bench, which runs the benchmark it is about",
-                        hint=f"invoke validate --arch {arch} --bench {flag} ...")  # fmt: skip
     runs = tool_runs(
         bench, workloads, quick, tiny=recipes.arches[arch].vendor == "cpu", timeout=timeout,
-        stress_iters=iters or (10 if quick else 100),
+        stress_iters=stress_iters or (10 if quick else 100),
         backends=bench_backends(list(bench_backend or [])),
     )  # fmt: skip
-    check_engine_name(engine)
-    plan = resolve(recipes, arch, stack, Options(namespace=namespace))
-    if plan.blocked_by and not (local or image):
-        first = plan.blocked_by[0]
-        raise UserError(
-            f"stack {stack} has no image for {arch}: layer {first.layer} is unsupported: {first.reason}"
-        )
-    eng = LocalEngine(ws.root) if local else None
-    ref, flags = None, None
-    if not local:  # everything that can fail early, before a file is touched
-        flags = device_flags(recipes.arches[arch].vendor)
-        eng = connect(engine)
-        ref = image or plan.final_tag
-        if not ref or eng.image_id(ref) is None:
-            raise UserError(
-                f"image {ref} not found",
-                hint=f"build it first: invoke build --arch {arch} --stack {stack}",
-            )
-
-    reports, expect = report_target(recipes, plan, ws.reports_for(arch, stack), in_image=not local)
-    base = find_baseline(baseline, reports, ws, engine) if bench else None
-    gates, min_ratio = stack_gates(recipes, stack)
-    from validate.report import new_run_id  # the suite's own: stdlib only
-
-    # In an image: the engine's name, and the host's thread caps (--local inherits them anyway).
-    env = {} if local else {"ATTNFORGE_ENGINE": eng.describe(), **thread_env()}
-    v = plan_validation(
-        reports, expect, image=ref, quick=quick, timeout=timeout, runs=runs, flags=flags, env=env,
-        bench=bench, base=base, gates=gates, min_ratio=min_ratio, run_id=new_run_id(),
-    )  # fmt: skip
+    v, eng, ref = _planned(ws, recipes, arch, stack, image, local, engine, namespace, quick,
+                           timeout, runs, bench, baseline)  # fmt: skip
     if local:
         out.print(f"running the suite on this host: {' '.join(eng.argv(v.suite))}")
     else:
@@ -196,8 +186,56 @@ def validate(
             out.print(f"  {detail}", markup=False, highlight=False)
 
     result = execute(v, eng, progress)
+    _print_outcome(result, v.reports, runs, ws.root)
+    if not result.passed:
+        raise Exit(code=result.code or 1)
+
+
+def _planned(ws, recipes, arch, stack, image, local, engine, namespace, quick, timeout, runs,
+             bench, baseline):  # fmt: skip
+    """(the Validation, its engine, the image) with everything that can fail checked before a
+    file is touched: the plan, the engine, the image, the baseline."""
+    from ..engine import LocalEngine, connect
+    from ..plan import Options, resolve
+    from ..validation import device_flags, plan_validation, report_target, stack_gates, thread_env
+
+    plan = resolve(recipes, arch, stack, Options(namespace=namespace))
+    if plan.blocked_by and not (local or image):
+        first = plan.blocked_by[0]
+        raise UserError(
+            f"stack {stack} has no image for {arch}: layer {first.layer} is unsupported: {first.reason}"
+        )
+    eng = LocalEngine(ws.root) if local else None
+    ref, flags = None, None
+    if not local:
+        flags = device_flags(recipes.arches[arch].vendor)
+        eng = connect(engine)
+        ref = image or plan.final_tag
+        if not ref or eng.image_id(ref) is None:
+            raise UserError(
+                f"image {ref} not found",
+                hint=f"build it first: invoke build --arch {arch} --stack {stack}",
+            )
+    reports, expect = report_target(recipes, plan, ws.reports_for(arch, stack), in_image=not local)
+    base = find_baseline(baseline, reports, ws, engine) if bench else None
+    gates, min_ratio = stack_gates(recipes, stack)
+    from validate.report import new_run_id  # the suite's own: stdlib only
+
+    # In an image: the engine's name, and the host's thread caps (--local inherits them anyway).
+    env = {} if local else {"ATTNFORGE_ENGINE": eng.describe(), **thread_env()}
+    v = plan_validation(
+        reports, expect, image=ref, quick=quick, timeout=timeout, runs=runs, flags=flags, env=env,
+        bench=bench, base=base, gates=gates, min_ratio=min_ratio, run_id=new_run_id(),
+    )  # fmt: skip
+    return v, eng, ref
+
+
+def _print_outcome(result, reports: Path, runs, root: Path) -> None:
+    """The report, the tools' documents, the baseline's comparison and the verdict."""
+    from ..baseline import store as baseline_store
+
     report = reports / "report.json"
-    refresh_page(report, ws.root)
+    refresh_page(report, root)
     print_summary(report)
     out.print(f"report: {report}")
     for t in runs:
@@ -214,8 +252,6 @@ def validate(
         out.print(f"[bold red]validation failed[/] (exit {result.code})")
     for sentence in result.failures:
         out.print(sentence, style="bold red", markup=False, highlight=False)
-    if not result.passed:
-        raise Exit(code=result.code or 1)
 
 
 def render(report: Path, root: Path, html: bool) -> subprocess.CompletedProcess:

@@ -8,14 +8,34 @@ from invoke.exceptions import Exit
 
 from ..console import out, user_errors
 from ..errors import UserError
-from . import IN_FILE, command, text
+from . import IN_FILE, Opt, command, nonempty
 
 NOT_CHECKED = ("signatures not checked: give --key cosign.pub for key-based ones, or run "
                "`cosign verify` for the keyless ones CI makes (docs/ci.md)")  # fmt: skip
 
 
+def _public_key(flag: str, value: str) -> str:
+    """A PEM public key openssl can read (the signature check's own test)."""
+    from ..publish import signature
+
+    IN_FILE.check(flag, value)
+    signature.check_key(Path(value))
+    return value
+
+
 @command(
-    options={"image": text("REGISTRY/REPOSITORY:TAG"), "key": IN_FILE},
+    options={
+        "image": Opt(
+            "REGISTRY/REPOSITORY:TAG",
+            nonempty,
+            required=True,
+            needs=(
+                "--image is required: the published image, e.g. invoke verify --image "
+                "registry/repository:tag"
+            ),
+        ),
+        "key": Opt("FILE", _public_key, kind="in_file"),
+    },  # fmt: skip
     help={
         "image": "the published image: registry/repository:tag or @sha256:... (required)",
         "key": "a PEM public key (cosign.pub): also check the image's cosign signature with it",
@@ -33,12 +53,6 @@ def verify(c, image=None, key=None, debug=False):
     from ..publish import attest, ociregistry, signature
     from ..publish.ociregistry import Ref
 
-    if not image:
-        raise UserError(
-            "--image is required: the published image, e.g. invoke verify --image registry/repository:tag"
-        )
-    if key:
-        signature.check_key(Path(key))
     ref = Ref.parse(image)
     found = ociregistry.get_manifest(ref)
     if found is None:

@@ -115,7 +115,8 @@ class Finding:
 # ---------------------------------------------------------------------------- git
 
 
-def _run_git(args: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def run_git(args: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """git with no prompts and file:// transports allowed (mirrors are local folders)."""
     env_free = ["-c", "protocol.file.allow=always", "-c", "core.askPass=true"]
     return subprocess.run(
         ["git", *env_free, *args], cwd=cwd, capture_output=True, text=True, timeout=600
@@ -141,13 +142,13 @@ class GitRepo:
         """tag -> the commit it points at (annotated tags peeled)."""
         if self._tags is None:
             if self.online:
-                proc = _run_git(["ls-remote", "--tags", self.url])
+                proc = run_git(["ls-remote", "--tags", self.url])
                 if proc.returncode != 0:
                     raise Unavailable(f"git ls-remote {self.url} failed: {_last_line(proc)}")
                 lines = proc.stdout
             else:
                 fmt = "%(objectname) refs/tags/%(refname:strip=2)%0a%(*objectname) %(refname)^{}"
-                proc = _run_git(["for-each-ref", f"--format={fmt}", "refs/tags"], cwd=self.path)
+                proc = run_git(["for-each-ref", f"--format={fmt}", "refs/tags"], cwd=self.path)
                 if proc.returncode != 0:
                     raise Unavailable(f"{self.path} is not a readable git repository")
                 lines = proc.stdout
@@ -175,7 +176,7 @@ class GitRepo:
         self._init_cache()
         # --filter=blob:none: the commit and its trees only; blobs come later, one by one, if a
         # file is read (a partial clone: git-clone(1) --filter, gitrepository-layout "promisor").
-        proc = _run_git(
+        proc = run_git(
             ["fetch", "-q", "--depth=1", "--filter=blob:none", "origin", sha], cwd=self.path
         )
         if proc.returncode == 0:
@@ -189,15 +190,15 @@ class GitRepo:
         """The text of `path` at commit `sha`, or None when the commit has no such file."""
         if not self.has_commit(sha):
             raise Unavailable(f"{self.url} has no commit {sha[:12]}")
-        if _run_git(["cat-file", "-e", f"{sha}:{path}"], cwd=self.path).returncode != 0:
+        if run_git(["cat-file", "-e", f"{sha}:{path}"], cwd=self.path).returncode != 0:
             return None
-        proc = _run_git(["show", f"{sha}:{path}"], cwd=self.path)
+        proc = run_git(["show", f"{sha}:{path}"], cwd=self.path)
         if proc.returncode != 0:
             raise Unavailable(f"cannot read {path} at {sha[:12]}: {_last_line(proc)}")
         return proc.stdout
 
     def _local_has(self, sha: str) -> bool:
-        proc = _run_git(["cat-file", "-e", f"{sha}^{{commit}}"], cwd=self.path)
+        proc = run_git(["cat-file", "-e", f"{sha}^{{commit}}"], cwd=self.path)
         return proc.returncode == 0
 
     def _init_cache(self) -> None:
@@ -212,7 +213,7 @@ class GitRepo:
             ["config", "remote.origin.promisor", "true"],
             ["config", "remote.origin.partialclonefilter", "blob:none"],
         ):
-            proc = _run_git(args, cwd=self.path)
+            proc = run_git(args, cwd=self.path)
             if proc.returncode != 0:
                 raise Unavailable(f"cannot set up {self.path}: {_last_line(proc)}")
 
@@ -508,7 +509,7 @@ class _Checker:
         where = f"{plan.arch}/{plan.stack}"
         steps = [s for s in plan.steps if s.runs]
         aot = next((s for s in steps if "aotriton" in self.recipes.layers[s.layer].provides), None)
-        python = self.python or _distro_python(steps[0].base_ref if steps else "")
+        python = self.python or distro_python(steps[0].base_ref if steps else "")
         for step in steps:
             self.step(step, where, python, aot)
             for line in step.floating:
@@ -555,7 +556,7 @@ class _Checker:
         wanted = [(project, pin, None)]
         if device and extra and extra in step.args.values():  # installs project[device-<arch>]
             wanted.append((device.format(arch=step.arch), f"{pin} [{extra}]", project))
-        for index in _indexes(step):
+        for index in step_indexes(step):
             if FROZEN_FAMILY_INDEX.match(index):
                 self.add(("frozen-index", index), where, f"{step.layer} index", index, index,
                          lambda: (MISMATCH, FROZEN_WHY))  # fmt: skip
@@ -776,14 +777,20 @@ def _installs_from_index(step: Step) -> bool:
     return step.wheelhouse or any(k.endswith("_INDEX_URL") for k in (*step.hint_args, *step.args))
 
 
-def _indexes(step: Step) -> list[str]:
+def step_indexes(step: Step) -> list[str]:
+    """The package indexes a layer installs from (its *_INDEX_URL values), else PyPI."""
     urls = [v for k, v in {**step.args, **step.hint_args}.items() if k.endswith("_INDEX_URL")]
     return [u for u in urls if u] or [PYPI_SIMPLE]
 
 
-def _distro_python(base_ref: str) -> str | None:
+def distro_python(base_ref: str) -> str | None:
+    """The Python version a known base image's distribution ships, or None."""
     name = base_ref.split("@", 1)[0]
     return DISTRO_PYTHON.get(name) or DISTRO_PYTHON.get(name.removeprefix("docker.io/library/"))
+
+
+# The name pins/update.py imports, until it takes distro_python.
+_distro_python = distro_python
 
 
 def engine_digest(engine: str = "docker") -> Callable[[str], str | None]:

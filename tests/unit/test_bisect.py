@@ -470,7 +470,8 @@ def test_wheel_candidates_are_the_dated_versions_between_for_the_images_python(s
     [
         ("2.14.0", "2.14.0", "same version"),
         ("2.15.0", "2.14.0", "--bad 2.14.0 is older than --good 2.15.0"),
-        ("two", "2.14.0", "not a version"),
+        ("two", "2.14.0", "--good 'two': not a version"),
+        ("2.13.0", "abc", "--bad 'abc': not a version"),
     ],
 )
 def test_bad_version_ranges_are_sentences(saved_index, good, bad, message):

@@ -50,7 +50,31 @@ def invoke(*args, cwd=REPO, env=None):
         (["validate", "--engine", "nope"], "unknown engine 'nope'"),
         (["pins.check", "--engine", "nope"], "unknown engine 'nope'"),
         (["build", "--set", "nope", "--dry-run"], "e.g. pytorch-wheels.TORCH_VERSION=2.13.0"),
-        (["build", "--json"], "--json and --explain go with --dry-run"),
+        (
+            ["build", "--arch", "cpu", "--set", "triton.TRITON_VERSION=", "--dry-run"],
+            "bad --set 'triton.TRITON_VERSION=': TRITON_VERSION pins a version",
+        ),
+        (
+            ["build", "--arch", "cpu", "--ca-cert", "/nonexistent", "--dry-run"],
+            "--ca-cert /nonexistent: no such file (give a CA bundle, or 'none')",
+        ),
+        # checked with the options, before any work: not after the image was found and probed
+        (
+            ["export", "--arch", "cpu", "--ca-cert", "/nonexistent"],
+            "--ca-cert /nonexistent: no such file (give a CA bundle, or 'none')",
+        ),
+        (["doctor", "--arch", "gfx1151;reboot"], "--arch 'gfx1151;reboot': not an arch name"),
+        (
+            ["verify-env", "--against", "x", "--python", "/etc/passwd"],
+            "--python /etc/passwd: no such file, or",
+        ),
+        (
+            ["verify", "--image", "r/x:1", "--key", "/etc/passwd"],
+            "--key /etc/passwd: not a PEM",
+        ),
+        (["validate", "--bench-backend", "kernels"], "--bench-backend goes with --bench"),
+        (["build", "--json"], "--json goes with --dry-run"),
+        (["build", "--explain", "base"], "--explain goes with --dry-run"),
         (
             ["build", "-a", "gfx1151", "--dry-run", "--explain", "ck"],
             "unknown layer of stack default 'ck'",

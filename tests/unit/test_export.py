@@ -232,13 +232,11 @@ def test_the_readme_shows_the_install_command_the_export_prints():
 
 
 def test_a_wheel_built_in_the_image_comes_with_its_python_and_pip_command():
-    from attnforge.cli.export import _built_here
-
     m = manifest(("torch", "2.14.0a0+rocm"))
     m["python"]["version"] = "3.12.3"
     m["wheels"][0].update(filename="torch-2.14.0a0+rocm-cp312-cp312-linux_x86_64.whl",
                           source="built in the image (/opt/attnforge/wheels)")  # fmt: skip
-    text = _built_here(m)
+    text = core.built_here(m)
     assert "# torch 2.14.0a0+rocm: cp312, linux_x86_64" in text
     assert (
         f"echo '{'b' * 64}  wheels/torch-2.14.0a0+rocm-cp312-cp312-linux_x86_64.whl' | sha256sum -c"
@@ -248,4 +246,4 @@ def test_a_wheel_built_in_the_image_comes_with_its_python_and_pip_command():
         "python3.12 -m pip install --no-deps wheels/torch-2.14.0a0+rocm-cp312-cp312-linux_x86_64.whl"
         in text
     )
-    assert _built_here(manifest(("numpy", "2.4.6"))) == ""  # from an index: nothing to add
+    assert core.built_here(manifest(("numpy", "2.4.6"))) == ""  # from an index: nothing to add

@@ -140,3 +140,113 @@ def test_the_readme_layout_names_every_subpackage():
     layout = layout[: layout.index("\n## ", 1)] if "\n## " in layout[1:] else layout
     named = set(re.findall(r"^  ([a-z_]+)/ ", layout, flags=re.M))
     assert sorted(subpackages() - named) == []
+
+
+def import_graph(root: Path, packages: tuple[str, ...]) -> dict[str, set[str]]:
+    """module -> the project modules it imports, every import counted (inside functions too, where
+    a circle hides); a package's __init__ importing its own children is not an edge."""
+    files = {}
+    for pkg in packages:
+        for path in (root / pkg).rglob("*.py"):
+            name = ".".join(path.relative_to(root).with_suffix("").parts)
+            files[name.removesuffix(".__init__")] = path
+    graph: dict[str, set[str]] = {}
+    for mod, path in files.items():
+        is_pkg = path.name == "__init__.py"
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = mod.split(".") if is_pkg else mod.split(".")[:-1]
+                    parts = parts[: len(parts) - (node.level - 1)]
+                    base = ".".join([*parts, base] if base else parts)
+                names = [base] + [f"{base}.{a.name}" for a in node.names]
+            else:
+                continue
+            for name in names:
+                while name and name not in files:
+                    name = name.rpartition(".")[0]
+                if name and name != mod and not (is_pkg and name.startswith(mod + ".")):
+                    deps.add(name)
+        graph[mod] = deps
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for dep in sorted(graph.get(node, ())):
+            if dep not in index:
+                visit(dep)
+                low[node] = min(low[node], low[dep])
+            elif dep in stack:
+                low[node] = min(low[node], index[dep])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_host_side_and_the_suite_have_no_import_circle():
+    """attnforge/, validate/ and contract/: no circle, not even one held apart by imports inside
+    functions (kernels/ has its own layout test)."""
+    assert circles(import_graph(REPO, ("attnforge", "validate", "contract"))) == []
+
+
+def test_the_circle_check_finds_a_circle_through_a_function_local_import(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from . import a\n")
+    (pkg / "a.py").write_text("from .b import x\n")
+    (pkg / "b.py").write_text("def x():\n    from .c import y\n")
+    (pkg / "c.py").write_text("import pkg.a\n")
+    (pkg / "d.py").write_text("from . import a\n")
+    assert circles(import_graph(tmp_path, ("pkg",))) == [["pkg.a", "pkg.b", "pkg.c"]]
+
+
+# Names pins/update.py still shares under a private name: it is being reworked on another branch,
+# where they become public and these entries go.
+PENDING_PRIVATE = {
+    ("attnforge/bisection/probe.py", "_by_version"),
+    ("attnforge/bisection/probe.py", "_fitting"),
+    ("attnforge/pins/update.py", "_distro_python"),
+}
+
+
+def private_imports(root: Path, package: str) -> set[tuple[str, str]]:
+    """(file, name) of each `from X import _name` of a project module: reaching into another
+    module's private names."""
+    found = set()
+    for path in (root / package).rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                found |= {
+                    (str(path.relative_to(root)), a.name)
+                    for a in node.names
+                    if a.name.startswith("_") and not a.name.startswith("__")
+                }
+    return found
+
+
+def test_no_attnforge_module_imports_another_modules_private_name():
+    assert private_imports(REPO, "attnforge") - PENDING_PRIVATE == set()

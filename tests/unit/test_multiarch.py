@@ -171,7 +171,7 @@ def test_build_plans_a_set_from_the_command_line(tmp_path):
 
 
 def test_publish_reads_every_arch_stamp_of_the_set(recipes, tmp_path):
-    from attnforge.cli.publish import set_validation
+    from attnforge.validation import set_validation
     from attnforge.workspace import Workspace
 
     ws = Workspace(REPO, tmp_path / "build", tmp_path / "reports")

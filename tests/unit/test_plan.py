@@ -308,6 +308,9 @@ def test_the_base_image_digest_is_part_of_the_root_hash(recipes):
             "layer 'triton' has no setting 'NUMPY'; valid: NUMPY_VERSION, TRITON_VERSION, variant",
         ),
         ("base.variant=huge", "unknown variant of base 'huge'"),
+        # an empty pin is malformed like any other, never planned as a floating one
+        ("triton.TRITON_VERSION=", "TRITON_VERSION pins a version, which must be a PEP 440"),
+        ("pytorch-source.SOURCE_REF=", "SOURCE_REF pins a git commit"),
     ],
 )
 def test_bad_set_overrides_say_what_is_valid(recipes, item, message):

@@ -69,11 +69,12 @@ def test_list_descriptions_are_whole_sentences(name):
 def _required(name: str, tmp: Path, but: str = "") -> list[str]:
     """Good values for a task's required options (but the one under test), so that the option
     under test is reached."""
-    good = {"in_dir": str(tmp), "text": "x"}
+    good = {"in_dir": str(tmp), "text": "x", "namespace": "localhost:5000/ns"}
     found = []
     for option, opt in TASKS[name].options.items():
         if opt.required and option != but:
-            found += ["--" + option.replace("_", "-"), good[opt.kind]]
+            value = opt.choices[0] if opt.choices else good[opt.kind]
+            found += ["--" + option.replace("_", "-"), value]
     return found
 
 
@@ -163,11 +164,14 @@ def test_kernels_aot_refuses_a_cache_dir_that_is_a_file_before_compiling(capsys,
 
 
 def test_positional_paths_are_taken_as_users_type_them(capsys, outputs):
-    # invoke matrix FILE...: every path is read (the first missing one is named)
+    # invoke matrix FILE...: every path is taken (a missing one is named with the options, before
+    # any is read)
     code, _, err = _run(capsys, "matrix", str(outputs), str(outputs / "missing"))
-    assert code == 2 and "no report.json" in err  # the first, a folder without reports
+    assert code == 2 and "--reports" in err and "missing: no such file or folder" in err
     code, _, err = _run(capsys, "matrix", str(outputs / "missing"), str(outputs))
     assert code == 2 and "missing: no such file or folder" in err
+    code, _, err = _run(capsys, "matrix", str(outputs))
+    assert code == 2 and "no report.json" in err  # a folder without reports
     # invoke report FILE
     code, _, err = _run(capsys, "report", str(outputs / "missing.json"))
     assert code == 2 and "missing.json: no such report" in err

@@ -1,12 +1,14 @@
 """recipes/tritons.yaml: which Triton each stack's kernels meet, and which Tritons CI checks."""
 
+import dataclasses
 import re
 from pathlib import Path
 
 import pytest
 
 from attnforge.errors import UserError
-from attnforge.recipes import load_recipes
+from attnforge.plan import resolve, stacks_for
+from attnforge.recipes import TRITONS, load_recipes
 from attnforge.tritons import (
     StackTriton,
     TorchTriton,
@@ -18,6 +20,7 @@ from attnforge.tritons import (
     stack_tritons,
     versions_to_check,
 )
+from tests.conftest import run_invoke
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -79,22 +82,44 @@ def test_versions_to_check(tritons, newest, want):
     assert versions_to_check(rows, newest) == want
 
 
+NEWEST = 'newest: {triton: "3.9.0", source: s}\n'
+ROW = '  - {torch: "2.14", triton: "3.8.0", source: a}\n'
+
+
 @pytest.mark.parametrize(
     "text, message",
     [
-        ("torch: []\n", "expected torch:"),
-        ('torch: [{torch: "2.14", triton: "three", source: s}]\nnewest: {triton: "3.9.0", '
-         "source: s}\n", "'three' is not a version"),
-        ('torch: [{torch: "2.14", triton: "3.8.0", source: a}, {torch: "2.14", triton: "3.8.1", '
-         'source: b}]\nnewest: {triton: "3.9.0", source: s}\n', r"torch \['2.14'\] twice"),
+        ("torch: []\n", "newest: Field required"),
+        ('torch: [{torch: "2.14", triton: "three", source: s}]\n' + NEWEST,
+         ":1: torch.0.triton: 'three' is not a version"),
+        ("torch:\n" + ROW + '  - {torch: "2.14", triton: "3.8.1", source: b}\n' + NEWEST,
+         ":3: torch.1.torch: torch 2.14 has a row already"),
+        # what the other files under recipes/ refuse, refused here too, with the line
+        ("torch:\n" + ROW.replace("source: a", "source: a, triton_commit: abc") + NEWEST,
+         ":2: torch.0.triton_commit: unknown key (valid: source, torch, triton)"),
+        ("torch:\n" + ROW + "newest:\n\ttriton: 3.9.0\n", ":4: malformed YAML: found character"),
+        ("torch:\n" + ROW + "newest: {triton: 3.9.0, source: s\n", "malformed YAML"),
+        ("torch:\n" + ROW + NEWEST + "known: [{triton: '3.9', arch: gfx942}]\n",
+         ":4: known.0.head_dim: Field required"),
     ],
 )  # fmt: skip
-def test_a_bad_table_is_one_sentence_naming_the_file(tmp_path, text, message):
+def test_a_bad_table_is_one_sentence_naming_the_file_line_and_field(tmp_path, text, message):
     (tmp_path / "recipes").mkdir()
     (tmp_path / "recipes/tritons.yaml").write_text(text)
-    with pytest.raises(UserError, match=message) as e:
+    with pytest.raises(UserError) as e:
         load_table(tmp_path)
-    assert str(e.value).startswith("recipes/tritons.yaml: ")
+    assert str(e.value).startswith("recipes/tritons.yaml")
+    assert message in str(e.value)
+    assert "\n" not in str(e.value).strip()
+
+
+def test_a_broken_table_fails_a_dry_run_as_every_recipe_file_does(repo_copy):
+    table = repo_copy / "recipes/tritons.yaml"
+    table.write_text(table.read_text().replace("newest:\n  triton:", "newest:\n\ttriton:", 1))
+    proc = run_invoke(repo_copy, "build", "--arch", "cpu", "--dry-run")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "recipes/tritons.yaml:" in proc.stderr and "malformed YAML" in proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def test_docs_show_the_table_as_the_command_prints_it(recipes, table, capsys):
@@ -109,3 +134,27 @@ def test_the_versions_command_lists_one_release_a_line(recipes, table, capsys):
     assert capsys.readouterr().out.split() == versions_to_check(
         stack_tritons(recipes, table), table.newest
     )
+
+
+def test_a_stack_whose_torch_line_has_no_row_is_refused_by_the_plan(recipes):
+    """The plan refuses a torch release line the table lacks, naming the table and the line (a
+    new torch release is planned only once its Triton row is in)."""
+    planted = dataclasses.replace(recipes, tritons=recipes.tritons.model_copy(
+        update={"torch": [r for r in recipes.tritons.torch if r.torch != "2.14"]}))  # fmt: skip
+    plan = resolve(planted, "gfx1151", "default")
+    torch = plan.step("pytorch-wheels")
+    assert torch.status == "unsupported", torch
+    assert "torch 2.14.0+rocm10.1.0 is of the 2.14 line" in torch.reason
+    assert "no row in recipes/tritons.yaml (torch: 2.12, 2.13, 2.15" in torch.reason
+    assert plan.final_tag is None and plan.blocked_by[0].layer == "pytorch-wheels"
+    # a torch that does not bring its Triton (the cpu stack pins one) needs no row
+    no_213 = dataclasses.replace(recipes, tritons=recipes.tritons.model_copy(
+        update={"torch": [r for r in recipes.tritons.torch if r.torch != "2.13"]}))  # fmt: skip
+    assert resolve(no_213, "cpu", "cpu").step("torch-cpu").status == "build"
+    # the same stack with the row plans, and so does every stack of the recipes as they stand
+    assert resolve(recipes, "gfx1151", "default").step("pytorch-wheels").status == "build"
+    refused = [
+        (arch, stack, s.reason) for arch in recipes.arches for stack in stacks_for(recipes, arch)
+        for s in resolve(recipes, arch, stack).steps if TRITONS in (s.reason or "")
+    ]  # fmt: skip
+    assert refused == []

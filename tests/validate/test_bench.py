@@ -87,14 +87,14 @@ def test_bench_fails_on_error_crash_or_timeout_not_on_refusal(statuses, code):
 
 def test_backend_lists_take_repeats_commas_and_all():
     known = bench.BACKENDS
-    assert bench._names(None, known, "backend") == list(known)
-    assert bench._names(["kernels,sdpa.math", "kernels"], known, "backend") == [
+    assert bench.picked_names(None, known, "backend") == list(known)
+    assert bench.picked_names(["kernels,sdpa.math", "kernels"], known, "backend") == [
         "kernels",
         "sdpa.math",
     ]
-    assert bench._names(["all"], known, "backend") == list(known)
+    assert bench.picked_names(["all"], known, "backend") == list(known)
     with pytest.raises(UsageError, match="unknown backend 'sdpa.fast'; choose from"):
-        bench._names(["sdpa.fast"], known, "backend")
+        bench.picked_names(["sdpa.fast"], known, "backend")
 
 
 def test_workload_shapes_come_from_contract_workloads():
