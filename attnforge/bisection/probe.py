@@ -35,7 +35,7 @@ from ..build import (
 from ..engine import Engine, RunRequest
 from ..errors import UserError
 from ..files import swap_folder
-from ..pins.update import _by_version, _fitting
+from ..pins.update import by_version, fitting
 from ..pins.upstream import IndexSource, Unavailable, run_git, url_path
 from ..plan import Plan
 from ..recipes import Recipes
@@ -223,8 +223,8 @@ def wheel_candidates(
         raise UserError(f"cannot read {project}'s versions on {index_url}: {exc}",
                         hint="run where the index is reachable, or pass --offline DIR "
                         "with saved pages (docs/pins.md)") from None  # fmt: skip
-    served = _fitting(files, project, python) if python else {
-        v: fs[0].filename for v, fs in _by_version(files, project).items()
+    served = fitting(files, project, python) if python else {
+        v: fs[0].filename for v, fs in by_version(files, project).items()
     }  # fmt: skip
     family = _local_family(g)
     between = sorted(v for v in served if g < v < b and _local_family(v) == family)

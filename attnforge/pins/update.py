@@ -43,7 +43,7 @@ from .upstream import (
     DistFile,
     IndexSource,
     Unavailable,
-    _distro_python,
+    distro_python,
     match_files,
     parse_dist_filename,
     project_of,
@@ -182,7 +182,7 @@ def _channel_stack(recipes: Recipes, channel: str) -> str:
 # ---------------------------------------------------------------------------- reading the index
 
 
-def _by_version(files: list[DistFile], project: str) -> dict[Version, list[DistFile]]:
+def by_version(files: list[DistFile], project: str) -> dict[Version, list[DistFile]]:
     """The page's files of `project`, grouped by version; yanked files do not count (PEP 592:
     an installer skips them unless pinned exactly, and a proposal should not pin one)."""
     out: dict[Version, list[DistFile]] = {}
@@ -198,10 +198,10 @@ def _by_version(files: list[DistFile], project: str) -> dict[Version, list[DistF
     return out
 
 
-def _fitting(files: list[DistFile], project: str, python: str) -> dict[Version, str]:
+def fitting(files: list[DistFile], project: str, python: str) -> dict[Version, str]:
     """version -> a file of it that installs on `python` (x86_64 Linux), as pins.check judges."""
     out = {}
-    for version, group in _by_version(files, project).items():
+    for version, group in by_version(files, project).items():
         fits, _ = match_files(group, project, str(version), python)
         if fits:
             out[version] = fits[0]
@@ -253,7 +253,7 @@ class _Reader:
         if not files:
             notes.append(f"the index has no {project} page: not checked")
             return None
-        return set(_by_version(files, project))
+        return set(by_version(files, project))
 
 
 # ---------------------------------------------------------------------------- choosing
@@ -379,12 +379,12 @@ class _Search:
         if self.extra is None:
             self.notes.append(f"{arch} has no TheRock device extra: device packages not checked")
         self.rocm_project, files = self.reader.rocm_page(self.rocm_layer.index)
-        self.rocms = _fitting(files, self.rocm_project, python)
+        self.rocms = fitting(files, self.rocm_project, python)
         self.rocm_device = self.device(self.rocm_layer, "rocm")
         # torch first: the companions are paired with it by their shared local label.
         self.keys = [TORCH_KEY, *(k for k in self.torch_layer.keys if k != TORCH_KEY)]
         self.builds = {
-            k: _by_version(self.reader.files(self.torch_layer.index, project_of(k)), project_of(k))
+            k: by_version(self.reader.files(self.torch_layer.index, project_of(k)), project_of(k))
             for k in self.keys
         }
         self.device_of = {TORCH_KEY: self.device(self.torch_layer, "torch")}
@@ -522,7 +522,7 @@ class _Search:
 def _stack_python(recipes: Recipes, stack: str, python: str | None) -> str:
     if python is None:
         base = recipes.stacks[stack].base_image
-        python = _distro_python(base)
+        python = distro_python(base)
         if python is None:
             raise UserError(
                 f"cannot tell the Python of stack {stack}'s base image {base}; pass --python 3.X"
@@ -615,7 +615,7 @@ def org_blocks(recipes: Recipes) -> list[_OrgBlock]:
 
 
 def _org_releases(reader: _Reader, url: str, project: str, python: str, keep) -> dict[Version, str]:
-    found = _fitting(reader.files(url, project), project, python)
+    found = fitting(reader.files(url, project), project, python)
     return {v: f for v, f in found.items() if not (v.is_prerelease or v.is_devrelease) and keep(v)}
 
 

@@ -789,10 +789,6 @@ def distro_python(base_ref: str) -> str | None:
     return DISTRO_PYTHON.get(name) or DISTRO_PYTHON.get(name.removeprefix("docker.io/library/"))
 
 
-# The name pins/update.py imports, until it takes distro_python.
-_distro_python = distro_python
-
-
 def engine_digest(engine: str = "docker") -> Callable[[str], str | None]:
     """The repo digest of a base image the engine has pulled (no network), if any: asked through
     engine.py (so DOCKER_HOST, the docker context and --engine podman count), connecting at the

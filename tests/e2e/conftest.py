@@ -178,6 +178,14 @@ def copy_stack(shared: tuple[str, Path], namespace: str, dest: Path) -> None:
     assert len(tags_in(namespace)) == len(tags)
 
 
+@pytest.fixture(scope="session")
+def tag_shared_stack(shared_cpu_stack):
+    """``tag(namespace, dest)``: `copy_stack` of the session's one build, for a module of
+    tests/e2e that this conftest imports helpers from (test_cpu_stack), so that it needs no
+    import of this file back."""
+    return lambda namespace, dest: copy_stack(shared_cpu_stack, namespace, dest)
+
+
 def cpu_stack_tree(label: str, namespace: str, *, registry: bool = False, validated: bool = False):
     """A module-scoped fixture: the tree copy ``label`` with the cpu stack in ``namespace``
     (``registry``: the local registry is required too; ``validated``: with the session's

@@ -101,14 +101,12 @@ def remove_images(namespace: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def tree(tmp_path_factory, engine_ready, shared_cpu_stack) -> Path:
+def tree(tmp_path_factory, engine_ready, tag_shared_stack) -> Path:
     """The module's tree copy, with the session's one build of the stack tagged into NAMESPACE
-    (tests/e2e/conftest.py; it imports this module, hence the import here)."""
-    from tests.e2e.conftest import copy_stack
-
+    (tests/e2e/conftest.py, `tag_shared_stack`)."""
     dest = copy_tree(tmp_path_factory, "e2e")
     try:
-        copy_stack(shared_cpu_stack, NAMESPACE, dest)
+        tag_shared_stack(NAMESPACE, dest)
         yield dest
     finally:
         remove_images(NAMESPACE)

@@ -10,16 +10,6 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 
-# Circles known when this test landed, each being taken apart on its own branch: the lead empties
-# this list once those branches are merged. Nothing may be added to it.
-KNOWN_CIRCLES_TO_FIX = [
-    {"attnforge.cli.export", "attnforge.cli.publish"},
-    {"attnforge.multiarch", "attnforge.plan"},
-    # Found by this test, in neither branch's area: conftest.py imports test_cpu_stack's helpers
-    # and test_cpu_stack imports conftest's copy_stack inside a fixture.
-    {"tests.e2e.conftest", "tests.e2e.test_cpu_stack"},
-]
-
 
 def module_name(rel: str) -> str:
     """``attnforge/cli/export.py`` -> ``attnforge.cli.export``; a package's ``__init__.py`` is the
@@ -106,10 +96,8 @@ def repo_files() -> dict[str, str]:
     }
 
 
-def test_the_repository_has_no_import_circle_but_the_known_ones():
-    found = circles(graph(repo_files()))
-    unknown = [sorted(c) for c in found if c not in KNOWN_CIRCLES_TO_FIX]
-    assert unknown == []
+def test_the_repository_has_no_import_circle():
+    assert [sorted(c) for c in circles(graph(repo_files()))] == []
 
 
 def test_the_graph_covers_the_kernels_and_the_tools():

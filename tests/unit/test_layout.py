@@ -224,15 +224,6 @@ def test_the_circle_check_finds_a_circle_through_a_function_local_import(tmp_pat
     assert circles(import_graph(tmp_path, ("pkg",))) == [["pkg.a", "pkg.b", "pkg.c"]]
 
 
-# Names pins/update.py still shares under a private name: it is being reworked on another branch,
-# where they become public and these entries go.
-PENDING_PRIVATE = {
-    ("attnforge/bisection/probe.py", "_by_version"),
-    ("attnforge/bisection/probe.py", "_fitting"),
-    ("attnforge/pins/update.py", "_distro_python"),
-}
-
-
 def private_imports(root: Path, package: str) -> set[tuple[str, str]]:
     """(file, name) of each `from X import _name` of a project module: reaching into another
     module's private names."""
@@ -249,4 +240,4 @@ def private_imports(root: Path, package: str) -> set[tuple[str, str]]:
 
 
 def test_no_attnforge_module_imports_another_modules_private_name():
-    assert private_imports(REPO, "attnforge") - PENDING_PRIVATE == set()
+    assert private_imports(REPO, "attnforge") == set()

@@ -135,7 +135,7 @@ def test_rocm_7_14_does_not_win_although_pep440_sorts_its_builds_higher(tree, of
     # The fixture holds the trap: of the torch==2.14.0 builds on its page, PEP 440 order (pip's
     # choice for `torch==2.14.0`) puts the 7.14 one on top.
     page = pins.IndexSource(offline).files(f"https://{STABLE}/", "torch")
-    builds = [v for v in pins_update._by_version(page, "torch") if v.public == "2.14.0"]
+    builds = [v for v in pins_update.by_version(page, "torch") if v.public == "2.14.0"]
     assert max(builds) == Version("2.14.0+rocm7.14.0")
     proposal = propose(tree, offline, "stable")
     assert proposal.rocm == "10.1.0"
