@@ -12,6 +12,8 @@ ARG FLASH_ATTENTION_TRITON_AMD_ENABLE
 ARG GPU_ARCHS
 ARG PATCH_SERIES=""
 ARG MAX_JOBS=2
+# pip's index where a line names none (unset: PyPI); `invoke build --mirror` sets it.
+ARG PIP_INDEX_URL
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
 WORKDIR /src
