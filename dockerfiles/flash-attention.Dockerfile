@@ -31,7 +31,7 @@ RUN --mount=type=secret,id=ca,required=false \
      && (cd /ctx && python3 attnforge/patches.py apply --component flash-attention --src /src/flash-attention "${series[@]}"); fi \
  && if [ "${FLASH_ATTENTION_TRITON_AMD_ENABLE}" != "TRUE" ]; then \
         git submodule update -q --init --depth 1 csrc/composable_kernel; fi \
- && pip install einops==0.8.1 packaging==25.0 ninja==1.13.0 \
+ && pip install einops==0.8.1 packaging==25.0 ninja==1.13.0 psutil==7.0.0 \
  && FLASH_ATTENTION_TRITON_AMD_ENABLE="${FLASH_ATTENTION_TRITON_AMD_ENABLE}" GPU_ARCHS="${GPU_ARCHS}" \
     MAX_JOBS="${MAX_JOBS}" pip wheel --no-deps --no-build-isolation -w /opt/attnforge/wheels . \
  && pip install --no-deps /opt/attnforge/wheels/flash_attn-*.whl \
