@@ -20,6 +20,9 @@ WORKDIR /src
 # One RUN fetches, builds and deletes the source tree, so no layer keeps it (hence cd, not
 # WORKDIR); the pip cache is a cache mount (hence no --no-cache-dir). The built wheel is kept in
 # /opt/attnforge/wheels, so that `invoke export` carries the very wheel this image installed.
+# BUILD_TARGET=rocm: setup.py otherwise infers CUDA or ROCm from the torch it imports
+# (torch.utils.cpp_extension.IS_HIP_EXTENSION), and takes the CUDA branch where that torch is not
+# a HIP build; this layer builds ROCm's fork for ROCm, so it says so.
 # hadolint ignore=DL3003,DL3042
 RUN --mount=type=secret,id=ca,required=false \
     --mount=type=cache,target=/root/.cache/pip \
@@ -33,7 +36,7 @@ RUN --mount=type=secret,id=ca,required=false \
         git submodule update -q --init --depth 1 csrc/composable_kernel; fi \
  && pip install einops==0.8.1 packaging==25.0 ninja==1.13.0 psutil==7.0.0 \
  && FLASH_ATTENTION_TRITON_AMD_ENABLE="${FLASH_ATTENTION_TRITON_AMD_ENABLE}" GPU_ARCHS="${GPU_ARCHS}" \
-    MAX_JOBS="${MAX_JOBS}" pip wheel --no-deps --no-build-isolation -w /opt/attnforge/wheels . \
+    BUILD_TARGET=rocm MAX_JOBS="${MAX_JOBS}" pip wheel --no-deps --no-build-isolation -w /opt/attnforge/wheels . \
  && pip install --no-deps /opt/attnforge/wheels/flash_attn-*.whl \
  && cd / && rm -rf /src/flash-attention
 
