@@ -55,7 +55,10 @@ def validated_image(
     final_id = eng.image_id(final) if final else None
     if final_id is None:
         raise UserError(f"no image {final}", hint=f"invoke build --arch {arch} --stack {stack}")
+    from ..mirror.use import refuse_rehearsal
     from .publish import set_validation, single_validation
+
+    refuse_rehearsal(eng.labels(final), final, "exported")
 
     if isinstance(recipes.arches[arch], ArchSet):  # every arch of the set passed on this image
         return final, final_id, set_validation(ws, recipes.arches[arch], stack, final, final_id)

@@ -7,7 +7,7 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..console import out
+from ..console import err, out
 from ..errors import UserError
 from ..workspace import Workspace
 from . import ARCH, OUT_DIR, STACK, choose_target, command, text
@@ -23,6 +23,10 @@ def with_mirror(inv: Invocation, mirror: str | None, given_wheelhouse: bool) -> 
     if given_wheelhouse:
         raise UserError("--wheelhouse and --mirror exclude each other: a mirror build reads the "
                         "mirror only (add the wheels to it with `invoke mirror --add`)")  # fmt: skip
+    if inv.wheelhouse:
+        err.print(
+            f"[dim]wheelhouse: {inv.wheelhouse} not offered: --mirror builds from the mirror only[/]"
+        )
     return dataclasses.replace(inv, mirror=str(Path(mirror).resolve()), wheelhouse=None)
 
 
@@ -45,10 +49,22 @@ class MirrorBuild:
                   f"served at {self.session.base}")  # fmt: skip
 
     def apply(self, plan: Any, requests: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        """The plan (a rehearsal's without its not-rehearsable smoke checks) and the requests
+        pointed at the mirror."""
+        from ..mirror.rehearsal import report_lines, split_smoke
+
+        self.report: list[str] = []
+        if self.session.manifest.rehearsal is not None:
+            plan, left = split_smoke(plan)
+            self.report = report_lines(self.session.manifest.rehearsal, left)
+            for line in self.report:
+                out.print(line, markup=False)
         return plan, self.session.requests(plan, requests)
 
     def close(self) -> None:
         self.session.close()
+        for line in self.report[:1]:  # said again at the end: the last lines are the ones read
+            out.print(line, markup=False)
 
 
 def _local_repos(items: list[str]) -> dict[str, str]:
@@ -82,6 +98,7 @@ def _local_wheels(items: list[str]) -> list[Path]:
         "stack": STACK,
         "only": text("LAYER"),
         "to": OUT_DIR,
+        "set_": text("LAYER.KEY=VALUE", repeatable=True),
         "add": text("FILE|DIR", repeatable=True),
         "add_repo": text("URL=PATH", repeatable=True),
         "index_url": text("URL"),
@@ -93,6 +110,7 @@ def _local_wheels(items: list[str]) -> list[Path]:
         "arch": "GPU arch whose plan is mirrored (default: the host's AMD GPU, else cpu)",
         "stack": "stack from recipes/stacks.yaml (default: 'default', or the arch's only stack)",
         "only": "only this layer and the layers it sits on",
+        "set_": "override a recipe value, as for invoke build (repeatable)",
         "to": "the mirror folder (replaced only once the new mirror is complete)",
         "add": "local wheels (files, or folders of them) put in the mirror before pip resolves "
         "(repeatable): wheels of an index this host cannot reach",
@@ -107,7 +125,7 @@ def _local_wheels(items: list[str]) -> list[Path]:
     },
 )
 def mirror(
-    c, arch=None, stack=None, only=None, to=None, add=None, add_repo=None, index_url=None,
+    c, arch=None, stack=None, only=None, set_=None, to=None, add=None, add_repo=None, index_url=None,
     python_version="3.12", ca_cert=None, rehearsal=None, debug=False,
 ):  # fmt: skip
     """Gather the wheels and source repositories a plan fetches into one folder.
@@ -116,7 +134,7 @@ def mirror(
     its pinned commit: a PEP 503 index, bare git repositories and a manifest of hashes."""
     from ..mirror.gather import assemble
     from ..mirror.use import fetching_steps
-    from ..plan import Options, resolve
+    from ..plan import Options, parse_overrides, resolve
     from ..recipes import load_recipes
     from .build import HOST_CA_BUNDLE
 
@@ -126,7 +144,9 @@ def mirror(
     recipes = load_recipes(ws.root)
     arch, stack = choose_target(recipes, arch, stack)
     wheels, repos = _local_wheels(list(add or [])), _local_repos(list(add_repo or []))
-    plan = resolve(recipes, arch, stack, Options(base_image="(mirror)", only=only))
+    overrides = parse_overrides(list(set_ or []), recipes)
+    options = Options(base_image="(mirror)", only=only, overrides=overrides)
+    plan = resolve(recipes, arch, stack, options)
     needs = [n for _, n in fetching_steps(plan, ws.root)]
     for n in needs:
         for sentence in n.unknown:

@@ -56,6 +56,7 @@ def publish(c, to=None, arch=None, stack=None, namespace="attnforge", engine="do
     """Push every layer of a validated stack (content and moving tags); refuse an unvalidated one."""
     from .. import multiarch
     from ..baseline.store import snapshot_published
+    from ..mirror.use import refuse_rehearsal
     from ..plan import Options, resolve
     from ..recipes import load_recipes
 
@@ -71,6 +72,7 @@ def publish(c, to=None, arch=None, stack=None, namespace="attnforge", engine="do
     final_id = eng.image_id(final) if final else None
     if final_id is None:
         raise UserError(f"no image {final}", hint=f"invoke build --arch {arch} --stack {stack}")
+    refuse_rehearsal(eng.labels(final), final, "published")
     if isinstance(recipes.arches[arch], multiarch.ArchSet):
         record = set_validation(ws, recipes.arches[arch], stack, final, final_id)
     else:

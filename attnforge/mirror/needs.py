@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from packaging.requirements import InvalidRequirement, Requirement
+
 from .layout import repo_path
 
 PYPI = "https://pypi.org/simple/"
@@ -54,6 +56,14 @@ def _fill(text: str, values: Mapping[str, str]) -> str:
         return m.group(0)
 
     return _VAR.sub(sub, text)
+
+
+def _is_requirement(text: str) -> bool:
+    try:
+        Requirement(text)
+    except InvalidRequirement:
+        return False
+    return True
 
 
 def _lock_lines(root: Path | None, path: str) -> list[str] | None:
@@ -100,6 +110,9 @@ def pip_requirements(
                     unknown.append(f"{tok} (a value only the build knows)")
                     continue
                 if "/" in tok and "://" not in tok:  # a path in the source tree (pip wheel DIR)
+                    continue
+                if not _is_requirement(tok):  # e.g. the value of an option pip will refuse
+                    unknown.append(f"{tok} (not a requirement: left to pip in the build)")
                     continue
                 if tok not in reqs:
                     reqs.append(tok)

@@ -5,6 +5,7 @@ fetches). Bound to 127.0.0.1 only: builds reach it with the build network `host`
 
 from __future__ import annotations
 
+import os
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -20,6 +21,16 @@ _GIT_SERVICE = ("/info/refs", "/git-upload-pack")
 
 
 class _Handler(SimpleHTTPRequestHandler):
+    prefix = ""  # every URL starts with /<prefix>/ (the mirror's digest), which is taken off
+
+    def _unprefixed(self) -> bool:
+        head = f"/{self.prefix}/"
+        if not self.path.startswith(head):
+            self.send_error(404, "not this mirror")
+            return False
+        self.path = self.path[len(head) - 1 :]
+        return True
+
     def log_message(self, format, *args):  # noqa: A002 - the base class's name
         pass  # a build's pip and git requests are not news
 
@@ -28,12 +39,16 @@ class _Handler(SimpleHTTPRequestHandler):
         return path.startswith(f"/{GIT}/") and path.endswith(_GIT_SERVICE)
 
     def do_GET(self):  # noqa: N802 - http.server's name
+        if not self._unprefixed():
+            return
         if self._is_git():
             self._git(b"")
         else:
             super().do_GET()
 
     def do_POST(self):  # noqa: N802
+        if not self._unprefixed():
+            return
         if not self._is_git():
             self.send_error(405)
             return
@@ -66,14 +81,29 @@ class _Handler(SimpleHTTPRequestHandler):
         self.wfile.write(payload)
 
 
+# The port a mirror is served on when it is free (else any free one): the same URL from build to
+# build keeps BuildKit's cache of the RUN lines that name it (ATTNFORGE_MIRROR_PORT changes it).
+PORT = int(os.environ.get("ATTNFORGE_MIRROR_PORT", "38503"))
+
+
+def _server(folder: Path, prefix: str) -> ThreadingHTTPServer:
+    handler = partial(type("Handler", (_Handler,), {"prefix": prefix}), directory=str(folder))
+    try:
+        return ThreadingHTTPServer(("127.0.0.1", PORT), handler)
+    except OSError:  # taken (another build serves its mirror there): any free port
+        return ThreadingHTTPServer(("127.0.0.1", 0), handler)
+
+
 @contextmanager
-def served(folder: Path) -> Iterator[str]:
-    """Serve ``folder`` on 127.0.0.1 (a free port) while the block runs; yields its base URL."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(_Handler, directory=str(folder)))
+def served(folder: Path, prefix: str = "mirror") -> Iterator[str]:
+    """Serve ``folder`` on 127.0.0.1 under /<prefix>/ while the block runs; yields its base URL.
+    A build passes the mirror's digest as the prefix: the URLs its RUN lines name then change
+    exactly when the mirror's contents do, and so does BuildKit's cache key for those lines."""
+    server = _server(folder, prefix)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
+        yield f"http://127.0.0.1:{server.server_address[1]}/{prefix}"
     finally:
         server.shutdown()
         server.server_close()

@@ -31,6 +31,17 @@ REHEARSAL_LABEL = "org.attnforge.rehearsal"
 _REFUSE = "http://127.0.0.1:9"  # nothing listens on the discard port: a refused connection
 
 
+def refuse_rehearsal(labels: Mapping[str, str], image: str, done: str) -> None:
+    """A rehearsal image (stand-in wheels) is never published or exported."""
+    mark = labels.get(REHEARSAL_LABEL)
+    if mark:
+        raise UserError(
+            f"{image} is a rehearsal image, built from a mirror of stand-in wheels (mark {mark}); "
+            f"it is not {done}",
+            hint="build from AMD's indexes, or from a mirror of AMD's own wheels",
+        )
+
+
 def load(folder: Path) -> Manifest:
     if not (folder / MANIFEST).is_file():
         raise UserError(f"--mirror {folder}: no {MANIFEST} there (make one with `invoke mirror`)")
@@ -115,7 +126,7 @@ class Session:
         self.folder, self.root = folder.resolve(), root
         self.manifest = check(self.folder, plan, root)
         self._stack = ExitStack()
-        self.base = self._stack.enter_context(served(self.folder))
+        self.base = self._stack.enter_context(served(self.folder, self.manifest.digest[:16]))
 
     def requests(self, plan: Any, requests: Mapping[str, Any]) -> dict[str, Any]:
         """The build requests, those of fetching layers pointed at the mirror."""

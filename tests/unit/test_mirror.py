@@ -51,7 +51,7 @@ def test_the_default_stack_fetches_its_pins_as_the_dockerfiles_name_them():
         "torchaudio==2.11.0.3+rocm10.1.0",
     ]
     fa = needs["flash-attention"]
-    assert fa.requirements == ["einops==0.8.1", "packaging==25.0", "ninja==1.13.0"]
+    assert fa.requirements == ["einops==0.8.1", "packaging==25.0", "ninja==1.13.0", "psutil==7.0.0"]
     assert fa.repo == (FA_REPO, "16d5154aef39e627c4456c8d205e6985e1e67fdc")
     assert not needs["base"].requirements and not needs["validate"].requirements
 
@@ -250,3 +250,14 @@ def test_build_refuses_a_wheelhouse_beside_a_mirror_and_a_folder_without_manifes
         none.returncode != 0
         and f"--mirror {tmp_path}: no manifest.json there" in none.stderr + none.stdout
     )
+
+
+def test_every_not_rehearsable_check_is_a_smoke_check_of_an_amd_layer():
+    """The classification names real checks: a renamed check would otherwise run unclassified."""
+    from attnforge.mirror.rehearsal import NOT_REHEARSABLE, split_smoke
+
+    names = {c.name for layer in load_recipes(REPO).layers.values() for c in layer.smoke}
+    assert set(NOT_REHEARSABLE) <= names
+    plan, left = split_smoke(plan_of("gfx1151", "default"))
+    assert {u.check for u in left} == set(NOT_REHEARSABLE)
+    assert not any(c["name"] in NOT_REHEARSABLE for s in plan.steps for c in s.smoke)

@@ -1,0 +1,66 @@
+"""A rehearsal: an AMD stack built from a mirror of stand-in wheels (AMD's names, versions, local
+labels, extras and Requires-Dist; CPU or metadata-only contents), so that every RUN line of its
+Dockerfiles executes where no AMD index or GPU is.
+
+Each smoke check is classified once, here: a check listed in NOT_REHEARSABLE needs AMD's own
+payload (device code, compiled ops) and is reported with its reason, never run; every other check
+runs and must pass. A check that would pass vacuously on a stand-in is listed too, so that a
+rehearsal never counts it as shown.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+# smoke check name (recipes/layers/*.yaml) -> why a rehearsal cannot show it
+NOT_REHEARSABLE = {
+    "torch's GPU code for the arch is on disk (AOTriton images, .kpack)": (
+        "the stand-in device wheels carry placeholder files where AMD's carry code objects, so "
+        "the check would pass on names alone"
+    ),
+    "torch was compiled for the arch": (
+        "a CPU torch has no arch flags, so the check would pass vacuously"
+    ),
+    "torchvision's compiled ops load beside torch (TheRock#5374)": (
+        "torchvision's compiled ops exist only in AMD's wheel (the stand-in is metadata only)"
+    ),
+    "torchaudio's ops load beside torch": (
+        "torchaudio's ops exist only in AMD's wheel (the stand-in is metadata only)"
+    ),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Unrehearsed:
+    layer: str
+    check: str
+    reason: str
+
+
+def split_smoke(plan: Any) -> tuple[Any, list[Unrehearsed]]:
+    """The plan with its not-rehearsable smoke checks taken out, and those checks."""
+    left: list[Unrehearsed] = []
+    steps = []
+    for step in plan.steps:
+        keep = []
+        for check in step.smoke:
+            reason = NOT_REHEARSABLE.get(check.get("name", ""))
+            if reason is None:
+                keep.append(check)
+            else:
+                left.append(Unrehearsed(step.layer, check["name"], reason))
+        steps.append(dataclasses.replace(step, smoke=tuple(keep)))
+    return dataclasses.replace(plan, steps=tuple(steps)), left
+
+
+def report_lines(manifest_rehearsal: dict[str, Any], left: list[Unrehearsed]) -> list[str]:
+    """What a rehearsal build prints first and last: that it is one, and what it did not show."""
+    lines = [
+        "REHEARSAL: built from stand-in wheels, not AMD's; its images can be neither published "
+        "nor exported",
+        f"  why: {manifest_rehearsal.get('why') or '-'}",
+        "  stand-ins: " + ", ".join(manifest_rehearsal.get("stand_ins", [])),
+    ]
+    lines += [f"  not rehearsable: {u.layer}: {u.check}: {u.reason}" for u in left]
+    return lines

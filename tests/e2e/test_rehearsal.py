@@ -1,0 +1,167 @@
+"""Rehearsals: AMD stacks built end to end on the real engine from a mirror of stand-in wheels
+(tests/rehearsal.py), so that every RUN line of their Dockerfiles executes where no AMD index or
+GPU is. What a rehearsal shows and what only an AMD machine can: docs/ci.md, "Rehearsals".
+
+The mirror is made with `invoke mirror` (stand-ins added with --add, flash-attention's stand-in
+repository with --add-repo, the rest from PyPI) and the stack built with `invoke build --mirror`,
+each layer with every URL but the mirror's refused. A warm run reuses BuildKit's cache.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+from attnforge.plan import Options, resolve
+from attnforge.recipes import load_recipes
+from tests.conftest import REPO
+from tests.e2e.test_cpu_stack import (
+    BASE,
+    CA_CERT,
+    WHEELHOUSE,
+    copy_tree,
+    invoke,
+    outcomes,
+    remove_images,
+    require_engine,
+    unavailable,
+)
+from tests.rehearsal import standins
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+NAMESPACE = f"attnforge-e2e-rehearsal-{uuid.uuid4().hex[:8]}"
+FA_REPO = "https://github.com/ROCm/flash-attention.git"
+FAMILY = {"gfx1151": "gfx115x", "gfx1100": "gfx110x"}
+AMD_LAYERS = ["base", "rocm-sdk", "pytorch-wheels", "flash-attention", "validate"]
+
+
+def channel_pins(arch: str, stack: str) -> dict[str, str]:
+    """The versions the stack's rocm-sdk and pytorch-wheels layers pin, read from the recipes."""
+    plan = resolve(load_recipes(REPO), arch, stack, Options(base_image=BASE))
+    pins: dict[str, str] = {}
+    for layer in ("rocm-sdk", "pytorch-wheels"):
+        pins.update(plan.step(layer).pins)
+    return pins
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    require_engine()
+    if not any(Path(WHEELHOUSE).glob("torch-*+cpu-*.whl")):
+        unavailable(f"no CPU torch wheel in {WHEELHOUSE} for the stand-ins",
+                    f"no CPU torch wheel in {WHEELHOUSE} (tools/setup.sh wheelhouse)")  # fmt: skip
+    dest = copy_tree(tmp_path_factory, "rehearsal")
+    try:
+        yield dest
+    finally:
+        remove_images(NAMESPACE)
+
+
+def rehearsal_mirror(tree: Path, arch: str, stack: str, dest: Path) -> tuple[list[str], str]:
+    """`invoke mirror` of the stack with stand-ins; returns the --set flags both commands take
+    and what mirror printed."""
+    arches = arch.split(",")
+    wheels, repo, commit = standins(Path(WHEELHOUSE), channel_pins(arches[0], stack), arches,
+                                    FAMILY, CA_CERT if Path(CA_CERT).is_file() else None)  # fmt: skip
+    sets = ["--set", f"flash-attention.SOURCE_REF={commit}"]
+    made = invoke(tree, "mirror", "--arch", arch, "--stack", stack, "--to", str(dest), *sets,
+                  "--add", str(wheels), "--add-repo", f"{FA_REPO}={repo}",
+                  "--index-url", "https://pypi.org/simple/", "--python-version", "3.11",
+                  "--rehearsal", "AMD's names and pins on CPU torch/triton and metadata-only wheels",
+                  timeout=900)  # fmt: skip
+    assert made.returncode == 0, made.stdout[-3000:] + made.stderr[-3000:]
+    return sets, made.stdout
+
+
+def rehearse(tree: Path, arch: str, stack: str, mirror: Path, sets: list[str]):
+    return invoke(tree, "build", "--arch", arch, "--stack", stack, "--mirror", str(mirror), *sets,
+                  "--base-image", BASE, "--namespace", NAMESPACE, timeout=1800)  # fmt: skip
+
+
+def labels(ref: str) -> dict[str, str]:
+    proc = subprocess.run(["docker", "image", "inspect", "--format", "{{json .Config.Labels}}", ref],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    return json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="module")
+def default_rehearsal(tree, tmp_path_factory):
+    mirror = tmp_path_factory.mktemp("mirror") / "default"
+    sets, _ = rehearsal_mirror(tree, "gfx1151", "default", mirror)
+    return mirror, sets, rehearse(tree, "gfx1151", "default", mirror, sets)
+
+
+def test_the_default_stack_rehearses_end_to_end(default_rehearsal):
+    """`invoke build --arch gfx1151 --mirror DIR`: every layer built, every rehearsable smoke
+    check passed, the others named with their reason, and the output says it is a rehearsal."""
+    _, _, built = default_rehearsal
+    out = built.stdout
+    assert built.returncode == 0, out[-4000:] + built.stderr[-3000:]
+    assert outcomes(out) == dict.fromkeys(AMD_LAYERS, "built")
+    out = " ".join(out.split())  # rich wraps long lines
+    assert out.count("REHEARSAL: built from stand-in wheels") == 2  # first and last
+    assert "stand-ins: " in out and "torch-2.14.0+rocm10.1.0-cp311" in out
+    assert "not rehearsable: pytorch-wheels: torch's GPU code for the arch is on disk" in out
+    assert "smoke FAIL" not in out
+    for check in ("the coupled ROCm wheels are one build", "rocm-sdk lists the arch among its targets",
+                  "flash_attn imports with the chosen backend", "the suite answers --help"):  # fmt: skip
+        assert f"smoke ok {check}" in out, check
+    final = labels(f"{NAMESPACE}/default:gfx1151")
+    assert final["org.attnforge.rehearsal"]
+
+
+def test_a_rehearsal_image_is_neither_published_nor_exported(tree, default_rehearsal):
+    assert default_rehearsal[2].returncode == 0
+    for args, done in ((["publish", "--to", "localhost:5999/never"], "published"),
+                       (["export"], "exported")):  # fmt: skip
+        proc = invoke(tree, *args, "--arch", "gfx1151", "--namespace", NAMESPACE)
+        said = " ".join((proc.stdout + proc.stderr).split())  # rich wraps long lines
+        assert (
+            proc.returncode != 0 and "is a rehearsal image" in said and f"it is not {done}" in said
+        ), said
+
+
+def test_the_mirror_is_checked_before_anything_builds(tree, default_rehearsal, tmp_path):
+    """A damaged file and a missing pin are each one sentence, said before any layer builds."""
+    mirror, sets, _ = default_rehearsal
+    broken = tmp_path / "broken"
+    subprocess.run(["cp", "-a", str(mirror), str(broken)], check=True)
+    audio = next((broken / "files").glob("torchaudio-*.whl"))
+    vision = next((broken / "files").glob("torchvision-*.whl"))
+    vision.write_bytes(vision.read_bytes()[:-1])
+    manifest = json.loads((broken / "manifest.json").read_text())
+    del manifest["files"][audio.name]
+    (broken / "manifest.json").write_text(json.dumps(manifest))
+    audio.unlink()
+    proc = rehearse(tree, "gfx1151", "default", broken, sets)
+    said = " ".join((proc.stdout + proc.stderr).split())  # rich wraps long lines
+    assert proc.returncode != 0 and "[1/5]" not in said, said[-3000:]
+    assert (
+        "2 problems: layer pytorch-wheels pins torchaudio==2.11.0.3+rocm10.1.0, and the mirror has no wheel of it"
+        in said
+    )
+    assert f"files/{vision.name} does not match its sha256 in manifest.json" in said
+
+
+def test_a_planted_pip_flag_typo_in_a_rocm_layer_fails_the_rehearsal(tree, default_rehearsal):
+    """The rehearsal runs the Dockerfiles' lines: a typo in a pip flag of pytorch-wheels fails it."""
+    mirror, sets, built = default_rehearsal
+    assert built.returncode == 0
+    dockerfile = tree / "dockerfiles/pytorch-wheels.Dockerfile"
+    good = dockerfile.read_text()
+    assert ' --index-url "${ROCM_INDEX_URL}"' in good
+    dockerfile.write_text(
+        good.replace(' --index-url "${ROCM_INDEX_URL}"', ' --index-urll "${ROCM_INDEX_URL}"')
+    )
+    try:
+        proc = rehearse(tree, "gfx1151", "default", mirror, sets)
+    finally:
+        dockerfile.write_text(good)
+    said = " ".join((proc.stdout + proc.stderr).split())  # rich wraps long lines
+    assert proc.returncode != 0 and "layer 'pytorch-wheels' failed to build" in said, said[-3000:]
+    assert "no such option: --index-urll" in said
