@@ -165,3 +165,25 @@ def test_a_planted_pip_flag_typo_in_a_rocm_layer_fails_the_rehearsal(tree, defau
     said = " ".join((proc.stdout + proc.stderr).split())  # rich wraps long lines
     assert proc.returncode != 0 and "layer 'pytorch-wheels' failed to build" in said, said[-3000:]
     assert "no such option: --index-urll" in said
+
+
+@pytest.mark.parametrize(
+    ("arch", "stack", "torch"),
+    [
+        ("gfx1151", "rocm10.0", "2.13.0+rocm10.0.0"),
+        ("gfx1151,gfx1100", "default", "2.14.0+rocm10.1.0"),
+    ],
+)
+def test_another_channel_and_a_two_arch_image_rehearse(tree, tmp_path, arch, stack, torch):
+    """The rocm10.0 channel, and one image for gfx1151 and gfx1100 (both device extras, both
+    arches' checks), built end to end from their own rehearsal mirrors."""
+    mirror = tmp_path / "mirror"
+    sets, _ = rehearsal_mirror(tree, arch, stack, mirror)
+    built = rehearse(tree, arch, stack, mirror, sets)
+    assert built.returncode == 0, built.stdout[-4000:] + built.stderr[-3000:]
+    assert outcomes(built.stdout) == dict.fromkeys(AMD_LAYERS, "built")
+    out = " ".join(built.stdout.split())
+    assert f"smoke ok torch is the pinned ROCm build: torch {torch}" in out
+    assert "smoke FAIL" not in out and "REHEARSAL: built from stand-in wheels" in out
+    for one in arch.split(","):
+        assert f"rocm-sdk-device-{one}" in out
