@@ -90,14 +90,15 @@ def make_wheel(
 
 def relabel(
     src: Path, dest: Path, version: str, *, add_requires: list[str] = (), extras: list[str] = (),
-    replace: dict[str, bytes] | None = None,
+    replace: dict[str, bytes] | None = None, rename: str | None = None,
 ) -> Path:  # fmt: skip
-    """A copy of a real wheel under another version (its local label), with more Requires-Dist
-    and files replaced, without recompressing the rest (zip -d, then append)."""
-    name, old_version, tail = src.name.split("-", 2)
+    """A copy of a real wheel under another version (its local label) or project name, with more
+    Requires-Dist and files replaced, without recompressing the rest (zip -d, then append)."""
+    old_name, old_version, tail = src.name.split("-", 2)
+    name = rename.replace("-", "_") if rename else old_name
     new = dest / f"{name}-{version}-{tail}"
     shutil.copy2(src, new)
-    old_info, new_info = f"{name}-{old_version}.dist-info", f"{name}-{version}.dist-info"
+    old_info, new_info = f"{old_name}-{old_version}.dist-info", f"{name}-{version}.dist-info"
     with zipfile.ZipFile(src) as zf:
         metadata = zf.read(f"{old_info}/METADATA").decode()
         others = {n: zf.read(n) for n in zf.namelist() if n.startswith(old_info + "/")
@@ -107,6 +108,10 @@ def relabel(
     subprocess.run(["zip", "-q", "-d", str(new), f"{old_info}/*", *replace], check=True)
     head, sep, body = metadata.partition("\n\n")
     head = head.replace(f"Version: {old_version}", f"Version: {version}", 1)
+    if rename:
+        head = "\n".join(
+            f"Name: {rename}" if ln.startswith("Name: ") else ln for ln in head.splitlines()
+        )
     head += "".join(f"\nProvides-Extra: {e}" for e in extras)
     head += "".join(f"\nRequires-Dist: {r}" for r in add_requires)
     files = {f"{new_info}/{n.rsplit('/', 1)[1]}": d for n, d in others.items()}
@@ -236,6 +241,50 @@ def torch_wheels(dest: Path, wheelhouse: Path, pins: dict[str, str], rocm: str, 
     return out
 
 
+def pytorch_org_wheels(dest: Path, wheelhouse: Path, pins: dict[str, str], arches: list[str],
+                       family: dict[str, str]) -> list[Path]:  # fmt: skip
+    """pytorch.org's ROCm 7.14 channel: torch and torchvision (+rocm7.14) requiring
+    rocm[libraries,device-all]==7.14.* and triton-rocm, the rocm 7.14.0 meta package that requires
+    itself (pytorch#193979) beside the fixed 7.14.0.post1, and the SDK parts (7.14.0)."""
+    torch_v, vision_v, meta = (
+        pins["TORCH_VERSION"],
+        pins["TORCHVISION_VERSION"],
+        pins["ROCM_VERSION"],
+    )
+    release = meta.split(".post")[0]
+    images = {
+        f"torch/lib/aotriton.images/amd-{family[a]}/__signature__": b"rehearsal stand-in\n"
+        for a in arches
+    }
+    version_py = (f"__version__ = '{torch_v}'\ndebug = False\ncuda = None\ngit_version = 'rehearsal'\n"
+                  f"hip = '{release}-rehearsal'\nxpu = None\n").encode()  # fmt: skip
+    out = [relabel(next(wheelhouse.glob("torch-*+cpu-*.whl")), dest, torch_v,
+                   replace={"torch/version.py": version_py, **images},
+                   add_requires=[f"rocm[libraries,device-all]=={release.rsplit('.', 1)[0]}.*", "triton-rocm==3.8.0"]),
+           relabel(next(wheelhouse.glob("triton-3.6.0-*.whl")), dest, "3.8.0", rename="triton-rocm")]  # fmt: skip
+    out.append(make_wheel(dest, "torchvision", vision_v,
+                          {"torchvision/__init__.py": f"__version__ = '{vision_v}'\n".encode()},
+                          requires=[f"torch=={torch_v}"]))  # fmt: skip
+    parts = [f"rocm-sdk-core=={release}", f'rocm-sdk-libraries=={release} ; extra == "libraries"']
+    parts += [f'rocm-sdk-device-{a}=={release} ; extra == "device-all"' for a in arches]
+    extras = ["libraries", "device-all"]
+    out.append(make_wheel(dest, "rocm", release, {"rocm_sdk/__init__.py": ROCM_SDK_CLI.encode()},
+                          requires=[*parts, f"rocm=={release}"], extras=extras))  # fmt: skip
+    out.append(make_wheel(dest, "rocm", meta, {"rocm_sdk/__init__.py": ROCM_SDK_CLI.encode()},
+                          requires=parts, extras=extras))  # fmt: skip
+    out.append(make_wheel(dest, "rocm-sdk-core", release, {"_rocm_sdk_core/__init__.py": b""}))
+    out.append(
+        make_wheel(dest, "rocm-sdk-libraries", release, {"_rocm_sdk_libraries/__init__.py": b""})
+    )
+    for a in arches:
+        out.append(
+            make_wheel(
+                dest, f"rocm-sdk-device-{a}", release, {f"_rocm_sdk_device_{a}/__init__.py": b""}
+            )
+        )
+    return out
+
+
 def flash_attention_repo(dest: Path, ca_cert: str | None) -> tuple[Path, str]:
     """A git repository of the flash-attn 2.8.3 sdist from PyPI (without csrc/, which only CK and
     CUDA builds compile); returns it and its commit."""
@@ -289,8 +338,11 @@ def standins(wheelhouse: Path, pins: dict[str, str], arches: list[str], family: 
         work = root / f"{key}.partial-{os.getpid()}"
         shutil.rmtree(work, ignore_errors=True)
         (work / "wheels").mkdir(parents=True)
-        rocm_wheels(work / "wheels", pins["ROCM_VERSION"], arches)
-        torch_wheels(work / "wheels", wheelhouse, pins, pins["ROCM_VERSION"], arches, family)
+        if "TORCHAUDIO_VERSION" in pins:  # AMD's channels
+            rocm_wheels(work / "wheels", pins["ROCM_VERSION"], arches)
+            torch_wheels(work / "wheels", wheelhouse, pins, pins["ROCM_VERSION"], arches, family)
+        else:  # pytorch.org's
+            pytorch_org_wheels(work / "wheels", wheelhouse, pins, arches, family)
         shutil.rmtree(done, ignore_errors=True)
         work.rename(done)
     repo, commit = flash_attention_repo(root, ca_cert)

@@ -19,6 +19,13 @@ NOT_REHEARSABLE = {
         "the stand-in device wheels carry placeholder files where AMD's carry code objects, so "
         "the check would pass on names alone"
     ),
+    "torch's GPU code for the arch is on disk (AOTriton images, libtorch_hip.so)": (
+        "the stand-in torch carries placeholder AOTriton images and a CPU build's libraries, no "
+        "code objects"
+    ),
+    "torchvision's compiled ops load beside torch": (
+        "torchvision's compiled ops exist only in pytorch.org's wheel (the stand-in is metadata only)"
+    ),
     "torch was compiled for the arch": (
         "a CPU torch has no arch flags, so the check would pass vacuously"
     ),
