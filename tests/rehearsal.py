@@ -338,7 +338,9 @@ def standins(wheelhouse: Path, pins: dict[str, str], arches: list[str], family: 
         work = root / f"{key}.partial-{os.getpid()}"
         shutil.rmtree(work, ignore_errors=True)
         (work / "wheels").mkdir(parents=True)
-        if "TORCHAUDIO_VERSION" in pins:  # AMD's channels
+        if "TORCHVISION_VERSION" not in pins:  # a stack with no torch wheels (the source stack)
+            rocm_wheels(work / "wheels", pins["ROCM_VERSION"], arches)
+        elif "TORCHAUDIO_VERSION" in pins:  # AMD's channels
             rocm_wheels(work / "wheels", pins["ROCM_VERSION"], arches)
             torch_wheels(work / "wheels", wheelhouse, pins, pins["ROCM_VERSION"], arches, family)
         else:  # pytorch.org's

@@ -42,27 +42,31 @@ class MirrorBuild:
     """`--mirror` during a build: checked and served before the first layer, stopped after."""
 
     def __init__(self, mirror: str, plan: Any, root: Path) -> None:
-        from ..mirror.use import Session
-
-        self.session = Session(Path(mirror), plan, root)
-        out.print(f"mirror: {mirror}, checked ({len(self.session.manifest.files)} files), "
-                  f"served at {self.session.base}")  # fmt: skip
+        self.mirror, self.root = Path(mirror), root
+        self.session: Any = None
+        self.report: list[str] = []
 
     def apply(self, plan: Any, requests: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-        """The plan (a rehearsal's without its not-rehearsable smoke checks) and the requests
-        pointed at the mirror."""
-        from ..mirror.rehearsal import report_lines, split_smoke
+        """The plan (a rehearsal's cut at its stop point and without its not-rehearsable smoke
+        checks) and the requests pointed at the mirror, which is checked against that plan."""
+        from ..mirror.rehearsal import report_lines, split_smoke, stop_at
+        from ..mirror.use import Session, load
 
-        self.report: list[str] = []
-        if self.session.manifest.rehearsal is not None:
+        rehearsal = load(self.mirror).rehearsal
+        if rehearsal is not None:
+            plan, stop = stop_at(plan)
             plan, left = split_smoke(plan)
-            self.report = report_lines(self.session.manifest.rehearsal, left)
-            for line in self.report:
-                out.print(line, markup=False)
+            self.report = report_lines(rehearsal, [*left, *([stop] if stop else [])])
+        self.session = Session(self.mirror, plan, self.root)
+        out.print(f"mirror: {self.mirror}, checked ({len(self.session.manifest.files)} files), "
+                  f"served at {self.session.base}")  # fmt: skip
+        for line in self.report:
+            out.print(line, markup=False)
         return plan, self.session.requests(plan, requests)
 
     def close(self) -> None:
-        self.session.close()
+        if self.session is not None:
+            self.session.close()
         for line in self.report[:1]:  # said again at the end: the last lines are the ones read
             out.print(line, markup=False)
 
@@ -147,6 +151,12 @@ def mirror(
     overrides = parse_overrides(list(set_ or []), recipes)
     options = Options(base_image="(mirror)", only=only, overrides=overrides)
     plan = resolve(recipes, arch, stack, options)
+    if rehearsal:  # a rehearsal builds up to its stop point: nothing above it is fetched
+        from ..mirror.rehearsal import stop_at
+
+        plan, stop = stop_at(plan)
+        if stop is not None:
+            out.print(f"rehearsal stops before {stop.layer}: {stop.reason}")
     needs = [n for _, n in fetching_steps(plan, ws.root)]
     for n in needs:
         for sentence in n.unknown:

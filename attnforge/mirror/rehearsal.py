@@ -38,6 +38,22 @@ NOT_REHEARSABLE = {
 }
 
 
+# layer -> why a rehearsal stops before it (that layer and every layer above are not built)
+STOP_POINTS = {
+    "flash-attention-rdna3-minimal": (
+        "it compiles rocWMMA FlashAttention kernels with hipcc against ROCm torch's headers and "
+        "libraries: the stand-in SDK's hipcc cannot compile, and a CPU torch has no HIP libraries"
+    ),
+    "aotriton": "it compiles AOTriton's GPU kernels with its own Triton for AMD targets",
+    "pytorch-source": "it compiles PyTorch for HIP with the ROCm SDK's compilers and libraries",
+    "ck": "it compiles Composable Kernel with the ROCm SDK's compilers",
+    "flash-attention-dao": (
+        "its Triton AMD backend is the third_party/aiter git submodule, and a mirror does not "
+        "hold submodules yet"
+    ),
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class Unrehearsed:
     layer: str
@@ -61,6 +77,22 @@ def split_smoke(plan: Any) -> tuple[Any, list[Unrehearsed]]:
     return dataclasses.replace(plan, steps=tuple(steps)), left
 
 
+def stop_at(plan: Any) -> tuple[Any, Unrehearsed | None]:
+    """The plan without the first layer that is a stop point and every layer above it (skipped,
+    with the reason), and that stop point."""
+    stop: Unrehearsed | None = None
+    steps = []
+    for step in plan.steps:
+        if stop is None and step.runs and step.layer in STOP_POINTS:
+            stop = Unrehearsed(step.layer, "stop point", STOP_POINTS[step.layer])
+        if stop is not None and step.runs:
+            why = f"rehearsal stop point at {stop.layer}: {stop.reason}"
+            step = dataclasses.replace(step, status="skipped", reason=why)
+        steps.append(step)
+    final = plan.final_tag if stop is None else None
+    return dataclasses.replace(plan, steps=tuple(steps), final_tag=final), stop
+
+
 def report_lines(manifest_rehearsal: dict[str, Any], left: list[Unrehearsed]) -> list[str]:
     """What a rehearsal build prints first and last: that it is one, and what it did not show."""
     lines = [
@@ -69,5 +101,8 @@ def report_lines(manifest_rehearsal: dict[str, Any], left: list[Unrehearsed]) ->
         f"  why: {manifest_rehearsal.get('why') or '-'}",
         "  stand-ins: " + ", ".join(manifest_rehearsal.get("stand_ins", [])),
     ]
-    lines += [f"  not rehearsable: {u.layer}: {u.check}: {u.reason}" for u in left]
+    for u in left:
+        what = "stops before" if u.check == "stop point" else "not rehearsable:"
+        lines.append(f"  {what} {u.layer}: {u.reason}" if u.check == "stop point"
+                     else f"  {what} {u.layer}: {u.check}: {u.reason}")  # fmt: skip
     return lines

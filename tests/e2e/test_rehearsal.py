@@ -69,7 +69,9 @@ def rehearsal_mirror(tree: Path, arch: str, stack: str, dest: Path) -> tuple[lis
     arches = arch.split(",")
     wheels, repo, commit = standins(Path(WHEELHOUSE), channel_pins(arches[0], stack), arches,
                                     FAMILY, CA_CERT if Path(CA_CERT).is_file() else None)  # fmt: skip
-    sets = ["--set", f"flash-attention.SOURCE_REF={commit}"]
+    plan = resolve(load_recipes(REPO), arches[0], stack, Options(base_image=BASE))
+    has_fa = any(s.layer == "flash-attention" and s.runs for s in plan.steps)
+    sets = ["--set", f"flash-attention.SOURCE_REF={commit}"] if has_fa else []
     made = invoke(tree, "mirror", "--arch", arch, "--stack", stack, "--to", str(dest), *sets,
                   "--add", str(wheels), "--add-repo", f"{FA_REPO}={repo}",
                   "--index-url", "https://pypi.org/simple/", "--python-version", "3.11",
@@ -174,10 +176,11 @@ def test_a_planted_pip_flag_typo_in_a_rocm_layer_fails_the_rehearsal(tree, defau
         ("gfx1151", "rocm10.0", "2.13.0+rocm10.0.0"),
         ("gfx1151,gfx1100", "default", "2.14.0+rocm10.1.0"),
         ("gfx1151", "pytorch-org", "2.14.1+rocm7.14"),
+        ("gfx1151", "rocm7.14", "2.12.0+rocm7.14.0"),
     ],
 )
 def test_other_channels_and_a_two_arch_image_rehearse(tree, tmp_path, arch, stack, torch):
-    """The rocm10.0 and pytorch.org channels, and one image for gfx1151 and gfx1100 (both device
+    """The rocm10.0, rocm7.14 and pytorch.org channels, and one image for gfx1151 and gfx1100 (both device
     extras, both arches' checks), built end to end from their own rehearsal mirrors."""
     mirror = tmp_path / "mirror"
     sets, _ = rehearsal_mirror(tree, arch, stack, mirror)
@@ -195,3 +198,34 @@ def test_other_channels_and_a_two_arch_image_rehearse(tree, tmp_path, arch, stac
     assert "REHEARSAL: built from stand-in wheels" in out
     for one in arch.split(","):
         assert f"rocm-sdk-device-{one}" in out
+
+
+@pytest.mark.parametrize(
+    ("arch", "stack", "stop"),
+    [
+        ("gfx1151", "rdna3-minimal", "flash-attention-rdna3-minimal"),
+        ("gfx1151", "dao", "flash-attention-dao"),
+        ("gfx942", "source", "aotriton"),
+    ],
+)
+def test_a_stack_rehearses_up_to_its_named_stop_point(tree, tmp_path, arch, stack, stop):
+    """What cannot run without AMD's binaries (a HIP compile) or without what a mirror lacks
+    (submodules) is the named point where the rehearsal stops: every layer below it is built, it
+    and the layers above are reported skipped with the reason, never silently left out."""
+    mirror = tmp_path / "mirror"
+    sets, made = rehearsal_mirror(tree, arch, stack, mirror)
+    assert f"rehearsal stops before {stop}" in " ".join(made.split())
+    built = rehearse(tree, arch, stack, mirror, sets)
+    assert built.returncode == 0, built.stdout[-4000:] + built.stderr[-3000:]
+    layers = [
+        s.layer for s in resolve(load_recipes(REPO), arch, stack, Options(base_image=BASE)).chain
+    ]
+    below = layers[: layers.index(stop)]
+    got = outcomes(built.stdout)  # dao and rdna3-minimal share the layers below (cached: same keys)
+    assert got == {
+        **dict.fromkeys(below, got[below[0]]),
+        **dict.fromkeys(layers[len(below) :], "skipped"),
+    }
+    assert got[below[0]] in ("built", "cached")
+    out = " ".join(built.stdout.split())
+    assert f"stops before {stop}: " in out and "smoke FAIL" not in out
