@@ -151,23 +151,36 @@ def test_the_mirror_is_checked_before_anything_builds(tree, default_rehearsal, t
     assert f"files/{vision.name} does not match its sha256 in manifest.json" in said
 
 
-def test_a_planted_pip_flag_typo_in_a_rocm_layer_fails_the_rehearsal(tree, default_rehearsal):
-    """The rehearsal runs the Dockerfiles' lines: a typo in a pip flag of pytorch-wheels fails it."""
+@pytest.mark.parametrize(
+    ("good", "planted", "said"),
+    [
+        (
+            ' --index-url "${ROCM_INDEX_URL}"',
+            ' --index-urll "${ROCM_INDEX_URL}"',
+            "no such option: --index-urll",
+        ),
+        ("ARG TORCHVISION_VERSION\n", "", "torchvision[device-gfx1151]=="),
+    ],
+    ids=["pip-flag-typo", "missing-arg"],
+)
+def test_a_planted_defect_in_a_rocm_layer_fails_the_rehearsal(
+    tree, default_rehearsal, good, planted, said
+):
+    """The rehearsal runs the Dockerfiles' lines: a typo in a pip flag of pytorch-wheels, or an
+    ARG it no longer declares (its pin arrives empty), fails it at that layer."""
     mirror, sets, built = default_rehearsal
     assert built.returncode == 0
     dockerfile = tree / "dockerfiles/pytorch-wheels.Dockerfile"
-    good = dockerfile.read_text()
-    assert ' --index-url "${ROCM_INDEX_URL}"' in good
-    dockerfile.write_text(
-        good.replace(' --index-url "${ROCM_INDEX_URL}"', ' --index-urll "${ROCM_INDEX_URL}"')
-    )
+    text = dockerfile.read_text()
+    assert text.count(good) == 1
+    dockerfile.write_text(text.replace(good, planted))
     try:
         proc = rehearse(tree, "gfx1151", "default", mirror, sets)
     finally:
-        dockerfile.write_text(good)
-    said = " ".join((proc.stdout + proc.stderr).split())  # rich wraps long lines
-    assert proc.returncode != 0 and "layer 'pytorch-wheels' failed to build" in said, said[-3000:]
-    assert "no such option: --index-urll" in said
+        dockerfile.write_text(text)
+    out = " ".join((proc.stdout + proc.stderr).split())  # rich wraps long lines
+    assert proc.returncode != 0 and "layer 'pytorch-wheels' failed to build" in out, out[-3000:]
+    assert said in out
 
 
 @pytest.mark.parametrize(
