@@ -264,3 +264,31 @@ def test_every_not_rehearsable_check_is_a_smoke_check_of_an_amd_layer():
         seen |= {u.check for u in left}
         assert not any(c["name"] in NOT_REHEARSABLE for s in plan.steps for c in s.smoke)
     assert seen == set(NOT_REHEARSABLE)
+
+
+def test_a_real_mirror_keeps_the_cache_keys_and_a_rehearsal_mirror_changes_them(tmp_path):
+    """The same pins from a mirror make the same image: a real mirror leaves every key alone (and
+    the dry run says what it replaces); a rehearsal mirror's stand-ins never share a key."""
+    import json as jsonlib
+
+    def keys(*extra: str) -> dict[str, str]:
+        proc = run_invoke(REPO, "build", "--arch", "gfx1151", "--dry-run", "--json", "--base-image", "img",
+                          *extra)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return {s["layer"]: s["hash"] for s in jsonlib.loads(proc.stdout)["steps"]}
+
+    real, rehearsal = tmp_path / "real", tmp_path / "rehearsal"
+    write_index(real, Manifest())
+    write_index(rehearsal, Manifest(rehearsal={"why": "test"}))
+    plain = keys()
+    assert keys("--mirror", str(real)) == plain
+    changed = keys("--mirror", str(rehearsal))
+    assert all(changed[layer] != plain[layer] for layer in plain)
+    shown = run_invoke(REPO, "build", "--arch", "gfx1151", "--dry-run", "--base-image", "img",
+                       "--mirror", str(real), "--explain", "flash-attention")  # fmt: skip
+    said = " ".join(shown.stdout.split())
+    assert (
+        f"flash-attention: SOURCE_REPO {FA_REPO} -> {real}/git/github.com/ROCm/flash-attention.git"
+        in said
+    )
+    assert "rocm-sdk:" not in said  # --explain shows that layer's lines only
