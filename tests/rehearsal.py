@@ -181,6 +181,13 @@ exit 1
 """
 
 
+def torch_version_py(torch_v: str, rocm: str) -> bytes:
+    """torch/version.py of a stand-in: AMD's version, and torch.version.hip set (a parseable
+    version, as flash-attention's setup.py reads it) so that build scripts take their ROCm path."""
+    return (f"__version__ = '{torch_v}'\ndebug = False\ncuda = None\ngit_version = 'rehearsal'\n"
+            f"hip = '{rocm}-rehearsal'\nxpu = None\n").encode()  # fmt: skip
+
+
 def rocm_wheels(dest: Path, rocm: str, arches: list[str]) -> list[Path]:
     """The `rocm` meta package (which lists itself, as AMD's does: pytorch#193979) and its parts."""
     devices = [f"device-{a}" for a in arches]
@@ -215,8 +222,7 @@ def torch_wheels(dest: Path, wheelhouse: Path, pins: dict[str, str], rocm: str, 
     )
     label = torch_v.split("+", 1)[1]
     triton_v = f"3.6.0+{label}"
-    version_py = (f"__version__ = '{torch_v}'\ndebug = False\ncuda = None\ngit_version = 'rehearsal'\n"
-                  f"hip = '{rocm}-rehearsal'\nxpu = None\n").encode()  # fmt: skip
+    version_py = torch_version_py(torch_v, rocm)
     devices = [f"device-{a}" for a in arches]
     torch_src = next(wheelhouse.glob("torch-*+cpu-*.whl"))
     triton_src = next(wheelhouse.glob("triton-3.6.0-*.whl"))
@@ -256,8 +262,7 @@ def pytorch_org_wheels(dest: Path, wheelhouse: Path, pins: dict[str, str], arche
         f"torch/lib/aotriton.images/amd-{family[a]}/__signature__": b"rehearsal stand-in\n"
         for a in arches
     }
-    version_py = (f"__version__ = '{torch_v}'\ndebug = False\ncuda = None\ngit_version = 'rehearsal'\n"
-                  f"hip = '{release}-rehearsal'\nxpu = None\n").encode()  # fmt: skip
+    version_py = torch_version_py(torch_v, release)
     out = [relabel(next(wheelhouse.glob("torch-*+cpu-*.whl")), dest, torch_v,
                    replace={"torch/version.py": version_py, **images},
                    add_requires=[f"rocm[libraries,device-all]=={release.rsplit('.', 1)[0]}.*", "triton-rocm==3.8.0"]),
