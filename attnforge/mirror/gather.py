@@ -4,6 +4,7 @@ reach, stand-ins). The new mirror is assembled beside DIR and renamed into place
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -16,10 +17,10 @@ from .layout import FILES, Manifest, dist_of, repo_path, sha256_of, write_index
 from .needs import PYPI, LayerNeeds
 
 
-def _run(argv: list[str], log: IO[str], what: str) -> None:
+def _run(argv: list[str], log: IO[str], what: str, env: dict[str, str] | None = None) -> None:
     log.write("$ " + " ".join(argv) + "\n")
     log.flush()
-    proc = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
     if proc.returncode != 0:
         raise UserError(f"{what} failed (exit {proc.returncode}); its output is in {log.name}")
 
@@ -29,16 +30,20 @@ def download_wheels(
     ca_cert: Path | None, log: IO[str],
 ) -> None:  # fmt: skip
     """pip download one layer's requirements with their dependencies into ``files`` (the files
-    already there, local ones included, are offered first through --find-links)."""
+    already there, local ones included, are offered first through --find-links). pip runs
+    --isolated and with PIP_CONFIG_FILE=/dev/null: this host's pip configuration (PIP_* variables,
+    every pip.conf, a machine-wide constraint) does not choose what the mirror holds, as it does
+    not inside the images."""
     first = index or needs.index
-    argv = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--dest", str(files),
+    argv = [sys.executable, "-m", "pip", "--isolated", "download", "--disable-pip-version-check", "--dest", str(files),
             "--find-links", str(files), "--index-url", first, "--only-binary=:all:",
             "--python-version", python_version, "--retries", "1", "--timeout", "30"]  # fmt: skip
     if first.rstrip("/") != PYPI.rstrip("/"):
         argv += ["--extra-index-url", PYPI]
     if ca_cert is not None:
         argv += ["--cert", str(ca_cert)]
-    _run([*argv, *needs.requirements], log, f"pip download for layer {needs.layer}")
+    env = {**os.environ, "PIP_CONFIG_FILE": os.devnull}
+    _run([*argv, *needs.requirements], log, f"pip download for layer {needs.layer}", env)
 
 
 def mirror_repo(url: str, commit: str, source: str, dest: Path, log: IO[str]) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from attnforge.plan import Options, resolve
+from attnforge.plan import Options, parse_overrides, resolve
 from attnforge.recipes import load_recipes
 from tests.conftest import REPO
 from tests.e2e.test_cpu_stack import (
@@ -40,9 +40,16 @@ FAMILY = {"gfx1151": "gfx115x", "gfx1100": "gfx110x"}
 AMD_LAYERS = ["base", "rocm-sdk", "pytorch-wheels", "flash-attention", "validate"]
 
 
-def channel_pins(arch: str, stack: str) -> dict[str, str]:
+def plan_of(arch: str, stack: str, given: list[str] = ()):
+    """The stack's plan with the --set values ``given`` (["--set", "L.K=V", ...])."""
+    recipes = load_recipes(REPO)
+    overrides = parse_overrides([v for v in given if v != "--set"], recipes)
+    return resolve(recipes, arch, stack, Options(base_image=BASE, overrides=overrides))
+
+
+def channel_pins(arch: str, stack: str, given: list[str] = ()) -> dict[str, str]:
     """The versions the stack's rocm-sdk and pytorch-wheels layers pin, read from the recipes."""
-    plan = resolve(load_recipes(REPO), arch, stack, Options(base_image=BASE))
+    plan = plan_of(arch, stack, given)
     pins: dict[str, str] = {}
     for step in plan.steps:
         if step.layer in ("rocm-sdk", "pytorch-wheels", "pytorch-org"):
@@ -63,15 +70,17 @@ def tree(tmp_path_factory):
         remove_images(NAMESPACE)
 
 
-def rehearsal_mirror(tree: Path, arch: str, stack: str, dest: Path) -> tuple[list[str], str]:
+def rehearsal_mirror(
+    tree: Path, arch: str, stack: str, dest: Path, given: list[str] = ()
+) -> tuple[list[str], str]:
     """`invoke mirror` of the stack with stand-ins; returns the --set flags both commands take
-    and what mirror printed."""
+    (``given`` and flash-attention's stand-in commit) and what mirror printed."""
     arches = arch.split(",")
-    wheels, repo, commit = standins(Path(WHEELHOUSE), channel_pins(arches[0], stack), arches,
+    wheels, repo, commit = standins(Path(WHEELHOUSE), channel_pins(arches[0], stack, given), arches,
                                     FAMILY, CA_CERT if Path(CA_CERT).is_file() else None)  # fmt: skip
-    plan = resolve(load_recipes(REPO), arches[0], stack, Options(base_image=BASE))
+    plan = plan_of(arches[0], stack, given)
     has_fa = any(s.layer == "flash-attention" and s.runs for s in plan.steps)
-    sets = ["--set", f"flash-attention.SOURCE_REF={commit}"] if has_fa else []
+    sets = [*given, *(["--set", f"flash-attention.SOURCE_REF={commit}"] if has_fa else [])]
     made = invoke(tree, "mirror", "--arch", arch, "--stack", stack, "--to", str(dest), *sets,
                   "--add", str(wheels), "--add-repo", f"{FA_REPO}={repo}",
                   "--index-url", "https://pypi.org/simple/", "--python-version", "3.11",
@@ -183,28 +192,35 @@ def test_a_planted_defect_in_a_rocm_layer_fails_the_rehearsal(
     assert said in out
 
 
+NIGHTLY = "10.2.0a20261119"  # the form AMD's nightlies take (docs/channels.md)
+NIGHTLY_SETS = [
+    "--set", f"rocm-sdk.ROCM_VERSION={NIGHTLY}",
+    "--set", f"pytorch-wheels.TORCH_VERSION=2.15.0a0+rocm{NIGHTLY}",
+    "--set", f"pytorch-wheels.TORCHVISION_VERSION=0.30.0a0+rocm{NIGHTLY}",
+    "--set", f"pytorch-wheels.TORCHAUDIO_VERSION=2.11.0a0+rocm{NIGHTLY}",
+]  # fmt: skip
+
+
 @pytest.mark.parametrize(
-    ("arch", "stack", "torch"),
+    ("arch", "stack", "torch", "given"),
     [
-        ("gfx1151", "rocm10.0", "2.13.0+rocm10.0.0"),
-        ("gfx1151,gfx1100", "default", "2.14.0+rocm10.1.0"),
-        ("gfx1151", "pytorch-org", "2.14.1+rocm7.14"),
-        ("gfx1151", "rocm7.14", "2.12.0+rocm7.14.0"),
+        ("gfx1151", "rocm10.0", "2.13.0+rocm10.0.0", []),
+        ("gfx1151,gfx1100", "default", "2.14.0+rocm10.1.0", []),
+        ("gfx1151", "pytorch-org", "2.14.1+rocm7.14", []),
+        ("gfx1151", "rocm7.14", "2.12.0+rocm7.14.0", []),
+        ("gfx1151", "nightly", f"2.15.0a0+rocm{NIGHTLY}", NIGHTLY_SETS),
     ],
+    ids=["rocm10.0", "gfx1151+gfx1100", "pytorch-org", "rocm7.14", "nightly"],
 )
-def test_other_channels_and_a_two_arch_image_rehearse(tree, tmp_path, arch, stack, torch):
-    """The rocm10.0, rocm7.14 and pytorch.org channels, and one image for gfx1151 and gfx1100 (both device
-    extras, both arches' checks), built end to end from their own rehearsal mirrors."""
+def test_other_channels_and_a_two_arch_image_rehearse(tree, tmp_path, arch, stack, torch, given):
+    """The rocm10.0, rocm7.14, nightly (pre-release versions given with --set) and pytorch.org
+    channels, and one image for gfx1151 and gfx1100 (both device extras, both arches' checks),
+    built end to end from their own rehearsal mirrors."""
     mirror = tmp_path / "mirror"
-    sets, _ = rehearsal_mirror(tree, arch, stack, mirror)
+    sets, _ = rehearsal_mirror(tree, arch, stack, mirror, given)
     built = rehearse(tree, arch, stack, mirror, sets)
     assert built.returncode == 0, built.stdout[-4000:] + built.stderr[-3000:]
-    layers = [
-        s.layer
-        for s in resolve(
-            load_recipes(REPO), arch.split(",")[0], stack, Options(base_image=BASE)
-        ).chain
-    ]
+    layers = [s.layer for s in plan_of(arch.split(",")[0], stack, given).chain]
     assert outcomes(built.stdout) == dict.fromkeys(layers, "built")
     out = " ".join(built.stdout.split())
     assert f": torch {torch}" in out and "smoke FAIL" not in out
