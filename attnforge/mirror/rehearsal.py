@@ -47,6 +47,7 @@ STOP_POINTS = {
     "aotriton": "it compiles AOTriton's GPU kernels with its own Triton for AMD targets",
     "pytorch-source": "it compiles PyTorch for HIP with the ROCm SDK's compilers and libraries",
     "ck": "it compiles Composable Kernel with the ROCm SDK's compilers",
+    "flash-attention-rocm-fa3": "it compiles CK's FMHA kernels with the ROCm SDK's compilers",
     "flash-attention-dao": (
         "its Triton AMD backend is the third_party/aiter git submodule, and a mirror does not "
         "hold submodules yet"

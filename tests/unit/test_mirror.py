@@ -254,7 +254,9 @@ def test_build_refuses_a_wheelhouse_beside_a_mirror_and_a_folder_without_manifes
 
 def test_every_not_rehearsable_check_is_a_smoke_check_of_an_amd_layer():
     """The classification names real checks: a renamed check would otherwise run unclassified."""
-    from attnforge.mirror.rehearsal import NOT_REHEARSABLE, split_smoke
+    from attnforge.mirror.rehearsal import NOT_REHEARSABLE, STOP_POINTS, split_smoke
+
+    assert set(STOP_POINTS) <= set(load_recipes(REPO).layers)
 
     names = {c.name for layer in load_recipes(REPO).layers.values() for c in layer.smoke}
     assert set(NOT_REHEARSABLE) <= names
