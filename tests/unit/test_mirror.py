@@ -294,3 +294,23 @@ def test_a_real_mirror_keeps_the_cache_keys_and_a_rehearsal_mirror_changes_them(
         in said
     )
     assert "rocm-sdk:" not in said  # --explain shows that layer's lines only
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--add", "/nonexistent/wheels"], "--add /nonexistent/wheels: no such file or folder"),
+        (
+            ["--add-repo", "https://example.org/x.git"],
+            "--add-repo https://example.org/x.git: give URL=PATH",
+        ),
+        ([], None),
+    ],
+)
+def test_invoke_mirror_says_what_is_wrong_with_its_options_in_one_sentence(tmp_path, args, said):
+    to = [] if said is None else ["--to", str(tmp_path / "m")]
+    proc = run_invoke(REPO, "mirror", "--arch", "cpu", *to, *args)
+    out = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode != 0 and "Traceback" not in out
+    assert (said or "--to DIR is required") in out
+    assert not (tmp_path / "m").exists() and not (tmp_path / "m.partial").exists()
