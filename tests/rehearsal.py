@@ -323,10 +323,22 @@ def flash_attention_repo(dest: Path, ca_cert: str | None) -> tuple[Path, str]:
 
 
 def _source_key(*parts: str) -> str:
-    digest = hashlib.sha256(Path(__file__).read_bytes())
+    """<this file's hash>-<the inputs' hash>: stand-ins made by an older version of this file are
+    recognised by the first half and removed (each set is about 360 MB: torch and Triton)."""
+    digest = hashlib.sha256()
     for part in parts:
         digest.update(part.encode() + b"\0")
-    return digest.hexdigest()[:16]
+    return (
+        f"{hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:8]}-{digest.hexdigest()[:12]}"
+    )
+
+
+def _prune(root: Path, key: str) -> None:
+    """Remove the stand-in sets an older version of this file made."""
+    mine = key.split("-")[0]
+    for old in root.glob("*/wheels"):
+        if not old.parent.name.startswith(mine + "-"):
+            shutil.rmtree(old.parent, ignore_errors=True)
 
 
 def standins(wheelhouse: Path, pins: dict[str, str], arches: list[str], family: dict[str, str],
@@ -339,6 +351,7 @@ def standins(wheelhouse: Path, pins: dict[str, str], arches: list[str], family: 
     key = _source_key(*sources, *sorted(f"{k}={v}" for k, v in pins.items()), *arches)
     root = cache_root()
     done = root / key
+    _prune(root, key)
     if not (done / "wheels").is_dir():
         work = root / f"{key}.partial-{os.getpid()}"
         shutil.rmtree(work, ignore_errors=True)
