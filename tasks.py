@@ -11,6 +11,7 @@ from attnforge.cli import doctor as doctor_tasks
 from attnforge.cli import export as export_tasks
 from attnforge.cli import kernels as kernel_tasks
 from attnforge.cli import matrix as matrix_tasks
+from attnforge.cli import mirror as mirror_tasks
 from attnforge.cli import patches as patch_tasks
 from attnforge.cli import pins as pin_tasks
 from attnforge.cli import publish as publish_tasks
@@ -25,6 +26,7 @@ if hasattr(signal, "SIGPIPE"):
 ns = Collection()
 ns.add_task(build_tasks.build)
 ns.add_task(bake_tasks.bake)
+ns.add_task(mirror_tasks.mirror)
 ns.add_task(build_tasks.schema)
 ns.add_task(build_tasks.arches)
 ns.add_task(validate_tasks.validate)

@@ -26,6 +26,7 @@ from contract import arches
 from .engine import BuildFailed, BuildRequest, Engine, RegistryUnavailable, RunRequest
 from .errors import UserError
 from .files import write_aside
+from .mirror.use import rehearsal_mark
 from .plan import (
     Options,
     Plan,
@@ -86,6 +87,7 @@ class Invocation:
     require_cache: bool = False  # a cache that does not answer is an error, not a fallback
     builder: str | None = None  # a buildx builder or a buildkitd address (BuildRequest.builder)
     push: bool = False  # push the tags (with a builder: each layer as soon as it passed its checks)
+    mirror: str | None = None  # build from this mirror folder only (attnforge/mirror)
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -234,7 +236,7 @@ def plan_build(
     digest = engine.image_id(base_ref) if engine is not None and base_ref else None
     options = Options(
         base_image=inv.base_image, base_digest=digest, jobs=inv.jobs, namespace=inv.namespace,
-        only=inv.only, overrides=overrides,
+        only=inv.only, overrides=overrides, rehearsal=rehearsal_mark(inv.mirror),
     )  # fmt: skip
     plan = resolve(recipes, inv.arch, inv.stack, options)
     known = engine is not None

@@ -80,6 +80,8 @@ class BuildRequest:
     # (the engine then pulls it for the smoke checks). Never a content or moving tag: those move
     # only after the smoke checks pass.
     push_to: str | None = None
+    # The build's network (`host` reaches a mirror served on the host's loopback); None: default.
+    network: str | None = None
 
     @property
     def via_buildctl(self) -> bool:
@@ -107,6 +109,8 @@ class BuildRequest:
         else:
             cmd = [*cli, "build", "--progress=plain"]
         cmd += ["-f", str(self.dockerfile), "--iidfile", str(self.iidfile)]
+        if self.network:
+            cmd += ["--network", self.network]
         for key, value in sorted(self.build_args.items()):
             cmd += ["--build-arg", f"{key}={value}"]
         for key, value in sorted(self.labels.items()):

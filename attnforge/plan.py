@@ -188,6 +188,7 @@ class Options:
     namespace: str = "attnforge"
     only: str | None = None
     overrides: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    rehearsal: str | None = None  # a rehearsal mirror's mark: hashed into every layer's args
 
 
 # ---------------------------------------------------------------------------- overrides
@@ -635,6 +636,8 @@ def _make_step(
     floating = check_pins(pins)
     if layer.patches:
         args["PATCH_SERIES"] = " ".join(layer.patches)
+    if options.rehearsal:  # stand-in wheels: never the cache key of a real build
+        args["ATTNFORGE_REHEARSAL"] = options.rehearsal
     ctx = layer_context(root, layer, where)
     if parent is None:
         parent_key: str | dict[str, Any] = {"image": base_ref, "digest": options.base_digest}

@@ -33,6 +33,7 @@ from .baseline import gate
 from .baseline import store as baseline_store
 from .engine import Engine, RunRequest
 from .errors import UserError
+from .mirror.use import refuse_rehearsal
 from .plan import Options, Plan, aotriton_facts, resolve
 from .recipes import Recipes
 from .workspace import VALIDATED, Workspace
@@ -447,6 +448,7 @@ def validated_image(
     final_id = eng.image_id(final) if final else None
     if final_id is None:
         raise UserError(f"no image {final}", hint=f"invoke build --arch {arch} --stack {stack}")
+    refuse_rehearsal(eng.labels(final), final, done)
     if isinstance(recipes.arches[arch], multiarch.ArchSet):
         return final, final_id, set_validation(ws, recipes.arches[arch], stack, final, final_id)
     return final, final_id, single_validation(ws, arch, stack, final, final_id, done)

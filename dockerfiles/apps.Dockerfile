@@ -6,6 +6,8 @@ ARG BASE_IMAGE
 FROM ${BASE_IMAGE}
 ARG TRANSFORMERS_VERSION
 ARG DIFFUSERS_VERSION
+# pip's index where a line names none (unset: PyPI); `invoke build --mirror` sets it.
+ARG PIP_INDEX_URL
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
 # --no-deps over the lock installs exactly what it pins (no resolver run here, so nothing floats

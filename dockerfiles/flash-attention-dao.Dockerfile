@@ -17,6 +17,8 @@ ARG GPU_ARCHS
 ARG SETUPTOOLS_SCM_VERSION
 ARG PATCH_SERIES=""
 ARG MAX_JOBS=2
+# pip's index where a line names none (unset: PyPI); `invoke build --mirror` sets it.
+ARG PIP_INDEX_URL
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
 WORKDIR /src

@@ -12,6 +12,8 @@ ARG SOURCE_REF
 ARG GPU_ARCH
 ARG PATCH_SERIES=""
 ARG MAX_JOBS=2
+# pip's index where a line names none (unset: PyPI); `invoke build --mirror` sets it.
+ARG PIP_INDEX_URL
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
 WORKDIR /src

@@ -12,12 +12,17 @@ ARG FLASH_ATTENTION_TRITON_AMD_ENABLE
 ARG GPU_ARCHS
 ARG PATCH_SERIES=""
 ARG MAX_JOBS=2
+# pip's index where a line names none (unset: PyPI); `invoke build --mirror` sets it.
+ARG PIP_INDEX_URL
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
 WORKDIR /src
 # One RUN fetches, builds and deletes the source tree, so no layer keeps it (hence cd, not
 # WORKDIR); the pip cache is a cache mount (hence no --no-cache-dir). The built wheel is kept in
 # /opt/attnforge/wheels, so that `invoke export` carries the very wheel this image installed.
+# BUILD_TARGET=rocm: setup.py otherwise infers CUDA or ROCm from the torch it imports
+# (torch.utils.cpp_extension.IS_HIP_EXTENSION), and takes the CUDA branch where that torch is not
+# a HIP build; this layer builds ROCm's fork for ROCm, so it says so.
 # hadolint ignore=DL3003,DL3042
 RUN --mount=type=secret,id=ca,required=false \
     --mount=type=cache,target=/root/.cache/pip \
@@ -29,9 +34,9 @@ RUN --mount=type=secret,id=ca,required=false \
      && (cd /ctx && python3 attnforge/patches.py apply --component flash-attention --src /src/flash-attention "${series[@]}"); fi \
  && if [ "${FLASH_ATTENTION_TRITON_AMD_ENABLE}" != "TRUE" ]; then \
         git submodule update -q --init --depth 1 csrc/composable_kernel; fi \
- && pip install einops==0.8.1 packaging==25.0 ninja==1.13.0 \
+ && pip install einops==0.8.1 packaging==25.0 ninja==1.13.0 psutil==7.0.0 \
  && FLASH_ATTENTION_TRITON_AMD_ENABLE="${FLASH_ATTENTION_TRITON_AMD_ENABLE}" GPU_ARCHS="${GPU_ARCHS}" \
-    MAX_JOBS="${MAX_JOBS}" pip wheel --no-deps --no-build-isolation -w /opt/attnforge/wheels . \
+    BUILD_TARGET=rocm MAX_JOBS="${MAX_JOBS}" pip wheel --no-deps --no-build-isolation -w /opt/attnforge/wheels . \
  && pip install --no-deps /opt/attnforge/wheels/flash_attn-*.whl \
  && cd / && rm -rf /src/flash-attention
 

@@ -14,6 +14,8 @@ ARG PYTORCH_BUILD_VERSION
 ARG AOTRITON_EXPERIMENTAL=0
 ARG PATCH_SERIES=""
 ARG MAX_JOBS=2
+# pip's index where a line names none (unset: PyPI); `invoke build --mirror` sets it.
+ARG PIP_INDEX_URL
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
 WORKDIR /src

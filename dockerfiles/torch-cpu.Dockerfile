@@ -5,6 +5,8 @@ ARG BASE_IMAGE
 FROM ${BASE_IMAGE}
 ARG TORCH_VERSION
 ARG TORCH_INDEX_URL=""
+# pip's index where a line names none (unset: PyPI); `invoke build --mirror` sets it.
+ARG PIP_INDEX_URL
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
 # The pip cache is a cache mount, so --no-cache-dir would only slow rebuilds down. PyTorch's

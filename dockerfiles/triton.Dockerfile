@@ -8,6 +8,8 @@ FROM ${BASE_IMAGE}
 ARG TRITON_VERSION
 ARG NUMPY_VERSION
 ARG PATCH_SERIES=""
+# pip's index where a line names none (unset: PyPI); `invoke build --mirror` sets it.
+ARG PIP_INDEX_URL
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
 # The pip cache is a cache mount; the patch engine resolves series paths from /ctx (hence cd).

@@ -264,6 +264,9 @@ STACK = Opt("STACK", _stack, kind="stack")
 ENGINE = Opt("ENGINE", lambda flag, value: _engine(flag, value), kind="engine")
 OUT_FILE = Opt("FILE", _out_file, kind="out_file")
 OUT_DIR = Opt("DIR", _out_dir, kind="out_dir")
+# The host's CA bundle, handed to pip inside builds as a BuildKit secret (never stored in an
+# image) by build, bake and mirror where it exists.
+HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 IN_FILE = Opt("FILE", _existing("file"), kind="in_file")
 IN_DIR = Opt("DIR", _existing("folder"), kind="in_dir")
 NAMESPACE = Opt("NAMESPACE", _registry_namespace, kind="namespace")

@@ -12,8 +12,8 @@ from ..console import out, user_errors
 from ..errors import UserError
 from ..files import aside, swap_folder, write_aside
 from ..workspace import Workspace
-from . import OUT_FILE, command
-from .build import BUILD_OPTIONS, HOST_CA_BUNDLE, build_invocation, connect_for_plan, local_defaults
+from . import HOST_CA_BUNDLE, OUT_FILE, command
+from .build import BUILD_OPTIONS, build_invocation, connect_for_plan, local_defaults
 
 if TYPE_CHECKING:  # the library is imported where a task uses it (attnforge/cli/__init__.py)
     from ..plan import Plan

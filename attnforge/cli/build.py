@@ -16,6 +16,7 @@ from . import (
     ARCH,
     CA_CERT,
     ENGINE,
+    HOST_CA_BUNDLE,
     IN_DIR,
     NAMESPACE,
     OUT_FILE,
@@ -25,6 +26,7 @@ from . import (
     number,
     text,
 )
+from .mirror import MirrorBuild, mirror_lines, with_mirror
 
 if TYPE_CHECKING:  # the library is imported where a task uses it (attnforge/cli/__init__.py)
     from ..build import BuildState, Invocation
@@ -34,7 +36,6 @@ if TYPE_CHECKING:  # the library is imported where a task uses it (attnforge/cli
 
 # The host's CA bundle (Debian/Ubuntu): handed to builds as a BuildKit secret by default, so pip
 # inside a build trusts what this host trusts (a proxy's CA included); never stored in an image.
-HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 
 
 BUILD_OPTIONS = {
@@ -45,7 +46,12 @@ BUILD_OPTIONS = {
 
 
 @command(
-    options={**BUILD_OPTIONS, "explain": text("LAYER"), "builder": text("BUILDER")},
+    options={
+        **BUILD_OPTIONS,
+        "explain": text("LAYER"),
+        "builder": text("BUILDER"),
+        "mirror": IN_DIR,
+    },  # fmt: skip
     writes=("build",),
     goes_with={"json": "dry_run", "explain": "dry_run"},
     help={
@@ -74,6 +80,8 @@ BUILD_OPTIONS = {
         "builder": "build on this BuildKit builder: a `docker buildx` builder name, or a buildkitd "
         'address such as tcp://host:1234 (for buildctl; e.g. "$BUILDKIT_HOST"); results come back '
         "to the engine for the smoke checks and tags (with --push: through the registry)",
+        "mirror": "build from this mirror folder (`invoke mirror`) and from nothing else: it is "
+        "checked first, served on 127.0.0.1, and every other URL is refused",
         "debug": "show tracebacks",
     },
 )
@@ -82,7 +90,7 @@ def build(
     c, arch=None, stack=None, only=None, dry_run=False, json=False, explain=None,
     continue_=False, set_=None, base_image=None, wheelhouse=None, ca_cert=None, engine="docker",
     jobs=None, namespace="attnforge", push=False, cache_from=None, require_cache=False,
-    builder=None, debug=False,
+    builder=None, mirror=None, debug=False,
 ):  # fmt: skip
     """Build a stack's images layer by layer, skipping every layer whose inputs did not change."""
     from ..build import BuildState
@@ -108,6 +116,7 @@ def build(
         if require_cache and not inv.cache_from:
             raise UserError("--require-cache goes with --cache-from (or attnforge.cache_from)")
         inv.builder, inv.push = builder or None, push
+        inv = with_mirror(inv, mirror, given_wheelhouse=wheelhouse is not None)
         state = BuildState(inv)
     if state.invocation.builder and state.invocation.engine != "docker":
         raise UserError(
@@ -171,9 +180,12 @@ def _build(state: BuildState, recipes: Recipes, ws: Workspace, given_base: bool,
         state.save(ws)
     pusher = _Pusher(eng, ws.logs_for(plan.arch) / "push.log")
     progress = LayerProgress(total=len(plan.chain))
+    session = MirrorBuild(inv.mirror, plan, ws.root) if inv.mirror else None
     try:
         requests = build_requests(plan, ws, Path(inv.ca_cert) if inv.ca_cert else None,
                                   builder=inv.builder, push=inv.push)  # fmt: skip
+        if session is not None:
+            plan, requests = session.apply(plan, requests)
         outcomes = execute(
             plan, eng, ws=ws, state=state, requests=requests,
             wheelhouse=Path(inv.wheelhouse) if inv.wheelhouse else None, progress=progress,
@@ -182,6 +194,8 @@ def _build(state: BuildState, recipes: Recipes, ws: Workspace, given_base: bool,
         )  # fmt: skip
     finally:
         progress.close()
+        if session is not None:
+            session.close()
     if inv.push:
         for s in plan.chain:
             pusher.push(s)
@@ -290,6 +304,9 @@ def _dry_run(inv: Invocation, recipes: Recipes, ws: Workspace, as_json: bool, la
             return None
         return eng.build_argv(req) if eng is not None else req.argv(["docker"], "buildx")
 
+    if inv.mirror and not as_json:
+        for line in mirror_lines(plan, ws.root, inv.mirror, layer):
+            out.print(line, markup=False)
     if layer:
         _explain_layer(plan, plan.step(layer), command_of(layer), as_json)
         return

@@ -33,6 +33,10 @@ NOT_RUN_HERE = {
     "runs pins.check --offline against saved pages and real git repositories",
     "invoke pins.update --channel stable": "needs AMD's index; tests/unit/test_pins_update.py runs "
     "it --offline against saved index pages",
+    "invoke mirror --arch gfx1151 --to /srv/attnforge-mirror": "needs AMD's index and GitHub; "
+    "tests/e2e/test_rehearsal.py makes a mirror of the same plan with stand-ins (--add, --add-repo)",
+    "invoke build --arch gfx1151 --mirror /srv/attnforge-mirror": "needs that mirror; "
+    "tests/e2e/test_rehearsal.py builds the default stack from a rehearsal mirror",
     "invoke patches.status --component flash-attention --src ~/src/flash-attention": "needs a "
     "flash-attention checkout; tests/patches run patches.status on real git repositories",
 }

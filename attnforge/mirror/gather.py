@@ -1,0 +1,104 @@
+"""Fill a mirror: the wheels a plan's layers pin, as pip resolves them, and each source repository
+at its pinned commit. Local wheels and repositories can be added (an index this host cannot
+reach, stand-ins). The new mirror is assembled beside DIR and renamed into place when complete."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import IO, Any
+
+from ..errors import UserError
+from .layout import FILES, Manifest, dist_of, repo_path, sha256_of, write_index
+from .needs import PYPI, LayerNeeds
+
+
+def _run(argv: list[str], log: IO[str], what: str, env: dict[str, str] | None = None) -> None:
+    log.write("$ " + " ".join(argv) + "\n")
+    log.flush()
+    proc = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
+    if proc.returncode != 0:
+        raise UserError(f"{what} failed (exit {proc.returncode}); its output is in {log.name}")
+
+
+def download_wheels(
+    needs: LayerNeeds, files: Path, python_version: str, index: str | None,
+    ca_cert: Path | None, log: IO[str],
+) -> None:  # fmt: skip
+    """pip download one layer's requirements with their dependencies into ``files`` (the files
+    already there, local ones included, are offered first through --find-links). pip runs
+    --isolated and with PIP_CONFIG_FILE=/dev/null: this host's pip configuration (PIP_* variables,
+    every pip.conf, a machine-wide constraint) does not choose what the mirror holds, as it does
+    not inside the images."""
+    first = index or needs.index
+    argv = [sys.executable, "-m", "pip", "--isolated", "download", "--disable-pip-version-check", "--dest", str(files),
+            "--find-links", str(files), "--index-url", first, "--only-binary=:all:",
+            "--python-version", python_version, "--retries", "1", "--timeout", "30"]  # fmt: skip
+    if first.rstrip("/") != PYPI.rstrip("/"):
+        argv += ["--extra-index-url", PYPI]
+    if ca_cert is not None:
+        argv += ["--cert", str(ca_cert)]
+    env = {**os.environ, "PIP_CONFIG_FILE": os.devnull}
+    _run([*argv, *needs.requirements], log, f"pip download for layer {needs.layer}", env)
+
+
+def mirror_repo(url: str, commit: str, source: str, dest: Path, log: IO[str]) -> None:
+    """A bare copy of ``source`` (the URL, or a local repository standing in for it) at
+    dest/git/...; the pinned commit must be in it. Fetching it by id is allowed (the Dockerfiles
+    run `git fetch --depth 1 URL COMMIT`)."""
+    bare = dest / repo_path(url)
+    if not bare.exists():
+        bare.parent.mkdir(parents=True, exist_ok=True)
+        _run(["git", "clone", "--quiet", "--mirror", source, str(bare)], log, f"git clone {source}")
+        _run(["git", "-C", str(bare), "config", "uploadpack.allowAnySHA1InWant", "true"], log,
+             "git config")  # fmt: skip
+    found = subprocess.run(["git", "-C", str(bare), "cat-file", "-e", f"{commit}^{{commit}}"],
+                           capture_output=True)  # fmt: skip
+    if found.returncode != 0:
+        raise UserError(f"{source} has no commit {commit}, which the plan pins for {url}")
+
+
+def assemble(
+    dest: Path, needs: Iterable[LayerNeeds], *, local_wheels: Iterable[Path] = (),
+    local_repos: Mapping[str, str] | None = None, python_version: str = "3.12",
+    index: str | None = None, ca_cert: Path | None = None, rehearsal: dict[str, Any] | None = None,
+    log: IO[str],
+) -> Manifest:  # fmt: skip
+    """Make the mirror ``dest`` for ``needs``; an earlier mirror there is replaced only once the
+    new one is complete."""
+    needs = list(needs)
+    work = dest.with_name(dest.name + ".partial")
+    shutil.rmtree(work, ignore_errors=True)
+    files = work / FILES
+    files.mkdir(parents=True)
+    for wheel in local_wheels:
+        if dist_of(wheel.name) is None:
+            raise UserError(f"--add {wheel}: not a wheel or sdist file name")
+        shutil.copy2(wheel, files / wheel.name)
+    repos: dict[str, dict[str, Any]] = {}
+    for n in needs:
+        if n.requirements:
+            download_wheels(n, files, python_version, index, ca_cert, log)
+        if n.repo is not None:
+            url, commit = n.repo
+            mirror_repo(url, commit, (local_repos or {}).get(url, url), work, log)
+            entry = repos.setdefault(url, {"path": repo_path(url), "commits": []})
+            if commit not in entry["commits"]:
+                entry["commits"].append(commit)
+    manifest = Manifest(
+        files={p.name: sha256_of(p) for p in sorted(files.iterdir()) if dist_of(p.name)},
+        repos=repos, requirements={n.layer: n.requirements for n in needs if n.requirements},
+        rehearsal=rehearsal,
+    )  # fmt: skip
+    write_index(work, manifest)
+    old = dest.with_name(dest.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if dest.exists():
+        dest.rename(old)
+    work.rename(dest)
+    shutil.rmtree(old, ignore_errors=True)
+    return manifest

@@ -1,0 +1,369 @@
+"""A rehearsal mirror for the AMD stacks: stand-in wheels with AMD's real names, versions, local
+labels, extras and Requires-Dist as the recipes pin them, and contents that make the rehearsal
+honest where they can:
+
+- torch is the real CPU torch of the wheelhouse relabelled (`import torch` really runs), with
+  torch.version.hip set to the ROCm version so that build scripts take their ROCm branches (e.g.
+  flash-attention's setup.py reads torch.utils.cpp_extension.IS_HIP_EXTENSION): hence every smoke
+  check that asks whether torch is a HIP build is "not rehearsable";
+- triton is the real Triton of the wheelhouse relabelled (its CPU interpreter runs);
+- `rocm` carries a working `rocm-sdk` command (version, targets, path --root, init) over the
+  stand-in SDK parts (rocm-sdk-core, -libraries, -devel with a hipcc that refuses to compile,
+  -device-<arch>);
+- torchvision, torchaudio and the amd-*-device-<arch> wheels are metadata and file layout only
+  (AOTriton's images folder, the .kpack overlay), no compiled code;
+- flash-attention's source is Dao-AILab's tree from the flash-attn sdist on PyPI (v2.8.3), which
+  holds the same Triton AMD backend module (flash_attn/flash_attn_triton_amd), committed to a
+  small git repository that stands in for ROCm's fork (its commit is given with --set).
+
+Built once per machine into ~/.cache/attnforge/rehearsal/<key> (the key covers this file and the
+source wheels), so a warm run reuses them.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import shutil
+import subprocess
+import tarfile
+import urllib.request
+import zipfile
+from pathlib import Path
+
+TAG = "py3-none-any"
+FA_SDIST = ("https://files.pythonhosted.org/packages/3b/b2/8d76c41ad7974ee264754709c22963447f7f8134613fd9ce80984ed0dab7/"
+            "flash_attn-2.8.3.tar.gz")  # fmt: skip
+FA_SDIST_SHA256 = None  # checked against PyPI's own page hash on download (see fetch_sdist)
+
+
+def cache_root() -> Path:
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "attnforge" / "rehearsal"
+
+
+def _put(zf: zipfile.ZipFile, name: str, data: bytes | str) -> None:
+    """One entry with a fixed date, so that a stand-in built twice is the same bytes."""
+    info = zipfile.ZipInfo(name, date_time=(2026, 1, 1, 0, 0, 0))
+    info.compress_type = zipfile.ZIP_DEFLATED
+    info.external_attr = (0o755 if "/bin/" in name else 0o644) << 16
+    zf.writestr(info, data)
+
+
+def _record_line(path: str, data: bytes) -> str:
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return f"{path},sha256={digest},{len(data)}"
+
+
+def _metadata(name: str, version: str, requires: list[str], extras: list[str]) -> str:
+    lines = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}",
+             "Summary: attnforge rehearsal stand-in (not AMD's wheel)"]  # fmt: skip
+    lines += [f"Provides-Extra: {e}" for e in extras]
+    lines += [f"Requires-Dist: {r}" for r in requires]
+    return "\n".join(lines) + "\n"
+
+
+def make_wheel(
+    dest: Path, name: str, version: str, files: dict[str, bytes], *, requires: list[str] = (),
+    extras: list[str] = (), scripts: dict[str, str] | None = None,
+) -> Path:  # fmt: skip
+    """A pure-Python wheel with these files and this metadata."""
+    stem = f"{name.replace('-', '_')}-{version}"
+    info = f"{stem}.dist-info"
+    meta = {
+        f"{info}/METADATA": _metadata(name, version, list(requires), list(extras)).encode(),
+        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: attnforge-rehearsal\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    if scripts:
+        body = "[console_scripts]\n" + "".join(f"{k} = {v}\n" for k, v in scripts.items())
+        meta[f"{info}/entry_points.txt"] = body.encode()
+    content = {**files, **meta}
+    record = [_record_line(p, d) for p, d in content.items()] + [f"{info}/RECORD,,"]
+    path = dest / f"{stem}-{TAG}.whl"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        for p, d in content.items():
+            _put(zf, p, d)
+        _put(zf, f"{info}/RECORD", "\n".join(record) + "\n")
+    return path
+
+
+def relabel(
+    src: Path, dest: Path, version: str, *, add_requires: list[str] = (), extras: list[str] = (),
+    replace: dict[str, bytes] | None = None, rename: str | None = None,
+) -> Path:  # fmt: skip
+    """A copy of a real wheel under another version (its local label) or project name, with more
+    Requires-Dist and files replaced, without recompressing the rest (zip -d, then append)."""
+    old_name, old_version, tail = src.name.split("-", 2)
+    name = rename.replace("-", "_") if rename else old_name
+    new = dest / f"{name}-{version}-{tail}"
+    shutil.copy2(src, new)
+    old_info, new_info = f"{old_name}-{old_version}.dist-info", f"{name}-{version}.dist-info"
+    with zipfile.ZipFile(src) as zf:
+        metadata = zf.read(f"{old_info}/METADATA").decode()
+        others = {n: zf.read(n) for n in zf.namelist() if n.startswith(old_info + "/")
+                  and n.rsplit("/", 1)[1] not in ("METADATA", "RECORD")}  # fmt: skip
+        record = zf.read(f"{old_info}/RECORD").decode().splitlines()
+    replace = dict(replace or {})
+    subprocess.run(["zip", "-q", "-d", str(new), f"{old_info}/*", *replace], check=True)
+    head, sep, body = metadata.partition("\n\n")
+    head = head.replace(f"Version: {old_version}", f"Version: {version}", 1)
+    if rename:
+        head = "\n".join(
+            f"Name: {rename}" if ln.startswith("Name: ") else ln for ln in head.splitlines()
+        )
+    head += "".join(f"\nProvides-Extra: {e}" for e in extras)
+    head += "".join(f"\nRequires-Dist: {r}" for r in add_requires)
+    files = {f"{new_info}/{n.rsplit('/', 1)[1]}": d for n, d in others.items()}
+    files[f"{new_info}/METADATA"] = (head + sep + body).encode()
+    files.update(replace)
+    kept = [
+        ln
+        for ln in record
+        if ln and not ln.startswith(old_info + "/") and ln.split(",")[0] not in replace
+    ]
+    lines = kept + [_record_line(p, d) for p, d in files.items()] + [f"{new_info}/RECORD,,"]
+    with zipfile.ZipFile(new, "a", zipfile.ZIP_DEFLATED) as zf:
+        for p, d in files.items():
+            _put(zf, p, d)
+        _put(zf, f"{new_info}/RECORD", "\n".join(lines) + "\n")
+    return new
+
+
+ROCM_SDK_CLI = '''"""rocm-sdk (attnforge rehearsal stand-in): the subcommands the Dockerfiles use."""
+import importlib.metadata as md
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import _rocm_sdk_core
+
+
+def root():
+    return Path(_rocm_sdk_core.__file__).parent
+
+
+def targets():
+    names = (d.metadata["Name"] for d in md.distributions())
+    return sorted(n[len("rocm-sdk-device-"):] for n in names if n and n.startswith("rocm-sdk-device-"))
+
+
+def init():
+    try:
+        import _rocm_sdk_devel
+    except ImportError:
+        sys.exit("rocm-sdk init: rocm-sdk-devel is not installed (install rocm[devel])")
+    shutil.copytree(Path(_rocm_sdk_devel.__file__).parent / "tree", root(), dirs_exist_ok=True)
+    for tool in (root() / "bin").iterdir():
+        tool.chmod(0o755)
+    print(f"rocm-sdk init: devel tree expanded into {root()}")
+
+
+def main(argv=None):
+    args = list(sys.argv[1:] if argv is None else argv)
+    cmd = args[0] if args else "help"
+    if cmd == "version":
+        print(md.version("rocm-sdk-core"))
+    elif cmd == "targets":
+        print(";".join(targets()))
+    elif cmd == "path" and args[1:] == ["--root"]:
+        print(root())
+    elif cmd == "init":
+        init()
+    else:
+        sys.exit(f"rocm-sdk (rehearsal stand-in): unknown command {args!r}")
+'''
+
+HIPCC = b"""#!/bin/sh
+echo "hipcc: an attnforge rehearsal stand-in (rocm-sdk-devel); it cannot compile HIP" >&2
+exit 1
+"""
+
+
+def torch_version_py(torch_v: str, rocm: str) -> bytes:
+    """torch/version.py of a stand-in: AMD's version, and torch.version.hip set (a parseable
+    version, as flash-attention's setup.py reads it) so that build scripts take their ROCm path."""
+    return (f"__version__ = '{torch_v}'\ndebug = False\ncuda = None\ngit_version = 'rehearsal'\n"
+            f"hip = '{rocm}-rehearsal'\nxpu = None\n").encode()  # fmt: skip
+
+
+def rocm_wheels(dest: Path, rocm: str, arches: list[str]) -> list[Path]:
+    """The `rocm` meta package (which lists itself, as AMD's does: pytorch#193979) and its parts."""
+    devices = [f"device-{a}" for a in arches]
+    meta_requires = [f"rocm-sdk-core=={rocm}", f'rocm-sdk-libraries=={rocm} ; extra == "libraries"',
+                     f'rocm-sdk-devel=={rocm} ; extra == "devel"',
+                     f'rocm[libraries]=={rocm} ; extra == "devel"']  # fmt: skip
+    meta_requires += [f'rocm-sdk-device-{a}=={rocm} ; extra == "device-{a}"' for a in arches]
+    out = [make_wheel(dest, "rocm", rocm, {"rocm_sdk/__init__.py": ROCM_SDK_CLI.encode()},
+                      requires=meta_requires, extras=["libraries", "devel", *devices],
+                      scripts={"rocm-sdk": "rocm_sdk:main"})]  # fmt: skip
+    out.append(make_wheel(dest, "rocm-sdk-core", rocm, {"_rocm_sdk_core/__init__.py": b"",
+                                                        "_rocm_sdk_core/bin/.keep": b""}))  # fmt: skip
+    out.append(make_wheel(dest, "rocm-sdk-libraries", rocm, {"_rocm_sdk_libraries/__init__.py": b""},
+                          requires=[f"rocm-sdk-core=={rocm}"]))  # fmt: skip
+    out.append(make_wheel(dest, "rocm-sdk-devel", rocm, {"_rocm_sdk_devel/__init__.py": b"",
+                                                         "_rocm_sdk_devel/tree/bin/hipcc": HIPCC},
+                          requires=[f"rocm-sdk-core=={rocm}"]))  # fmt: skip
+    for a in arches:
+        out.append(make_wheel(dest, f"rocm-sdk-device-{a}", rocm,
+                              {f"_rocm_sdk_device_{a}/__init__.py": b""}))  # fmt: skip
+    return out
+
+
+def torch_wheels(dest: Path, wheelhouse: Path, pins: dict[str, str], rocm: str, arches: list[str],
+                 family: dict[str, str]) -> list[Path]:  # fmt: skip
+    """torch (the real CPU build relabelled), triton (real, relabelled), torchvision, torchaudio
+    and the device wheels, with AMD's names, labels, extras and Requires-Dist."""
+    torch_v, vision_v, audio_v = (
+        pins["TORCH_VERSION"],
+        pins["TORCHVISION_VERSION"],
+        pins["TORCHAUDIO_VERSION"],
+    )
+    label = torch_v.split("+", 1)[1]
+    triton_v = f"3.6.0+{label}"
+    version_py = torch_version_py(torch_v, rocm)
+    devices = [f"device-{a}" for a in arches]
+    torch_src = next(wheelhouse.glob("torch-*+cpu-*.whl"))
+    triton_src = next(wheelhouse.glob("triton-3.6.0-*.whl"))
+    out = [relabel(torch_src, dest, torch_v, extras=devices, replace={"torch/version.py": version_py},
+                   add_requires=[f"rocm[libraries]=={rocm}", f"triton=={triton_v}",
+                                 *(f'amd-torch-device-{a}=={torch_v} ; extra == "device-{a}"' for a in arches)]),
+           relabel(triton_src, dest, triton_v)]  # fmt: skip
+    out.append(make_wheel(dest, "torchvision", vision_v,
+                          {"torchvision/__init__.py": f"__version__ = '{vision_v}'\n".encode()},
+                          requires=[f"torch=={torch_v}", *(f'amd-torchvision-device-{a}=={vision_v} ; extra == "device-{a}"' for a in arches)],
+                          extras=devices))  # fmt: skip
+    out.append(make_wheel(dest, "torchaudio", audio_v,
+                          {"torchaudio/__init__.py": f"__version__ = '{audio_v}'\n".encode()},
+                          requires=[f"torch=={torch_v}"]))  # fmt: skip
+    for a in arches:
+        images = f"torch/lib/aotriton.images/amd-{family[a]}/__signature__"
+        out.append(make_wheel(dest, f"amd-torch-device-{a}", torch_v,
+                              {images: b"rehearsal stand-in: no device code\n",
+                               f"torch/.kpack/torch_{a}.kpack": b"rehearsal stand-in\n"}))  # fmt: skip
+        out.append(make_wheel(dest, f"amd-torchvision-device-{a}", vision_v,
+                              {f"torchvision/.kpack/torchvision_{a}.kpack": b"rehearsal stand-in\n"}))  # fmt: skip
+    return out
+
+
+def pytorch_org_wheels(dest: Path, wheelhouse: Path, pins: dict[str, str], arches: list[str],
+                       family: dict[str, str]) -> list[Path]:  # fmt: skip
+    """pytorch.org's ROCm 7.14 channel: torch and torchvision (+rocm7.14) requiring
+    rocm[libraries,device-all]==7.14.* and triton-rocm, the rocm 7.14.0 meta package that requires
+    itself (pytorch#193979) beside the fixed 7.14.0.post1, and the SDK parts (7.14.0)."""
+    torch_v, vision_v, meta = (
+        pins["TORCH_VERSION"],
+        pins["TORCHVISION_VERSION"],
+        pins["ROCM_VERSION"],
+    )
+    release = meta.split(".post")[0]
+    images = {
+        f"torch/lib/aotriton.images/amd-{family[a]}/__signature__": b"rehearsal stand-in\n"
+        for a in arches
+    }
+    version_py = torch_version_py(torch_v, release)
+    out = [relabel(next(wheelhouse.glob("torch-*+cpu-*.whl")), dest, torch_v,
+                   replace={"torch/version.py": version_py, **images},
+                   add_requires=[f"rocm[libraries,device-all]=={release.rsplit('.', 1)[0]}.*", "triton-rocm==3.8.0"]),
+           relabel(next(wheelhouse.glob("triton-3.6.0-*.whl")), dest, "3.8.0", rename="triton-rocm")]  # fmt: skip
+    out.append(make_wheel(dest, "torchvision", vision_v,
+                          {"torchvision/__init__.py": f"__version__ = '{vision_v}'\n".encode()},
+                          requires=[f"torch=={torch_v}"]))  # fmt: skip
+    parts = [f"rocm-sdk-core=={release}", f'rocm-sdk-libraries=={release} ; extra == "libraries"']
+    parts += [f'rocm-sdk-device-{a}=={release} ; extra == "device-all"' for a in arches]
+    extras = ["libraries", "device-all"]
+    out.append(make_wheel(dest, "rocm", release, {"rocm_sdk/__init__.py": ROCM_SDK_CLI.encode()},
+                          requires=[*parts, f"rocm=={release}"], extras=extras))  # fmt: skip
+    out.append(make_wheel(dest, "rocm", meta, {"rocm_sdk/__init__.py": ROCM_SDK_CLI.encode()},
+                          requires=parts, extras=extras))  # fmt: skip
+    out.append(make_wheel(dest, "rocm-sdk-core", release, {"_rocm_sdk_core/__init__.py": b""}))
+    out.append(
+        make_wheel(dest, "rocm-sdk-libraries", release, {"_rocm_sdk_libraries/__init__.py": b""})
+    )
+    for a in arches:
+        out.append(
+            make_wheel(
+                dest, f"rocm-sdk-device-{a}", release, {f"_rocm_sdk_device_{a}/__init__.py": b""}
+            )
+        )
+    return out
+
+
+def flash_attention_repo(dest: Path, ca_cert: str | None) -> tuple[Path, str]:
+    """A git repository of the flash-attn 2.8.3 sdist from PyPI (without csrc/, which only CK and
+    CUDA builds compile); returns it and its commit."""
+    repo = dest / "flash-attention"
+    if not (repo / ".git").is_dir():
+        sdist = dest / "flash_attn-2.8.3.tar.gz"
+        if not sdist.is_file():
+            import ssl
+
+            ctx = ssl.create_default_context(cafile=ca_cert) if ca_cert else None
+            with urllib.request.urlopen(FA_SDIST, context=ctx, timeout=120) as r:
+                sdist.write_bytes(r.read())
+        with tarfile.open(sdist) as tf:
+            members = [
+                m for m in tf.getmembers() if "/csrc/" not in m.name and "/hopper/" not in m.name
+            ]
+            tf.extractall(dest / "sdist", members=members, filter="data")
+        shutil.move(dest / "sdist" / "flash_attn-2.8.3", repo)
+        env = {
+            **os.environ,
+            "GIT_AUTHOR_DATE": "2025-08-14T00:00:00Z",
+            "GIT_COMMITTER_DATE": "2025-08-14T00:00:00Z",
+        }
+        for args in (["init", "-q"], ["add", "-A"],
+                     ["-c", "user.name=rehearsal", "-c", "user.email=rehearsal@attnforge",
+                      "commit", "-qm", "flash-attn 2.8.3 sdist (PyPI), rehearsal stand-in"]):  # fmt: skip
+            subprocess.run(["git", *args], cwd=repo, check=True, env=env, capture_output=True)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, check=True, capture_output=True,
+                            text=True).stdout.strip()  # fmt: skip
+    return repo, commit
+
+
+def _source_key(*parts: str) -> str:
+    """<this file's hash>-<the inputs' hash>: stand-ins made by an older version of this file are
+    recognised by the first half and removed (each set is about 360 MB: torch and Triton)."""
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part.encode() + b"\0")
+    return (
+        f"{hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:8]}-{digest.hexdigest()[:12]}"
+    )
+
+
+def _prune(root: Path, key: str) -> None:
+    """Remove the stand-in sets an older version of this file made."""
+    mine = key.split("-")[0]
+    for old in root.glob("*/wheels"):
+        if not old.parent.name.startswith(mine + "-"):
+            shutil.rmtree(old.parent, ignore_errors=True)
+
+
+def standins(wheelhouse: Path, pins: dict[str, str], arches: list[str], family: dict[str, str],
+             ca_cert: str | None) -> tuple[Path, Path, str]:  # fmt: skip
+    """(folder of stand-in wheels, flash-attention repository, its commit) for one channel's pins
+    and these arches, built once into the cache (a folder is renamed into place when complete)."""
+    sources = sorted(
+        p.name for p in wheelhouse.glob("*.whl") if p.name.startswith(("torch-", "triton-"))
+    )
+    key = _source_key(*sources, *sorted(f"{k}={v}" for k, v in pins.items()), *arches)
+    root = cache_root()
+    done = root / key
+    _prune(root, key)
+    if not (done / "wheels").is_dir():
+        work = root / f"{key}.partial-{os.getpid()}"
+        shutil.rmtree(work, ignore_errors=True)
+        (work / "wheels").mkdir(parents=True)
+        if "TORCHVISION_VERSION" not in pins:  # a stack with no torch wheels (the source stack)
+            rocm_wheels(work / "wheels", pins["ROCM_VERSION"], arches)
+        elif "TORCHAUDIO_VERSION" in pins:  # AMD's channels
+            rocm_wheels(work / "wheels", pins["ROCM_VERSION"], arches)
+            torch_wheels(work / "wheels", wheelhouse, pins, pins["ROCM_VERSION"], arches, family)
+        else:  # pytorch.org's
+            pytorch_org_wheels(work / "wheels", wheelhouse, pins, arches, family)
+        shutil.rmtree(done, ignore_errors=True)
+        work.rename(done)
+    repo, commit = flash_attention_repo(root, ca_cert)
+    return done / "wheels", repo, commit
