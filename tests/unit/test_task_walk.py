@@ -69,7 +69,8 @@ def test_list_descriptions_are_whole_sentences(name):
 def _required(name: str, tmp: Path, but: str = "") -> list[str]:
     """Good values for a task's required options (but the one under test), so that the option
     under test is reached."""
-    good = {"in_dir": str(tmp), "text": "x", "namespace": "localhost:5000/ns"}
+    good = {"in_dir": str(tmp), "out_dir": str(tmp / "out"), "text": "x",
+            "namespace": "localhost:5000/ns"}  # fmt: skip
     found = []
     for option, opt in TASKS[name].options.items():
         if opt.required and option != but:
