@@ -304,6 +304,10 @@ def staged(path: Path) -> Path:
     """A new temporary file beside ``path``, to be renamed onto it once everything is written."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     os.close(fd)
+    # mkstemp makes it private (0600); the page and plots are docs, readable as any file is
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
     return Path(tmp)
 
 
