@@ -24,9 +24,8 @@ PATHS = {
 TARGET = 1.03
 
 
-def _timings(q, k, v, causal: bool, timer) -> dict:
-    """{mode: {path: ms}} for one shape; ``timer(fn, spec, grads)`` times fn under a config
-    override."""
+def _timings(q, k, v, causal: bool) -> dict:
+    """{mode: {path: ms}} for one shape, each path under its config override."""
     import torch
 
     from ..api.flash_attn import flash_attn_func
@@ -44,8 +43,8 @@ def _timings(q, k, v, causal: bool, timer) -> dict:
     out: dict = {"fwd": {}, "fwd+bwd": {}}
     for path, spec in PATHS.items():
         text = json.dumps(spec) if spec else None
-        out["fwd"][path] = timer(fwd, text, None)
-        out["fwd+bwd"][path] = timer(step, text, [qg, kg, vg])
+        out["fwd"][path] = _timer(fwd, text, None)
+        out["fwd+bwd"][path] = _timer(step, text, [qg, kg, vg])
     return out
 
 
@@ -58,7 +57,7 @@ def _timer(fn, spec: str | None, grads) -> float:
         return do_bench(fn, warmup=10, rep=50, grad_to_none=grads, return_mode="median")
 
 
-def run_dispatch(seqs=SEQS, head_dims=HEAD_DIMS, ratios=tuple(RATIOS), timer=_timer) -> dict:
+def run_dispatch(seqs=SEQS, head_dims=HEAD_DIMS, gqa=tuple(RATIOS)) -> dict:
     """Every shape of the sweep, its times per path and mode, printed as it goes."""
     import torch
 
@@ -67,13 +66,13 @@ def run_dispatch(seqs=SEQS, head_dims=HEAD_DIMS, ratios=tuple(RATIOS), timer=_ti
     for d in head_dims:
         for s in seqs:
             b = max(1, TOKENS // s)
-            for ratio in ratios:
+            for ratio in gqa:
                 hq, hkv = RATIOS[ratio]
                 for causal in (False, True):
                     q = torch.randn(b, s, hq, d, device="cuda", dtype=torch.bfloat16)
                     k, v = (torch.randn(b, s, hkv, d, device="cuda", dtype=q.dtype) for _ in "kv")
                     row = {"d": d, "s": s, "b": b, "hq": hq, "hkv": hkv, "causal": causal,
-                           "ms": _timings(q, k, v, causal, timer)}  # fmt: skip
+                           "ms": _timings(q, k, v, causal)}  # fmt: skip
                     rows.append(row)
                     print(_line(row), flush=True)
     return {"dispatch_rows": rows}
