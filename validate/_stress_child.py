@@ -229,9 +229,9 @@ class Backend:
     def problem(self, s: dict) -> str | None:
         torch = self.torch
         if s["h"] != s["hkv"] and self.name.startswith(("sdpa", "kernels.sdpa_shim")):
-            from validate.checks.sdpa import _supports_gqa
+            from validate.checks.sdpa import supports_gqa
 
-            if not _supports_gqa(torch):
+            if not supports_gqa(torch):
                 return "GQA needs scaled_dot_product_attention(enable_gqa=...) (torch >= 2.5)"
         if self.name in ("flash_attn", "kernels"):
             if s["dtype"] == "fp32":

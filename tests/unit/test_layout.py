@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from attnforge.plan import PATCH_TOOL
 from attnforge.recipes import load_recipes
 
@@ -157,5 +159,7 @@ def private_imports(root: Path, package: str) -> set[tuple[str, str]]:
     return found
 
 
-def test_no_attnforge_module_imports_another_modules_private_name():
-    assert private_imports(REPO, "attnforge") == set()
+@pytest.mark.parametrize("package", ["attnforge", "validate", "contract"])
+def test_no_module_imports_another_modules_private_name(package):
+    """kernels/ and tools/ have the same rule in test_kernels_layout."""
+    assert private_imports(REPO, package) == set()

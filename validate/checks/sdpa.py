@@ -604,7 +604,7 @@ def case(params: dict[str, Any], ctx) -> dict[str, Any]:
     details: dict[str, Any] = {"case": c.to_json(), "device": device, "backends": {}}
     if gate:
         details["gate"] = {"variable": KNOB, "state": gate}
-    if c.gqa and not _supports_gqa(torch):
+    if c.gqa and not supports_gqa(torch):
         return {
             "status": "skip",
             "message": "GQA needs scaled_dot_product_attention(enable_gqa=...) (torch >= 2.5)",
@@ -640,7 +640,7 @@ def _expected_refusal(params: dict[str, Any], c: Case) -> dict[str, Any] | None:
     }
 
 
-def _supports_gqa(torch) -> bool:
+def supports_gqa(torch) -> bool:
     import inspect
 
     try:
