@@ -35,6 +35,10 @@ NOT_REHEARSABLE = {
     "torchaudio's ops load beside torch": (
         "torchaudio's ops exist only in AMD's wheel (the stand-in is metadata only)"
     ),
+    "one HIP runtime in the process, the one rocm_sdk names (Triton 3.9)": (
+        "it reads the libamdhip64 a ROCm torch maps and the one TheRock's rocm_sdk names: the "
+        "stand-in torch is a CPU build that loads no HIP runtime, and the stand-in SDK ships none"
+    ),
 }
 
 

@@ -218,7 +218,7 @@ def test_a_real_venv_installs_from_the_pylock_and_its_damage_is_seen(tmp_path):
     assert core.wheel_matches(wheel, dist.record)
     assert core.compare(m, p) == []
     site = Path(dist.dist_info).parent
-    (site / "kernels" / "configs.py").write_text("# changed after installation\n")
+    (site / "kernels" / "device" / "configs.py").write_text("# changed after installation\n")
     (found,) = core.compare(m, probed())
     assert (
         found.kind == "record"
