@@ -13,15 +13,20 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/device.txt"
 date -u +%FT%TZ | tee -a "$OUT/device.txt"
 rc=0
-# check: the full grid (attention, dropout/FP8, packed/kv-cache) in 4 processes; memcheck: the
-# boundary shapes under compute-sanitizer in 2. Compiling is CPU work, so they share the GPU well;
-# with "all" the two run side by side, and the benchmark runs alone afterwards.
+# check: the full grid (attention, dropout/FP8, packed/kv-cache) in 4 processes, and the quick
+# grid with floating-point fusion off (ATTNFORGE_FP_FUSION=0: Triton 3.10's default, which the
+# kernels do not take, kernels/device/configs.py FP_FUSION) in a fifth; memcheck: the boundary
+# shapes under compute-sanitizer in 2. Compiling is CPU work, so they share the GPU well; with
+# "all" the two run side by side, and the benchmark runs alone afterwards.
 check() {
     local pids=() i
     for i in 0 1 2 3; do
         "$PY" -m kernels.check --shard $i/4 --json "$OUT/check-$i.json" > "$OUT/check-$i.log" 2>&1 &
         pids+=($!)
     done
+    ATTNFORGE_FP_FUSION=0 "$PY" -m kernels.check --quick --json "$OUT/check-nofusion.json" \
+        > "$OUT/check-nofusion.log" 2>&1 &
+    pids+=($!)
     local rc=0
     for i in "${pids[@]}"; do wait "$i" || rc=1; done
     return $rc

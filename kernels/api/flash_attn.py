@@ -385,6 +385,8 @@ def run_forward(
     fp8 = descale is not None
     d, hq, hk, cfg, hip, softcap, cap_in, cap_out = _common(qs.t, ks.t, vs.t, mask, scale, fp8)
     family = configs.device_family(q.device)
+    if drop is not None:  # the dropout forward's tile, where a Triton line gives it one
+        cfg = configs.config_for(family, d, dropout=True)
     # Short keys, a head dim's own tile, or a grid too small to fill the GPU.
     cfg = configs.forward_config(cfg, family, d, max_q, max_k, batch * hq, q.device)
     out = torch.empty(qs.t.shape, dtype=out_dtype or q.dtype, device=q.device)
@@ -593,7 +595,7 @@ def _launch_delta(b: _Backward):
     attn_bwd_delta[(_cdiv(max_q, pre_m), batch * hq)](
         outs.t, dos.t, delta, cuq, *_divided(st, align), *lse_strides, max_q, hq, HEAD_DIM=d,
         BLOCK_D=bd, BLOCK_M=pre_m, IS_VARLEN=varlen, STRIDE_ALIGN=align,
-        num_warps=4 if family != "interpreter" else 1,
+        num_warps=4 if family != "interpreter" else 1, enable_fp_fusion=configs.FP_FUSION,
     )  # fmt: skip
 
 

@@ -29,6 +29,25 @@ from contract import arches
 # mode here so that later changes of the environment cannot split the two.
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
+# Floating-point fusion (``a * b + c`` contracted to one FMA) in every kernel this package launches
+# or AOT-compiles: on, as Triton 3.6-3.9 default to and as every figure in docs/benchmarks.md and
+# the AOT tables was measured. Triton 3.9 warns that 3.10 turns its default off
+# (``TRITON_DEFAULT_FP_FUSION``, triton/knobs.py; triton/_utils.py), so the kernels say it
+# themselves and that flip changes nothing. ``ATTNFORGE_FP_FUSION=0`` compiles them without it: the
+# kernel checks run under both settings (tests/kernels/test_fp_fusion.py).
+FP_FUSION_ENV = "ATTNFORGE_FP_FUSION"
+
+
+def fp_fusion_from(env=os.environ) -> bool:
+    """The fusion setting ``env`` asks for (``1``, the default, or ``0``)."""
+    value = env.get(FP_FUSION_ENV, "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"{FP_FUSION_ENV}={value!r}: expected 1 (fuse, the default) or 0")
+    return value == "1"
+
+
+FP_FUSION = fp_fusion_from()
+
 FAMILIES = (
     "rdna3",
     "rdna3.5",
@@ -59,7 +78,11 @@ class Tile:
     maxnreg: int = 0  # NVIDIA only: cap registers per thread (ptxas); 0 leaves ptxas' choice
 
     def launch_options(self, hip: bool) -> dict:
-        opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
+        opts = {
+            "num_warps": self.num_warps,
+            "num_stages": self.num_stages,
+            "enable_fp_fusion": FP_FUSION,
+        }
         if hip and self.waves_per_eu:
             opts["waves_per_eu"] = self.waves_per_eu
         if not hip and self.maxnreg:
@@ -124,6 +147,20 @@ TILE_KEYS = ("fwd", "bwd_kv", "bwd_q")
 # at (4,32,4096,64) against 2.02 for 64-row blocks, causal 1.16 against 1.31).
 GLUON_FWD_HEAD_DIM = 128
 GLUON_BWD_TILES = {64: (128, 128, 2), 128: (64, 128, 3)}
+# The dK/dV kernel's loader warp gets 24 registers (setmaxnreg; the consumers 240), except where a
+# Triton line's ptxas spills there, by (Triton line, head dim, causal): Triton 3.9 (its
+# ptxas-blackwell of CUDA 13.4) spills 8 bytes in the d=64 kernel without a causal mask at 24 and
+# none at 32, where the causal kernel spills 56 (tests/kernels/test_sm90.py compiles both; 2026-12-04).
+# Compile-checked only: the kernels were timed on Triton 3.6.
+GLUON_BWD_LOADER_REGS = {((3, 9), 64, False): 32}
+
+
+@functools.lru_cache(maxsize=32)
+def gluon_bwd_loader_regs(head_dim: int, causal: bool, release: tuple[int, int] | None = None) -> int:
+    """The Gluon dK/dV kernel's loader registers on this (or ``release``'s) Triton line."""
+    release = triton_release() if release is None else release
+    return GLUON_BWD_LOADER_REGS.get((release, head_dim, causal), 24)
+
 # Where the Gluon kernels pay, by head dim: the shortest sequence each runs at (the Hopper
 # configs' gluon_fwd_min_seq / gluon_bwd_min_seq). Measured on an H200 (docs/benchmarks.md,
 # "Hopper dispatch"; `python -m kernels.bench --dispatch`): bf16, GQA 1/4/7/8, causal and not,
@@ -425,7 +462,8 @@ def forward_config(cfg: AttnConfig, family: str, head_dim: int, max_q: int, max_
 # Triton 3.6 (the dev extra's and the cpu stack's) and lines without rows keep the tiles above.
 # Spill-free and at no lower occupancy than 3.6's figures where measured (docs/kernels.md, "On
 # every Triton a stack ships"); compile-checked only, untimed on AMD hardware. Keys of a row:
-# AttnConfig tile fields (fwd, bwd_kv, bwd_q) and ``kv_prefill`` (kernels/device/decode.py).
+# AttnConfig tile fields (fwd, bwd_kv, bwd_q), ``dropout_fwd`` (the forward's tile where dropout
+# is on) and ``kv_prefill`` (kernels/device/decode.py).
 _RDNA3 = ("rdna3", "rdna3.5")
 NEWER_TRITON_TILES = {
     **{((3, 7), f, 128): {"fwd": Tile(32, 16, 4, 1, 2)} for f in _RDNA3},
@@ -445,6 +483,11 @@ NEWER_TRITON_TILES = {
         for line in ((3, 8), (3, 9))
         for f in _RDNA3
     },
+    # 3.9 keeps the Philox dropout state live beside the d=128 forward's 128x32 tile on CDNA3/4:
+    # 2 (gfx942) and 3 (gfx950) VGPRs spilled at the 256-VGPR cap of waves_per_eu=2; the plain
+    # forward does not spill. The dropout forward alone gets the same tile over 8 waves (188/187
+    # VGPRs, no spill, the same 2 waves per SIMD; 128x16 with 4 waves also fits, 204/200).
+    **{((3, 9), f, 128): {"dropout_fwd": Tile(128, 32, 8, 1, 2)} for f in ("cdna3", "cdna4")},
 }
 
 
@@ -504,7 +547,8 @@ def with_fwd(cfg: AttnConfig, tile: Tile) -> AttnConfig:
 
 def config_for(family: str, head_dim: int, dropout: bool = False) -> AttnConfig:
     """The default config of a family for a (padded) head dimension; no device needed.
-    ``dropout``: the backward tiles of the dropout kernels where they differ."""
+    ``dropout``: the tiles of the dropout kernels where they differ (the backward's, and on some
+    Triton lines the forward's)."""
     return _config_for(family, padded_head_dim(head_dim), dropout,
                        os.environ.get(OVERRIDE_ENV))  # fmt: skip
 
@@ -529,6 +573,8 @@ def _config_for(family: str, d: int, dropout: bool, spec: str | None) -> AttnCon
     if dropout:
         group = "ampere" if family == "nvidia" else family
         cfg = replace(cfg, **_DROPOUT_BWD.get((group, d), {}))
+        if "dropout_fwd" in newer:
+            cfg = replace(cfg, fwd=newer["dropout_fwd"])
     return override(cfg, spec)
 
 

@@ -48,7 +48,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .configs import GLUON_BWD_TILES, GLUON_FWD_HEAD_DIM
+from .configs import FP_FUSION, GLUON_BWD_TILES, GLUON_FWD_HEAD_DIM, gluon_bwd_loader_regs
 
 # TMA copies by the names each Triton has: 3.6 and 3.7 only async_copy_global_to_shared /
 # async_copy_shared_to_global, 3.8 adds async_load / async_store beside them, 3.9 keeps only the
@@ -338,7 +338,7 @@ def attn_bwd_dkdv_sm90(
     seqlen_q, seqlen_k, num_heads_k, group, sm_scale, qk_scale,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, q_layout: gl.constexpr, kv_layout: gl.constexpr,
-    CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, num_warps: gl.constexpr,
 ):
     """One program per (BLOCK_N keys, batch, kv head), walking the GQA group's query heads."""
     HALF_N: gl.constexpr = BLOCK_N // 2
@@ -390,7 +390,7 @@ def attn_bwd_dkdv_sm90(
         (_bwd_loader, (Q, DO, LSE, Delta, q_smem, do_smem, stats, ready, empty, b64, hk, group,
                        sq_b, sq_s, sq_h, sdo_b, sdo_s, sdo_h, sl_b, sl_h, seqlen_q, lo, n_m,
                        HEAD_DIM, BLOCK_M, STAGES, q_layout)),
-    ], [4, 1], [CONSUMER_REGS, 24])
+    ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
 
 
 # fmt: on
@@ -420,7 +420,7 @@ def launch(q, k, v, out, lse, scale_log2: float, causal: bool) -> None:
         lse.stride(0), lse.stride(1), sq, sk, hq, hq // hk, scale_log2,
         HEAD_DIM=GLUON_FWD_HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES,
         CAUSAL=causal, q_layout=q_layout, kv_layout=kv_layout, CONSUMER_REGS=CONSUMER_REGS,
-        num_warps=4,
+        num_warps=4, enable_fp_fusion=FP_FUSION,
     )  # fmt: skip
 
 
@@ -454,5 +454,6 @@ def launch_bwd_dkdv(q, k, v, do, dk, dv, lse, delta, scale: float, causal: bool,
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
         lse.stride(0), lse.stride(1), sq, sk, hk, hq // hk, scale, scale * 1.4426950408889634,
         HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, CAUSAL=causal,
-        q_layout=q_layout, kv_layout=kv_layout, CONSUMER_REGS=CONSUMER_REGS, num_warps=4,
+        q_layout=q_layout, kv_layout=kv_layout, CONSUMER_REGS=CONSUMER_REGS,
+        LOADER_REGS=gluon_bwd_loader_regs(d, causal), num_warps=4, enable_fp_fusion=FP_FUSION,
     )  # fmt: skip

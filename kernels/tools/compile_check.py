@@ -82,6 +82,11 @@ class KernelReport:
     lds_bytes: int = 0
     occupancy: float = 0.0
     matrix_instrs: dict = field(default_factory=dict)
+    # Floating-point fusion as compiled (configs.FP_FUSION) and the fused multiply-adds it gave
+    # (AMD: v_fma*/v_fmac*/v_pk_fma* in the AMDGCN; NVIDIA: fma.rn in the PTX), so a report shows
+    # the setting reached the code.
+    fp_fusion: bool = True
+    fmas: int = 0
     problems: list = field(default_factory=list)
     accepted: str = ""  # why a spill does not fail the check (configs.ACCEPTED_SPILLS)
 
@@ -289,6 +294,7 @@ def _gluon_kernels(head_dim: int, cfg):
     if cfg.gluon_bwd_at(head_dim):
         block_m, block_n, stages = GLUON_BWD_TILES[head_dim]
         c = consts(block_m, block_n, stages, f.bwd_layouts(gl.bfloat16, head_dim))
+        c["LOADER_REGS"] = f.gluon_bwd_loader_regs(head_dim, c["CAUSAL"])
         ptrs = dict(Q=p, K=p, V=p, DO=p, DK=p, DV=p, LSE="*fp32", Delta="*fp32")
         tile = Tile(block_m, block_n, 4, stages)
         out.append(("bwd_dkdv_gluon", f.attn_bwd_dkdv_sm90, ptrs, c, tile))
@@ -338,6 +344,8 @@ def _compile_amd(
     r.lds_bytes = max(_meta_int(asm, "group_segment_fixed_size"), int(k.metadata.shared))
     r.occupancy = _amd_occupancy(arch, spec, r.vgprs, r.agprs, r.lds_bytes, tile.num_warps)
     r.matrix_instrs = _count(asm, r"\b(v_wmma_\w+|v_mfma_\w+|v_smfmac_\w+)")
+    r.fp_fusion = opts["enable_fp_fusion"]
+    r.fmas = sum(_count(asm, r"\b(v_(?:pk_)?fmac?_\w+)").values())
     return r
 
 
@@ -366,18 +374,19 @@ def _compile_nvidia(arch: str, spec: dict, name, fn, ptrs, consts, tile) -> Kern
         src = GluonASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
     else:
         src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
-    k = triton.compile(
-        src, target=GPUTarget("cuda", cc, 32), options=tile.launch_options(hip=False)
-    )
+    opts = tile.launch_options(hip=False)
+    k = triton.compile(src, target=GPUTarget("cuda", cc, 32), options=opts)
     ptx = k.asm["ptx"]
     r = KernelReport(arch, spec["family"], consts["HEAD_DIM"], name, _tile_str(tile))
     r.lds_bytes = int(k.metadata.shared)
     gpu = "sm_90a" if cc == 90 else f"sm_{cc}"
+    # As Triton assembles it (backends/nvidia/compiler.py make_cubin): no fmad without fusion.
+    fmad = [] if opts["enable_fp_fusion"] else ["--fmad=false"]
     with tempfile.TemporaryDirectory() as tmp:
         src_ptx = Path(tmp) / "k.ptx"
         src_ptx.write_text(ptx)
         res = subprocess.run(
-            [_ptxas(cc), f"-arch={gpu}", "-v", str(src_ptx), "-o", str(Path(tmp) / "k.o")],
+            [_ptxas(cc), f"-arch={gpu}", "-v", *fmad, str(src_ptx), "-o", str(Path(tmp) / "k.o")],
             capture_output=True,
             text=True,
         )
@@ -399,6 +408,8 @@ def _compile_nvidia(arch: str, spec: dict, name, fn, ptrs, consts, tile) -> Kern
     )
     r.occupancy = blocks * tile.num_warps / 4
     r.matrix_instrs = _count(ptx, r"\b(wgmma\.mma_async\.[\w.]+|mma\.sync\.[\w.]+)")
+    r.fp_fusion = opts["enable_fp_fusion"]
+    r.fmas = sum(_count(ptx, r"\b(fma\.rn\.[\w.]+)").values())
     return r
 
 

@@ -23,6 +23,7 @@ import pytest
 from attnforge.recipes import load_recipes
 from attnforge.tritons import load_table, stack_tritons, versions_to_check
 from kernels.device import configs
+from tests.kernels.strict_triton import module_args
 
 REPO = Path(__file__).resolve().parents[2]
 TRITONS_DIR = Path(os.environ.get("ATTNFORGE_TRITONS_DIR", REPO / "build" / "tritons"))
@@ -55,6 +56,8 @@ def _triton_dir(version: str) -> Path:
 
 
 def _run(version: str, args: list[str], interpret: bool, tmp: Path) -> subprocess.CompletedProcess:
+    """``python ARGS`` on Triton ``version``; ARGS from strict_triton.module_args, so Triton's
+    deprecation warnings fail the run."""
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "PYTHONPATH")}
     env["PYTHONPATH"] = os.pathsep.join([str(_triton_dir(version)), str(REPO)])
     env["TRITON_CACHE_DIR"] = str(tmp / "triton-cache")
@@ -78,11 +81,12 @@ def aot_subset(request, tmp_path_factory, aot_cache):
     tmp = tmp_path_factory.mktemp(f"triton-{version}")
     cache = ["--cache-dir", str(aot_cache), "--json"]
     arches = [a for arch in SUBSET for a in ("--arch", arch)]
-    cold = _run(version, ["-m", "kernels.aot", *COLD, "--no-cache", "--json"], False, tmp)
+    cold = _run(version, module_args("kernels.aot", *COLD, "--no-cache", "--json"), False, tmp)
     runs = [
-        _run(version, ["-m", "kernels.aot", *arches, *cache], False, tmp),
-        _run(version, ["-m", "kernels.aot", "--arch", "sm90", "--head-dims", "64,128",
-                       "--kernel", "fwd_gluon", "--kernel", "bwd_dkdv_gluon", *cache], False, tmp),
+        _run(version, module_args("kernels.aot", *arches, *cache), False, tmp),
+        _run(version, module_args("kernels.aot", "--arch", "sm90", "--head-dims", "64,128",
+                                  "--kernel", "fwd_gluon", "--kernel", "bwd_dkdv_gluon", *cache),
+             False, tmp),
     ]  # fmt: skip
     reports = []
     for proc in [cold, *runs]:
@@ -145,10 +149,9 @@ def test_the_interpreter_cases_pass(version, tmp_path):
     varlen, a window, ALiBi, softcap, GQA) and the SDPA shim's routing, in Triton's interpreter."""
     # The module run as `python -m kernels.check` would, after printing the Triton it imported:
     # one process (one torch and Triton import) instead of a second one to ask for the version.
-    check = ("import runpy, sys, triton; print('triton', triton.__version__, flush=True); "
-             "sys.argv = ['kernels.check', '--json', 'cases.json']; "
-             "runpy.run_module('kernels.check', run_name='__main__', alter_sys=True)")  # fmt: skip
-    proc = _run(version, ["-c", check], True, tmp_path)
+    first = "import triton; print('triton', triton.__version__, flush=True)"
+    proc = _run(version, module_args("kernels.check", "--json", "cases.json", first=first), True,
+                tmp_path)  # fmt: skip
     results = json.loads((tmp_path / "cases.json").read_text())
     assert proc.returncode == 0 and results, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert {r["status"] for r in results.values()} == {"pass"}, (version, results)
@@ -179,10 +182,12 @@ def on_triton(monkeypatch):
 
         monkeypatch.setattr(configs, "triton_release", lambda version=None: release)
         configs._config_for.cache_clear()
+        configs.gluon_bwd_loader_regs.cache_clear()
         kv_config.cache_clear()  # cached per process, where the Triton release cannot change
 
     yield use
     configs._config_for.cache_clear()
+    configs.gluon_bwd_loader_regs.cache_clear()
 
 
 def test_each_triton_line_gets_its_own_rows(on_triton):
@@ -202,11 +207,18 @@ def test_each_triton_line_gets_its_own_rows(on_triton):
     assert {d: configs.config_for("cdna3", d) for d in (64, 128)} == {
         d: old["cdna3", d] for d in (64, 128)
     }
+    # the d=128 dropout forward alone gets its own tile on CDNA3/4 (3.9 spilled there)
+    assert configs.config_for("cdna3", 128, dropout=True).fwd == configs.Tile(128, 32, 8, 1, 2)
+    assert configs.config_for("cdna4", 128, dropout=True).fwd == configs.Tile(128, 32, 8, 1, 2)
+    assert configs.config_for("cdna3", 64, dropout=True).fwd == old["cdna3", 64].fwd
+    assert configs.gluon_bwd_loader_regs(64, False) == 32 and configs.gluon_bwd_loader_regs(64, True) == 24
     on_triton((3, 7))  # a row for one line only: 3.7's dK/dV tile is not 3.8's or 3.9's
     assert configs.config_for("cdna3", 128).bwd_kv == configs.Tile(16, 64, 4, 1, 1)
     assert configs.config_for("rdna3.5", 64) == old["rdna3.5", 64]
     on_triton((3, 10))  # a line without rows keeps the tiles 3.6 measured
     assert configs.config_for("rdna3.5", 128) == old["rdna3.5", 128]
+    assert configs.config_for("cdna3", 128, dropout=True).fwd == old["cdna3", 128].fwd
+    assert configs.gluon_bwd_loader_regs(64, False) == 24
 
 
 def test_a_newer_line_can_merge_fewer_columns_a_load(on_triton):

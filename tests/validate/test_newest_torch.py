@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from attnforge.tritons import load_table
+from tests.kernels.strict_triton import module_args
 
 REPO = Path(__file__).resolve().parents[2]
 SETUP = REPO / "tools" / "setup.sh"
@@ -71,7 +72,7 @@ def test_the_quick_suite_passes_under_it(tmp_path):
     """Every check passes or is skipped with a reason: none crashes on a torch that is a CUDA build
     on a machine without a GPU (torch 2.15's can_use_cudnn_attention raised there)."""
     report = tmp_path / "report.json"
-    proc = run(["-m", "validate", "all", "--quick", "--json", str(report)], tmp_path)
+    proc = run(module_args("validate", "all", "--quick", "--json", str(report)), tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     checks = json.loads(report.read_text())["checks"]
     assert not [c["id"] for c in checks if c["status"] not in ("pass", "skip")]
@@ -82,6 +83,6 @@ def test_the_quick_suite_passes_under_it(tmp_path):
 
 
 def test_the_kernels_interpreter_checks_pass_under_it(tmp_path):
-    proc = run(["-m", "kernels.check", "--quick"], tmp_path, TRITON_INTERPRET="1")
+    proc = run(module_args("kernels.check", "--quick"), tmp_path, TRITON_INTERPRET="1")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert re.search(r"^(\d+)/\1 not failed$", proc.stdout, flags=re.M), proc.stdout[-2000:]
