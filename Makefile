@@ -35,10 +35,10 @@ TEST_THREADS := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 # docs/benchmarks.md). The tests' tree copies take the bytecode along (tests/conftest.py).
 BYTECODE := $(BIN)/python -m compileall -q attnforge validate kernels contract tools tasks.py tests >/dev/null
 
-## test: set up (engine, base image, wheels, registry, buildx tools image, Podman, the stacks'
+## test: set up (engine, base image, wheels, registry, buildx and hipcc tools images, Podman, the stacks'
 ## other Tritons, the newest torch's venv), then every test, end-to-end included, on every core
 test:
-	tools/setup.sh all registry buildx-tools podman tritons newest-torch
+	tools/setup.sh all registry buildx-tools hip-tools podman tritons newest-torch
 	$(BYTECODE)
 	$(TEST_THREADS) ATTNFORGE_REQUIRE_E2E=1 ATTNFORGE_E2E_BASE_IMAGE=$(BASE_IMAGE) \
 	ATTNFORGE_E2E_WHEELHOUSE=$(abspath $(WHEELHOUSE)) ATTNFORGE_E2E_CA_CERT=$(CA_CERT) \

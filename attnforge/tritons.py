@@ -148,8 +148,11 @@ def render_markdown(rows: list[StackTriton], table: TritonTable) -> str:
     lines += [f"| {r.torch} | {r.triton} | {r.source} |" for r in table.torch]
     lines += [f"| newest | {table.newest} | {table.newest_source} |"]
     if not table.known:
-        lines += ["", "No Triton line spills or overflows a kernel at its default config (beyond "
-                  "`configs.ACCEPTED_SPILLS`, the measured exceptions of every line)."]
+        lines += [
+            "",
+            "No Triton line spills or overflows a kernel at its default config (beyond "
+            "`configs.ACCEPTED_SPILLS`, the measured exceptions of every line).",
+        ]
         return "\n".join(lines)
     lines += [
         "",

@@ -8,6 +8,11 @@ ARG BASE_IMAGE
 FROM ${BASE_IMAGE}
 ARG SOURCE_REPO
 ARG SOURCE_REF
+# `invoke build --mirror` sends the submodules' own URLs (.gitmodules) to the mirror through git's
+# environment (url.<mirror>/git/.insteadOf https://); unset otherwise.
+ARG GIT_CONFIG_COUNT
+ARG GIT_CONFIG_KEY_0
+ARG GIT_CONFIG_VALUE_0
 ARG GPU_ARCH
 ARG MAX_JOBS=2
 # pip's index where a line names none (unset: PyPI); `invoke build --mirror` sets it.
@@ -22,7 +27,8 @@ RUN --mount=type=secret,id=ca,required=false \
     --mount=type=cache,target=/root/.cache/pip \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca GIT_SSL_CAINFO=/run/secrets/ca; fi \
  && git init -q aotriton && cd aotriton \
- && git fetch -q --depth 1 "${SOURCE_REPO}" "${SOURCE_REF}" && git checkout -q FETCH_HEAD \
+ && git remote add origin "${SOURCE_REPO}" && git fetch -q --depth 1 origin "${SOURCE_REF}" \
+ && git checkout -q FETCH_HEAD \
  && git submodule update -q --init --recursive --depth 1 \
  && pip install -r requirements.txt "cmake>=3.26" "ninja>=1.11" \
  && pip wheel third_party/triton -w /tmp/triton_wheel/ \

@@ -9,6 +9,11 @@ ARG BASE_IMAGE
 FROM ${BASE_IMAGE}
 ARG SOURCE_REPO
 ARG SOURCE_REF
+# `invoke build --mirror` sends the submodules' own URLs (.gitmodules) to the mirror through git's
+# environment (url.<mirror>/git/.insteadOf https://); unset otherwise.
+ARG GIT_CONFIG_COUNT
+ARG GIT_CONFIG_KEY_0
+ARG GIT_CONFIG_VALUE_0
 ARG GPU_TARGETS
 ARG DTYPES
 ARG MAX_JOBS=2

@@ -11,6 +11,11 @@ ARG BASE_IMAGE
 FROM ${BASE_IMAGE}
 ARG SOURCE_REPO
 ARG SOURCE_REF
+# `invoke build --mirror` sends the submodules' own URLs (.gitmodules) to the mirror through git's
+# environment (url.<mirror>/git/.insteadOf https://); unset otherwise.
+ARG GIT_CONFIG_COUNT
+ARG GIT_CONFIG_KEY_0
+ARG GIT_CONFIG_VALUE_0
 ARG FLASH_ATTENTION_TRITON_AMD_ENABLE
 ARG AITER_TRITON_ONLY
 ARG GPU_ARCHS
@@ -25,13 +30,19 @@ WORKDIR /src
 # One RUN fetches, builds and deletes the source tree, so no layer keeps it (hence cd, not
 # WORKDIR); the pip cache is a cache mount (hence no --no-cache-dir). The one submodule the
 # backend needs is fetched shallow before setup.py asks git for it (then a no-op).
+# BUILD_TARGET=rocm: flash-attention's setup.py (BUILD_TARGET, default auto) otherwise takes the
+# CUDA branch wherever torch.utils.cpp_extension.IS_HIP_EXTENSION is false (a torch whose ROCm
+# home it cannot find); the rehearsal's build of this layer failed there ("CUDA_HOME environment
+# variable is not set", 2026-12-04), as the fork's layer had. Read in the 2.8.3 tree; that
+# 0251105a still reads it is unverified (a no-op if not).
 # hadolint ignore=DL3003,DL3042
 RUN --mount=type=secret,id=ca,required=false \
     --mount=type=cache,target=/root/.cache/pip \
     --mount=type=bind,source=.,target=/ctx \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca GIT_SSL_CAINFO=/run/secrets/ca; fi \
  && git init -q flash-attention && cd flash-attention \
- && git fetch -q --depth 1 "${SOURCE_REPO}" "${SOURCE_REF}" && git checkout -q FETCH_HEAD \
+ && git remote add origin "${SOURCE_REPO}" && git fetch -q --depth 1 origin "${SOURCE_REF}" \
+ && git checkout -q FETCH_HEAD \
  && if [ -n "${PATCH_SERIES}" ]; then read -r -a series <<< "${PATCH_SERIES}" \
      && (cd /ctx && python3 attnforge/patches.py apply --component flash-attention-dao --src /src/flash-attention "${series[@]}"); fi \
  && if [ "${FLASH_ATTENTION_TRITON_AMD_ENABLE}" = "TRUE" ]; then \
@@ -41,7 +52,7 @@ RUN --mount=type=secret,id=ca,required=false \
         "setuptools-scm==${SETUPTOOLS_SCM_VERSION}" \
  && AITER_TRITON_ONLY="${AITER_TRITON_ONLY}" \
     FLASH_ATTENTION_TRITON_AMD_ENABLE="${FLASH_ATTENTION_TRITON_AMD_ENABLE}" GPU_ARCHS="${GPU_ARCHS}" \
-    MAX_JOBS="${MAX_JOBS}" pip install --no-deps --no-build-isolation . \
+    BUILD_TARGET=rocm MAX_JOBS="${MAX_JOBS}" pip install --no-deps --no-build-isolation . \
  && cd / && rm -rf /src/flash-attention
 
 # flash_attn_interface.py reads FLASH_ATTENTION_TRITON_AMD_ENABLE at import to pick the Triton

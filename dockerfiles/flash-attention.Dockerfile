@@ -8,6 +8,11 @@ ARG BASE_IMAGE
 FROM ${BASE_IMAGE}
 ARG SOURCE_REPO
 ARG SOURCE_REF
+# `invoke build --mirror` sends the submodules' own URLs (.gitmodules) to the mirror through git's
+# environment (url.<mirror>/git/.insteadOf https://); unset otherwise.
+ARG GIT_CONFIG_COUNT
+ARG GIT_CONFIG_KEY_0
+ARG GIT_CONFIG_VALUE_0
 ARG FLASH_ATTENTION_TRITON_AMD_ENABLE
 ARG GPU_ARCHS
 ARG PATCH_SERIES=""
@@ -29,7 +34,8 @@ RUN --mount=type=secret,id=ca,required=false \
     --mount=type=bind,source=.,target=/ctx \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca GIT_SSL_CAINFO=/run/secrets/ca; fi \
  && git init -q flash-attention && cd flash-attention \
- && git fetch -q --depth 1 "${SOURCE_REPO}" "${SOURCE_REF}" && git checkout -q FETCH_HEAD \
+ && git remote add origin "${SOURCE_REPO}" && git fetch -q --depth 1 origin "${SOURCE_REF}" \
+ && git checkout -q FETCH_HEAD \
  && if [ -n "${PATCH_SERIES}" ]; then read -r -a series <<< "${PATCH_SERIES}" \
      && (cd /ctx && python3 attnforge/patches.py apply --component flash-attention --src /src/flash-attention "${series[@]}"); fi \
  && if [ "${FLASH_ATTENTION_TRITON_AMD_ENABLE}" != "TRUE" ]; then \

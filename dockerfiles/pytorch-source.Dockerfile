@@ -9,6 +9,11 @@ ARG BASE_IMAGE
 FROM ${BASE_IMAGE}
 ARG SOURCE_REPO
 ARG SOURCE_REF
+# `invoke build --mirror` sends the submodules' own URLs (.gitmodules) to the mirror through git's
+# environment (url.<mirror>/git/.insteadOf https://); unset otherwise.
+ARG GIT_CONFIG_COUNT
+ARG GIT_CONFIG_KEY_0
+ARG GIT_CONFIG_VALUE_0
 ARG PYTORCH_ROCM_ARCH
 ARG PYTORCH_BUILD_VERSION
 ARG AOTRITON_EXPERIMENTAL=0
@@ -29,7 +34,8 @@ RUN --mount=type=secret,id=ca,required=false \
     --mount=type=bind,source=.,target=/ctx \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca GIT_SSL_CAINFO=/run/secrets/ca; fi \
  && git init -q pytorch && cd pytorch \
- && git fetch -q --depth 1 "${SOURCE_REPO}" "${SOURCE_REF}" && git checkout -q FETCH_HEAD \
+ && git remote add origin "${SOURCE_REPO}" && git fetch -q --depth 1 origin "${SOURCE_REF}" \
+ && git checkout -q FETCH_HEAD \
  && git submodule update -q --init --recursive --depth 1 \
  && python3 /ctx/dockerfiles/scripts/check_aotriton_pin.py . /opt/attnforge/versions.json \
  && if [ -n "${PATCH_SERIES}" ]; then read -r -a series <<< "${PATCH_SERIES}" \

@@ -12,9 +12,16 @@ honest where they can:
   -device-<arch>);
 - torchvision, torchaudio and the amd-*-device-<arch> wheels are metadata and file layout only
   (AOTriton's images folder, the .kpack overlay), no compiled code;
+- pytorch.org's torch carries a libtorch_hip.so whose offload bundle holds real code objects for
+  the arches, compiled by Debian experimental's hipcc (`tools/setup.sh hip-tools`), so its
+  device-code check reads real AMDGPU ELF (the code is a stand-in kernel, not PyTorch's);
 - flash-attention's source is Dao-AILab's tree from the flash-attn sdist on PyPI (v2.8.3), which
   holds the same Triton AMD backend module (flash_attn/flash_attn_triton_amd), committed to a
   small git repository that stands in for ROCm's fork (its commit is given with --set).
+- Dao-AILab's own tree (the dao stack) is the same sdist relabelled 2.8.4 (the version its pinned
+  commit declares), with its third_party/aiter submodule: a gitlink to a small repository that
+  stands in for ROCm/aiter, named by an absolute URL in .gitmodules as upstream's is, so the
+  layer's `git submodule update` fetches it from the mirror (its commit is given with --set).
 
 Built once per machine into ~/.cache/attnforge/rehearsal/<key> (the key covers this file and the
 source wheels), so a warm run reuses them.
@@ -262,6 +269,7 @@ def pytorch_org_wheels(dest: Path, wheelhouse: Path, pins: dict[str, str], arche
         f"torch/lib/aotriton.images/amd-{family[a]}/__signature__": b"rehearsal stand-in\n"
         for a in arches
     }
+    images["torch/lib/libtorch_hip.so"] = device_library(dest.parent / "hip", arches)
     version_py = torch_version_py(torch_v, release)
     out = [relabel(next(wheelhouse.glob("torch-*+cpu-*.whl")), dest, torch_v,
                    replace={"torch/version.py": version_py, **images},
@@ -288,6 +296,30 @@ def pytorch_org_wheels(dest: Path, wheelhouse: Path, pins: dict[str, str], arche
             )
         )
     return out
+
+
+HIP_TOOLS_IMAGE = os.environ.get("HIP_TOOLS_IMAGE", "attnforge-local/hip-tools:sid")
+STANDIN_KERNEL = """#include <hip/hip_runtime.h>
+// Rehearsal stand-in for the device code of pytorch.org's libtorch_hip.so: one kernel, compiled
+// by a real hipcc for each arch, so the device-code check reads real AMDGPU code objects.
+extern "C" __global__ void attnforge_rehearsal(float* x) { x[threadIdx.x] *= 2.0f; }
+"""
+
+
+def device_library(work: Path, arches: list[str]) -> bytes:
+    """A shared library whose offload bundle holds a real code object per arch, compiled by
+    Debian experimental's hipcc in HIP_TOOLS_IMAGE (tools/setup.sh hip-tools)."""
+    found = subprocess.run(["docker", "image", "inspect", HIP_TOOLS_IMAGE], capture_output=True)
+    if found.returncode != 0:
+        raise RuntimeError(f"no {HIP_TOOLS_IMAGE} image for the stand-ins' device code; run "
+                           "tools/setup.sh hip-tools")  # fmt: skip
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "k.hip").write_text(STANDIN_KERNEL)
+    offload = [f"--offload-arch={a}" for a in arches]
+    subprocess.run(["docker", "run", "--rm", "--network", "none", "-v", f"{work}:/work",
+                    HIP_TOOLS_IMAGE, "hipcc", *offload, "-shared", "-fPIC", "-o",
+                    "/work/libtorch_hip.so", "/work/k.hip"], check=True, capture_output=True)  # fmt: skip
+    return (work / "libtorch_hip.so").read_bytes()
 
 
 def flash_attention_repo(dest: Path, ca_cert: str | None) -> tuple[Path, str]:
@@ -320,6 +352,56 @@ def flash_attention_repo(dest: Path, ca_cert: str | None) -> tuple[Path, str]:
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, check=True, capture_output=True,
                             text=True).stdout.strip()  # fmt: skip
     return repo, commit
+
+
+AITER_URL = "https://github.com/ROCm/aiter.git"
+_GIT_ENV = {"GIT_AUTHOR_DATE": "2025-08-14T00:00:00Z", "GIT_COMMITTER_DATE": "2025-08-14T00:00:00Z",
+            "GIT_AUTHOR_NAME": "rehearsal", "GIT_AUTHOR_EMAIL": "rehearsal@attnforge",
+            "GIT_COMMITTER_NAME": "rehearsal", "GIT_COMMITTER_EMAIL": "rehearsal@attnforge"}  # fmt: skip
+
+
+def _git(repo: Path, *args: str) -> str:
+    proc = subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True,
+                          env={**os.environ, **_GIT_ENV})  # fmt: skip
+    return proc.stdout.strip()
+
+
+def dao_repos(dest: Path, ca_cert: str | None) -> tuple[Path, str, Path]:
+    """(Dao-AILab's stand-in repository, its commit, the aiter stand-in repository): the flash-attn
+    sdist's tree relabelled 2.8.4 with a third_party/aiter submodule (module docstring)."""
+    # Named by this file's hash, as the wheel sets are: a changed recipe makes them anew.
+    key = _source_key("dao")
+    repo, aiter = dest / f"flash-attention-dao-{key}", dest / f"aiter-{key}"
+    for old in [*dest.glob("flash-attention-dao-*"), *dest.glob("aiter-*")]:
+        if old not in (repo, aiter):
+            shutil.rmtree(old, ignore_errors=True)
+    if not (aiter / ".git").is_dir():
+        shutil.rmtree(aiter, ignore_errors=True)
+        (aiter / "aiter").mkdir(parents=True)
+        (aiter / "aiter" / "__init__.py").write_text(
+            "# Rehearsal stand-in for ROCm/aiter: fetched as flash-attention's third_party/aiter\n"
+            "# submodule from the mirror; the stand-in Dao tree (flash-attn 2.8.3's) does not use it.\n"
+        )
+        _git(aiter, "init", "-q")
+        _git(aiter, "add", "-A")
+        _git(aiter, "commit", "-qm", "aiter, rehearsal stand-in")
+    aiter_commit = _git(aiter, "rev-parse", "HEAD")
+    if not (repo / ".git").is_dir():
+        shutil.rmtree(repo, ignore_errors=True)
+        fa, _ = flash_attention_repo(dest, ca_cert)
+        _git(dest, "clone", "-q", str(fa), str(repo))
+        init = repo / "flash_attn" / "__init__.py"
+        init.write_text(init.read_text().replace('__version__ = "2.8.3"', '__version__ = "2.8.4"'))
+        _git(repo, "config", "-f", ".gitmodules", "submodule.third_party/aiter.path",
+             "third_party/aiter")  # fmt: skip
+        _git(repo, "config", "-f", ".gitmodules", "submodule.third_party/aiter.url", AITER_URL)
+        _git(repo, "add", "flash_attn/__init__.py", ".gitmodules")
+        # the gitlink, as `git submodule add` leaves it (no work tree there: not `add -A`)
+        _git(repo, "update-index", "--add", "--cacheinfo",
+             f"160000,{aiter_commit},third_party/aiter")  # fmt: skip
+        _git(repo, "commit", "-qm",
+             "Dao-AILab's tree as flash-attn 2.8.4 with its third_party/aiter submodule, stand-in")  # fmt: skip
+    return repo, _git(repo, "rev-parse", "HEAD"), aiter
 
 
 def _source_key(*parts: str) -> str:

@@ -3,7 +3,7 @@
 # reachable Docker engine, a local base image, a wheelhouse for the cpu stack and (for the
 # tests) a local registry. Safe to run again: every step checks before it acts.
 #
-#   tools/setup.sh STEP [STEP ...]    steps: venv engine base-image wheelhouse registry buildx-tools podman tritons newest-torch all
+#   tools/setup.sh STEP [STEP ...]    steps: venv engine base-image wheelhouse registry buildx-tools hip-tools podman tritons newest-torch all
 #
 # Nothing here needs the network beyond the distro's package mirror and PyPI; no registry is
 # pulled from: the base image is made with debootstrap and `docker import`.
@@ -116,6 +116,41 @@ buildx_tools() {
       >/tmp/attnforge-debootstrap-buildx.log 2>&1 \
     || { rm -rf "$root"; die "debootstrap failed; see /tmp/attnforge-debootstrap-buildx.log"; }
   tar -C "$root" -c . | "$cli" import -c 'ENTRYPOINT ["docker"]' - "$BUILDX_IMAGE" >/dev/null
+  rm -rf "$root"
+}
+
+# A real HIP compiler for the rehearsals' device code (tests/rehearsal.py): Debian experimental's
+# ROCm 7.2.4 hipcc (Debian's clang/LLVM 22), which compiles HIP for gfx1100/gfx1151/gfx1201/gfx942/
+# gfx950 on the CPU, in an image of Debian sid made with debootstrap, with only the ROCm source
+# packages taken from experimental (the rest of experimental pinned away). About 160 MB downloaded
+# and 1.3 GB unpacked; nothing is installed on this host. experimental's Release files can be
+# expired, hence Check-Valid-Until false.
+HIP_TOOLS_IMAGE=${HIP_TOOLS_IMAGE:-attnforge-local/hip-tools:sid}
+hip_rootfs() {  # hip_rootfs ROOT: Debian sid in ROOT, with hipcc from experimental
+  local root=$1 rc=0
+  debootstrap --variant=minbase sid "$root" "$DEBIAN_MIRROR" || return 1
+  echo "deb $DEBIAN_MIRROR experimental main" >"$root/etc/apt/sources.list.d/experimental.list"
+  printf '%s\n' 'Package: *' 'Pin: release a=experimental' 'Pin-Priority: 1' '' \
+    'Package: src:rocm-llvm src:rocm-hipamd src:rocr-runtime src:rocm-cmake src:rocm-device-libs src:rocm-compilersupport src:hipcc src:rocminfo' \
+    'Pin: release a=experimental' 'Pin-Priority: 990' >"$root/etc/apt/preferences.d/rocm"
+  echo 'Acquire::Check-Valid-Until "false";' >"$root/etc/apt/apt.conf.d/99attnforge"
+  mount --bind /proc "$root/proc" || return 1
+  { chroot "$root" apt-get update -q \
+      && DEBIAN_FRONTEND=noninteractive chroot "$root" apt-get install -y -q --no-install-recommends \
+        hipcc libamdhip64-dev \
+      && chroot "$root" apt-get clean; } || rc=1
+  umount "$root/proc"
+  return $rc
+}
+hip_tools() {
+  local cli; cli=$(docker_cli)
+  "$cli" image inspect "$HIP_TOOLS_IMAGE" >/dev/null 2>&1 && return 0
+  apt_install debootstrap
+  local root; root=$(mktemp -d /tmp/attnforge-hip-rootfs.XXXXXX)
+  local log=/tmp/attnforge-debootstrap-hip.log
+  say "making $HIP_TOOLS_IMAGE with debootstrap (Debian sid, hipcc from experimental)"
+  hip_rootfs "$root" >"$log" 2>&1 || { rm -rf "$root"; die "making $HIP_TOOLS_IMAGE failed; see $log"; }
+  tar -C "$root" -c . | "$cli" import -c 'WORKDIR /work' - "$HIP_TOOLS_IMAGE" >/dev/null
   rm -rf "$root"
 }
 
@@ -256,11 +291,12 @@ run_step() {
     wheelhouse) venv; wheelhouse ;;
     registry) registry; apt_install chromium fonts-dejavu-core ;;  # + the report's browser test
     buildx-tools) engine; buildx_tools ;;
+    hip-tools) engine; hip_tools ;;
     podman) engine; base_image; podman_engine ;;
     tritons) venv; tritons ;;
     newest-torch) newest_torch ;;
     all) venv; engine; base_image; wheelhouse ;;
-    *) die "unknown step $1; valid: venv engine base-image wheelhouse registry buildx-tools podman tritons newest-torch all" ;;
+    *) die "unknown step $1; valid: venv engine base-image wheelhouse registry buildx-tools hip-tools podman tritons newest-torch all" ;;
   esac
 }
 

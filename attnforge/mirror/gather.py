@@ -15,6 +15,7 @@ from typing import IO, Any
 from ..errors import UserError
 from .layout import FILES, Manifest, dist_of, repo_path, sha256_of, write_index
 from .needs import PYPI, LayerNeeds
+from .submodules import walk
 
 
 def _run(argv: list[str], log: IO[str], what: str, env: dict[str, str] | None = None) -> None:
@@ -46,10 +47,13 @@ def download_wheels(
     _run([*argv, *needs.requirements], log, f"pip download for layer {needs.layer}", env)
 
 
-def mirror_repo(url: str, commit: str, source: str, dest: Path, log: IO[str]) -> None:
+def mirror_repo(
+    url: str, commit: str, source: str, dest: Path, log: IO[str], pinned_by: str = "the plan"
+) -> None:
     """A bare copy of ``source`` (the URL, or a local repository standing in for it) at
     dest/git/...; the pinned commit must be in it. Fetching it by id is allowed (the Dockerfiles
-    run `git fetch --depth 1 URL COMMIT`)."""
+    run `git fetch --depth 1 URL COMMIT`, and `git submodule update --depth 1` fetches a
+    submodule's commit by id)."""
     bare = dest / repo_path(url)
     if not bare.exists():
         bare.parent.mkdir(parents=True, exist_ok=True)
@@ -59,7 +63,40 @@ def mirror_repo(url: str, commit: str, source: str, dest: Path, log: IO[str]) ->
     found = subprocess.run(["git", "-C", str(bare), "cat-file", "-e", f"{commit}^{{commit}}"],
                            capture_output=True)  # fmt: skip
     if found.returncode != 0:
-        raise UserError(f"{source} has no commit {commit}, which the plan pins for {url}")
+        raise UserError(f"{source} has no commit {commit}, which {pinned_by} pins for {url}")
+
+
+def _source(url: str, local_repos: Mapping[str, str]) -> str:
+    """The local repository standing in for ``url`` (matched as the mirror files it: with or
+    without .git), else the URL itself."""
+    want = repo_path(url)
+    return next((src for u, src in local_repos.items() if repo_path(u) == want), url)
+
+
+def _mirror_with_submodules(
+    url: str, commit: str, local_repos: Mapping[str, str], work: Path,
+    repos: dict[str, dict[str, Any]], log: IO[str],
+) -> None:  # fmt: skip
+    """``url`` at ``commit`` and, recursively, every submodule that commit pins (each at its
+    gitlink commit), as a layer's `git submodule update --init [--recursive]` would fetch them."""
+
+    def record(u: str, c: str) -> None:
+        entry = repos.setdefault(u, {"path": repo_path(u), "commits": []})
+        if c not in entry["commits"]:
+            entry["commits"].append(c)
+
+    mirror_repo(url, commit, _source(url, local_repos), work, log)
+    record(url, commit)
+
+    def local(u: str) -> Path | None:
+        bare = work / repo_path(u)
+        return bare if bare.is_dir() else None
+
+    for sub in walk(url, commit, local):
+        log.write(f"submodule {sub.path} of {sub.parent}: {sub.url} at {sub.commit}\n")
+        mirror_repo(sub.url, sub.commit, _source(sub.url, local_repos), work, log,
+                    pinned_by=f"{sub.parent} (its submodule {sub.path})")  # fmt: skip
+        record(sub.url, sub.commit)
 
 
 def assemble(
@@ -85,10 +122,7 @@ def assemble(
             download_wheels(n, files, python_version, index, ca_cert, log)
         if n.repo is not None:
             url, commit = n.repo
-            mirror_repo(url, commit, (local_repos or {}).get(url, url), work, log)
-            entry = repos.setdefault(url, {"path": repo_path(url), "commits": []})
-            if commit not in entry["commits"]:
-                entry["commits"].append(commit)
+            _mirror_with_submodules(url, commit, local_repos or {}, work, repos, log)
     manifest = Manifest(
         files={p.name: sha256_of(p) for p in sorted(files.iterdir()) if dist_of(p.name)},
         repos=repos, requirements={n.layer: n.requirements for n in needs if n.requirements},

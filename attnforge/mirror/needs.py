@@ -149,15 +149,33 @@ class Replacement:
     mirror_path: str  # what replaced it, relative to the mirror folder
 
 
+# The submodules a layer's `git submodule update` fetches name their own URLs (.gitmodules): a
+# layer that clones gets git's `url.<mirror>/git/.insteadOf https://` through git's environment
+# (GIT_CONFIG_COUNT, GIT_CONFIG_KEY_0, GIT_CONFIG_VALUE_0; git 2.31+), which its Dockerfile
+# declares as ARGs, so https://<host>/<path> is fetched from the mirror's git/<host>/<path>.
+SUBMODULES = "GIT_CONFIG (submodules)"
+
+
+def submodule_rewrite(mirror_git: str) -> dict[str, str]:
+    """The build args that send every https:// repository URL to ``mirror_git`` (…/git/)."""
+    return {
+        "GIT_CONFIG_COUNT": "1",
+        "GIT_CONFIG_KEY_0": f"url.{mirror_git}.insteadOf",
+        "GIT_CONFIG_VALUE_0": "https://",
+    }
+
+
 def replacements(step: Any) -> list[Replacement]:
     """Every build argument of a step that names an outside source, with its mirror path. Every
-    layer is also given PIP_INDEX_URL (its Dockerfile declares it where a pip line names no index)."""
+    layer is also given PIP_INDEX_URL (its Dockerfile declares it where a pip line names no index);
+    a layer that clones, the rewrite of its submodules' URLs."""
     out = []
     for arg, value in sorted({**step.hint_args, **step.args}.items()):
         if arg.endswith("INDEX_URL"):
             out.append(Replacement(arg, value or "(none)", "simple/"))
         elif arg == "SOURCE_REPO":
             out.append(Replacement(arg, value, repo_path(value)))
+            out.append(Replacement(SUBMODULES, "https://", "git/"))
     if not any(r.arg == "PIP_INDEX_URL" for r in out):
         out.append(Replacement("PIP_INDEX_URL", PYPI + " (pip's default)", "simple/"))
     return out

@@ -23,8 +23,9 @@ from typing import Any
 
 from ..errors import UserError
 from .layout import MANIFEST, Manifest, damaged_files, missing_pins, repo_path
-from .needs import layer_needs, replacements
+from .needs import SUBMODULES, layer_needs, replacements, submodule_rewrite
 from .serve import served
+from .submodules import walk
 
 REHEARSAL_ARG = "ATTNFORGE_REHEARSAL"
 REHEARSAL_LABEL = "org.attnforge.rehearsal"
@@ -68,6 +69,18 @@ def fetching_steps(plan: Any, root: Path, statuses=("build",)) -> list[tuple[Any
     return out
 
 
+def _bare(folder: Path, url: str) -> Path | None:
+    bare = folder / repo_path(url)
+    return bare if bare.is_dir() else None
+
+
+def _has_commit(folder: Path, url: str, commit: str) -> bool:
+    bare = _bare(folder, url)
+    return bare is not None and subprocess.run(
+        ["git", "-C", str(bare), "cat-file", "-e", f"{commit}^{{commit}}"], capture_output=True
+    ).returncode == 0  # fmt: skip
+
+
 def check(folder: Path, plan: Any, root: Path) -> Manifest:
     """The mirror is intact (every file's sha256) and holds every pin and pinned commit the
     plan's layers fetch; else one UserError listing each problem as a sentence."""
@@ -78,12 +91,15 @@ def check(folder: Path, plan: Any, root: Path) -> Manifest:
         if needs.repo is None:
             continue
         url, commit = needs.repo
-        bare = folder / repo_path(url)
-        found = bare.is_dir() and subprocess.run(
-            ["git", "-C", str(bare), "cat-file", "-e", f"{commit}^{{commit}}"], capture_output=True
-        ).returncode == 0  # fmt: skip
-        if not found:
+        if not _has_commit(folder, url, commit):
             problems.append(f"layer {step.layer} needs {url} at {commit}, and the mirror lacks it")
+            continue
+        for sub in walk(url, commit, lambda u: _bare(folder, u)):
+            if not _has_commit(folder, sub.url, sub.commit):
+                problems.append(
+                    f"layer {step.layer} needs {sub.url} at {sub.commit} (the submodule "
+                    f"{sub.path} of {sub.parent}), and the mirror lacks it"
+                )
     problems += damaged_files(folder, manifest)
     if problems:
         head = (
@@ -109,7 +125,10 @@ def replacement_lines(plan: Any, root: Path, folder: Path) -> list[str]:
 def _request(req: Any, step: Any, base: str) -> Any:
     args = dict(req.build_args)
     for r in replacements(step):
-        args[r.arg] = f"{base}/{r.mirror_path}"
+        if r.arg == SUBMODULES:  # git's url.<base>.insteadOf, through its environment
+            args.update(submodule_rewrite(f"{base}/{r.mirror_path}"))
+        else:
+            args[r.arg] = f"{base}/{r.mirror_path}"
     for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
         args[name] = _REFUSE
     args["NO_PROXY"] = args["no_proxy"] = "127.0.0.1,localhost"

@@ -156,10 +156,13 @@ GLUON_BWD_LOADER_REGS = {((3, 9), 64, False): 32}
 
 
 @functools.lru_cache(maxsize=32)
-def gluon_bwd_loader_regs(head_dim: int, causal: bool, release: tuple[int, int] | None = None) -> int:
+def gluon_bwd_loader_regs(
+    head_dim: int, causal: bool, release: tuple[int, int] | None = None
+) -> int:
     """The Gluon dK/dV kernel's loader registers on this (or ``release``'s) Triton line."""
     release = triton_release() if release is None else release
     return GLUON_BWD_LOADER_REGS.get((release, head_dim, causal), 24)
+
 
 # Where the Gluon kernels pay, by head dim: the shortest sequence each runs at (the Hopper
 # configs' gluon_fwd_min_seq / gluon_bwd_min_seq). Measured on an H200 (docs/benchmarks.md,

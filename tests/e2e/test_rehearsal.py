@@ -30,12 +30,13 @@ from tests.e2e.test_cpu_stack import (
     require_engine,
     unavailable,
 )
-from tests.rehearsal import standins
+from tests.rehearsal import AITER_URL, dao_repos, standins
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 NAMESPACE = f"attnforge-e2e-rehearsal-{uuid.uuid4().hex[:8]}"
 FA_REPO = "https://github.com/ROCm/flash-attention.git"
+DAO_REPO = "https://github.com/Dao-AILab/flash-attention.git"
 FAMILY = {"gfx1151": "gfx115x", "gfx1100": "gfx110x"}
 AMD_LAYERS = ["base", "rocm-sdk", "pytorch-wheels", "flash-attention", "validate"]
 
@@ -79,10 +80,18 @@ def rehearsal_mirror(
     wheels, repo, commit = standins(Path(WHEELHOUSE), channel_pins(arches[0], stack, given), arches,
                                     FAMILY, CA_CERT if Path(CA_CERT).is_file() else None)  # fmt: skip
     plan = plan_of(arches[0], stack, given)
-    has_fa = any(s.layer == "flash-attention" and s.runs for s in plan.steps)
-    sets = [*given, *(["--set", f"flash-attention.SOURCE_REF={commit}"] if has_fa else [])]
+    runs = {s.layer for s in plan.steps if s.runs}
+    sets = [*given, *(["--set", f"flash-attention.SOURCE_REF={commit}"]
+                      if "flash-attention" in runs else [])]  # fmt: skip
+    repos = ["--add-repo", f"{FA_REPO}={repo}"]
+    if "flash-attention-dao" in runs:
+        dao, dao_commit, aiter = dao_repos(
+            repo.parent, CA_CERT if Path(CA_CERT).is_file() else None
+        )
+        sets += ["--set", f"flash-attention-dao.SOURCE_REF={dao_commit}"]
+        repos += ["--add-repo", f"{DAO_REPO}={dao}", "--add-repo", f"{AITER_URL}={aiter}"]
     made = invoke(tree, "mirror", "--arch", arch, "--stack", stack, "--to", str(dest), *sets,
-                  "--add", str(wheels), "--add-repo", f"{FA_REPO}={repo}",
+                  "--add", str(wheels), *repos,
                   "--index-url", "https://pypi.org/simple/", "--python-version", "3.11",
                   "--rehearsal", "AMD's names and pins on CPU torch/triton and metadata-only wheels",
                   timeout=900)  # fmt: skip
@@ -222,6 +231,11 @@ def test_other_channels_and_a_two_arch_image_rehearse(tree, tmp_path, arch, stac
     assert built.returncode == 0, built.stdout[-4000:] + built.stderr[-3000:]
     layers = [s.layer for s in plan_of(arch.split(",")[0], stack, given).chain]
     assert outcomes(built.stdout) == dict.fromkeys(layers, "built")
+    if stack == "pytorch-org":  # its device-code check read the hipcc-built code objects
+        log = (tree / "build" / "logs" / arch / "pytorch-org.log").read_text()
+        check = next(json.loads(line) for line in log.splitlines()
+                     if line.startswith('{"name": "libtorch_hip.so holds GPU code'))  # fmt: skip
+        assert check["ok"] and check["detail"] == f"libtorch_hip.so: {arch}", check
     out = " ".join(built.stdout.split())
     assert f": torch {torch}" in out and "smoke FAIL" not in out
     assert "REHEARSAL: built from stand-in wheels" in out
@@ -233,14 +247,13 @@ def test_other_channels_and_a_two_arch_image_rehearse(tree, tmp_path, arch, stac
     ("arch", "stack", "stop"),
     [
         ("gfx1151", "rdna3-minimal", "flash-attention-rdna3-minimal"),
-        ("gfx1151", "dao", "flash-attention-dao"),
         ("gfx942", "source", "aotriton"),
     ],
 )
 def test_a_stack_rehearses_up_to_its_named_stop_point(tree, tmp_path, arch, stack, stop):
-    """What cannot run without AMD's binaries (a HIP compile) or without what a mirror lacks
-    (submodules) is the named point where the rehearsal stops: every layer below it is built, it
-    and the layers above are reported skipped with the reason, never silently left out."""
+    """What cannot run without AMD's binaries (a HIP compile) is the named point where the
+    rehearsal stops: every layer below it is built, it and the layers above are reported skipped
+    with the reason, never silently left out."""
     mirror = tmp_path / "mirror"
     sets, made = rehearsal_mirror(tree, arch, stack, mirror)
     assert f"rehearsal stops before {stop}" in " ".join(made.split())
@@ -250,7 +263,7 @@ def test_a_stack_rehearses_up_to_its_named_stop_point(tree, tmp_path, arch, stac
         s.layer for s in resolve(load_recipes(REPO), arch, stack, Options(base_image=BASE)).chain
     ]
     below = layers[: layers.index(stop)]
-    got = outcomes(built.stdout)  # dao and rdna3-minimal share the layers below (cached: same keys)
+    got = outcomes(built.stdout)
     assert got == {
         **dict.fromkeys(below, got[below[0]]),
         **dict.fromkeys(layers[len(below) :], "skipped"),
@@ -258,3 +271,20 @@ def test_a_stack_rehearses_up_to_its_named_stop_point(tree, tmp_path, arch, stac
     assert got[below[0]] in ("built", "cached")
     out = " ".join(built.stdout.split())
     assert f"stops before {stop}: " in out and "smoke FAIL" not in out
+
+
+def test_dao_rehearses_end_to_end_with_its_submodule_from_the_mirror(tree, tmp_path):
+    """Dao-AILab's tree (the dao stack): the mirror holds its third_party/aiter submodule at the
+    commit the stand-in tree pins, and the layer's own `git submodule update` fetches it from
+    there (every other URL refused), then builds and passes its smoke checks."""
+    mirror = tmp_path / "mirror"
+    sets, made = rehearsal_mirror(tree, "gfx1151", "dao", mirror)
+    assert "rehearsal stops" not in " ".join(made.split())
+    repos = json.loads((mirror / "manifest.json").read_text())["repos"]
+    assert set(repos) == {DAO_REPO, AITER_URL}
+    built = rehearse(tree, "gfx1151", "dao", mirror, sets)
+    assert built.returncode == 0, built.stdout[-4000:] + built.stderr[-3000:]
+    layers = [s.layer for s in plan_of("gfx1151", "dao").chain]
+    assert outcomes(built.stdout) == dict.fromkeys(layers, "built")
+    out = " ".join(built.stdout.split())
+    assert "smoke FAIL" not in out and "REHEARSAL: built from stand-in wheels" in out

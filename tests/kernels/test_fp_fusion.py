@@ -28,7 +28,8 @@ TRITONS_DIR = Path(os.environ.get("ATTNFORGE_TRITONS_DIR", REPO / "build" / "tri
 
 
 @pytest.mark.parametrize(
-    "env, want", [({}, True), ({"ATTNFORGE_FP_FUSION": "1"}, True), ({"ATTNFORGE_FP_FUSION": "0"}, False)]
+    "env, want",
+    [({}, True), ({"ATTNFORGE_FP_FUSION": "1"}, True), ({"ATTNFORGE_FP_FUSION": "0"}, False)],
 )
 def test_the_setting_comes_from_the_environment(env, want):
     assert configs.fp_fusion_from(env) is want
@@ -42,7 +43,9 @@ def test_a_bad_setting_is_refused_naming_the_variable(bad):
 
 @pytest.mark.parametrize("hip", [True, False])
 def test_every_tile_launch_states_it(hip):
-    assert configs.Tile(64, 64, 4, 1, 2).launch_options(hip)["enable_fp_fusion"] is configs.FP_FUSION
+    assert (
+        configs.Tile(64, 64, 4, 1, 2).launch_options(hip)["enable_fp_fusion"] is configs.FP_FUSION
+    )
 
 
 def _launches(path: Path):
@@ -76,7 +79,9 @@ def test_every_kernel_launch_in_the_package_states_it():
     for path in sorted((REPO / "kernels").rglob("*.py")):
         for line, call in _launches(path):
             # kernels/launch/plans.py's recorder forwards a launch's own keywords (**kwargs)
-            forwards = any(kw.arg is None and isinstance(kw.value, ast.Name) for kw in call.keywords)
+            forwards = any(
+                kw.arg is None and isinstance(kw.value, ast.Name) for kw in call.keywords
+            )
             launches += 1
             if not forwards and not _states_fusion(call):
                 missing.append(f"{path.relative_to(REPO)}:{line}")
@@ -107,7 +112,7 @@ def test_tritons_default_flipped_changes_nothing_and_the_setting_reaches_the_cod
     assert flipped == stated  # what Triton 3.10 will default to
     off = _aot(tmp_path / "c", *ONE_EACH, ATTNFORGE_FP_FUSION="0")
     assert len(stated) == len(off) == 2
-    for on_r, off_r in zip(stated, off):
+    for on_r, off_r in zip(stated, off, strict=True):
         assert on_r["fp_fusion"] is True and off_r["fp_fusion"] is False
         assert 0 < off_r["fmas"] < on_r["fmas"], (on_r, off_r)  # fewer fused multiply-adds
         assert not on_r["problems"] and not off_r["problems"]

@@ -211,7 +211,10 @@ def test_each_triton_line_gets_its_own_rows(on_triton):
     assert configs.config_for("cdna3", 128, dropout=True).fwd == configs.Tile(128, 32, 8, 1, 2)
     assert configs.config_for("cdna4", 128, dropout=True).fwd == configs.Tile(128, 32, 8, 1, 2)
     assert configs.config_for("cdna3", 64, dropout=True).fwd == old["cdna3", 64].fwd
-    assert configs.gluon_bwd_loader_regs(64, False) == 32 and configs.gluon_bwd_loader_regs(64, True) == 24
+    assert (
+        configs.gluon_bwd_loader_regs(64, False) == 32
+        and configs.gluon_bwd_loader_regs(64, True) == 24
+    )
     on_triton((3, 7))  # a row for one line only: 3.7's dK/dV tile is not 3.8's or 3.9's
     assert configs.config_for("cdna3", 128).bwd_kv == configs.Tile(16, 64, 4, 1, 1)
     assert configs.config_for("rdna3.5", 64) == old["rdna3.5", 64]
