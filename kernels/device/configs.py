@@ -465,8 +465,8 @@ def forward_config(cfg: AttnConfig, family: str, head_dim: int, max_q: int, max_
 # Triton 3.6 (the dev extra's and the cpu stack's) and lines without rows keep the tiles above.
 # Spill-free and at no lower occupancy than 3.6's figures where measured (docs/kernels.md, "On
 # every Triton a stack ships"); compile-checked only, untimed on AMD hardware. Keys of a row:
-# AttnConfig tile fields (fwd, bwd_kv, bwd_q), ``dropout_fwd`` (the forward's tile where dropout
-# is on) and ``kv_prefill`` (kernels/device/decode.py).
+# AttnConfig tile fields (fwd, bwd_kv, bwd_q), the same with ``dropout_`` before them (that tile
+# where dropout is on, e.g. ``dropout_fwd``) and ``kv_prefill`` (kernels/device/decode.py).
 _RDNA3 = ("rdna3", "rdna3.5")
 NEWER_TRITON_TILES = {
     **{((3, 7), f, 128): {"fwd": Tile(32, 16, 4, 1, 2)} for f in _RDNA3},
@@ -491,6 +491,23 @@ NEWER_TRITON_TILES = {
     # forward does not spill. The dropout forward alone gets the same tile over 8 waves (188/187
     # VGPRs, no spill, the same 2 waves per SIMD; 128x16 with 4 waves also fits, 204/200).
     **{((3, 9), f, 128): {"dropout_fwd": Tile(128, 32, 8, 1, 2)} for f in ("cdna3", "cdna4")},
+    ((3, 8), "cdna2", 128): {"dropout_bwd_kv": Tile(16, 64, 4, 1, 1)},
+    # 3.7.1 (`kernels.aot --all`, 2026-12-04): gfx950's d=128 dropout dK/dV kernel (32x64 w4: 3
+    # VGPRs spilled; 16x64: 192, none, 2 waves where it had 1), and on sm80 the d=64 dK/dV kernel
+    # (16x32 w4 s2: 8 bytes of ptxas spill stores; one stage: none, 128 registers, the same
+    # occupancy) and the d=128 paged prefill (64x64 w8 s2: 8 bytes; one stage: none, 172, the same).
+    ((3, 7), "cdna4", 128): {"dropout_bwd_kv": Tile(16, 64, 4, 1, 1)},
+    ((3, 7), "ampere", 64): {"bwd_kv": Tile(16, 32, 4, 1)},
+    ((3, 7), "ampere", 128): {"kv_prefill": Tile(64, 64, 8, 1)},
+}
+# 3.8 spills the dropout dK/dV kernel on gfx1150 at d=64 (16x32 w8: 256 VGPRs, 2 spilled; gfx1151,
+# the same family with the larger register file, 229 and none) and on gfx90a at d=128 (32x64 w4,
+# 9 spilled; the row above). 16x16 w8 there: gfx1150 249 VGPRs, gfx1151 228 at the same 6 waves;
+# 3.7's 16x64 CDNA tile on gfx90a: 206 VGPRs, 2 waves where the spilling tile had 1 (`python -m
+# kernels.aot --all` on 3.8.0, 2026-12-04).
+NEWER_TRITON_TILES[(3, 8), "rdna3.5", 64] = {
+    **NEWER_TRITON_TILES[(3, 8), "rdna3.5", 64],
+    "dropout_bwd_kv": Tile(16, 16, 8, 1, 1),
 }
 
 
@@ -576,8 +593,9 @@ def _config_for(family: str, d: int, dropout: bool, spec: str | None) -> AttnCon
     if dropout:
         group = "ampere" if family == "nvidia" else family
         cfg = replace(cfg, **_DROPOUT_BWD.get((group, d), {}))
-        if "dropout_fwd" in newer:
-            cfg = replace(cfg, fwd=newer["dropout_fwd"])
+        cfg = replace(
+            cfg, **{k: newer[f"dropout_{k}"] for k in TILE_KEYS if f"dropout_{k}" in newer}
+        )
     return override(cfg, spec)
 
 

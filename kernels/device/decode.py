@@ -249,10 +249,13 @@ def _rotary_row(
     if ROT_HALF > 0:
         r = tl.arange(0, BLOCK_R)
         r_ok = r < ROT_HALF
-        inside = pos < seqlen_ro
+        # The tables' row: the first ROT_HALF entries where pos is inside them, else none. One
+        # comparison, not r_ok & (pos < seqlen_ro): Triton 3.9's interpreter gives a tensor-and-
+        # scalar `&` an int32 mask, which its loads refuse (the compiled kernels were unaffected).
+        t_ok = r < tl.where(pos < seqlen_ro, ROT_HALF, 0)
         pos64 = pos.to(tl.int64)
-        c = tl.load(Cos + pos64 * s_ro_cos + r, mask=r_ok & inside, other=1.0).to(tl.float32)
-        s = tl.load(Sin + pos64 * s_ro_sin + r, mask=r_ok & inside, other=0.0).to(tl.float32)
+        c = tl.load(Cos + pos64 * s_ro_cos + r, mask=t_ok, other=1.0).to(tl.float32)
+        s = tl.load(Sin + pos64 * s_ro_sin + r, mask=t_ok, other=0.0).to(tl.float32)
         if INTERLEAVED:
             i0 = 2 * r
             i1 = 2 * r + 1

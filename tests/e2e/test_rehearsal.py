@@ -10,6 +10,7 @@ each layer with every URL but the mirror's refused. A warm run reuses BuildKit's
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import uuid
 from pathlib import Path
@@ -288,3 +289,28 @@ def test_dao_rehearses_end_to_end_with_its_submodule_from_the_mirror(tree, tmp_p
     assert outcomes(built.stdout) == dict.fromkeys(layers, "built")
     out = " ".join(built.stdout.split())
     assert "smoke FAIL" not in out and "REHEARSAL: built from stand-in wheels" in out
+
+
+def test_a_rehearsal_builds_with_podman_from_the_mirror_on_the_host_network(
+    tree, default_rehearsal
+):
+    """--engine podman: the layers up to rocm-sdk build with buildah's `--network host`, reach
+    the mirror on 127.0.0.1 with every other URL refused, and pass their smoke checks, as under
+    Docker (the Podman of `tools/setup.sh podman`, its own storage holding the base image)."""
+    if shutil.which("podman") is None:
+        unavailable("no podman (tools/setup.sh podman)", "no podman: run tools/setup.sh podman")
+    mirror, sets, _ = default_rehearsal
+    built = invoke(tree, "build", "--arch", "gfx1151", "--mirror", str(mirror), *sets,
+                   "--only", "rocm-sdk", "--engine", "podman", "--base-image", BASE,
+                   "--namespace", f"{NAMESPACE}-podman", timeout=1800)  # fmt: skip
+    try:
+        assert built.returncode == 0, built.stdout[-4000:] + built.stderr[-3000:]
+        assert outcomes(built.stdout) == {"base": "built", "rocm-sdk": "built"}
+        out = " ".join(built.stdout.split())
+        assert "smoke FAIL" not in out and "REHEARSAL: built from stand-in wheels" in out
+    finally:  # what this test tagged in Podman's storage
+        tags = subprocess.run(["podman", "images", "--format", "{{.Repository}}:{{.Tag}}"],
+                              capture_output=True, text=True).stdout.split()  # fmt: skip
+        mine = [t for t in tags if f"{NAMESPACE}-podman" in t]
+        if mine:
+            subprocess.run(["podman", "rmi", "-f", *mine], capture_output=True)

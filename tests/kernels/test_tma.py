@@ -34,7 +34,9 @@ def test_override_sets_tma_for_all_tiles_or_the_listed_ones():
     obj = override(base, json.dumps({"fwd": {"block_m": 64, "block_n": 32, "num_warps": 4,
                                              "num_stages": 2, "tma": True, "maxnreg": 128}}))  # fmt: skip
     assert obj.fwd == Tile(64, 32, 4, 2, tma=True, maxnreg=128)
-    assert obj.fwd.launch_options(hip=False) == {"num_warps": 4, "num_stages": 2, "maxnreg": 128}
+    assert obj.fwd.launch_options(hip=False) == {
+        "num_warps": 4, "num_stages": 2, "enable_fp_fusion": True, "maxnreg": 128
+    }  # fmt: skip
     assert "maxnreg" not in obj.fwd.launch_options(hip=True)
     assert on.without_tma() == base
 

@@ -198,6 +198,11 @@ def test_each_triton_line_gets_its_own_rows(on_triton):
     old_prefill = kv_config("rdna3", 128).prefill
     on_triton((3, 8))
     assert configs.config_for("rdna3.5", 64).bwd_q == configs.Tile(32, 16, 4, 1, 1)
+    # the dropout dK/dV tile alone where 3.8 spilled it (gfx1150 d=64, gfx90a d=128)
+    assert configs.config_for("rdna3.5", 64, dropout=True).bwd_kv == configs.Tile(16, 16, 8, 1, 1)
+    assert configs.config_for("rdna3.5", 64).bwd_kv == old["rdna3.5", 64].bwd_kv
+    assert configs.config_for("cdna2", 128, dropout=True).bwd_kv == configs.Tile(16, 64, 4, 1, 1)
+    assert configs.config_for("rdna3", 64, dropout=True).bwd_kv == old["rdna3.5", 64].bwd_kv
     assert configs.config_for("rdna3.5", 128).fwd == configs.Tile(32, 16, 4, 1, 2)
     assert kv_config("rdna3", 128).prefill == configs.Tile(32, 32, 4, 1, 2) != old_prefill
     on_triton((3, 9))
