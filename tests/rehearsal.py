@@ -254,17 +254,33 @@ def torch_wheels(dest: Path, wheelhouse: Path, pins: dict[str, str], rocm: str, 
     return out
 
 
+def torch_triton(torch_v: str) -> str:
+    """The Triton torch ``torch_v``'s release requires (recipes/tritons.yaml): pytorch.org's
+    triton-rocm of that version."""
+    from attnforge.tritons import load_table
+
+    line = ".".join(torch_v.split("+")[0].split(".")[:2])
+    row = next(
+        (r for r in load_table(Path(__file__).resolve().parents[1]).torch if r.torch == line), None
+    )
+    if row is None:
+        raise RuntimeError(f"recipes/tritons.yaml has no row for torch {line}")
+    return row.triton
+
+
 def pytorch_org_wheels(dest: Path, wheelhouse: Path, pins: dict[str, str], arches: list[str],
                        family: dict[str, str]) -> list[Path]:  # fmt: skip
-    """pytorch.org's ROCm 7.14 channel: torch and torchvision (+rocm7.14) requiring
-    rocm[libraries,device-all]==7.14.* and triton-rocm, the rocm 7.14.0 meta package that requires
-    itself (pytorch#193979) beside the fixed 7.14.0.post1, and the SDK parts (7.14.0)."""
+    """pytorch.org's ROCm channels: torch and torchvision (+rocm7.14, +rocm10.0) requiring
+    rocm[libraries,device-all]==<line>.* and the triton-rocm its release requires, the SDK parts,
+    and on 7.14 the rocm 7.14.0 meta package that requires itself (pytorch#193979) beside the
+    fixed 7.14.0.post1 the layer pins."""
     torch_v, vision_v, meta = (
         pins["TORCH_VERSION"],
         pins["TORCHVISION_VERSION"],
         pins["ROCM_VERSION"],
     )
     release = meta.split(".post")[0]
+    triton_v = torch_triton(torch_v)
     images = {
         f"torch/lib/aotriton.images/amd-{family[a]}/__signature__": b"rehearsal stand-in\n"
         for a in arches
@@ -273,16 +289,17 @@ def pytorch_org_wheels(dest: Path, wheelhouse: Path, pins: dict[str, str], arche
     version_py = torch_version_py(torch_v, release)
     out = [relabel(next(wheelhouse.glob("torch-*+cpu-*.whl")), dest, torch_v,
                    replace={"torch/version.py": version_py, **images},
-                   add_requires=[f"rocm[libraries,device-all]=={release.rsplit('.', 1)[0]}.*", "triton-rocm==3.8.0"]),
-           relabel(next(wheelhouse.glob("triton-3.6.0-*.whl")), dest, "3.8.0", rename="triton-rocm")]  # fmt: skip
+                   add_requires=[f"rocm[libraries,device-all]=={release.rsplit('.', 1)[0]}.*", f"triton-rocm=={triton_v}"]),
+           relabel(next(wheelhouse.glob("triton-3.6.0-*.whl")), dest, triton_v, rename="triton-rocm")]  # fmt: skip
     out.append(make_wheel(dest, "torchvision", vision_v,
                           {"torchvision/__init__.py": f"__version__ = '{vision_v}'\n".encode()},
                           requires=[f"torch=={torch_v}"]))  # fmt: skip
     parts = [f"rocm-sdk-core=={release}", f'rocm-sdk-libraries=={release} ; extra == "libraries"']
     parts += [f'rocm-sdk-device-{a}=={release} ; extra == "device-all"' for a in arches]
     extras = ["libraries", "device-all"]
-    out.append(make_wheel(dest, "rocm", release, {"rocm_sdk/__init__.py": ROCM_SDK_CLI.encode()},
-                          requires=[*parts, f"rocm=={release}"], extras=extras))  # fmt: skip
+    if meta != release:  # 7.14.0 lists itself (the trap), beside the .postN the layer pins
+        out.append(make_wheel(dest, "rocm", release, {"rocm_sdk/__init__.py": ROCM_SDK_CLI.encode()},
+                              requires=[*parts, f"rocm=={release}"], extras=extras))  # fmt: skip
     out.append(make_wheel(dest, "rocm", meta, {"rocm_sdk/__init__.py": ROCM_SDK_CLI.encode()},
                           requires=parts, extras=extras))  # fmt: skip
     out.append(make_wheel(dest, "rocm-sdk-core", release, {"_rocm_sdk_core/__init__.py": b""}))

@@ -217,23 +217,34 @@ NIGHTLY_SETS = [
         ("gfx1151", "rocm10.0", "2.13.0+rocm10.0.0", []),
         ("gfx1151,gfx1100", "default", "2.14.0+rocm10.1.0", []),
         ("gfx1151", "pytorch-org", "2.14.1+rocm7.14", []),
+        ("gfx1151", "pytorch-org2.15", "2.15.0+rocm10.0", []),
+        ("gfx1151", "pytorch-org2.15-rocm7.14", "2.15.0+rocm7.14", []),
         ("gfx1151", "rocm7.14", "2.12.0+rocm7.14.0", []),
         ("gfx1151", "nightly", f"2.15.0a0+rocm{NIGHTLY}", NIGHTLY_SETS),
     ],
-    ids=["rocm10.0", "gfx1151+gfx1100", "pytorch-org", "rocm7.14", "nightly"],
+    ids=[
+        "rocm10.0",
+        "gfx1151+gfx1100",
+        "pytorch-org",
+        "pytorch-org2.15",
+        "pytorch-org2.15-rocm7.14",
+        "rocm7.14",
+        "nightly",
+    ],
 )
 def test_other_channels_and_a_two_arch_image_rehearse(tree, tmp_path, arch, stack, torch, given):
     """The rocm10.0, rocm7.14, nightly (pre-release versions given with --set) and pytorch.org
-    channels, and one image for gfx1151 and gfx1100 (both device extras, both arches' checks),
-    built end to end from their own rehearsal mirrors."""
+    channels (torch 2.14.1, and 2.15.0 on its two inferred ROCm lines), and one image for gfx1151
+    and gfx1100 (both device extras, both arches' checks), built end to end from their own
+    rehearsal mirrors."""
     mirror = tmp_path / "mirror"
     sets, _ = rehearsal_mirror(tree, arch, stack, mirror, given)
     built = rehearse(tree, arch, stack, mirror, sets)
     assert built.returncode == 0, built.stdout[-4000:] + built.stderr[-3000:]
     layers = [s.layer for s in plan_of(arch.split(",")[0], stack, given).chain]
     assert outcomes(built.stdout) == dict.fromkeys(layers, "built")
-    if stack == "pytorch-org":  # its device-code check read the hipcc-built code objects
-        log = (tree / "build" / "logs" / arch / "pytorch-org.log").read_text()
+    if stack.startswith("pytorch-org"):  # its device-code check read hipcc-built code objects
+        log = (tree / "build" / "logs" / arch / "pytorch-org.log").read_text()  # the latest build
         check = next(json.loads(line) for line in log.splitlines()
                      if line.startswith('{"name": "libtorch_hip.so holds GPU code'))  # fmt: skip
         assert check["ok"] and check["detail"] == f"libtorch_hip.so: {arch}", check
