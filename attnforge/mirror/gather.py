@@ -15,7 +15,7 @@ from typing import IO, Any
 from ..errors import UserError
 from .layout import FILES, Manifest, dist_of, repo_path, sha256_of, write_index
 from .needs import PYPI, LayerNeeds
-from .submodules import walk
+from .submodules import has_commit, walk
 
 
 def _run(argv: list[str], log: IO[str], what: str, env: dict[str, str] | None = None) -> None:
@@ -60,9 +60,7 @@ def mirror_repo(
         _run(["git", "clone", "--quiet", "--mirror", source, str(bare)], log, f"git clone {source}")
         _run(["git", "-C", str(bare), "config", "uploadpack.allowAnySHA1InWant", "true"], log,
              "git config")  # fmt: skip
-    found = subprocess.run(["git", "-C", str(bare), "cat-file", "-e", f"{commit}^{{commit}}"],
-                           capture_output=True)  # fmt: skip
-    if found.returncode != 0:
+    if not has_commit(bare, commit):
         raise UserError(f"{source} has no commit {commit}, which {pinned_by} pins for {url}")
 
 

@@ -32,6 +32,11 @@ def resolve_url(parent: str, url: str) -> str:
     return urlunsplit(parts._replace(path=joined))
 
 
+def has_commit(repo: Path, commit: str) -> bool:
+    """Whether ``repo`` (bare or not) holds the commit ``commit``."""
+    return _git(repo, "cat-file", "-e", f"{commit}^{{commit}}").returncode == 0
+
+
 def _git(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
 

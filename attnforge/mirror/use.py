@@ -15,7 +15,6 @@ with real ones, and publish and export refuse them.
 from __future__ import annotations
 
 import dataclasses
-import subprocess
 from collections.abc import Mapping
 from contextlib import ExitStack
 from pathlib import Path
@@ -25,7 +24,7 @@ from ..errors import UserError
 from .layout import MANIFEST, Manifest, damaged_files, missing_pins, repo_path
 from .needs import SUBMODULES, layer_needs, replacements, submodule_rewrite
 from .serve import served
-from .submodules import walk
+from .submodules import has_commit, walk
 
 REHEARSAL_ARG = "ATTNFORGE_REHEARSAL"
 REHEARSAL_LABEL = "org.attnforge.rehearsal"
@@ -76,9 +75,7 @@ def _bare(folder: Path, url: str) -> Path | None:
 
 def _has_commit(folder: Path, url: str, commit: str) -> bool:
     bare = _bare(folder, url)
-    return bare is not None and subprocess.run(
-        ["git", "-C", str(bare), "cat-file", "-e", f"{commit}^{{commit}}"], capture_output=True
-    ).returncode == 0  # fmt: skip
+    return bare is not None and has_commit(bare, commit)
 
 
 def check(folder: Path, plan: Any, root: Path) -> Manifest:

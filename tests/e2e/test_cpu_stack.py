@@ -90,14 +90,15 @@ def copy_tree_to(dest: Path) -> Path:
     return dest
 
 
-def remove_images(namespace: str) -> None:
-    """Every Docker image tagged under ``namespace``: what one module's builds left."""
+def remove_images(namespace: str, engine: str = "docker") -> None:
+    """Every image tagged under ``namespace`` in ``engine``'s storage (docker or podman): what one
+    module's builds left."""
     tags = subprocess.run(
-        ["docker", "images", "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True, text=True
+        [engine, "images", "--format", "{{.Repository}}:{{.Tag}}"], capture_output=True, text=True
     ).stdout.split()
     mine = [t for t in tags if namespace in t]
     if mine:
-        subprocess.run(["docker", "rmi", "-f", *mine], capture_output=True)
+        subprocess.run([engine, "rmi", "-f", *mine], capture_output=True)
 
 
 @pytest.fixture(scope="module")

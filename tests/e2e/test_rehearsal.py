@@ -320,8 +320,4 @@ def test_a_rehearsal_builds_with_podman_from_the_mirror_on_the_host_network(
         out = " ".join(built.stdout.split())
         assert "smoke FAIL" not in out and "REHEARSAL: built from stand-in wheels" in out
     finally:  # what this test tagged in Podman's storage
-        tags = subprocess.run(["podman", "images", "--format", "{{.Repository}}:{{.Tag}}"],
-                              capture_output=True, text=True).stdout.split()  # fmt: skip
-        mine = [t for t in tags if f"{NAMESPACE}-podman" in t]
-        if mine:
-            subprocess.run(["podman", "rmi", "-f", *mine], capture_output=True)
+        remove_images(f"{NAMESPACE}-podman", engine="podman")
