@@ -228,11 +228,11 @@ def torch_wheels(dest: Path, wheelhouse: Path, pins: dict[str, str], rocm: str, 
         pins["TORCHAUDIO_VERSION"],
     )
     label = torch_v.split("+", 1)[1]
-    triton_v = f"3.6.0+{label}"
+    triton_src = cpu_triton_wheel(wheelhouse)
+    triton_v = f"{triton_src.name.split('-')[1]}+{label}"
     version_py = torch_version_py(torch_v, rocm)
     devices = [f"device-{a}" for a in arches]
     torch_src = next(wheelhouse.glob("torch-*+cpu-*.whl"))
-    triton_src = next(wheelhouse.glob("triton-3.6.0-*.whl"))
     out = [relabel(torch_src, dest, torch_v, extras=devices, replace={"torch/version.py": version_py},
                    add_requires=[f"rocm[libraries]=={rocm}", f"triton=={triton_v}",
                                  *(f'amd-torch-device-{a}=={torch_v} ; extra == "device-{a}"' for a in arches)]),
@@ -252,6 +252,19 @@ def torch_wheels(dest: Path, wheelhouse: Path, pins: dict[str, str], rocm: str, 
         out.append(make_wheel(dest, f"amd-torchvision-device-{a}", vision_v,
                               {f"torchvision/.kpack/torchvision_{a}.kpack": b"rehearsal stand-in\n"}))  # fmt: skip
     return out
+
+
+def cpu_triton_wheel(wheelhouse: Path) -> Path:
+    """The wheelhouse's wheel of the Triton the cpu stack pins (recipes/layers/triton.yaml), the
+    real code every stand-in Triton is relabelled from."""
+    import yaml
+
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "layers" / "triton.yaml"
+    version = yaml.safe_load(recipe.read_text())["pins"]["TRITON_VERSION"]
+    found = sorted(wheelhouse.glob(f"triton-{version}-*.whl"))
+    if not found:
+        raise RuntimeError(f"no triton-{version} wheel in {wheelhouse} (tools/setup.sh wheelhouse)")
+    return found[0]
 
 
 def torch_triton(torch_v: str) -> str:
@@ -290,7 +303,7 @@ def pytorch_org_wheels(dest: Path, wheelhouse: Path, pins: dict[str, str], arche
     out = [relabel(next(wheelhouse.glob("torch-*+cpu-*.whl")), dest, torch_v,
                    replace={"torch/version.py": version_py, **images},
                    add_requires=[f"rocm[libraries,device-all]=={release.rsplit('.', 1)[0]}.*", f"triton-rocm=={triton_v}"]),
-           relabel(next(wheelhouse.glob("triton-3.6.0-*.whl")), dest, triton_v, rename="triton-rocm")]  # fmt: skip
+           relabel(cpu_triton_wheel(wheelhouse), dest, triton_v, rename="triton-rocm")]  # fmt: skip
     out.append(make_wheel(dest, "torchvision", vision_v,
                           {"torchvision/__init__.py": f"__version__ = '{vision_v}'\n".encode()},
                           requires=[f"torch=={torch_v}"]))  # fmt: skip

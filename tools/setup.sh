@@ -19,7 +19,7 @@ REGISTRY_ADDR=${REGISTRY_ADDR:-127.0.0.1:5000}
 BUILDX_IMAGE=${BUILDX_IMAGE:-attnforge-local/buildx-tools:trixie}
 # The cpu stack's pins (recipes/layers/torch-cpu.yaml, triton.yaml, apps.yaml and the apps layer's
 # lock, dockerfiles/scripts/apps-lock.txt); images run Debian 12's Python 3.11.
-WHEELS=("torch==2.13.0+cpu" "triton==3.6.0" "numpy==2.4.6" "transformers==5.23.0" "diffusers==0.42.1")
+WHEELS=("torch==2.13.0+cpu" "triton==3.9.0" "numpy==2.4.6" "transformers==5.23.0" "diffusers==0.42.1")
 APPS_LOCK=dockerfiles/scripts/apps-lock.txt
 TRITONS_DIR=${TRITONS_DIR:-build/tritons}
 
@@ -48,7 +48,12 @@ venv() {
     # PYTHONDONTWRITEBYTECODE=1 is set, as on the CI machine, nothing would ever write the
     # bytecode, and every process would compile torch's modules again as it imports them
     # (docs/benchmarks.md, issue 29).
-    "$VENV/bin/pip" install -q -e '.[dev]'
+    # torch==2.13.0 is the +cpu build (the cpu stack's, no Triton requirement): configured
+    # indexes first (a mirror that holds it), then PyTorch's CPU index, where it lives; PyPI's
+    # own 2.13.0 is the CUDA build, whose triton==3.7.1 the dev extra's Triton pin refuses.
+    "$VENV/bin/pip" install -q -e '.[dev]' \
+      || "$VENV/bin/pip" install -q --extra-index-url https://download.pytorch.org/whl/cpu -e '.[dev]' \
+      || die "could not install the dev extra into $VENV"
     touch "$VENV/bin/invoke"
   fi
 }

@@ -177,7 +177,7 @@ def test_the_image_carries_its_versions_manifest_as_file_and_label(tree):
     final = f"{NAMESPACE}/cpu:cpu"
     manifest = json.loads(docker_run(final, "cat", "/opt/attnforge/versions.json").stdout)
     assert manifest["torch-cpu"]["TORCH_VERSION"] == "2.13.0+cpu"
-    assert manifest["triton"]["TRITON_VERSION"] == "3.6.0"
+    assert manifest["triton"]["TRITON_VERSION"] == "3.9.0"
     assert manifest["base_image"]["ref"] == BASE and manifest["base_image"]["digest"].startswith(
         "sha256:"
     )
