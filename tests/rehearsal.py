@@ -6,7 +6,9 @@ honest where they can:
   torch.version.hip set to the ROCm version so that build scripts take their ROCm branches (e.g.
   flash-attention's setup.py reads torch.utils.cpp_extension.IS_HIP_EXTENSION): hence every smoke
   check that asks whether torch is a HIP build is "not rehearsable";
-- triton is the real Triton of the wheelhouse relabelled (its CPU interpreter runs);
+- triton is the real Triton of the line the stack's torch requires (recipes/tritons.yaml: 3.7 for
+  torch 2.12-2.13, 3.8 for 2.14, 3.9 for 2.15), PyPI's wheel relabelled (its CPU interpreter
+  runs, and flash_attn's import meets that line's autotune checks);
 - `rocm` carries a working `rocm-sdk` command (version, targets, path --root, init) over the
   stand-in SDK parts (rocm-sdk-core, -libraries, -devel with a hipcc that refuses to compile,
   -device-<arch>);
@@ -228,8 +230,8 @@ def torch_wheels(dest: Path, wheelhouse: Path, pins: dict[str, str], rocm: str, 
         pins["TORCHAUDIO_VERSION"],
     )
     label = torch_v.split("+", 1)[1]
-    triton_src = cpu_triton_wheel(wheelhouse)
-    triton_v = f"{triton_src.name.split('-')[1]}+{label}"
+    triton_v = f"{torch_triton(torch_v)}+{label}"
+    triton_src = triton_wheel(triton_v)
     version_py = torch_version_py(torch_v, rocm)
     devices = [f"device-{a}" for a in arches]
     torch_src = next(wheelhouse.glob("torch-*+cpu-*.whl"))
@@ -254,17 +256,28 @@ def torch_wheels(dest: Path, wheelhouse: Path, pins: dict[str, str], rocm: str, 
     return out
 
 
-def cpu_triton_wheel(wheelhouse: Path) -> Path:
-    """The wheelhouse's wheel of the Triton the cpu stack pins (recipes/layers/triton.yaml), the
-    real code every stand-in Triton is relabelled from."""
-    import yaml
+def tritons_dir() -> Path:
+    """Where `tools/setup.sh tritons` keeps each Triton release's wheel (``wheels/``)."""
+    default = Path(__file__).resolve().parents[1] / "build" / "tritons"
+    return Path(os.environ.get("ATTNFORGE_TRITONS_DIR", default))
 
-    recipe = Path(__file__).resolve().parents[1] / "recipes" / "layers" / "triton.yaml"
-    version = yaml.safe_load(recipe.read_text())["pins"]["TRITON_VERSION"]
-    found = sorted(wheelhouse.glob(f"triton-{version}-*.whl"))
-    if not found:
-        raise RuntimeError(f"no triton-{version} wheel in {wheelhouse} (tools/setup.sh wheelhouse)")
-    return found[0]
+
+def triton_wheel(version: str) -> Path:
+    """The real wheel of the Triton line ``version`` belongs to (the release itself where
+    `tools/setup.sh tritons` has it, else that line's newest there), which a stand-in Triton of
+    that version is relabelled from: a stack's flash-attention import then runs on the Python code
+    of the Triton line its torch requires (Triton 3.9 refuses autotune keys 3.8 ignored)."""
+    folder = tritons_dir() / "wheels"
+    line = version.split("+")[0].split(".")[:2]
+    found = {w.name.split("-")[1]: w for w in folder.glob("triton-*.whl")}
+    exact = found.get(version.split("+")[0])
+    same = sorted((v for v in found if v.split(".")[:2] == line),
+                  key=lambda v: [int(x) for x in v.split(".")[:3]])  # fmt: skip
+    if exact is None and not same:
+        raise RuntimeError(
+            f"no triton {'.'.join(line)}.x wheel in {folder} (tools/setup.sh tritons)"
+        )
+    return exact or found[same[-1]]
 
 
 def torch_triton(torch_v: str) -> str:
@@ -303,7 +316,7 @@ def pytorch_org_wheels(dest: Path, wheelhouse: Path, pins: dict[str, str], arche
     out = [relabel(next(wheelhouse.glob("torch-*+cpu-*.whl")), dest, torch_v,
                    replace={"torch/version.py": version_py, **images},
                    add_requires=[f"rocm[libraries,device-all]=={release.rsplit('.', 1)[0]}.*", f"triton-rocm=={triton_v}"]),
-           relabel(cpu_triton_wheel(wheelhouse), dest, triton_v, rename="triton-rocm")]  # fmt: skip
+           relabel(triton_wheel(triton_v), dest, triton_v, rename="triton-rocm")]  # fmt: skip
     out.append(make_wheel(dest, "torchvision", vision_v,
                           {"torchvision/__init__.py": f"__version__ = '{vision_v}'\n".encode()},
                           requires=[f"torch=={torch_v}"]))  # fmt: skip
@@ -352,10 +365,36 @@ def device_library(work: Path, arches: list[str]) -> bytes:
     return (work / "libtorch_hip.so").read_bytes()
 
 
+# flash-attn 2.8.3's bwd_prefill_onekernel.py tunes three kernels on keys that are not their
+# arguments (IS_CAUSAL, MAX_SEQLENS_Q, ...): Triton 3.8 and older drop such names silently, Triton 3.9
+# refuses them when the module is imported (triton-lang/triton@20e6ba86; ROCm/aiter#5372 fixed
+# aiter's copy of this backend, 2026-09-09). The tree the flash-attention layer pins, ROCm's fork at
+# 16d5154a, has no such file and imports on 3.7.1, 3.8.0 and 3.9.0 (docs/flash-attention-forks.md),
+# so the stand-in keeps, of each key, the names that are arguments: what 3.8 tuned on.
+ONEKERNEL = "flash_attn/flash_attn_triton_amd/bwd_prefill_onekernel.py"
+
+
+def keys_that_are_arguments(text: str) -> str:
+    """``text`` (a module) with each ``@triton.autotune(..., key=NAME, ...)`` of a ``@triton.jit``
+    function narrowed to the names among that function's arguments."""
+    import re
+
+    def narrow(m: re.Match) -> str:
+        names = re.sub(r"#[^\n]*", "", m.group("args")).split(",")
+        args = [a.split(":")[0].split("=")[0].strip() for a in names]
+        kept = f"[k for k in {m.group('key')} if k in {tuple(a for a in args if a)!r}]"
+        return m.group(0).replace(f"key={m.group('key')},", f"key={kept},", 1)
+
+    pattern = (r"@triton\.autotune\((?:(?!@triton).)*?key=(?P<key>\w+),.*?\)\s*@triton\.jit\s*"
+               r"def \w+\((?P<args>.*?)\):")  # fmt: skip
+    return re.sub(pattern, narrow, text, flags=re.S)
+
+
 def flash_attention_repo(dest: Path, ca_cert: str | None) -> tuple[Path, str]:
     """A git repository of the flash-attn 2.8.3 sdist from PyPI (without csrc/, which only CK and
-    CUDA builds compile); returns it and its commit."""
-    repo = dest / "flash-attention"
+    CUDA builds compile), its autotune keys narrowed to arguments (above); returns it and its
+    commit."""
+    repo = dest / "flash-attention-keys"  # "flash-attention": made before the keys were narrowed
     if not (repo / ".git").is_dir():
         sdist = dest / "flash_attn-2.8.3.tar.gz"
         if not sdist.is_file():
@@ -369,7 +408,10 @@ def flash_attention_repo(dest: Path, ca_cert: str | None) -> tuple[Path, str]:
                 m for m in tf.getmembers() if "/csrc/" not in m.name and "/hopper/" not in m.name
             ]
             tf.extractall(dest / "sdist", members=members, filter="data")
+        shutil.rmtree(repo, ignore_errors=True)
         shutil.move(dest / "sdist" / "flash_attn-2.8.3", repo)
+        onekernel = repo / ONEKERNEL
+        onekernel.write_text(keys_that_are_arguments(onekernel.read_text()))
         env = {
             **os.environ,
             "GIT_AUTHOR_DATE": "2025-08-14T00:00:00Z",
@@ -377,7 +419,7 @@ def flash_attention_repo(dest: Path, ca_cert: str | None) -> tuple[Path, str]:
         }
         for args in (["init", "-q"], ["add", "-A"],
                      ["-c", "user.name=rehearsal", "-c", "user.email=rehearsal@attnforge",
-                      "commit", "-qm", "flash-attn 2.8.3 sdist (PyPI), rehearsal stand-in"]):  # fmt: skip
+                      "commit", "-qm", "flash-attn 2.8.3 sdist (PyPI), rehearsal stand-in (autotune keys narrowed to arguments)"]):  # fmt: skip
             subprocess.run(["git", *args], cwd=repo, check=True, env=env, capture_output=True)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, check=True, capture_output=True,
                             text=True).stdout.strip()  # fmt: skip
@@ -459,7 +501,7 @@ def standins(wheelhouse: Path, pins: dict[str, str], arches: list[str], family: 
     and these arches, built once into the cache (a folder is renamed into place when complete)."""
     sources = sorted(
         p.name for p in wheelhouse.glob("*.whl") if p.name.startswith(("torch-", "triton-"))
-    )
+    ) + sorted(p.name for p in (tritons_dir() / "wheels").glob("triton-*.whl"))
     key = _source_key(*sources, *sorted(f"{k}={v}" for k, v in pins.items()), *arches)
     root = cache_root()
     done = root / key

@@ -204,19 +204,32 @@ newest_torch() {
   mv "$NEWEST_TORCH_VENV.tmp" "$NEWEST_TORCH_VENV"
 }
 
-# The Tritons the stacks ship besides the venv's (recipes/tritons.yaml, `python -m attnforge.tritons
-# --versions`), one folder each (pip --target, no dependencies) that tests/kernels/
-# test_triton_versions.py puts first on PYTHONPATH over the venv's torch. Each is written aside and
-# renamed when complete, so an interrupted install is redone, not used.
+# The Tritons the stacks ship (recipes/tritons.yaml, `python -m attnforge.tritons --versions`):
+# each release's wheel in $TRITONS_DIR/wheels (the rehearsals relabel it into the stand-in Triton
+# of a stack whose torch requires that line, tests/rehearsal.py), and, besides the venv's own,
+# one folder each (pip --target, no dependencies) that tests/kernels/test_triton_versions.py puts
+# first on PYTHONPATH over the venv's torch. Each is written aside and renamed when complete, so an
+# interrupted download or install is redone, not used.
 tritons() {
-  local have v dir
+  local have v dir wheel
   have=$("$VENV/bin/python" -c 'import triton; print(triton.__version__)')
+  mkdir -p "$TRITONS_DIR/wheels"
   for v in $("$VENV/bin/python" -m attnforge.tritons --versions); do
+    wheel=$(compgen -G "$TRITONS_DIR/wheels/triton-$v-*.whl" | head -1) || true
+    if [ -z "$wheel" ]; then
+      say "triton $v wheel into $TRITONS_DIR/wheels"
+      rm -rf "$TRITONS_DIR/wheels.tmp"
+      "$VENV/bin/pip" download -q --no-deps --only-binary=:all: -d "$TRITONS_DIR/wheels.tmp" "triton==$v" \
+        || die "could not download triton==$v"
+      mv "$TRITONS_DIR"/wheels.tmp/triton-*.whl "$TRITONS_DIR/wheels/"
+      rm -rf "$TRITONS_DIR/wheels.tmp"
+      wheel=$(compgen -G "$TRITONS_DIR/wheels/triton-$v-*.whl" | head -1)
+    fi
     dir=$TRITONS_DIR/triton-$v
     [ "$v" = "$have" ] || [ -d "$dir" ] && continue
     say "triton $v into $dir"
     rm -rf "$dir.tmp"
-    "$VENV/bin/pip" install -q --no-deps --target "$dir.tmp" "triton==$v" || die "could not install triton==$v into $dir.tmp"
+    "$VENV/bin/pip" install -q --no-deps --target "$dir.tmp" "$wheel" || die "could not install $wheel into $dir.tmp"
     mv "$dir.tmp" "$dir"
   done
 }
