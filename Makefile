@@ -33,7 +33,7 @@ TEST_THREADS := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 # set (the CI machine), nothing else writes their bytecode, and each of the suite's few hundred
 # invoke and validate processes compiled the modules it imported again (0.1 CPU-s an invoke,
 # docs/benchmarks.md). The tests' tree copies take the bytecode along (tests/conftest.py).
-BYTECODE := $(BIN)/python -m compileall -q attnforge validate kernels contract tools tasks.py tests >/dev/null
+BYTECODE := $(BIN)/python -m compileall -q attnforge validate attnforge_kernels contract tools tasks.py tests >/dev/null
 
 ## test: set up (engine, base image, wheels, registry, buildx and hipcc tools images, Podman, the stacks'
 ## other Tritons, the newest torch's venv), then every test, end-to-end included, on every core

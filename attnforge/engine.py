@@ -782,7 +782,8 @@ class PodmanEngine(_CliEngine):
 class LocalEngine:
     """--local: the same `RunRequest`s run by this host's Python instead of in an image. The
     image's `python3` is this interpreter, each mount's container path is its host folder, and
-    the tree's validate/ and kernels/ are importable (PYTHONPATH); devices are the host's own."""
+    the tree's validate/ and attnforge_kernels/ are importable (PYTHONPATH); devices are the host's
+    own."""
 
     name = "local"
 

@@ -242,16 +242,16 @@ def _sh_quote(value: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# The kernels wheel: the validated image's kernels/, validate/ and contract/ packages as one
-# pure wheel.
+# The kernels wheel: the validated image's attnforge_kernels/, validate/ and contract/ packages as
+# one pure wheel.
 
 
 def kernels_wheel(src: Path, out_dir: Path, base_version: str = "0.1.0") -> Path:
-    """Build a deterministic pure-Python wheel of the `kernels`, `validate` and `contract`
+    """Build a deterministic pure-Python wheel of the `attnforge_kernels`, `validate` and `contract`
     packages under src; its local label is the first 12 hex digits of the sources' sha256."""
     files = sorted(
         p
-        for pkg in ("kernels", "validate", "contract")
+        for pkg in ("attnforge_kernels", "validate", "contract")
         for p in (src / pkg).rglob("*")
         if p.is_file() and "__pycache__" not in p.parts
     )

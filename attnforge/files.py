@@ -5,9 +5,9 @@ through `swap_folder`: the new content is written beside the target under a dot 
 renamed over it (a rename within a folder is atomic), so an interrupt or a failure leaves the
 old output or the new one, never half of either, and no stray temporary file.
 
-validate/ and kernels/ run inside images without attnforge (DESIGN.md), so they keep their own
-few lines of the same rule: validate/cli.py `_write` (and its workers' result files),
-kernels/tools/compile_check.py `CompileCache.put`.
+validate/ and attnforge_kernels/ run inside images without attnforge (DESIGN.md), so they keep their
+own few lines of the same rule: validate/cli.py `_write` (and its workers' result files),
+attnforge_kernels/tools/compile_check.py `CompileCache.put`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The contract that validate/, kernels/ and attnforge/ agree on, said once (standard library only).
+"""The contract that validate/, attnforge_kernels/ and attnforge/ agree on, said once (standard
+library only).
 
 - ``contract.names``: backend names and labels, statuses and their failing subset, modes, dtypes,
   and the kinds and versions of the documents a run writes;
@@ -7,7 +8,7 @@
 - ``contract.tolerance``: flash-attention's error rule that every numerical check judges with;
 - ``contract.arches``: the facts of recipes/arches.yaml (the image carries them as JSON).
 
-Images carry this package beside validate/ and kernels/ (dockerfiles/validate.Dockerfile):
-validate imports kernels and both import this, never the reverse, and kernels never import
-validate.
+Images carry this package beside validate/ and attnforge_kernels/
+(dockerfiles/validate.Dockerfile): validate imports attnforge_kernels and both import this, never
+the reverse, and attnforge_kernels never imports validate.
 """

@@ -3,8 +3,8 @@
 The images carry a JSON rendering of recipes/arches.yaml as ``contract/arches.json``, written when
 the validate layer's build context is staged (attnforge/build.py), so that nothing in an image
 needs PyYAML; ``$ATTNFORGE_ARCHES_JSON`` names another rendering. A source tree has none: there
-the YAML is read by the caller (kernels.device.configs.arch_facts, with PyYAML) and handed to
-``from_mapping``. Families come from these facts (an arch's own entry, else the `neighbours:`
+the YAML is read by the caller (attnforge_kernels.device.configs.arch_facts, with PyYAML) and handed
+to ``from_mapping``. Families come from these facts (an arch's own entry, else the `neighbours:`
 entry that lists it), never from a guess on the name.
 """
 

@@ -60,7 +60,7 @@ DTYPES = ("bf16", "fp16", "fp32")
 PASS, FAIL, SKIP, CRASH, TIMEOUT = "pass", "fail", "skip", "crash", "timeout"
 UNSUPPORTED, OK, ERROR = "unsupported", "ok", "error"
 CHECK_STATUSES = (PASS, FAIL, SKIP, CRASH, TIMEOUT)  # report.json "checks"
-CASE_STATUSES = (PASS, FAIL, SKIP)  # what one kernels case returns (kernels.check.run_case)
+CASE_STATUSES = (PASS, FAIL, SKIP)  # what attnforge_kernels.check.run_case returns
 RUN_STATUSES = (PASS, FAIL, CRASH, TIMEOUT, UNSUPPORTED)  # stress-*.json "runs"
 BENCH_STATUSES = (OK, UNSUPPORTED, ERROR, CRASH, TIMEOUT)  # bench.json, bench_train.json "results"
 # What a required check, a stress run or a timing must not end as, in every document.

@@ -1,10 +1,10 @@
 """flash-attention's error rule, said once (standard library only).
 
 The validation suite's SDPA and flash_attn checks (``validate.checks.numerics.judge``) and the
-bundled kernels' checks (``kernels.checks.judge.Judge``) both judge with it, from this package that
-travels beside both (validate.Dockerfile copies all three), so that neither imports the other
-for it: validate must work where ``import kernels`` fails (no triton), and kernels never
-import validate.
+bundled kernels' checks (``attnforge_kernels.checks.judge.Judge``) both judge with it, from this
+package that travels beside both (validate.Dockerfile copies all three), so that neither imports the
+other for it: validate must work where ``import attnforge_kernels`` fails (no triton), and
+attnforge_kernels never imports validate.
 
 With ``ref`` the attention computed in fp32 from the same inputs (rounded to the input dtype, as
 flash-attention's ``attention_ref`` returns it) and ``pt`` the same math in the input dtype:

@@ -1,10 +1,10 @@
-"""Markdown tables and PNG plots from `python -m kernels.bench --json FILE` output.
+"""Markdown tables and PNG plots from `python -m attnforge_kernels.bench --json FILE` output.
 
     python tools/bench_report.py --out docs/benchmarks [--page docs/benchmarks.md]
                                  [--date YYYY-MM-DD] FILE.json [FILE.json ...]
 
-Each FILE is what one `python -m kernels.bench ... --json FILE` wrote: the sweep (`rows`, with
-`memory`), `--workloads` (`workload_rows`), `--decode` (`decode_rows`; `gpu_time` says whether
+Each FILE is what one `python -m attnforge_kernels.bench ... --json FILE` wrote: the sweep (`rows`,
+with `memory`), `--workloads` (`workload_rows`), `--decode` (`decode_rows`; `gpu_time` says whether
 it timed the GPU alone) or `--host` (`host_us`). For each, OUT gets NAME.md (the tables) and, for
 the workload and decode files, NAME.png (the plot), where NAME is sweep, workloads, decode,
 decode-gpu or host. With --page, the block between `<!-- bench_report:NAME -->` and
@@ -49,7 +49,7 @@ def load(path: Path, date: str | None) -> tuple[str, dict]:
     kind = next((KINDS[k] for k in KINDS if isinstance(doc, dict) and k in doc), None)
     if kind is None:
         raise ReportError(
-            f"{path}: not the JSON of `python -m kernels.bench --json` (it has none of "
+            f"{path}: not the JSON of `python -m attnforge_kernels.bench --json` (it has none of "
             f"{', '.join(KINDS)})."
         )
     if kind == "decode" and doc.get("gpu_time"):
@@ -382,7 +382,7 @@ def main(argv=None) -> int:
         prog="python tools/bench_report.py", description=__doc__.splitlines()[0]
     )
     ap.add_argument(
-        "files", nargs="+", type=Path, help="JSON files of python -m kernels.bench --json"
+        "files", nargs="+", type=Path, help="JSON files of python -m attnforge_kernels.bench --json"
     )
     ap.add_argument("--out", type=Path, required=True, help="folder for NAME.md and NAME.png")
     ap.add_argument("--page", type=Path, help="markdown page whose bench_report blocks to replace")

@@ -2,7 +2,7 @@
 
     python tools/host_probe.py [--calls N] [--json FILE]
 
-Run from a checkout's root: it imports that checkout's ``kernels``. Each row is host
+Run from a checkout's root: it imports that checkout's ``attnforge_kernels``. Each row is host
 microseconds per call: many back-to-back calls timed with ``time.perf_counter`` and one
 synchronize at the end, the best of three rounds. The rows take one forward apart, from SDPA's
 flash backend and ``flash_attn_func`` down to the compiled kernel's C launcher called with
@@ -30,7 +30,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 from triton.runtime import driver  # noqa: E402
 from triton.runtime.jit import JITFunction, compute_cache_key  # noqa: E402
 
-from kernels.api import flash_attn as interface  # noqa: E402
+from attnforge_kernels.api import flash_attn as interface  # noqa: E402
 
 
 def per_call(fn, calls: int, rounds: int = 3) -> float:
@@ -245,11 +245,11 @@ VERIFY_CASES = [
 
 
 def verify() -> int:
-    """Planned calls (kernels.launch.plans) against the full path, bitwise, on fresh inputs: the
-    first call of each signature records, the second and third replay (natively, forward and
-    backward, where the native launch path is active). Returns the number of failures."""
-    from kernels.launch import plans as launch
-    from kernels.launch import replay as native
+    """Planned calls (attnforge_kernels.launch.plans) against the full path, bitwise, on fresh
+    inputs: the first call of each signature records, the second and third replay (natively, forward
+    and backward, where the native launch path is active). Returns the number of failures."""
+    from attnforge_kernels.launch import plans as launch
+    from attnforge_kernels.launch import replay as native
 
     hits = count_replays()
     fails = 0
@@ -327,14 +327,14 @@ def verify_decode() -> int:
     after an append), on copies of one cache: a call records (and hands a step on a contiguous
     cache to the native launch path), the next two replay, natively where it took the step.
     Returns the number of failures."""
-    from kernels.api import kvcache
-    from kernels.launch import plans as launch
-    from kernels.launch import replay as native
+    from attnforge_kernels.api import kvcache
+    from attnforge_kernels.launch import plans as launch
+    from attnforge_kernels.launch import replay as native
 
     bf, fp = torch.bfloat16, torch.float16
     # (batch, cache rows, query heads, KV heads, head dim, dtype, seqlen_q, new keys, kwargs)
     cases = [
-        (1, 4096, 32, 8, 128, bf, 1, 0, {}),  # kernels.bench --decode's batch-1 step
+        (1, 4096, 32, 8, 128, bf, 1, 0, {}),  # attnforge_kernels.bench --decode's batch-1 step
         (2, 1000, 8, 2, 64, fp, 1, 0, {"lens": True, "lse": True, "window_size": (64, 0)}),
         (3, 700, 8, 8, 128, bf, 2, 0, {"lens": True, "bidx": True, "softcap": 30.0}),
         (2, 333, 16, 4, 128, bf, 1, 0, {"lens": True, "num_splits": 3, "lse": True}),

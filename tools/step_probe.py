@@ -5,7 +5,7 @@
     python tools/step_probe.py --backward-key         # the backward's key under a planned forward
     python tools/step_probe.py --native               # the native launch path against Python's
 
-Run from a checkout's root: it imports that checkout's ``kernels``. A step is
+Run from a checkout's root: it imports that checkout's ``attnforge_kernels``. A step is
 ``flash_attn_func(q, k, v).backward(do)`` on leaves, then their gradients set to None (what
 ``triton.testing.do_bench``'s ``grad_to_none`` does between the bench's steps). Rows are host
 microseconds per step: back-to-back steps timed with ``time.perf_counter`` and one synchronize
@@ -32,8 +32,8 @@ sys.path.insert(0, os.getcwd())
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from kernels.api import flash_attn as interface  # noqa: E402
-from kernels.launch import plans as launch
+from attnforge_kernels.api import flash_attn as interface  # noqa: E402
+from attnforge_kernels.launch import plans as launch
 
 perf = time.perf_counter
 
@@ -450,10 +450,10 @@ def backward_key_rows(name, b, sq, sk, hq, hk, d, dtype, causal, steps, dev, syn
 
 
 def native_rows(name, b, sq, sk, hq, hk, d, dtype, causal, steps, dev, sync) -> dict:
-    """The step through the native launch path (kernels/launch/replay.py: the C++ node and launches)
-    against the same step through the Python path and SDPA-flash's, interleaved in one
+    """The step through the native launch path (attnforge_kernels/launch/replay.py: the C++ node and
+    launches) against the same step through the Python path and SDPA-flash's, interleaved in one
     process; then the forward alone under no_grad, both ways."""
-    from kernels.launch import replay as native
+    from attnforge_kernels.launch import replay as native
 
     q, k, v = (torch.randn(b, s, h, d, device=dev, dtype=dtype, requires_grad=True)
                for s, h in ((sq, hq), (sk, hk), (sk, hk)))  # fmt: skip
@@ -529,7 +529,7 @@ def main() -> int:
     a = ap.parse_args()
     dev = a.device
     if a.native:
-        from kernels.launch import replay as native
+        from attnforge_kernels.launch import replay as native
 
         print(f"native launch path: {native.status()}", flush=True)
     sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)

@@ -1,7 +1,8 @@
 """In-image validation of attention stacks: ``python -m validate [command] [options]``.
 
 Imports only the standard library and the sibling ``contract`` package at package level; torch,
-triton, flash_attn and the sibling ``kernels`` package are imported inside the check subprocesses.
+triton, flash_attn and the sibling ``attnforge_kernels`` package are imported inside the check
+subprocesses.
 """
 
 from contract.names import REPORT_SCHEMA_VERSION as SCHEMA_VERSION

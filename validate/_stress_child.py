@@ -210,16 +210,16 @@ class Backend:
                 # Read when the kernels are defined, so before the import; this process only.
                 os.environ["TRITON_INTERPRET"] = "1"
             try:
-                import kernels
+                import attnforge_kernels
             except ImportError as exc:
                 raise Unsupported(
                     f"the kernels package is not importable ({type(exc).__name__}: {exc})"
                 ) from None
             if name == "kernels":
-                self.fn = kernels.flash_attn_func
+                self.fn = attnforge_kernels.flash_attn_func
                 self.call = self._bshd
             else:
-                self.shim = kernels.sdpa_shim
+                self.shim = attnforge_kernels.sdpa_shim
                 self.shim.enable()
                 self.shim.reset_stats()
                 self.call = self._sdpa
@@ -462,10 +462,10 @@ def pipeline(spec: dict[str, Any], progress: Progress) -> dict[str, Any]:
 
     shim = None
     if spec.get("shim"):
-        progress("setup kernels.sdpa_shim")
-        import kernels
+        progress("setup attnforge_kernels.sdpa_shim")
+        import attnforge_kernels
 
-        shim = kernels.sdpa_shim
+        shim = attnforge_kernels.sdpa_shim
         shim.enable()
         shim.reset_stats()
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -408,13 +408,13 @@ class Attention:
             self.fn = flash_attn_func
         elif backend == "kernels":
             try:
-                from kernels import flash_attn_func
+                from attnforge_kernels import flash_attn_func
             except Exception as exc:  # noqa: BLE001
                 raise Refused(f"the bundled kernels do not import: {one_line(exc)}") from None
             self.fn = flash_attn_func
         elif backend == "kernels.sdpa_shim":
             try:
-                from kernels import sdpa_shim
+                from attnforge_kernels import sdpa_shim
             except Exception as exc:  # noqa: BLE001
                 raise Refused(f"the bundled kernels do not import: {one_line(exc)}") from None
             sdpa_shim.enable()

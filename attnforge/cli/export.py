@@ -217,7 +217,7 @@ def _validate_with(ws: Workspace, python: str, expect: dict | None) -> dict:
     """`python -m validate all` with the environment's interpreter: its own kernels and
     validate packages when installed (the export's wheel), else the tree's."""
     report = Path(tempfile.mkdtemp(prefix="attnforge-verify-env-")) / "report.json"
-    has_own = subprocess.run([python, "-c", "import validate, kernels"], capture_output=True,
+    has_own = subprocess.run([python, "-c", "import validate, attnforge_kernels"], capture_output=True,
                              cwd=tempfile.gettempdir()).returncode == 0  # fmt: skip
     argv = [python, "-m", "validate", "all", "--quick", "--json", str(report)]
     if expect:

@@ -1,8 +1,8 @@
 """invoke tasks for the bundled kernels: the AOT compile check and the GPU benchmark.
 
-kernels.aot runs `python -m kernels.aot`'s main in this process, with a progress line per arch
-and kernel and the compile cache under the build folder (ATTNFORGE_BUILD_DIR); kernels.bench is
-a thin wrapper over `python -m kernels.bench`.
+kernels.aot runs `python -m attnforge_kernels.aot`'s main in this process, with a progress line per
+arch and kernel and the compile cache under the build folder (ATTNFORGE_BUILD_DIR); kernels.bench is
+a thin wrapper over `python -m attnforge_kernels.bench`.
 """
 
 from __future__ import annotations
@@ -39,11 +39,11 @@ def aot(c, arch=None, all=False, head_dims=None, all_head_dims=False, json=False
         no_cache=False, cache_dir=None, debug=False):  # fmt: skip
     """Compile the kernels for AMD/NVIDIA targets on the CPU; report registers, spills, LDS, occupancy.
 
-    Fails on a register spill or LDS overflow, except the spills kernels/configs.py accepts
-    (ACCEPTED_SPILLS: measured faster), which are reported as accepted while they do not grow.
-    A kernel whose sources, Triton, arch and config are unchanged is read from the cache.
+    Fails on a register spill or LDS overflow, except the spills attnforge_kernels/device/configs.py
+    accepts (ACCEPTED_SPILLS: measured faster), which are reported as accepted while they do not
+    grow. A kernel whose sources, Triton, arch and config are unchanged is read from the cache.
     """
-    from kernels import aot as check
+    from attnforge_kernels import aot as check
 
     args = []
     names = [a.strip() for a in (arch or "").split(",") if a.strip()]
@@ -69,7 +69,7 @@ def aot(c, arch=None, all=False, head_dims=None, all_head_dims=False, json=False
 )
 def bench(c, quick=False, json=None):
     """Benchmark the kernels against PyTorch SDPA's flash and cuDNN backends on this GPU."""
-    args = [sys.executable, "-m", "kernels.bench"]
+    args = [sys.executable, "-m", "attnforge_kernels.bench"]
     if quick:
         args.append("--quick")
     if json:

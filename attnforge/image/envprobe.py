@@ -29,7 +29,7 @@ KNOB_PREFIXES = (
     "TRITON_", "MIOPEN_", "ATTNFORGE_",
 )  # fmt: skip
 # Variables with those prefixes that name a place in the image, not which kernels run: the
-# validated image's build of the kernels' native launch path (kernels/launch/replay.py). A venv keeps
+# validated image's build of the kernels' native launch path (attnforge_kernels/launch/replay.py). A venv keeps
 # its own build in its user's cache; pointing it at the image's folder would find nothing there.
 NOT_KNOBS = frozenset({"ATTNFORGE_NATIVE_DIR"})
 # Files an installer writes into dist-info itself: they are not in the wheel.

@@ -3,9 +3,9 @@
 
 
 class Fill:
-    """A stand-in for a recorded launch (``kernels.launch.plans.Launch``): fills tensors of the call
-    (by position, ``t5=2.0``) with values when the Python path replays it, and carries a native
-    description (``native``) as a recorded launch does, or None."""
+    """A stand-in for a recorded launch (``attnforge_kernels.launch.plans.Launch``): fills tensors
+    of the call (by position, ``t5=2.0``) with values when the Python path replays it, and carries a
+    native description (``native``) as a recorded launch does, or None."""
 
     scratch = False
 

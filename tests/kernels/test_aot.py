@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from kernels.device.configs import ACCEPTED_SPILLS, config_for
-from kernels.tools import compile_check as aot
+from attnforge_kernels.device.configs import ACCEPTED_SPILLS, config_for
+from attnforge_kernels.tools import compile_check as aot
 from tests.conftest import outputs_env, run_invoke
 
 REPO = Path(__file__).resolve().parents[2]
@@ -184,7 +184,7 @@ def test_every_family_has_a_config_for_every_head_dim():
 def test_unknown_arch_is_a_user_error():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run(
-        [sys.executable, "-m", "kernels.aot", "--arch", "gfx9999"],
+        [sys.executable, "-m", "attnforge_kernels.aot", "--arch", "gfx9999"],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -197,8 +197,9 @@ def test_unknown_arch_is_a_user_error():
 @pytest.mark.slow
 def test_dropout_and_fp8_variants_compile_without_spills(aot_run):
     # Issue 13: every arch gets the dropout forward and backward, the FP8 forward only where its
-    # matrix unit multiplies e4m3 natively (kernels.device.flash.FP8_DOT); none of them spills.
-    from kernels.device.flash import FP8_DOT
+    # matrix unit multiplies e4m3 natively (attnforge_kernels.device.flash.FP8_DOT); none of them
+    # spills.
+    from attnforge_kernels.device.flash import FP8_DOT
 
     _, reports = aot_run
     by = {(r["arch"], r["head_dim"], r["kernel"]): r for r in reports}
@@ -221,7 +222,7 @@ def test_dropout_and_fp8_variants_compile_without_spills(aot_run):
 
 def _aot(*args: str, cwd: Path = REPO, env=None) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in (env or os.environ).items() if k != "TRITON_INTERPRET"}
-    return subprocess.run([sys.executable, "-m", "kernels.aot", *args], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-m", "attnforge_kernels.aot", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=600)  # fmt: skip
 
 
@@ -252,12 +253,12 @@ def test_an_unchanged_rerun_reads_every_result_from_the_cache(tmp_path, aot_run)
 
 
 def _tree_copy(tmp_path: Path) -> Path:
-    """The parts of the repository `python -m kernels.aot` runs from, copied."""
+    """The parts of the repository `python -m attnforge_kernels.aot` runs from, copied."""
     import shutil
 
     tree = tmp_path / "tree"
     ignore = shutil.ignore_patterns("__pycache__")
-    for folder in ("kernels", "contract"):
+    for folder in ("attnforge_kernels", "contract"):
         shutil.copytree(REPO / folder, tree / folder, ignore=ignore)
     (tree / "recipes").mkdir()
     shutil.copy(REPO / "recipes" / "arches.yaml", tree / "recipes" / "arches.yaml")
@@ -265,9 +266,9 @@ def _tree_copy(tmp_path: Path) -> Path:
 
 
 def _key_in(tree: Path) -> str:
-    """The cache key of gfx942's first kernel at head dim 64, computed by `kernels.aot` in
+    """The cache key of gfx942's first kernel at head dim 64, computed by `attnforge_kernels.aot` in
     ``tree`` in a process of its own."""
-    script = ("from kernels.tools import compile_check as aot; spec = aot.load_arches()['gfx942']; "
+    script = ("from attnforge_kernels.tools import compile_check as aot; spec = aot.load_arches()['gfx942']; "
               "d, job = aot.jobs_for('gfx942', spec, (64,))[0]; "
               "print(aot.CompileCache(None).key('gfx942', spec, d, job, False))")  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "PYTHONPATH")}
@@ -290,7 +291,7 @@ def test_a_changed_kernel_source_misses_the_cache_and_a_host_side_change_does_no
 
     def run_after(edit: tuple[str, str, str] | None) -> str:
         if edit:
-            path, old, new = tree / "kernels" / edit[0], edit[1], edit[2]
+            path, old, new = tree / "attnforge_kernels" / edit[0], edit[1], edit[2]
             assert old in path.read_text()
             path.write_text(path.read_text().replace(old, new, 1))
         proc = _aot(*args, cwd=tree)
@@ -315,7 +316,7 @@ def test_a_changed_kernel_source_misses_the_cache_and_a_host_side_change_does_no
 
 
 def test_the_cache_key_changes_with_every_input(tmp_path, monkeypatch):
-    from kernels.device.configs import Tile
+    from attnforge_kernels.device.configs import Tile
 
     spec = ARCHES["gfx942"]
     cache = aot.CompileCache(tmp_path)
@@ -360,7 +361,7 @@ def test_kernel_picks_the_kernels_to_compile(tmp_path):
     # A process of its own: this session's kernels are the interpreter's (conftest.py).
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     args = ["--arch", "gfx942", "--head-dims", "64", "--json", "--cache-dir", str(tmp_path)]
-    proc = subprocess.run([sys.executable, "-m", "kernels.aot", *args, "--kernel", "kv_decode"],
+    proc = subprocess.run([sys.executable, "-m", "attnforge_kernels.aot", *args, "--kernel", "kv_decode"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert [(r["arch"], r["kernel"]) for r in json.loads(proc.stdout)] == [("gfx942", "kv_decode")]

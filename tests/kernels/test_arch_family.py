@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from attnforge.build import render_arch_facts
+from attnforge_kernels.device import configs
 from contract import arches
-from kernels.device import configs
 
 
 @pytest.mark.parametrize(
@@ -44,10 +44,10 @@ def test_a_fact_changed_in_the_data_changes_the_family():
 
 def test_an_image_layout_reads_the_facts_without_pyyaml_or_recipes(tmp_path):
     """As validate.Dockerfile lays them out: contract/ (with the staged arches.json) beside
-    kernels/, no recipes/ folder, and an interpreter where PyYAML cannot be imported."""
+    attnforge_kernels/, no recipes/ folder, and an interpreter where PyYAML cannot be imported."""
     repo = Path(__file__).resolve().parents[2]
     ignore = shutil.ignore_patterns("__pycache__", arches.JSON_NAME)
-    for pkg in ("contract", "kernels"):
+    for pkg in ("contract", "attnforge_kernels"):
         shutil.copytree(repo / pkg, tmp_path / pkg, ignore=ignore)
     (tmp_path / "recipes").mkdir()
     shutil.copy(repo / "recipes" / "arches.yaml", tmp_path / "recipes" / "arches.yaml")
@@ -55,7 +55,7 @@ def test_an_image_layout_reads_the_facts_without_pyyaml_or_recipes(tmp_path):
     shutil.rmtree(tmp_path / "recipes")
     code = (
         "import sys; sys.modules['yaml'] = None\n"
-        "from kernels.device import configs\n"
+        "from attnforge_kernels.device import configs\n"
         "print(configs.amd_family('gfx1151'), configs.amd_family('gfx1103'))\n"
     )
     env = {k: v for k, v in os.environ.items() if k != arches.ENV}

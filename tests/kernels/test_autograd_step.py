@@ -1,13 +1,13 @@
 """The training step's autograd Function (issue 30 §2): flash_attn_func and flash_attn_varlen_func
 without ``return_attn_probs`` go through ``FlashAttnOutFunction`` (4 inputs, one output, only existing
 tensors saved); everything autograd lets a user see must match ``FlashAttnFunction``, the Function the
-``return_attn_probs`` calls, ``attention`` and kernels.check keep using."""
+``return_attn_probs`` calls, ``attention`` and attnforge_kernels.check keep using."""
 
 import pytest
 import torch
 
-from kernels import flash_attn_func, flash_attn_varlen_func
-from kernels.api import flash_attn as interface
+from attnforge_kernels import flash_attn_func, flash_attn_varlen_func
+from attnforge_kernels.api import flash_attn as interface
 
 
 def _qkv(b=1, sq=17, sk=19, hq=2, hk=1, d=32, seed=0):

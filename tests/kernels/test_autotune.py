@@ -5,10 +5,10 @@ import json
 import pytest
 import torch
 
-from kernels import flash_attn_func
-from kernels.checks.reference import attention_ref
-from kernels.device.configs import config_for
-from kernels.launch import autotune
+from attnforge_kernels import flash_attn_func
+from attnforge_kernels.checks.reference import attention_ref
+from attnforge_kernels.device.configs import config_for
+from attnforge_kernels.launch import autotune
 
 
 @pytest.fixture

@@ -6,8 +6,8 @@ inputs' layouts."""
 import pytest
 import torch
 
-from kernels.api import flash_attn as interface
-from kernels.checks.reference import attention_ref
+from attnforge_kernels.api import flash_attn as interface
+from attnforge_kernels.checks.reference import attention_ref
 
 
 class _Count:

@@ -1,5 +1,5 @@
-"""kernels.check as the validation suite calls it (names, verdicts, skip without a GPU), and the
-harness behind it (kernels/checks/): one case type and name grammar, one judge."""
+"""attnforge_kernels.check as the validation suite calls it (names, verdicts, skip without a GPU),
+and the harness behind it (attnforge_kernels/checks/): one case type and name grammar, one judge."""
 
 import os
 import subprocess
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from kernels import check
-from kernels.checks import attention, grids, judge
-from kernels.checks.case import KINDS, Case
+from attnforge_kernels import check
+from attnforge_kernels.checks import attention, grids, judge
+from attnforge_kernels.checks.case import KINDS, Case
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -48,7 +48,7 @@ def test_a_wrong_name_is_rejected(name):
 
 @pytest.mark.parametrize("mask", ["full", "causal", "window", "alibi", "softcap"])
 def test_a_masks_flash_attn_arguments_mean_the_references_left_and_right(mask):
-    from kernels.checks.reference import flash_window
+    from attnforge_kernels.checks.reference import flash_window
 
     case = Case("kvcache", "bf16", 1, 5, 9, 2, 2, 16, mask, "contig")
     causal, window, softcap, alibi = case.flash_args()
@@ -65,7 +65,7 @@ def test_a_case_refuses_a_mask_or_layout_its_kind_does_not_take():
 
 
 def test_the_suite_gets_the_short_feature_grids_and_kernels_check_the_full_ones(monkeypatch):
-    from kernels.device import configs
+    from attnforge_kernels.device import configs
 
     monkeypatch.setattr(configs, "INTERPRET", False)  # the GPU lists, named without a GPU
     short = [c.name for c in grids.variant_grid(True) + grids.kvcache_grid(True)]
@@ -152,7 +152,7 @@ def test_cases_are_judged_by_the_validation_suites_rule(monkeypatch):
 def test_skips_without_gpu_or_interpreter():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["CUDA_VISIBLE_DEVICES"] = ""
-    code = "import json, kernels.check as c; print(json.dumps(c.run_case(c.list_cases(True)[0])))"
+    code = "import json, attnforge_kernels.check as c; print(json.dumps(c.run_case(c.list_cases(True)[0])))"
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
     )

@@ -1,4 +1,4 @@
-"""The per-kernel key of the AOT compile cache (kernels/tools/compile_key.py): it follows a kernel's own
+"""The per-kernel key of the AOT compile cache (attnforge_kernels/tools/compile_key.py): it follows a kernel's own
 source and the jit functions it calls, and nothing else in its module."""
 
 import importlib.util
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kernels.tools.compile_key import source_key
+from attnforge_kernels.tools.compile_key import source_key
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -91,7 +91,7 @@ def test_the_key_is_the_same_in_another_process_and_compiled_or_interpreted(tmp_
     here = _load(folder, MODULE)
     script = (
         "import importlib.util, json, sys\n"
-        "from kernels.tools.compile_key import source_key\n"
+        "from attnforge_kernels.tools.compile_key import source_key\n"
         f"spec = importlib.util.spec_from_file_location('m', {str(folder / 'mod.py')!r})\n"
         "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
         "print(json.dumps([source_key(m.kernel), type(m.kernel).__name__]))\n"
@@ -114,7 +114,7 @@ def test_tritons_own_cache_key_moves_with_line_numbers_and_this_one_does_not(tmp
     starting line, so a line added above a kernel would compile it again."""
     script = (
         "import importlib.util, json, sys\n"
-        "from kernels.tools.compile_key import source_key\n"
+        "from attnforge_kernels.tools.compile_key import source_key\n"
         "out = []\n"
         "for path in sys.argv[1:]:\n"
         "    spec = importlib.util.spec_from_file_location('m' + str(len(out)), path)\n"

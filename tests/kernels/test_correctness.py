@@ -5,10 +5,10 @@ import json
 import pytest
 import torch
 
-from kernels.checks.attention import compare
-from kernels.checks.case import attn
-from kernels.checks.grids import cpu_grid
-from kernels.device.configs import config_for, for_tensors
+from attnforge_kernels.checks.attention import compare
+from attnforge_kernels.checks.case import attn
+from attnforge_kernels.checks.grids import cpu_grid
+from attnforge_kernels.device.configs import config_for, for_tensors
 
 # Interpreter time grows with the work: the cases under this bound (length 1, one-tile heads,
 # d=160/256 on one head, SDPA's causal) took 0.1-0.35 s each, the rest 0.4-2 s (2-core CPU), so
@@ -126,7 +126,7 @@ def test_chunked_backward_is_off_above_2gib():
 
 def test_launcher_drops_chunking_above_the_buffer_limit(monkeypatch):
     # With the 2 GiB limit lowered to nothing, the launcher must launch the re-read fallback.
-    from kernels.device import configs
+    from attnforge_kernels.device import configs
 
     seen = []
     real = configs.for_tensors

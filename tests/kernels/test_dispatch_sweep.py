@@ -1,7 +1,7 @@
-"""The Hopper dispatch sweep's report (kernels/tools/dispatch.py): ratios per length and the worst
-default/triton against the target, from rows shaped as run_dispatch records them."""
+"""The Hopper dispatch sweep's report (attnforge_kernels/tools/dispatch.py): ratios per length and
+the worst default/triton against the target, from rows shaped as run_dispatch records them."""
 
-from kernels.tools.dispatch import TARGET, dispatch_table, ratios
+from attnforge_kernels.tools.dispatch import TARGET, dispatch_table, ratios
 
 
 def row(d, s, causal, fwd, fwdbwd):

@@ -1,20 +1,20 @@
 """Dropout in the bundled kernels, run in Triton's interpreter on tiny shapes.
 
-The references are independent of the kernels: ``kernels.checks.dropout_ref`` recomputes the Philox
-mask with PyTorch integer arithmetic (checked against Random123's known answers below) and
-applies it to a plain PyTorch attention.
+The references are independent of the kernels: ``attnforge_kernels.checks.dropout_ref`` recomputes
+the Philox mask with PyTorch integer arithmetic (checked against Random123's known answers below)
+and applies it to a plain PyTorch attention.
 """
 
 import pytest
 import torch
 
-import kernels.checks.dropout_ref as dropout_ref
-from kernels import _get_block_size_n, flash_attn_func, flash_attn_varlen_func
-from kernels.api.flash_attn import keep_threshold, philox_seed_offset
-from kernels.checks import variants
-from kernels.checks.case import dropout
-from kernels.checks.dropout_ref import keep_mask, philox4x32
-from kernels.checks.reference import attention_ref, visible
+import attnforge_kernels.checks.dropout_ref as dropout_ref
+from attnforge_kernels import _get_block_size_n, flash_attn_func, flash_attn_varlen_func
+from attnforge_kernels.api.flash_attn import keep_threshold, philox_seed_offset
+from attnforge_kernels.checks import variants
+from attnforge_kernels.checks.case import dropout
+from attnforge_kernels.checks.dropout_ref import keep_mask, philox4x32
+from attnforge_kernels.checks.reference import attention_ref, visible
 
 CPU = torch.device("cpu")
 

@@ -4,7 +4,7 @@ argument errors and the FP8 varlen and qkv-packed forms (seed 002's four-functio
 import pytest
 import torch
 
-from kernels import (
+from attnforge_kernels import (
     flash_attn_fp8_func,
     flash_attn_func,
     flash_attn_qkvpacked_fp8_func,
@@ -12,9 +12,9 @@ from kernels import (
     flash_attn_varlen_qkvpacked_fp8_func,
     flash_attn_with_kvcache,
 )
-from kernels.api.errors import ArgumentError, ArgumentTypeError
-from kernels.checks import variants
-from kernels.checks.case import fp8
+from attnforge_kernels.api.errors import ArgumentError, ArgumentTypeError
+from attnforge_kernels.checks import variants
+from attnforge_kernels.checks.case import fp8
 
 E4M3 = torch.float8_e4m3fn
 
@@ -102,8 +102,8 @@ def test_fp8_qkvpacked_forms_are_the_unpacked_functions():
 
 
 def test_fp8_varlen_matches_the_dequantised_reference_like_the_fixed_length_form():
-    # The fixed-length form's judge (kernels.checks.variants.compare_fp8) on the varlen layout:
-    # one sequence, so the varlen call must agree with it bit for bit.
+    # The fixed-length form's judge (attnforge_kernels.checks.variants.compare_fp8) on the varlen
+    # layout: one sequence, so the varlen call must agree with it bit for bit.
     case = fp8("bf16", 1, 37, 45, 4, 2, 64, "causal", "head")
     res = variants.compare_fp8(case, torch.device("cpu"), seed=5)
     assert res["ok"], res["metrics"]
@@ -170,7 +170,8 @@ def test_fp8_packed_and_varlen_argument_errors(call, match):
     ],
 )
 def test_the_fixed_length_and_kv_cache_calls_refuse_bad_inputs_in_the_same_words(bad, error, match):
-    # One check (kernels/api/arguments.py) behind both entry points: same type, same sentence.
+    # One check (attnforge_kernels/api/arguments.py) behind both entry points: same type, same
+    # sentence.
     q = torch.randn(2, 5, 4, 32).to(bad.get("q_dtype", torch.float16))
     hk, d_kv = bad.get("hk", 2), bad.get("d_kv", 32)
     k = torch.randn(2, 9, hk, d_kv).to(bad.get("k_dtype", torch.float16))
@@ -186,12 +187,14 @@ def test_every_public_entry_point_is_typed():
     import inspect
     import typing
 
-    import kernels
-    from kernels import sdpa_shim
-    from kernels.api import kvcache
+    import attnforge_kernels
+    from attnforge_kernels import sdpa_shim
+    from attnforge_kernels.api import kvcache
 
     funcs = [
-        getattr(kernels, n) for n in kernels.__all__ if inspect.isfunction(getattr(kernels, n))
+        getattr(attnforge_kernels, n)
+        for n in attnforge_kernels.__all__
+        if inspect.isfunction(getattr(attnforge_kernels, n))
     ]
     funcs += [kvcache.paged_varlen_forward, sdpa_shim.enable, sdpa_shim.stats]
     assert len(funcs) >= 12

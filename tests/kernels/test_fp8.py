@@ -4,7 +4,7 @@ Triton 3.6's interpreter multiplies float8_e4m3fn tiles (it has no FNUZ types, s
 float8_e4m3fnuz is covered by the GPU check only) but truncates when it converts fp32 to fp8;
 the kernel rounds P to nearest there itself (``flash._rne_e4m3``), tested first. The numerics
 are judged against the fp32 reference on the de-quantised inputs, with the same math rounding P
-to e4m3 as the yardstick (``kernels.checks.variants``).
+to e4m3 as the yardstick (``attnforge_kernels.checks.variants``).
 """
 
 import os
@@ -15,11 +15,11 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import flash_attn_fp8_func
-from kernels.api import flash_attn as interface
-from kernels.checks import variants
-from kernels.checks.case import fp8
-from kernels.device import configs, flash
+from attnforge_kernels import flash_attn_fp8_func
+from attnforge_kernels.api import flash_attn as interface
+from attnforge_kernels.checks import variants
+from attnforge_kernels.checks.case import fp8
+from attnforge_kernels.device import configs, flash
 
 CPU = torch.device("cpu")
 E4M3 = torch.float8_e4m3fn

@@ -1,12 +1,12 @@
 """The kernels state their floating-point fusion, so Triton 3.10's new default changes nothing.
 
 Triton 3.9 warns that 3.10 turns fusion off by default (``TRITON_DEFAULT_FP_FUSION``); the kernels
-pass ``enable_fp_fusion`` themselves (kernels/device/configs.py ``FP_FUSION``), at every launch
-and in the AOT check. Here: every launch in kernels/ states it; Triton's default flipped gives
-the same compiled kernels; ``ATTNFORGE_FP_FUSION=0`` reaches the code (fewer fused multiply-adds)
-and the AOT check of the default configs finds the same problems under both settings; and on
-Triton 3.9 a compile that leaves the choice to Triton fails the strict warning filter the kernel
-tests run under (tests/kernels/strict_triton.py), so that filter is live.
+pass ``enable_fp_fusion`` themselves (attnforge_kernels/device/configs.py ``FP_FUSION``), at every
+launch and in the AOT check. Here: every launch in attnforge_kernels/ states it; Triton's default
+flipped gives the same compiled kernels; ``ATTNFORGE_FP_FUSION=0`` reaches the code (fewer fused
+multiply-adds) and the AOT check of the default configs finds the same problems under both settings;
+and on Triton 3.9 a compile that leaves the choice to Triton fails the strict warning filter the
+kernel tests run under (tests/kernels/strict_triton.py), so that filter is live.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from kernels.device import configs
+from attnforge_kernels.device import configs
 from tests.kernels.strict_triton import MESSAGE, PRELUDE, module_args
 
 REPO = Path(__file__).resolve().parents[2]
@@ -76,9 +76,10 @@ def _states_fusion(call: ast.Call) -> bool:
 def test_every_kernel_launch_in_the_package_states_it():
     """A launch that left fusion to Triton would change with Triton 3.10's default."""
     launches, missing = 0, []
-    for path in sorted((REPO / "kernels").rglob("*.py")):
+    for path in sorted((REPO / "attnforge_kernels").rglob("*.py")):
         for line, call in _launches(path):
-            # kernels/launch/plans.py's recorder forwards a launch's own keywords (**kwargs)
+            # attnforge_kernels/launch/plans.py's recorder forwards a launch's own keywords
+            # (**kwargs)
             forwards = any(
                 kw.arg is None and isinstance(kw.value, ast.Name) for kw in call.keywords
             )
@@ -93,7 +94,7 @@ def _aot(tmp: Path, *args: str, **env: str) -> list[dict]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("TRITON_", "ATTNFORGE_FP"))}
     clean.update(TRITON_CACHE_DIR=str(tmp / "triton-cache"), **env)
     proc = subprocess.run(
-        [sys.executable, *module_args("kernels.aot", *args, "--json")],
+        [sys.executable, *module_args("attnforge_kernels.aot", *args, "--json")],
         cwd=REPO, env=clean, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert proc.stdout.startswith("["), proc.stderr[-3000:]

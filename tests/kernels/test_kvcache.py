@@ -3,8 +3,8 @@
 As flash-attention's tests/test_flash_attn.py::test_flash_attn_kvcache: the cache after the
 append is built by hand, keys are the rows [leftpad, cache_seqlens + seqlen_new), causal masks
 and windows are aligned bottom-right on that length, rotary as flash_attn's apply_rotary_emb
-(rotate_half form); attention, rotary and the error rule are kernels.checks' one reference and
-judge.
+(rotate_half form); attention, rotary and the error rule are attnforge_kernels.checks' one reference
+and judge.
 """
 
 import os
@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import flash_attn_varlen_func, flash_attn_with_kvcache
-from kernels.api import kvcache
-from kernels.api.kvcache import auto_num_splits, num_splits_heuristic
-from kernels.checks import judge
-from kernels.checks.reference import attention_ref, flash_window, rotary_ref
+from attnforge_kernels import flash_attn_varlen_func, flash_attn_with_kvcache
+from attnforge_kernels.api import kvcache
+from attnforge_kernels.api.kvcache import auto_num_splits, num_splits_heuristic
+from attnforge_kernels.checks import judge
+from attnforge_kernels.checks.reference import attention_ref, flash_window, rotary_ref
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -436,13 +436,14 @@ def test_append_past_the_cache_is_refused_or_kept_in_the_sequences_rows():
     assert torch.equal(out, want)
 
 
-# The GPU check grid's packed / kv-cache cases (kernels/checks/layouts.py), run here on tiny shapes.
+# The GPU check grid's packed / kv-cache cases (attnforge_kernels/checks/layouts.py), run here on
+# tiny shapes.
 
 
 def test_gpu_grid_lists_the_new_cases_and_boundary_covers_every_layout(monkeypatch):
-    from kernels import check
-    from kernels.checks import grids
-    from kernels.device import configs
+    from attnforge_kernels import check
+    from attnforge_kernels.checks import grids
+    from attnforge_kernels.device import configs
 
     monkeypatch.setattr(configs, "INTERPRET", False)
     names = check.list_cases(quick=True)
@@ -473,7 +474,7 @@ CHECK_NAMES = [
 
 @pytest.mark.parametrize("name", CHECK_NAMES)
 def test_check_cases_pass_in_the_interpreter(name):
-    from kernels import check
+    from attnforge_kernels import check
 
     res = check.run_case(name)
     assert res["status"] == "pass", res["message"]
@@ -481,8 +482,8 @@ def test_check_cases_pass_in_the_interpreter(name):
 
 
 def test_a_check_case_fails_when_the_rule_does(monkeypatch):
-    from kernels.checks import layouts as kvcache
-    from kernels.checks.case import Case
+    from attnforge_kernels.checks import layouts as kvcache
+    from attnforge_kernels.checks.case import Case
 
     monkeypatch.setattr(judge.tolerance, "within", lambda err, *_a, **_k: (False, 0.0))
     res = kvcache.run(
@@ -493,9 +494,9 @@ def test_a_check_case_fails_when_the_rule_does(monkeypatch):
 
 
 def test_every_family_has_kv_tiles_and_kernels_aot_compiles_both():
-    from kernels.device import configs
-    from kernels.device.decode import aot_kernels, kv_config
-    from kernels.tools import compile_check as aot
+    from attnforge_kernels.device import configs
+    from attnforge_kernels.device.decode import aot_kernels, kv_config
+    from attnforge_kernels.tools import compile_check as aot
 
     for family in configs.FAMILIES:
         for d in aot.ALL_HEAD_DIMS:
@@ -513,8 +514,8 @@ def test_every_family_has_kv_tiles_and_kernels_aot_compiles_both():
 
 _UPDATE_VARIANTS = """
 import json, sys
-from kernels.tools import compile_check as aot
-from kernels.device.decode import aot_kernels
+from attnforge_kernels.tools import compile_check as aot
+from attnforge_kernels.device.decode import aot_kernels
 
 spec = aot.load_arches()["gfx1151"]
 ((name, fn, ptrs, consts, tile),) = [j for j in aot_kernels(128, spec["family"])

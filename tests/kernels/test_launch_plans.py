@@ -1,7 +1,7 @@
-"""kernels.launch.plans: the keys of the forward's and backward's launch plans (issue 30 §2), on the
-CPU. The replay itself needs a GPU (tools/host_probe.py --verify checks it bitwise against the
-full path); here: what the key separates, that equal keys mean Triton specialises equally, and
-that the interpreter never plans."""
+"""attnforge_kernels.launch.plans: the keys of the forward's and backward's launch plans (issue 30
+§2), on the CPU. The replay itself needs a GPU (tools/host_probe.py --verify checks it bitwise
+against the full path); here: what the key separates, that equal keys mean Triton specialises
+equally, and that the interpreter never plans."""
 
 import pytest
 import torch
@@ -10,9 +10,9 @@ from triton._C.libtriton import native_specialize_impl
 from triton.backends.amd.compiler import HIPBackend
 from triton.backends.nvidia.compiler import CUDABackend
 
-from kernels.api import flash_attn as interface
-from kernels.api.flash_attn import Mask
-from kernels.launch import plans as launch
+from attnforge_kernels.api import flash_attn as interface
+from attnforge_kernels.api.flash_attn import Mask
+from attnforge_kernels.launch import plans as launch
 from tests.kernels.standins import Fill
 
 _NO_MASK = Mask()

@@ -1,12 +1,12 @@
-"""kernels/launch/replay.py and kernels/launch/replay.cpp, the native launch path (issue 30 §2), on the CPU.
+"""attnforge_kernels/launch/replay.py and attnforge_kernels/launch/replay.cpp, the native launch path (issue 30 §2), on the CPU.
 
 The extension is compiled for real with the host's C++ compiler against the installed torch
 (once per machine: the build cache outlives the run, as the AOT tests' does) and loaded. On the
 CPU it runs in its test mode, where a replayed launch is noted (kernel, grid, block and every
 parameter's bytes) instead of handed to the driver; everything else is the code a GPU runs: the
 keys, the plans, the C++ autograd node, the backward's way back to Python. A GPU checks the
-launches themselves: ``kernels.check``'s attn cases compare the native replays bitwise with the
-Python path where it is active, and tools/host_probe.py --verify does the same.
+launches themselves: ``attnforge_kernels.check``'s attn cases compare the native replays bitwise
+with the Python path where it is active, and tools/host_probe.py --verify does the same.
 """
 
 import os
@@ -19,11 +19,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from kernels.api import flash_attn as interface
-from kernels.api.flash_attn import Mask
-from kernels.launch import params as launch_params
-from kernels.launch import plans as launch
-from kernels.launch import replay as _native
+from attnforge_kernels.api import flash_attn as interface
+from attnforge_kernels.api.flash_attn import Mask
+from attnforge_kernels.launch import params as launch_params
+from attnforge_kernels.launch import plans as launch
+from attnforge_kernels.launch import replay as _native
 from tests.kernels.standins import Fill
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(_native.__file__))))
@@ -323,7 +323,7 @@ def test_a_failed_build_leaves_nothing_and_says_why(tmp_path, monkeypatch):
         _native.build(quiet=True)  # not compiled again
     assert not (tmp_path / "calls").exists()
     with pytest.raises(RuntimeError, match="failed"):
-        _native.build(quiet=True, again=True)  # python -m kernels.native build
+        _native.build(quiet=True, again=True)  # python -m attnforge_kernels.native build
     assert (tmp_path / "calls").read_text() == "compiled\n"
     monkeypatch.setenv("CXX", str(tmp_path / "absent"))
     with pytest.raises(RuntimeError, match="no C\\+\\+ compiler"):
@@ -342,7 +342,7 @@ def test_concurrent_builds_compile_once(tmp_path):
     """))  # fmt: skip
     cxx.chmod(0o755)
     env = {**os.environ, "CXX": str(cxx), "ATTNFORGE_NATIVE_DIR": str(tmp_path / "cache")}
-    code = "from kernels.launch import replay; print(replay.build(quiet=True))"
+    code = "from attnforge_kernels.launch import replay; print(replay.build(quiet=True))"
     procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
                               text=True, cwd=ROOT) for _ in range(2)]  # fmt: skip
     outs = {p.communicate(timeout=120)[0].strip() for p in procs}
@@ -354,14 +354,14 @@ def test_concurrent_builds_compile_once(tmp_path):
 
 def test_the_command_line_says_why_it_is_off():
     env = {**os.environ, "ATTNFORGE_NATIVE": "0"}
-    r = subprocess.run([sys.executable, "-m", "kernels.native", "status"], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "attnforge_kernels.native", "status"], capture_output=True,
                        text=True, env=env, cwd=ROOT)  # fmt: skip
     assert r.returncode == 1 and r.stdout.strip() == "off (ATTNFORGE_NATIVE=0)"
     assert "RuntimeWarning" not in r.stderr
 
 
 def test_the_python_path_hands_its_plans_over(ext, monkeypatch):
-    """The glue in kernels/api/flash_attn.py and kernels/launch/replay.py, with stand-in Python launches:
+    """The glue in attnforge_kernels/api/flash_attn.py and attnforge_kernels/launch/replay.py, with stand-in Python launches:
     a call the native path misses takes the Python plan and hands it over; the next is native;
     its backward goes back to Python once (through the forward's Python plan, whose backward
     plan is handed over too) and then replays natively."""
@@ -415,7 +415,7 @@ def test_the_python_path_hands_its_plans_over(ext, monkeypatch):
         launch.clear()
 
 
-# --- flash_attn_with_kvcache (kernels/api/kvcache.py): decoding steps on a contiguous cache --------
+# --- flash_attn_with_kvcache (attnforge_kernels/api/kvcache.py): decoding steps on a contiguous cache --------
 
 KV_FN, APPEND_FN = 0xC0, 0xA0
 # A parameter per pointer a launch passes (Triton makes an unused one, None, a constexpr), in
@@ -524,7 +524,8 @@ def test_a_step_with_new_keys_updates_the_cache_then_attends(ext):
 def test_whole_cache_lengths_and_split_scratch_are_kept(ext):
     """Without cache_seqlens every sequence is the whole cache: a kept int32 tensor of the rows
     count; the split partials and the zeroed counters are kept too, so a decoding loop allocates
-    and fills them once (kernels/api/kvcache.py's _SCRATCH does the same for the Python path)."""
+    and fills them once (attnforge_kernels/api/kvcache.py's _SCRATCH does the same for the Python
+    path)."""
     ext.clear()
     ext.take_noted()
     q, kc, vc = kv_inputs(b=3, rows=48)
@@ -601,9 +602,10 @@ def test_put_kv_refuses_steps_python_would_pass_other_tensors(ext):
 
 
 def test_the_decoding_path_hands_its_plans_over(ext, monkeypatch):
-    """The glue in kernels/api/kvcache.py: a step the native path misses replays the Python plan
-    and hands it over; the next is native; a step with new keys likewise, with its update."""
-    from kernels.api import kvcache
+    """The glue in attnforge_kernels/api/kvcache.py: a step the native path misses replays the
+    Python plan and hands it over; the next is native; a step with new keys likewise, with its
+    update."""
+    from attnforge_kernels.api import kvcache
 
     monkeypatch.setattr(launch, "ENABLED", True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)

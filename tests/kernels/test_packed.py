@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from kernels import (
+from attnforge_kernels import (
     flash_attn_func,
     flash_attn_kvpacked_func,
     flash_attn_qkvpacked_func,
@@ -11,9 +11,9 @@ from kernels import (
     flash_attn_varlen_kvpacked_func,
     flash_attn_varlen_qkvpacked_func,
 )
-from kernels.api import packed as packed_mod
-from kernels.checks.case import packed
-from kernels.checks.layouts import compare_packed
+from attnforge_kernels.api import packed as packed_mod
+from attnforge_kernels.checks.case import packed
+from attnforge_kernels.checks.layouts import compare_packed
 
 
 def _rand(*shape, dtype=torch.float16, seed=0):

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import sdpa_shim
+from attnforge_kernels import sdpa_shim
 
 ORIGINAL = F.scaled_dot_product_attention
 
@@ -88,7 +88,7 @@ def test_environment_variable_enables_the_shim_at_import():
     from pathlib import Path
 
     env = dict(os.environ, ATTNFORGE_SDPA_SHIM="1", TRITON_INTERPRET="1")
-    code = "import kernels, torch.nn.functional as F; print(F.scaled_dot_product_attention is kernels.api.sdpa._shim)"
+    code = "import attnforge_kernels, torch.nn.functional as F; print(F.scaled_dot_product_attention is attnforge_kernels.api.sdpa._shim)"
     out = subprocess.run(
         [sys.executable, "-c", code],
         cwd=Path(__file__).resolve().parents[2],

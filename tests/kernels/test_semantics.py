@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from kernels import flash_attn_func, flash_attn_varlen_func
-from kernels.checks.reference import attention_ref
+from attnforge_kernels import flash_attn_func, flash_attn_varlen_func
+from attnforge_kernels.checks.reference import attention_ref
 
 
 def _qkv(b, sq, sk, hq, hk, d, dtype=torch.float16, seed=0):

@@ -5,13 +5,13 @@ as 40 need (``STRIDE_ALIGN``), in Triton's interpreter."""
 import pytest
 import torch
 
-from kernels import flash_attn_func, flash_attn_varlen_func
-from kernels.api import flash_attn as interface
-from kernels.checks.reference import attention_ref
-from kernels.device import configs
-from kernels.device.configs import Tile
-from kernels.device.flash import stride_align
-from kernels.tools import compile_check as aot
+from attnforge_kernels import flash_attn_func, flash_attn_varlen_func
+from attnforge_kernels.api import flash_attn as interface
+from attnforge_kernels.checks.reference import attention_ref
+from attnforge_kernels.device import configs
+from attnforge_kernels.device.configs import Tile
+from attnforge_kernels.device.flash import stride_align
+from attnforge_kernels.tools import compile_check as aot
 
 TOL = 2e-2
 

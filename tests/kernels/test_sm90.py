@@ -1,7 +1,7 @@
-"""The warp-specialised Gluon kernels (kernels/device/flash_sm90.py), the forward and the dK/dV kernel:
+"""The warp-specialised Gluon kernels (attnforge_kernels/device/flash_sm90.py), the forward and the dK/dV kernel:
 compiled for sm90 on the CPU, and the rules that route calls to them. Gluon has no CPU
-interpreter; the kernels' numerics are checked on an NVIDIA GPU by ``python -m kernels.check``
-(docs/benchmarks.md)."""
+interpreter; the kernels' numerics are checked on an NVIDIA GPU by ``python -m
+attnforge_kernels.check`` (docs/benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels.api.flash_attn import Mask, gluon_backward_ok, gluon_forward_ok
-from kernels.device import configs
+from attnforge_kernels.api.flash_attn import Mask, gluon_backward_ok, gluon_forward_ok
+from attnforge_kernels.device import configs
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -32,8 +32,8 @@ from pathlib import Path
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
-from kernels.tools import compile_check as aot
-from kernels.device import configs
+from attnforge_kernels.tools import compile_check as aot
+from attnforge_kernels.device import configs
 for name, causal, d in json.loads(sys.argv[1]):
     kernels = {k[0]: k[1:] for k in aot._gluon_kernels(d, configs.config_for("hopper", d))}
     fn, ptrs, consts, tile = kernels[name]

@@ -4,11 +4,11 @@ Triton's interpreter."""
 import pytest
 import torch
 
-from kernels import flash_attn_func
-from kernels.api import flash_attn as interface
-from kernels.checks.reference import attention_ref
-from kernels.device import configs
-from kernels.device.configs import Tile
+from attnforge_kernels import flash_attn_func
+from attnforge_kernels.api import flash_attn as interface
+from attnforge_kernels.checks.reference import attention_ref
+from attnforge_kernels.device import configs
+from attnforge_kernels.device.configs import Tile
 
 
 def test_small_grids_take_the_small_tile_and_large_ones_keep_the_default():

@@ -6,11 +6,11 @@ import json
 import pytest
 import torch
 
-from kernels.api import flash_attn as interface
-from kernels.checks.attention import compare
-from kernels.checks.case import attn
-from kernels.device import configs
-from kernels.device.configs import Tile, config_for, override
+from attnforge_kernels.api import flash_attn as interface
+from attnforge_kernels.checks.attention import compare
+from attnforge_kernels.checks.case import attn
+from attnforge_kernels.device import configs
+from attnforge_kernels.device.configs import Tile, config_for, override
 
 
 def test_hopper_streams_the_backward_by_tma_and_keeps_pointer_loads_in_the_forward():

@@ -22,7 +22,7 @@ import pytest
 
 from attnforge.recipes import load_recipes
 from attnforge.tritons import load_table, stack_tritons, versions_to_check
-from kernels.device import configs
+from attnforge_kernels.device import configs
 from tests.kernels.strict_triton import module_args
 
 REPO = Path(__file__).resolve().parents[2]
@@ -81,10 +81,12 @@ def aot_subset(request, tmp_path_factory, aot_cache):
     tmp = tmp_path_factory.mktemp(f"triton-{version}")
     cache = ["--cache-dir", str(aot_cache), "--json"]
     arches = [a for arch in SUBSET for a in ("--arch", arch)]
-    cold = _run(version, module_args("kernels.aot", *COLD, "--no-cache", "--json"), False, tmp)
+    cold = _run(
+        version, module_args("attnforge_kernels.aot", *COLD, "--no-cache", "--json"), False, tmp
+    )
     runs = [
-        _run(version, module_args("kernels.aot", *arches, *cache), False, tmp),
-        _run(version, module_args("kernels.aot", "--arch", "sm90", "--head-dims", "64,128",
+        _run(version, module_args("attnforge_kernels.aot", *arches, *cache), False, tmp),
+        _run(version, module_args("attnforge_kernels.aot", "--arch", "sm90", "--head-dims", "64,128",
                                   "--kernel", "fwd_gluon", "--kernel", "bwd_dkdv_gluon", *cache),
              False, tmp),
     ]  # fmt: skip
@@ -145,12 +147,14 @@ def test_a_cold_compile_gives_the_reports_the_cache_holds(aot_subset):
 @pytest.mark.slow
 @pytest.mark.parametrize("version", OTHERS)
 def test_the_interpreter_cases_pass(version, tmp_path):
-    """`python -m kernels.check`: the correctness cases (fwd+bwd against the fp32 reference, with
-    varlen, a window, ALiBi, softcap, GQA) and the SDPA shim's routing, in Triton's interpreter."""
-    # The module run as `python -m kernels.check` would, after printing the Triton it imported:
-    # one process (one torch and Triton import) instead of a second one to ask for the version.
+    """`python -m attnforge_kernels.check`: the correctness cases (fwd+bwd against the fp32
+    reference, with varlen, a window, ALiBi, softcap, GQA) and the SDPA shim's routing, in Triton's
+    interpreter."""
+    # The module run as `python -m attnforge_kernels.check` would, after printing the Triton it
+    # imported: one process (one torch and Triton import) instead of a second one to ask for the
+    # version.
     first = "import triton; print('triton', triton.__version__, flush=True)"
-    proc = _run(version, module_args("kernels.check", "--json", "cases.json", first=first), True,
+    proc = _run(version, module_args("attnforge_kernels.check", "--json", "cases.json", first=first), True,
                 tmp_path)  # fmt: skip
     results = json.loads((tmp_path / "cases.json").read_text())
     assert proc.returncode == 0 and results, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -178,7 +182,7 @@ def on_triton(monkeypatch):
     """config_for/kv_config as on another Triton release."""
 
     def use(release):
-        from kernels.api.kvcache import kv_config
+        from attnforge_kernels.api.kvcache import kv_config
 
         monkeypatch.setattr(configs, "triton_release", lambda version=None: release)
         configs._config_for.cache_clear()
@@ -191,7 +195,7 @@ def on_triton(monkeypatch):
 
 
 def test_each_triton_line_gets_its_own_rows(on_triton):
-    from kernels.api.kvcache import kv_config
+    from attnforge_kernels.api.kvcache import kv_config
 
     on_triton((3, 6))
     old = {(f, d): configs.config_for(f, d) for f in ("rdna3.5", "cdna3") for d in (64, 128)}
@@ -231,7 +235,7 @@ def test_each_triton_line_gets_its_own_rows(on_triton):
 
 def test_a_newer_line_can_merge_fewer_columns_a_load(on_triton):
     """DECODE_ON_NEWER_TRITON's merge_d: fewer columns a merge load where a line lost a wave."""
-    from kernels.api.kvcache import kv_config
+    from attnforge_kernels.api.kvcache import kv_config
 
     on_triton((3, 6))
     measured = {(f, d): kv_config(f, d) for f in ("hopper", "cdna4") for d in (64, 128)}

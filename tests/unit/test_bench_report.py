@@ -1,9 +1,10 @@
 """tools/bench_report.py: the tables and plots of docs/benchmarks.md, made from the JSON that
-`python -m kernels.bench --json FILE` writes.
+`python -m attnforge_kernels.bench --json FILE` writes.
 
-The fixtures are written by kernels.bench itself, run as `python -m kernels.bench` with its
-timer replaced by a script of known times and its CUDA tensors by meta tensors (no GPU, no
-memory), so they have exactly the schema the GPU run writes and cannot drift from it."""
+The fixtures are written by attnforge_kernels.bench itself, run as
+`python -m attnforge_kernels.bench` with its timer replaced by a script of known times and its CUDA
+tensors by meta tensors (no GPU, no memory), so they have exactly the schema the GPU run writes and
+cannot drift from it."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ bench_report = _tool()
 
 
 def run_bench(monkeypatch, tmp_path, argv: list[str], script: list) -> dict:
-    """`python -m kernels.bench ARGV --json FILE` on meta tensors, do_bench answering from
+    """`python -m attnforge_kernels.bench ARGV --json FILE` on meta tensors, do_bench answering from
     ``script`` in call order (cycled; REFUSED raises); the JSON it wrote."""
     import torch
     import triton.testing
@@ -56,10 +57,12 @@ def run_bench(monkeypatch, tmp_path, argv: list[str], script: list) -> dict:
 
     monkeypatch.setattr(triton.testing, "do_bench", do_bench)
     out = tmp_path / f"bench-{len(list(tmp_path.iterdir()))}.json"
-    monkeypatch.setattr(sys, "argv", ["python -m kernels.bench", *argv, "--json", str(out)])
+    monkeypatch.setattr(
+        sys, "argv", ["python -m attnforge_kernels.bench", *argv, "--json", str(out)]
+    )
     with warnings.catch_warnings(), pytest.raises(SystemExit) as done:
-        warnings.simplefilter("ignore", RuntimeWarning)  # kernels.bench may be imported already
-        runpy.run_module("kernels.bench", run_name="__main__")
+        warnings.simplefilter("ignore", RuntimeWarning)  # the bench module may be imported already
+        runpy.run_module("attnforge_kernels.bench", run_name="__main__")
     assert done.value.code == 0
     return json.loads(out.read_text())
 
@@ -182,7 +185,7 @@ def test_the_command_writes_tables_and_plots_into_the_folder_and_fills_the_page(
     ("content", "said"),
     [
         ("{not json", "cannot read it as JSON"),
-        ('{"rows_of_something": []}', "not the JSON of `python -m kernels.bench --json`"),
+        ('{"rows_of_something": []}', "not the JSON of `python -m attnforge_kernels.bench --json`"),
     ],
 )
 def test_a_bad_input_file_is_named_and_nothing_is_written(tmp_path, capsys, content, said):

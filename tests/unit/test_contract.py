@@ -1,4 +1,4 @@
-"""The contract (contract/) is the one home of the names and rules validate/, kernels/ and
+"""The contract (contract/) is the one home of the names and rules validate/, attnforge_kernels/ and
 attnforge/ share: stdlib only, imported by the others, never re-defined by them."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from contract import arches, documents, names
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA = json.loads((REPO / "validate" / "report.schema.json").read_text())
-PACKAGES = ("attnforge", "validate", "kernels")
+PACKAGES = ("attnforge", "validate", "attnforge_kernels")
 
 
 def modules(folder: str) -> list[Path]:
@@ -49,7 +49,7 @@ def test_the_scan_sees_imports_of_every_form(tmp_path):
     assert imported(src) == {"validate"}
 
 
-@pytest.mark.parametrize("path", modules("kernels"), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", modules("attnforge_kernels"), ids=lambda p: p.name)
 def test_kernels_never_import_validate(path):
     assert "validate" not in imported(path), f"{path.relative_to(REPO)} imports validate"
 

@@ -1,7 +1,7 @@
 """Device code for the arch is on disk: the device_code smoke check, against real code objects.
 
 Triton's AMD backend compiles a tiny kernel to an hsaco (an AMDGPU ELF) for gfx1151 and gfx942 on
-the CPU, as kernels/tools/compile_check.py does; the tests wrap those in clang offload bundles written here from
+the CPU, as attnforge_kernels/tools/compile_check.py does; the tests wrap those in clang offload bundles written here from
 the documented layout (clang's ClangOffloadBundler: magic, entry table, payloads), plain and
 zlib-compressed ('CCOB'), lay out a torch tree with aotriton.images and .kpack in a temp dir, and
 run the smoke runner on them as build.smoke does. No GPU, no ROCm tools, no network.

@@ -85,7 +85,7 @@ def test_the_kernels_wheel_is_reproducible_and_labelled_by_its_sources(tmp_path)
     )
     with zipfile.ZipFile(first) as zf:
         names = zf.namelist()
-    assert "kernels/__init__.py" in names and "validate/__main__.py" in names
+    assert "attnforge_kernels/__init__.py" in names and "validate/__main__.py" in names
     assert not any("__pycache__" in n for n in names)
 
 
@@ -218,11 +218,13 @@ def test_a_real_venv_installs_from_the_pylock_and_its_damage_is_seen(tmp_path):
     assert core.wheel_matches(wheel, dist.record)
     assert core.compare(m, p) == []
     site = Path(dist.dist_info).parent
-    (site / "kernels" / "device" / "configs.py").write_text("# changed after installation\n")
+    (site / "attnforge_kernels" / "device" / "configs.py").write_text(
+        "# changed after installation\n"
+    )
     (found,) = core.compare(m, probed())
     assert (
         found.kind == "record"
-        and "kernels/device/configs.py does not match its recorded hash" in found.sentence
+        and "attnforge_kernels/device/configs.py does not match its recorded hash" in found.sentence
     )
 
 

@@ -1,5 +1,5 @@
-"""The folder tree of kernels/ shows its architecture (docs/kernels.md, the module table): wings
-whose names say their job, each importing only the wings before it; public names at the root
+"""The folder tree of attnforge_kernels/ shows its architecture (docs/kernels.md, the module table):
+wings whose names say their job, each importing only the wings before it; public names at the root
 that hold no code; no module reaching for another's private name; no two modules named alike."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 from tests.unit.test_import_graph import graph
 
 REPO = Path(__file__).resolve().parents[2]
-PKG = REPO / "kernels"
+PKG = REPO / "attnforge_kernels"
 
 # Each wing, in the order they may import each other: a module imports its own wing and the
 # wings before it only, inside functions too.
@@ -19,7 +19,7 @@ WINGS = ("device", "launch", "api", "checks", "tools")
 # The root's modules: the package (the public API) and the public names of the commands and the
 # shim, each an import of the code that lives in a wing.
 ROOT = {"__init__", "aot", "bench", "check", "native", "sdpa_shim"}
-PROJECT = ("kernels", "contract")
+PROJECT = ("attnforge_kernels", "contract")
 
 
 def kernels_files() -> dict[str, str]:
@@ -31,7 +31,7 @@ def kernels_files() -> dict[str, str]:
 
 
 def wing_of(module: str) -> str | None:
-    """The wing of ``kernels.<wing>.x``; None for the root's modules."""
+    """The wing of ``attnforge_kernels.<wing>.x``; None for the root's modules."""
     parts = module.split(".")
     return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in WINGS) else None
 
@@ -51,7 +51,7 @@ def test_a_wing_imports_only_itself_and_the_wings_before_it():
         allowed = set(WINGS[: WINGS.index(wing) + 1])
         for target in targets:
             other = wing_of(target)
-            if target.startswith("kernels") and other not in allowed:
+            if target.startswith("attnforge_kernels") and other not in allowed:
                 wrong.append(f"{module} -> {target}")
     assert wrong == []
 
@@ -179,7 +179,7 @@ def module_table() -> set[str]:
     text = (REPO / "docs" / "kernels.md").read_text()
     table = text[text.index("| module | what it is |") :]
     table = table[: table.index("\n\n")]
-    return set(re.findall(r"^\| `(kernels/[^`]+)` \|", table, flags=re.M))
+    return set(re.findall(r"^\| `(attnforge_kernels/[^`]+)` \|", table, flags=re.M))
 
 
 def test_the_docs_module_table_lists_every_module_and_nothing_else():

@@ -161,5 +161,5 @@ def private_imports(root: Path, package: str) -> set[tuple[str, str]]:
 
 @pytest.mark.parametrize("package", ["attnforge", "validate", "contract"])
 def test_no_module_imports_another_modules_private_name(package):
-    """kernels/ and tools/ have the same rule in test_kernels_layout."""
+    """attnforge_kernels/ and tools/ have the same rule in test_kernels_layout."""
     assert private_imports(REPO, package) == set()

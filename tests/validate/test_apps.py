@@ -96,7 +96,7 @@ PLANTED = """
     import sys
     os.environ["TRITON_INTERPRET"] = "1"
     import torch.nn.functional as F
-    import kernels.api.flash_attn as ki
+    import attnforge_kernels.api.flash_attn as ki
 
     def called_from(module):
         frame = sys._getframe(2)
@@ -271,7 +271,8 @@ def test_every_implementation_says_where_its_kernel_came_from(honest):
     got = rows(report, "llama-gqa")
     assert got["sdpa"]["source"].startswith("torch's SDPA (torch ")
     assert (
-        got["sdpa+shim"]["source"] == "the bundled kernels (kernels.sdpa_shim) behind torch's SDPA"
+        got["sdpa+shim"]["source"]
+        == "the bundled kernels (attnforge_kernels.sdpa_shim) behind torch's SDPA"
     )
     assert got["eager"]["source"] == "transformers eager attention (matmul + softmax)"
     assert got["flash_attention_2"]["source"] == "none (refused)"
@@ -281,11 +282,20 @@ def test_every_implementation_says_where_its_kernel_came_from(honest):
 # transformers 5.25 falls back from flash_attention_2 to kernels.get_kernel("kernels-community/
 # flash-attn2") where flash_attn is missing and USE_HUB_KERNELS is yes. Planted on the venv's
 # transformers: a stand-in for Hugging Face's `kernels` API (get_kernel on the module named
-# `kernels`) whose body would download, and set_attn_implementation calling it as 5.25 does.
-# Without the check's watch, the stand-in raises, transformers refuses flash_attention_2, and
-# the refusal alone would not fail the check.
+# `kernels`: Hugging Face's where it is installed, else an empty module made here) whose body
+# would download, and set_attn_implementation calling it as 5.25 does. Without the check's
+# watch, the stand-in raises, transformers refuses flash_attention_2, and the refusal alone
+# would not fail the check.
 HUB_FALLBACK = """
-    import kernels
+    import importlib.machinery
+    import sys
+    import types
+
+    try:
+        import kernels
+    except ModuleNotFoundError:
+        kernels = sys.modules["kernels"] = types.ModuleType("kernels")
+        kernels.__spec__ = importlib.machinery.ModuleSpec("kernels", None)
     import transformers.modeling_utils as mu
 
     def get_kernel(repo_id, *args, **kwargs):

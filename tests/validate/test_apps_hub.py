@@ -26,8 +26,8 @@ def get_kernel(repo_id, revision=None, version=None, **kwargs):
 
 @pytest.fixture
 def standin(tmp_path, monkeypatch):
-    """A stand-in for Hugging Face's `kernels` (it shares the import name with the bundled
-    kernels package), and a module that bound its get_kernel at import, as transformers'
+    """A stand-in for Hugging Face's `kernels` (the bundled kernels import as
+    `attnforge_kernels`), and a module that bound its get_kernel at import, as transformers'
     integrations/hub_kernels.py does (`from kernels import get_kernel as get_kernel_hub`)."""
     pkg = tmp_path / "site" / "kernels"
     pkg.mkdir(parents=True)
@@ -96,7 +96,7 @@ def test_a_hub_fallback_fails_the_row_naming_the_switch(standin):
     [
         ("llama-gqa", apps.Impl("sdpa", always=True), "torch's SDPA (torch 2.15.0)"),
         ("llama-gqa", apps.Impl("sdpa", shim=True),
-         "the bundled kernels (kernels.sdpa_shim) behind torch's SDPA"),
+         "the bundled kernels (attnforge_kernels.sdpa_shim) behind torch's SDPA"),
         ("llama-gqa", apps.Impl("eager", reference=True),
          "transformers eager attention (matmul + softmax)"),
         ("qwen-image", apps.Impl("_native_math", reference=True), "torch's SDPA (torch 2.15.0)"),

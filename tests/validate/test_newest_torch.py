@@ -83,6 +83,6 @@ def test_the_quick_suite_passes_under_it(tmp_path):
 
 
 def test_the_kernels_interpreter_checks_pass_under_it(tmp_path):
-    proc = run(module_args("kernels.check", "--quick"), tmp_path, TRITON_INTERPRET="1")
+    proc = run(module_args("attnforge_kernels.check", "--quick"), tmp_path, TRITON_INTERPRET="1")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert re.search(r"^(\d+)/\1 not failed$", proc.stdout, flags=re.M), proc.stdout[-2000:]

@@ -170,18 +170,18 @@ FAKE_SHIM = "def stats():\n    return {'routed': 3, 'fallback': 1, 'reasons': {'
 
 
 def _image_tree(tmp_path, repo):
-    """What validate.Dockerfile copies beside each other, less kernels/."""
+    """What validate.Dockerfile copies beside each other, less attnforge_kernels/."""
     for pkg in ("validate", "contract"):
         shutil.copytree(repo / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__"))
 
 
 def _fake_tree(tmp_path, repo, check_src=FAKE_CHECK):
-    """validate/ and contract/ beside a stand-in kernels package, as in an image."""
+    """validate/ and contract/ beside a stand-in attnforge_kernels package, as in an image."""
     _image_tree(tmp_path, repo)
-    (tmp_path / "kernels").mkdir()
-    (tmp_path / "kernels" / "__init__.py").write_text("")
-    (tmp_path / "kernels" / "check.py").write_text(check_src)
-    (tmp_path / "kernels" / "sdpa_shim.py").write_text(FAKE_SHIM)
+    (tmp_path / "attnforge_kernels").mkdir()
+    (tmp_path / "attnforge_kernels" / "__init__.py").write_text("")
+    (tmp_path / "attnforge_kernels" / "check.py").write_text(check_src)
+    (tmp_path / "attnforge_kernels" / "sdpa_shim.py").write_text(FAKE_SHIM)
     return tmp_path
 
 

@@ -20,12 +20,12 @@ sdpa.warm_up({})
 flash_attn.warm_up({})
 kernels.warm_up({})
 apps.warm_up({"models": ["llama-gqa", "vit", "unet-attn", "qwen-image"]})
-from kernels.device import configs
+from attnforge_kernels.device import configs
 print(json.dumps({
     "interpret": os.environ.get("TRITON_INTERPRET"),
     "configs_interpret": configs.INTERPRET,
     "offline": os.environ.get("HF_HUB_OFFLINE"),
-    "modules": sorted(m for m in sys.modules if m.split(".")[0] in ("kernels", "transformers", "diffusers")),
+    "modules": sorted(m for m in sys.modules if m.split(".")[0] in ("attnforge_kernels", "transformers", "diffusers")),
 }))
 """
 
@@ -49,7 +49,11 @@ def test_warm_up_steps_import_what_the_checks_need_as_the_checks_would():
     assert got["interpret"] == "1" and got["configs_interpret"] is True
     assert got["offline"] == "1"
     mods = set(got["modules"])
-    assert {"kernels.check", "kernels.api.flash_attn", "kernels.sdpa_shim"} <= mods
+    assert {
+        "attnforge_kernels.check",
+        "attnforge_kernels.api.flash_attn",
+        "attnforge_kernels.sdpa_shim",
+    } <= mods
     assert "transformers.models.llama.modeling_llama" in mods
     assert "transformers.models.vit.modeling_vit" in mods
     assert "diffusers.models.attention_processor" in mods

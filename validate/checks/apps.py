@@ -15,7 +15,8 @@ and a tiny ViT (transformers: ``attn_implementation`` eager, sdpa, flash_attenti
 attention block of a Stable Diffusion UNet (diffusers ``Transformer2DModel`` with
 ``AttnProcessor`` / ``AttnProcessor2_0``); diffusers' ``QwenImageTransformer2DModel`` (the code
 path of the Qwen-Image crash reports) over its attention backends. Each SDPA-based
-implementation runs once more with the bundled kernels' SDPA shim on (``kernels.sdpa_shim``).
+implementation runs once more with the bundled kernels' SDPA shim on
+(``attnforge_kernels.sdpa_shim``).
 
 A refusal fails the check only where the implementation must run: SDPA always, and
 flash_attn-based ones where flash_attn is installed and a GPU is present (vLLM fell back
@@ -359,8 +360,8 @@ def warm_up(params: dict[str, Any]) -> None:
                 importlib.import_module(f"{spec.app}.{attr}")
             else:
                 getattr(app, attr)
-    if importlib.util.find_spec("kernels") is not None:
-        importlib.import_module("kernels.sdpa_shim")
+    if importlib.util.find_spec("attnforge_kernels") is not None:
+        importlib.import_module("attnforge_kernels.sdpa_shim")
     if torch.cuda.is_available():
         torch.zeros(1, device="cuda")
 
@@ -459,7 +460,7 @@ def kernel_source(torch, spec: AppModel, impl: Impl, ran: bool, hub: list[str]) 
         where = getattr(fa, "__file__", None) or "?"
         return f"the image's flash_attn {getattr(fa, '__version__', '?')} ({where})"
     if impl.shim:
-        return "the bundled kernels (kernels.sdpa_shim) behind torch's SDPA"
+        return "the bundled kernels (attnforge_kernels.sdpa_shim) behind torch's SDPA"
     if impl.reference and impl.name != "_native_math":
         return f"{spec.app} eager attention (matmul + softmax)"
     return f"torch's SDPA (torch {torch.__version__})"
@@ -583,7 +584,7 @@ def _run_impl(setup: _Setup, impl: Impl) -> tuple[dict[str, Any], list[str]]:
         try:
             _select(setup.spec, model, impl)
             if impl.shim:
-                shim = importlib.import_module("kernels.sdpa_shim")
+                shim = importlib.import_module("attnforge_kernels.sdpa_shim")
                 shim.reset_stats()
                 shim.enable()
             with setup.sdpa.captured_warnings() as seen:

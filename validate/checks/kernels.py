@@ -1,9 +1,9 @@
-"""Bundled kernels: list the cases of ``kernels.check`` and run each in its own process.
+"""Bundled kernels: list the cases of ``attnforge_kernels.check`` and run each in its own process.
 
-Contract with the kernels package: ``kernels.check.list_cases(quick) -> list[str]``,
-``kernels.check.run_case(name) -> {"status", "message", "metrics"}``, optionally
-``kernels.check.unavailable() -> str`` (why no case can run here, '' when they can), and
-``kernels.sdpa_shim.stats() -> {"routed", "fallback", "reasons"}``.
+Contract with the kernels package: ``attnforge_kernels.check.list_cases(quick) -> list[str]``,
+``attnforge_kernels.check.run_case(name) -> {"status", "message", "metrics"}``, optionally
+``attnforge_kernels.check.unavailable() -> str`` (why no case can run here, '' when they can), and
+``attnforge_kernels.sdpa_shim.stats() -> {"routed", "fallback", "reasons"}``.
 
 Without a GPU the cases run in Triton's CPU interpreter (``TRITON_INTERPRET=1``, set in the
 check's own process), where ``list_cases`` names a few tiny ones: the cpu stack then shows that
@@ -39,7 +39,7 @@ def _interpret_without_gpu(ctx) -> bool:
 
 def _import_check():
     try:
-        return importlib.import_module("kernels.check"), None
+        return importlib.import_module("attnforge_kernels.check"), None
     except ImportError as exc:
         return None, f"the kernels package is not importable ({type(exc).__name__}: {exc})"
 
@@ -66,8 +66,8 @@ def warm_up(params: dict[str, Any]) -> None:
     gpu = torch.cuda.is_available()
     if not gpu:
         os.environ["TRITON_INTERPRET"] = "1"
-    check = importlib.import_module("kernels.check")
-    importlib.import_module("kernels.api.flash_attn")
+    check = importlib.import_module("attnforge_kernels.check")
+    importlib.import_module("attnforge_kernels.api.flash_attn")
     if not gpu or os.environ.get("TRITON_INTERPRET") == "1":
         return
     torch.zeros(1, device="cuda")
@@ -87,7 +87,7 @@ def warm_up(params: dict[str, Any]) -> None:
 
 def list_cases(params: dict[str, Any], ctx) -> dict[str, Any]:
     interpreter = _interpret_without_gpu(ctx)
-    ctx.progress("import kernels.check")
+    ctx.progress("import attnforge_kernels.check")
     mod, why = _import_check()
     if mod is None:
         return {"status": "skip", "message": why, "observations": {"kernels.present": False}}
@@ -95,10 +95,10 @@ def list_cases(params: dict[str, Any], ctx) -> dict[str, Any]:
     if fn is None:
         return {
             "status": "fail",
-            "message": "kernels.check has no list_cases(quick)",
+            "message": "attnforge_kernels.check has no list_cases(quick)",
             "observations": {"kernels.present": True},
         }
-    ctx.progress("kernels.check.list_cases")
+    ctx.progress("attnforge_kernels.check.list_cases")
     cases = [str(c) for c in fn(bool(ctx.quick))]
     # Optional in the contract: unavailable() -> "" or why the cases cannot run on this machine.
     why_not = getattr(mod, "unavailable", lambda: "")()
@@ -125,7 +125,7 @@ def run_case(params: dict[str, Any], ctx) -> dict[str, Any]:
     mod, why = _import_check()
     if mod is None:
         return {"status": "skip", "message": why}
-    ctx.progress(f"kernels.check.run_case({name!r})")
+    ctx.progress(f"attnforge_kernels.check.run_case({name!r})")
     res = mod.run_case(name)
     if not isinstance(res, dict) or res.get("status") not in CASE_STATUSES:
         return {
@@ -139,7 +139,7 @@ def run_case(params: dict[str, Any], ctx) -> dict[str, Any]:
     }
     details: dict[str, Any] = {}
     try:
-        shim = importlib.import_module("kernels.sdpa_shim")
+        shim = importlib.import_module("attnforge_kernels.sdpa_shim")
         stats = shim.stats()
         details["shim_stats"] = stats
         for key in ("routed", "fallback"):

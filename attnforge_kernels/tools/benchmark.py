@@ -1,0 +1,706 @@
+"""Benchmark: the kernels against PyTorch SDPA's flash and cuDNN backends, on one GPU, in one run.
+
+FLOPs are counted as flash-attention does (perf.md section 0): forward 4*b*h*sq*sk*d, halved when
+causal; forward+backward 3.5x that. Times are medians of ``triton.testing.do_bench``.
+
+    python -m attnforge_kernels.bench [--quick] [--json FILE] [--variant NAME=JSON ...]
+    python -m attnforge_kernels.bench --workloads [--layout bshd|bhsd|both] [--mode fwd|fwd+bwd]
+    python -m attnforge_kernels.bench --decode [--quick] [--splits N,N,...] [--batches N,...]
+                                               [--caches N,...] [--gpu-time]
+    python -m attnforge_kernels.bench --host
+    python -m attnforge_kernels.bench --dispatch
+
+The sweep shapes are made as (b, h, s, d) tensors and handed to the kernels as BSHD views (SDPA's
+layout, transposed). ``--workloads`` times the shapes of ``contract/workloads.py`` (SD 1.5, SDXL,
+Qwen-Image, LLM GQA prefill) in either storage: ``bshd`` (contiguous (b, s, h, d), what
+flash_attn callers and diffusers' projections give; SDPA gets the transposed view) or ``bhsd``
+(contiguous (b, h, s, d); the kernels get the transposed view).
+
+``--decode`` times one decoding step through ``flash_attn_with_kvcache`` (GQA 32/8 heads, d=128,
+bf16, one query token, the whole cache visible) against every SDPA backend fed the same cache:
+the (b, s, h, d) cache transposed to SDPA's (b, h, s, d) view with ``enable_gqa=True``, no copy.
+``--splits`` times ours at those ``num_splits`` too (``ours-sN``), the data for a family's row of
+``attnforge_kernels.device.decode.DECODE_SPLIT_WAVES``. ``--gpu-time`` times each step as the GPU's
+work alone (CUDA graphs of flushed steps less the flushes), without the launch gaps ``do_bench``
+includes. ``--host`` times back-to-back calls with no L2 flush (the larger of host and GPU time per
+call): a forward at a tiny shape, and a decoding step at batch 1 with 4096 keys, without and with a
+new key appended (flash_attn's decoding loop), ours also unplanned (the full path every call).
+``--dispatch`` times the default path against the all-Triton path and Gluon on Hopper
+(attnforge_kernels/tools/dispatch.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+SHAPES = [
+    # (b, h, s, d, causal, mode)
+    (4, 16, 4096, 128, False, "fwd"),
+    (4, 16, 4096, 128, True, "fwd"),
+    (4, 16, 4096, 128, False, "fwd+bwd"),
+    (4, 16, 4096, 128, True, "fwd+bwd"),
+    (1, 24, 6032, 128, False, "fwd"),
+    (1, 24, 6889, 128, False, "fwd"),
+    (1, 24, 6889, 128, False, "fwd+bwd"),
+    (4, 32, 4096, 64, False, "fwd"),
+    (4, 32, 4096, 64, True, "fwd"),
+    (4, 32, 4096, 64, False, "fwd+bwd"),
+    (16, 32, 1024, 64, False, "fwd"),
+    (2, 10, 4096, 64, False, "fwd"),  # SDXL 1024^2, 640-ch level
+]
+QUICK = [SHAPES[0], SHAPES[1], SHAPES[2], SHAPES[4]]
+MEMORY_SHAPE = (1, 16, 32768, 128)
+
+
+def flops(b, h, s, d, causal, mode) -> float:
+    f = 4.0 * b * h * s * s * d / (2 if causal else 1)
+    return f if mode == "fwd" else 3.5 * f
+
+
+def _providers(variants: dict):
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from ..api.flash_attn import flash_attn_func
+
+    def ours(spec):
+        def run(q, k, v, causal):
+            return flash_attn_func(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal
+            ).transpose(1, 2)
+
+        # The config override must cover the backward too, which runs outside this call:
+        # _time and _peak hold it around the whole step.
+        run.config_override = spec or ""
+        return run
+
+    def sdpa(backend):
+        def run(q, k, v, causal):
+            with sdpa_kernel([backend]):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+        return run
+
+    provs = {"ours": ours(None)}
+    for name, spec in variants.items():
+        provs[f"ours[{name}]"] = ours(spec)
+    provs["sdpa-flash"] = sdpa(SDPBackend.FLASH_ATTENTION)
+    provs["sdpa-cudnn"] = sdpa(SDPBackend.CUDNN_ATTENTION)
+    return provs
+
+
+def _time_each(provs: dict, time_ms, work: float) -> tuple[dict, dict, dict]:
+    """``time_ms(fn)`` for every provider, and the rate ``work / ms`` (work in the rate's unit
+    times a millisecond: TFLOP/s from flops / 1e9, GB/s from bytes / 1e6): (ms, rate and error,
+    each by name). A backend that cannot run a shape gets None and its error, never fatal."""
+    times: dict = {}
+    rates: dict = {}
+    errors: dict = {}
+    for name, fn in provs.items():
+        try:
+            ms = time_ms(fn)
+            times[name], rates[name] = ms, work / ms
+        except Exception as e:  # reported, not fatal
+            times[name] = rates[name] = None
+            errors[name] = f"{type(e).__name__}: {str(e)[:200]}"
+    return times, rates, errors
+
+
+def _time(fn, q, k, v, causal, mode):
+    spec = getattr(fn, "config_override", None)
+    if spec is None:
+        return _time_inner(fn, q, k, v, causal, mode)
+    from ..device import configs
+
+    with configs.overridden(spec or None):
+        return _time_inner(fn, q, k, v, causal, mode)
+
+
+def _time_inner(fn, q, k, v, causal, mode):
+    import torch
+    from triton.testing import do_bench
+
+    if mode == "fwd":
+        with torch.no_grad():
+            return do_bench(lambda: fn(q, k, v, causal), warmup=25, rep=200, return_mode="median")
+    qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+    do = torch.randn_like(q)
+
+    def step():
+        fn(qg, kg, vg, causal).backward(do)
+
+    return do_bench(step, warmup=25, rep=200, grad_to_none=[qg, kg, vg], return_mode="median")
+
+
+def _peak(fn, shape):
+    import torch
+
+    b, h, s, d = shape
+    torch.cuda.empty_cache()
+    q, k, v = (
+        torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        for _ in range(3)
+    )
+    do = torch.randn_like(q)
+    fn(q, k, v, False).backward(do)  # warm-up: compile, workspaces
+    q.grad = k.grad = v.grad = None
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn(q, k, v, False).backward(do)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated()
+    del q, k, v, do
+    return base, peak
+
+
+WORKLOADS = ("sd15", "sdxl", "qwen-image", "llm")
+
+
+def workload_shapes() -> list[dict]:
+    """Every default shape of the workloads (contract.workloads), in their dtypes."""
+    from contract import workloads
+
+    return [sh for name in WORKLOADS for sh in workloads.shapes(name, None)]
+
+
+def workload_flops(sh: dict, mode: str) -> float:
+    """flash-attention's count, with the causal half for sq == sk (the workloads' causal case)."""
+    f = 4.0 * sh["b"] * sh["h"] * sh["sq"] * sh["sk"] * sh["d"] / (2 if sh["causal"] else 1)
+    return f if mode == "fwd" else 3.5 * f
+
+
+def _workload_providers(variants: dict):
+    """(name -> fn(q, k, v, causal) on BSHD-shaped views); SDPA gets the BHSD transpose."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from ..api.flash_attn import flash_attn_func
+
+    def ours(spec):
+        def run(q, k, v, causal):
+            return flash_attn_func(q, k, v, causal=causal)
+
+        run.config_override = spec or ""
+        return run
+
+    def sdpa(backend):
+        def run(q, k, v, causal):
+            gqa = {"enable_gqa": True} if k.shape[2] != q.shape[2] else {}
+            with sdpa_kernel([backend]):
+                o = F.scaled_dot_product_attention(
+                    q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal,
+                    **gqa,
+                )  # fmt: skip
+            return o.transpose(1, 2)
+
+        return run
+
+    provs = {"ours": ours(None)}
+    for name, spec in variants.items():
+        provs[f"ours[{name}]"] = ours(spec)
+    provs["sdpa-flash"] = sdpa(SDPBackend.FLASH_ATTENTION)
+    provs["sdpa-cudnn"] = sdpa(SDPBackend.CUDNN_ATTENTION)
+    return provs
+
+
+def _make(b, s, h, d, dtype, layout: str):
+    """A (b, s, h, d)-shaped tensor stored as ``layout`` (bshd contiguous, or a bhsd transpose)."""
+    import torch
+
+    if layout == "bshd":
+        return torch.randn(b, s, h, d, device="cuda", dtype=dtype)
+    return torch.randn(b, h, s, d, device="cuda", dtype=dtype).transpose(1, 2)
+
+
+def run_workloads(layouts, modes, variants: dict) -> dict:
+    """TFLOP/s of the workload shapes, per storage layout and mode."""
+    import torch
+
+    torch.manual_seed(0)
+    provs = _workload_providers(variants)
+    dtypes = {"fp16": torch.float16, "bf16": torch.bfloat16}
+    rows = []
+    for sh in workload_shapes():
+        b, h, hkv, sq, sk, d = (sh[k] for k in ("b", "h", "hkv", "sq", "sk", "d"))
+        dt = dtypes[sh["dtype"]]
+        for layout in layouts:
+            q, k, v = (
+                _make(b, n, heads, d, dt, layout) for n, heads in ((sq, h), (sk, hkv), (sk, hkv))
+            )
+            for mode in modes:
+                times, rates, errors = _time_each(
+                    provs,
+                    lambda fn, a=(q, k, v, sh["causal"], mode): _time(fn, *a),
+                    workload_flops(sh, mode) / 1e9,
+                )
+                row = {"name": sh["name"], "layout": layout, "mode": mode, "tflops": rates,
+                       "ms": times, **({"errors": errors} if errors else {})}  # fmt: skip
+                rows.append(row)
+                cells = " ".join(
+                    f"{n}={t:7.1f}" if t is not None else f"{n}=   n/a"
+                    for n, t in row["tflops"].items()
+                )
+                print(f"{sh['name']:40s} {layout} {mode:8s} {cells}", flush=True)
+            del q, k, v
+    return {"workload_rows": rows}
+
+
+def workload_table(result) -> str:
+    """Markdown table of the workload rows: TFLOP/s and ours / SDPA-flash."""
+    rows = result["workload_rows"]
+    names = list(rows[0]["tflops"]) if rows else []
+    lines = [
+        "| shape | layout | mode | " + " | ".join(names) + " | ours/flash |",
+        "|" + "---|" * (len(names) + 4),
+    ]
+    for r in rows:
+        tf = r["tflops"]
+        ratio = (
+            f"{tf['ours'] / tf['sdpa-flash']:.2f}"
+            if tf.get("ours") and tf.get("sdpa-flash")
+            else "n/a"
+        )
+        cells = " | ".join(f"{tf[n]:.1f}" if tf[n] is not None else "n/a" for n in names)
+        lines.append(f"| {r['name']} | {r['layout']} | {r['mode']} | {cells} | {ratio} |")
+    return "\n".join(lines)
+
+
+DECODE_BATCHES = (1, 8, 32, 64)
+DECODE_CACHES = (4096, 16384, 65536, 131072)
+DECODE_HEADS = (32, 8, 128)  # query heads, KV heads, head dim
+
+
+def _decode_providers(splits=()):
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from ..api.kvcache import flash_attn_with_kvcache
+
+    def ours(q, kc, vc):
+        return flash_attn_with_kvcache(q, kc, vc)
+
+    def sdpa(backend):
+        def run(q, kc, vc):
+            with sdpa_kernel([backend]):
+                return F.scaled_dot_product_attention(
+                    q.transpose(1, 2), kc.transpose(1, 2), vc.transpose(1, 2), enable_gqa=True
+                )
+
+        return run
+
+    def ours_at(n):
+        return lambda q, kc, vc: flash_attn_with_kvcache(q, kc, vc, num_splits=n)
+
+    return {
+        "ours": ours,
+        **{f"ours-s{n}": ours_at(n) for n in splits},
+        "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION),
+        "sdpa-efficient": sdpa(SDPBackend.EFFICIENT_ATTENTION),
+        "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
+    }
+
+
+def graph_ms(fn, steps: int = 20, rounds: int = 5) -> float:
+    """GPU time of one call of ``fn`` alone, in ms: a CUDA graph of ``steps`` calls, each after
+    ``do_bench``'s 256 MB L2 flush, less a graph of the flushes alone (medians of ``rounds``
+    replays). No host time and no launch gaps; the warm-up runs on the capture stream, so what a
+    kernel keeps per stream (the split scratch) exists before the capture."""
+    import statistics
+
+    import torch
+
+    flush = torch.empty(int(256e6 // 4), dtype=torch.int, device="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graphs = []
+    for with_fn in (True, False):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=stream):
+            for _ in range(steps):
+                flush.zero_()
+                if with_fn:
+                    fn()
+        graphs.append(g)
+
+    def replay_ms(g) -> float:
+        times = []
+        for _ in range(rounds):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            g.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return statistics.median(times)
+
+    for g in graphs:
+        g.replay()  # the first replay uploads the graph
+    return (replay_ms(graphs[0]) - replay_ms(graphs[1])) / steps
+
+
+def run_decode(
+    batches=DECODE_BATCHES, caches=DECODE_CACHES, splits=(), gpu_time: bool = False
+) -> dict:
+    """Microseconds per decoding step and the K/V read rate (GB/s), per batch and cache length:
+    medians of ``do_bench`` (with the host's launch gaps), or with ``gpu_time`` the GPU's time
+    alone (:func:`graph_ms`)."""
+    import torch
+    from triton.testing import do_bench
+
+    torch.manual_seed(0)
+    hq, hk, d = DECODE_HEADS
+    provs = _decode_providers(splits)
+    rows = []
+    for b in batches:
+        for s in caches:
+            q = torch.randn(b, 1, hq, d, device="cuda", dtype=torch.bfloat16)
+            kc, vc = (
+                torch.randn(b, s, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2)
+            )
+            kv_bytes = 2 * kc.numel() * kc.element_size()
+
+            def step_ms(fn, a=(q, kc, vc)):
+                with torch.no_grad():
+                    if gpu_time:
+                        return graph_ms(lambda: fn(*a))
+                    return do_bench(lambda: fn(*a), warmup=25, rep=100, return_mode="median")
+
+            times, rates, errors = _time_each(provs, step_ms, kv_bytes / 1e6)
+            row = {"batch": b, "cache": s,
+                   "us": {n: None if ms is None else ms * 1e3 for n, ms in times.items()},
+                   "gbps": rates, **({"errors": errors} if errors else {})}  # fmt: skip
+            rows.append(row)
+            cells = " ".join(
+                f"{n}={t:8.1f}us" if t is not None else f"{n}=     n/a"
+                for n, t in row["us"].items()
+            )
+            print(f"decode b={b:3d} cache={s:6d} {cells}", flush=True)
+            del q, kc, vc, step_ms  # step_ms holds the cache too: free it before the next
+            torch.cuda.empty_cache()
+    return {"decode_rows": rows, "heads": list(DECODE_HEADS), "gpu_time": gpu_time}
+
+
+def decode_table(result) -> str:
+    """Markdown table of the decode rows: µs per step, K/V GB/s, ours against the best SDPA."""
+    rows = result["decode_rows"]
+    names = list(rows[0]["us"]) if rows else []
+    lines = [
+        "| batch | cache | " + " | ".join(f"{n} µs" for n in names)
+        + " | ours GB/s | best SDPA | ours/best |",
+        "|" + "---|" * (len(names) + 5),
+    ]  # fmt: skip
+    for r in rows:
+        us = r["us"]
+        sdpa = {n: t for n, t in us.items() if not n.startswith("ours") and t is not None}
+        best = min(sdpa, key=sdpa.get) if sdpa else None
+        ratio = f"{sdpa[best] / us['ours']:.2f}" if best and us.get("ours") else "n/a"
+        cells = " | ".join(f"{us[n]:.1f}" if us[n] is not None else "n/a" for n in names)
+        gb = r["gbps"].get("ours")
+        lines.append(
+            f"| {r['batch']} | {r['cache']} | {cells} | {f'{gb:.0f}' if gb else 'n/a'} | "
+            f"{best or 'n/a'} | {ratio} |"
+        )
+    return "\n".join(lines)
+
+
+def host_time(calls: int = 2000) -> dict:
+    """Microseconds per call, back to back with no L2 flush between them (the larger of the
+    host's and the GPU's time per call): the forward at a tiny shape (1, 16, 1, 64), and one
+    decoding step at batch 1 with 4096 keys (the ``--decode`` table's first row, where the GPU
+    takes about 20 µs and the flush in ``do_bench`` hides a host time below about 80 µs),
+    without and with a new key appended at ``cache_seqlens``; ours also with the launch plans
+    off (``launch.ENABLED``: the checks, choices and Triton's launch path every call)."""
+    import time
+
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from ..api.flash_attn import flash_attn_func
+
+    q, k, v = (torch.randn(1, 16, 1, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+
+    def sdpa():
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+            return F.scaled_dot_product_attention(qt, kt, vt)
+
+    hq, hk, d = DECODE_HEADS
+    dq = torch.randn(1, 1, hq, d, device="cuda", dtype=torch.bfloat16)
+    kc, vc = (torch.randn(1, 4096, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    decode = _decode_providers()
+    fns = {"ours": lambda: flash_attn_func(q, k, v), "sdpa-flash": sdpa}
+    for name in ("ours", "sdpa-flash", "sdpa-cudnn"):
+        fns[f"decode b1 x 4096: {name}"] = lambda fn=decode[name]: fn(dq, kc, vc)
+    # A loop's step as flash_attn's API is meant for: the new token's key and value appended at
+    # cache_seqlens (the same row every call here), attention over the cache up to it.
+    from ..api.kvcache import flash_attn_with_kvcache
+    from ..launch import plans as launch
+
+    kn, vn = (torch.randn(1, 1, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    lens = torch.full((1,), 4000, dtype=torch.int32, device="cuda")
+
+    def append():
+        return flash_attn_with_kvcache(dq, kc, vc, kn, vn, cache_seqlens=lens, causal=True)
+
+    def unplanned(fn):
+        def go():
+            launch.ENABLED, enabled = False, launch.ENABLED
+            try:
+                return fn()
+            finally:
+                launch.ENABLED = enabled
+
+        return go
+
+    fns["decode b1 x 4096 + append: ours"] = append
+    fns["decode b1 x 4096 + append: ours, unplanned"] = unplanned(append)
+    fns["decode b1 x 4096: ours, unplanned"] = unplanned(lambda: decode["ours"](dq, kc, vc))
+    out = {}
+    for name, fn in fns.items():
+        with torch.no_grad():
+            for _ in range(50):
+                fn()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+        out[name] = (time.perf_counter() - t0) / calls * 1e6
+        print(f"host {name}: {out[name]:.1f} us per call", flush=True)
+    return out
+
+
+def breakdown(shape=(4, 16, 4096, 128), causal=False, iters=10) -> dict:
+    """Average GPU time per kernel name over fwd+bwd steps (torch.profiler)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from ..api.flash_attn import flash_attn_func
+
+    b, h, s, d = shape
+    q, k, v = (
+        torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        for _ in range(3)
+    )
+    do = torch.randn_like(q)
+    for _ in range(3):
+        flash_attn_func(q, k, v, causal=causal).backward(do)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            flash_attn_func(q, k, v, causal=causal).backward(do)
+        torch.cuda.synchronize()
+    out = {}
+    for e in prof.key_averages():
+        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if t:
+            out[e.key[:60]] = t / iters / 1000.0
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def run(shapes, variants: dict, memory: bool = True) -> dict:
+    import torch
+
+    torch.manual_seed(0)
+    provs = _providers(variants)
+    rows = []
+    for b, h, s, d, causal, mode in shapes:
+        q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        times, rates, errors = _time_each(
+            provs,
+            lambda fn, a=(q, k, v, causal, mode): _time(fn, *a),
+            flops(b, h, s, d, causal, mode) / 1e9,
+        )
+        row = {"shape": [b, h, s, d], "causal": causal, "mode": mode, "tflops": rates,
+               "ms": times, **({"errors": errors} if errors else {})}  # fmt: skip
+        rows.append(row)
+        print(_fmt_row(row), flush=True)
+        del q, k, v
+    result = {"rows": rows}
+    if memory:
+        mem = {}
+        for name in ("ours", "sdpa-flash", "sdpa-cudnn"):
+            try:
+                base, peak = _peak(provs[name], MEMORY_SHAPE)
+                mem[name] = {"inputs_bytes": base, "peak_bytes": peak}
+            except Exception as e:
+                mem[name] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+        result["memory"] = {"shape": list(MEMORY_SHAPE), "mode": "fwd+bwd", "bf16": True, **mem}
+    return result
+
+
+def _fmt_row(row) -> str:
+    b, h, s, d = row["shape"]
+    tf = row["tflops"]
+    cells = " ".join(f"{k}={v:7.1f}" if v is not None else f"{k}=   n/a" for k, v in tf.items())
+    return f"({b},{h},{s},{d}) {'causal' if row['causal'] else 'full  '} {row['mode']:8s} {cells}"
+
+
+def table(result) -> str:
+    """Markdown table of TFLOP/s with ratios against SDPA-flash and cuDNN."""
+    rows = result["rows"]
+    names = list(rows[0]["tflops"]) if rows else []
+    head = (
+        "| shape (b,h,s,d) | causal | mode | " + " | ".join(names) + " | ours/flash | ours/cuDNN |"
+    )
+    lines = [head, "|" + "---|" * (len(names) + 5)]
+    for r in rows:
+        tf = r["tflops"]
+
+        def ratio(other, tf=tf):
+            return f"{tf['ours'] / tf[other]:.2f}" if tf.get("ours") and tf.get(other) else "n/a"
+
+        cells = " | ".join(f"{tf[n]:.1f}" if tf[n] is not None else "n/a" for n in names)
+        lines.append(
+            f"| {tuple(r['shape'])} | {'yes' if r['causal'] else 'no'} | {r['mode']} | {cells} | "
+            f"{ratio('sdpa-flash')} | {ratio('sdpa-cudnn')} |"
+        )
+    mem = result.get("memory")
+    if mem:
+        lines.append("")
+        lines.append(
+            f"Memory, fwd+bwd at {tuple(mem['shape'])} bf16 (peak allocated, inputs included):"
+        )
+        for name in ("ours", "sdpa-flash", "sdpa-cudnn"):
+            m = mem.get(name, {})
+            if "peak_bytes" in m:
+                lines.append(
+                    f"- {name}: peak {m['peak_bytes'] / 2**20:.0f} MiB (before the call: "
+                    f"{m['inputs_bytes'] / 2**20:.0f} MiB)"
+                )
+            else:
+                lines.append(f"- {name}: {m.get('error')}")
+    return "\n".join(lines)
+
+
+def _ints(value: str) -> tuple[int, ...]:
+    return tuple(int(n) for n in value.split(","))
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="python -m attnforge_kernels.bench", description=__doc__.splitlines()[0]
+    )
+    ap.add_argument("--quick", action="store_true", help="four shapes only")
+    ap.add_argument("--no-memory", action="store_true")
+    ap.add_argument("--json", help="write results here")
+    ap.add_argument("--mode", choices=("fwd", "fwd+bwd"), help="only shapes of this mode")
+    ap.add_argument("--breakdown", action="store_true", help="per-kernel times at (4,16,4096,128)")
+    ap.add_argument(
+        "--workloads", action="store_true", help="the shapes of contract/workloads.py instead"
+    )
+    ap.add_argument(
+        "--layout",
+        choices=("bshd", "bhsd", "both"),
+        default="both",
+        help="--workloads: storage of q/k/v (default both)",
+    )
+    ap.add_argument(
+        "--decode", action="store_true", help="flash_attn_with_kvcache decoding against SDPA"
+    )
+    ap.add_argument(
+        "--splits",
+        type=_ints,
+        default=(),
+        help="--decode: also time ours at these num_splits (comma-separated)",
+    )
+    ap.add_argument("--batches", type=_ints, help="--decode: these batch sizes (comma-separated)")
+    ap.add_argument("--caches", type=_ints, help="--decode: these cache lengths (comma-separated)")
+    ap.add_argument(
+        "--gpu-time",
+        action="store_true",
+        help="--decode: the GPU's time per step alone (CUDA graphs of flushed steps) instead of "
+        "do_bench's, which includes the host's launch gaps",
+    )
+    ap.add_argument(
+        "--host",
+        action="store_true",
+        help="back-to-back time per call: a tiny forward, a batch-1 decoding step (and with an "
+        "appended key)",
+    )
+    ap.add_argument(
+        "--dispatch",
+        action="store_true",
+        help="the Hopper dispatch sweep: default path against all-Triton and Gluon "
+        "(GQA 1/4/7/8, causal, 512-32k tokens, d=64/128)",
+    )
+    ap.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="NAME=JSON config override (see attnforge_kernels.device.configs.override) to time as well",
+    )
+    return ap
+
+
+def _write(result: dict, path: str | None) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+def _report(result: dict, args, render) -> int:
+    """Stamp ``result`` with the device and torch, write it to ``--json`` and print
+    ``render(result)``."""
+    import torch
+
+    result["device"] = torch.cuda.get_device_name()
+    result["torch"] = torch.__version__
+    _write(result, args.json)
+    print(render(result))
+    return 0
+
+
+def _decode(args) -> int:
+    sizes = dict(batches=(1, 64), caches=(4096, 131072)) if args.quick else {}
+    if args.batches:
+        sizes["batches"] = args.batches
+    if args.caches:
+        sizes["caches"] = args.caches
+    return _report(run_decode(splits=args.splits, gpu_time=args.gpu_time, **sizes), args,
+                   decode_table)  # fmt: skip
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("no GPU: nothing to benchmark", file=sys.stderr)
+        return 2
+    variants = dict(v.split("=", 1) for v in args.variant)
+    if args.host:
+        _write({"host_us": host_time()}, args.json)
+        return 0
+    if args.decode:
+        return _decode(args)
+    if args.dispatch:
+        from .dispatch import dispatch_table, run_dispatch
+
+        return _report(run_dispatch(), args, dispatch_table)
+    if args.workloads:
+        layouts = ("bshd", "bhsd") if args.layout == "both" else (args.layout,)
+        modes = (args.mode,) if args.mode else ("fwd", "fwd+bwd")
+        return _report(run_workloads(layouts, modes, variants), args, workload_table)
+    if args.breakdown:
+        for causal in (False, True):
+            print(f"per-kernel ms, fwd+bwd, causal={causal}:")
+            for name, ms in breakdown(causal=causal).items():
+                print(f"  {ms:8.3f}  {name}")
+    shapes = QUICK if args.quick else SHAPES
+    if args.mode:
+        shapes = [s for s in shapes if s[5] == args.mode]
+    return _report(run(shapes, variants, memory=not args.no_memory), args, table)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

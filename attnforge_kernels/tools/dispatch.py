@@ -1,0 +1,121 @@
+"""The Hopper dispatch sweep (``python -m attnforge_kernels.bench --dispatch``): the default path
+against the all-Triton path (what AMD GPUs run) and against Gluon wherever it applies, over GQA
+ratios, causal and not, sequence lengths and head dims, forward and forward+backward, in bf16.
+
+The default path must never be much slower than its own fallback: its time over the all-Triton
+path's is the figure to watch (at most 1.03 is the target), and Gluon's time over Triton's at
+each length is the data ``attnforge_kernels.device.configs.GLUON_MIN_SEQ`` is read from.
+"""
+
+from __future__ import annotations
+
+import json
+
+# GQA ratio -> (query heads, key/value heads)
+RATIOS = {1: (16, 16), 4: (32, 8), 7: (28, 4), 8: (32, 4)}
+SEQS = (512, 1024, 2048, 4096, 8192, 16384, 32768)
+HEAD_DIMS = (64, 128)
+TOKENS = 8192  # batch * sequence, so that short sequences still fill the GPU
+PATHS = {
+    "default": None,
+    "triton": {"gluon_fwd": False, "gluon_bwd": False},
+    "gluon": {"gluon_fwd_min_seq": 0, "gluon_bwd_min_seq": 0},
+}
+TARGET = 1.03
+
+
+def _timings(q, k, v, causal: bool) -> dict:
+    """{mode: {path: ms}} for one shape, each path under its config override."""
+    import torch
+
+    from ..api.flash_attn import flash_attn_func
+
+    qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+    do = torch.randn_like(q)
+
+    def fwd():
+        with torch.no_grad():
+            flash_attn_func(q, k, v, causal=causal)
+
+    def step():
+        flash_attn_func(qg, kg, vg, causal=causal).backward(do)
+
+    out: dict = {"fwd": {}, "fwd+bwd": {}}
+    for path, spec in PATHS.items():
+        text = json.dumps(spec) if spec else None
+        out["fwd"][path] = _timer(fwd, text, None)
+        out["fwd+bwd"][path] = _timer(step, text, [qg, kg, vg])
+    return out
+
+
+def _timer(fn, spec: str | None, grads) -> float:
+    from triton.testing import do_bench
+
+    from ..device import configs
+
+    with configs.overridden(spec):
+        return do_bench(fn, warmup=10, rep=50, grad_to_none=grads, return_mode="median")
+
+
+def run_dispatch(seqs=SEQS, head_dims=HEAD_DIMS, gqa=tuple(RATIOS)) -> dict:
+    """Every shape of the sweep, its times per path and mode, printed as it goes."""
+    import torch
+
+    torch.manual_seed(0)
+    rows = []
+    for d in head_dims:
+        for s in seqs:
+            b = max(1, TOKENS // s)
+            for ratio in gqa:
+                hq, hkv = RATIOS[ratio]
+                for causal in (False, True):
+                    q = torch.randn(b, s, hq, d, device="cuda", dtype=torch.bfloat16)
+                    k, v = (torch.randn(b, s, hkv, d, device="cuda", dtype=q.dtype) for _ in "kv")
+                    row = {"d": d, "s": s, "b": b, "hq": hq, "hkv": hkv, "causal": causal,
+                           "ms": _timings(q, k, v, causal)}  # fmt: skip
+                    rows.append(row)
+                    print(_line(row), flush=True)
+    return {"dispatch_rows": rows}
+
+
+def ratios(row: dict, mode: str) -> tuple[float, float]:
+    """(default / triton, gluon / triton) of one row's times in one mode."""
+    ms = row["ms"][mode]
+    return ms["default"] / ms["triton"], ms["gluon"] / ms["triton"]
+
+
+def _line(row: dict) -> str:
+    cells = " ".join(
+        f"{mode} default/triton={ratios(row, mode)[0]:.3f} gluon/triton={ratios(row, mode)[1]:.3f}"
+        for mode in ("fwd", "fwd+bwd")
+    )
+    shape = f"d={row['d']} s={row['s']:6d} b={row['b']:2d} h={row['hq']}/{row['hkv']}"
+    return f"{shape} causal={int(row['causal'])} {cells}"
+
+
+def dispatch_table(result: dict) -> str:
+    """Markdown: per head dim and sequence length, the range of default/triton and gluon/triton
+    over the GQA ratios and causal; then the worst default/triton and how many rows exceed the
+    target."""
+    rows = result["dispatch_rows"]
+    lines = [
+        "| d | tokens | fwd default/triton | fwd gluon/triton | fwd+bwd default/triton "
+        "| fwd+bwd gluon/triton |",
+        "|---|---|---|---|---|---|",
+    ]
+    for d in sorted({r["d"] for r in rows}):
+        for s in sorted({r["s"] for r in rows if r["d"] == d}):
+            sel = [r for r in rows if r["d"] == d and r["s"] == s]
+            cells = []
+            for mode in ("fwd", "fwd+bwd"):
+                for i in (0, 1):
+                    values = [ratios(r, mode)[i] for r in sel]
+                    cells.append(f"{min(values):.2f}-{max(values):.2f}")
+            lines.append(f"| {d} | {s} | " + " | ".join(cells) + " |")
+    worst = max(ratios(r, m)[0] for r in rows for m in ("fwd", "fwd+bwd"))
+    over = sum(ratios(r, m)[0] > TARGET for r in rows for m in ("fwd", "fwd+bwd"))
+    lines.append("")
+    lines.append(
+        f"default/triton worst {worst:.3f}; {over} of {2 * len(rows)} timings above {TARGET}"
+    )
+    return "\n".join(lines)
