@@ -22,10 +22,11 @@ RUN --mount=type=secret,id=ca,required=false \
         "transformers==${TRANSFORMERS_VERSION}" "diffusers==${DIFFUSERS_VERSION}" \
  && pip check
 
-# No attention kernel fetched from the Hub at run time: transformers (5.23 optionally, 5.25 always)
-# can fall back from flash_attention_2 to kernels.get_kernel("kernels-community/flash-attn2")
-# while USE_HUB_KERNELS is yes, its default (transformers integrations/hub_kernels.py).
-# `python -m validate apps` fails a fallback it sees (validate/checks/apps.py).
+# No Hub kernel mapped in at run time: USE_HUB_KERNELS=NO turns off transformers' kernel mapping
+# (integrations/hub_kernels.py). It does not stop transformers 5.25.0's flash_attention_2 fallback
+# to kernels.get_kernel("kernels-community/flash-attn2"), taken whenever flash_attn is missing and
+# Hugging Face's `kernels` is installed (modeling_utils.py), which is why this layer stays below
+# 5.25 (docs/validation.md). `python -m validate apps` fails a fallback it sees.
 ENV USE_HUB_KERNELS=NO
 
 COPY attnforge-manifest.json /opt/attnforge/versions.json

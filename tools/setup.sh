@@ -188,15 +188,19 @@ wheelhouse() {
 # machine-wide pip constraint (PIP_CONSTRAINT, pip.conf) that caps torch would refuse the pin, so
 # this one install reads none. Made aside and renamed when complete.
 NEWEST_TORCH=("torch==2.15.0" "triton==3.9.0")
+# With the newest transformers (and the diffusers the apps layer pins), whose flash_attention_2
+# falls back to a Hub kernel through Hugging Face's `kernels`, a required dependency since 5.25.0:
+# tests/validate/test_newest_torch.py runs `validate apps` on it.
+NEWEST_APPS=("transformers==5.25.0" "diffusers==0.42.1")
 NEWEST_TORCH_VENV=${NEWEST_TORCH_VENV:-build/newest-torch}
 newest_torch() {
-  local want; want="${NEWEST_TORCH[*]} numpy"
+  local want; want="${NEWEST_TORCH[*]} ${NEWEST_APPS[*]} numpy"
   [ "$(cat "$NEWEST_TORCH_VENV/.pins" 2>/dev/null)" = "$want" ] && return 0
-  say "venv with ${NEWEST_TORCH[*]} at $NEWEST_TORCH_VENV"
+  say "venv with ${NEWEST_TORCH[*]} ${NEWEST_APPS[*]} at $NEWEST_TORCH_VENV"
   rm -rf "$NEWEST_TORCH_VENV.tmp"
   "$PY" -m venv "$NEWEST_TORCH_VENV.tmp"
   local none; none=$(mktemp)
-  PIP_CONSTRAINT=$none "$NEWEST_TORCH_VENV.tmp/bin/pip" install -q "${NEWEST_TORCH[@]}" numpy \
+  PIP_CONSTRAINT=$none "$NEWEST_TORCH_VENV.tmp/bin/pip" install -q "${NEWEST_TORCH[@]}" "${NEWEST_APPS[@]}" numpy \
     || { rm -f "$none"; die "could not install ${NEWEST_TORCH[*]} into $NEWEST_TORCH_VENV.tmp"; }
   rm -f "$none"
   echo "$want" >"$NEWEST_TORCH_VENV.tmp/.pins"
@@ -211,10 +215,17 @@ newest_torch() {
 # first on PYTHONPATH over the venv's torch. Each is written aside and renamed when complete, so an
 # interrupted download or install is redone, not used.
 tritons() {
-  local have v dir wheel
+  local have v dir wheel versions
   have=$("$VENV/bin/python" -c 'import triton; print(triton.__version__)')
+  versions=$("$VENV/bin/python" -m attnforge.tritons --versions)
   mkdir -p "$TRITONS_DIR/wheels"
-  for v in $("$VENV/bin/python" -m attnforge.tritons --versions); do
+  # A folder of a release no stack ships any more, or the venv's own (about 1 GB each), goes.
+  for dir in "$TRITONS_DIR"/triton-*; do
+    [ -d "$dir" ] || continue
+    v=${dir##*/triton-}
+    [ "$v" != "$have" ] && grep -qx -- "$v" <<<"$versions" || rm -rf -- "$dir"
+  done
+  for v in $versions; do
     wheel=$(compgen -G "$TRITONS_DIR/wheels/triton-$v-*.whl" | head -1) || true
     if [ -z "$wheel" ]; then
       say "triton $v wheel into $TRITONS_DIR/wheels"

@@ -97,6 +97,16 @@ def _mirror_with_submodules(
         record(sub.url, sub.commit)
 
 
+def _link_or_copy(source: Path, target: Path) -> None:
+    """A hard link where ``source`` is on the mirror's file system (no second copy of a
+    multi-GB wheel set; the manifest's hashes still catch a later change to either name), else a
+    copy."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
 def assemble(
     dest: Path, needs: Iterable[LayerNeeds], *, local_wheels: Iterable[Path] = (),
     local_repos: Mapping[str, str] | None = None, python_version: str = "3.12",
@@ -113,7 +123,7 @@ def assemble(
     for wheel in local_wheels:
         if dist_of(wheel.name) is None:
             raise UserError(f"--add {wheel}: not a wheel or sdist file name")
-        shutil.copy2(wheel, files / wheel.name)
+        _link_or_copy(wheel, files / wheel.name)
     repos: dict[str, dict[str, Any]] = {}
     for n in needs:
         if n.requirements:

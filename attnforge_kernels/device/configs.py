@@ -280,6 +280,12 @@ class AcceptedSpill:
     spills: int  # AMD: VGPRs spilled; NVIDIA: ptxas spill-store bytes
     scratch_bytes: int
     reason: str
+    # Triton lines, (major, minor), on which this tile compiles without a spill (measured), so the
+    # AOT check of such a line must not find it spilling (tests/kernels/test_aot.py).
+    spill_free_on: tuple[tuple[int, int], ...] = ()
+
+    def spills_on(self, release: tuple[int, int]) -> bool:
+        return release not in self.spill_free_on
 
 
 _HOPPER_DKDV = (
@@ -288,7 +294,8 @@ _HOPPER_DKDV = (
     "(docs/benchmarks.md, 'How the Hopper defaults were chosen' and 'TMA backward')"
 )
 # Spills measured by ``python -m attnforge_kernels.aot --all`` (triton 3.6.0); docs/kernels.md
-# "Known spills".
+# "Known spills". On Triton 3.9 (with the ptxas it ships) the d=64 tile spills nothing and the d=128
+# one 156 bytes (2026-12-04, docs/kernels.md "On every Triton a stack ships").
 ACCEPTED_SPILLS = (
     AcceptedSpill(
         arch="sm90",
@@ -300,6 +307,7 @@ ACCEPTED_SPILLS = (
         reason=_HOPPER_DKDV.format(588, 351, "(4,32,4096,64)", 267)
         + "; it now serves only the calls outside the spill-free Gluon dK/dV kernel's scope "
         "(attnforge_kernels/device/flash_sm90.py: varlen, windows, ALiBi, softcap, strides TMA cannot address)",
+        spill_free_on=((3, 9),),
     ),
     AcceptedSpill(
         arch="sm90",

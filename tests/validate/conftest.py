@@ -20,6 +20,7 @@ def run_validate(*args: str, env: dict | None = None, cwd: Path = REPO, timeout:
     full_env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET",)}
     full_env.pop("VALIDATE_EXTRA_CHECKS", None)
     full_env.pop("VALIDATE_PRELUDE", None)
+    full_env.pop("USE_HUB_KERNELS", None)  # transformers' Hub switch: a test sets it, not the host
     full_env.update(env or {})
     return subprocess.run(
         [sys.executable, "-m", "validate", *args],

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import json
 import textwrap
+from importlib import metadata
 
 import pytest
 
 from validate import contracts, render, suite
+
+# The transformers the runs import (the dev extra's pin, the apps layer's in images).
+TRANSFORMERS = metadata.version("transformers")
 
 pytest.importorskip("transformers")
 pytest.importorskip("diffusers")
@@ -19,8 +23,12 @@ pytest.importorskip("diffusers")
 pytestmark = pytest.mark.slow
 
 
-def run_apps(run_validate, tmp_path, *only: str, prelude: str | None = None):
-    env = {}
+# What the apps layer's image sets (dockerfiles/apps.Dockerfile).
+IMAGE_ENV = {"USE_HUB_KERNELS": "NO"}
+
+
+def run_apps(run_validate, tmp_path, *only: str, prelude: str | None = None, env=IMAGE_ENV):
+    env = dict(env)
     if prelude:
         path = tmp_path / "prelude.py"
         path.write_text(textwrap.dedent(prelude))
@@ -82,7 +90,7 @@ def test_diffusers_backends_and_processors_run_or_say_why_not(honest):
 def test_the_markdown_report_has_the_apps_section(honest):
     md = honest[2]
     assert "### Apps: their own attention code" in md
-    assert "| transformers 5.23.0 | llama-gqa | sdpa+shim | ✅ | ✅ |" in md
+    assert f"| transformers {TRANSFORMERS} | llama-gqa | sdpa+shim | ✅ | ✅ |" in md
     assert "`comfyui.sdpa.call`" in md
 
 
@@ -139,7 +147,9 @@ def test_an_sdpa_that_returns_wrong_values_fails_naming_the_app_and_implementati
     checks, report = planted
     check = checks["apps.llama-gqa"]
     assert check["status"] == "fail"
-    assert check["message"].startswith("transformers 5.23.0 llama-gqa: sdpa diverges from eager")
+    assert check["message"].startswith(
+        f"transformers {TRANSFORMERS} llama-gqa: sdpa diverges from eager"
+    )
     got = rows(report, "llama-gqa")
     assert got["sdpa"]["correct"] is False
     # the shim routes to the bundled kernels, which the planted wrapper does not touch here
@@ -316,7 +326,7 @@ HUB_FALLBACK = """
 
 
 def test_a_hub_kernel_fallback_fails_naming_the_switch(tmp_path, run_validate):
-    proc, report = run_apps(run_validate, tmp_path, "apps.llama-gqa", prelude=HUB_FALLBACK)
+    proc, report = run_apps(run_validate, tmp_path, "apps.llama-gqa", prelude=HUB_FALLBACK, env={})
     assert proc.returncode == 1, proc.stdout + proc.stderr
     [check] = [c for c in report["checks"] if c["id"] == "apps.llama-gqa"]
     assert check["status"] == "fail"

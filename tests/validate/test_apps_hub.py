@@ -91,6 +91,23 @@ def test_a_hub_fallback_fails_the_row_naming_the_switch(standin):
     )
 
 
+def test_a_hub_fallback_despite_the_switch_does_not_name_the_switch_as_the_remedy(standin):
+    """transformers 5.25.0 takes its flash_attention_2 fallback without reading USE_HUB_KERNELS
+    (seen with the real 5.25.0 in tests/validate/test_newest_torch.py): where the switch is
+    already off, the failure says so and names what does keep the fallback away."""
+    hub, consumer = standin
+    impl = apps.Impl("flash_attention_2", needs="flash_attn")
+    with apps.NetworkOff() as net:
+        with pytest.raises(RuntimeError):
+            consumer.get_kernel_hub("kernels-community/flash-attn2")
+    [failure] = apps.network_failures(impl, net, switch_off=True)
+    assert failure == (
+        "flash_attention_2 fell back to a Hub kernel (kernels-community/flash-attn2) although "
+        "USE_HUB_KERNELS=NO, which does not gate this fallback: install the image's own "
+        "flash_attn, or keep transformers below 5.25 (whose `kernels` is optional)"
+    )
+
+
 @pytest.mark.parametrize(
     ("name", "impl", "source"),
     [

@@ -70,9 +70,11 @@ def test_its_versions_are_the_pins(tmp_path):
 
 def test_the_quick_suite_passes_under_it(tmp_path):
     """Every check passes or is skipped with a reason: none crashes on a torch that is a CUDA build
-    on a machine without a GPU (torch 2.15's can_use_cudnn_attention raised there)."""
+    on a machine without a GPU (torch 2.15's can_use_cudnn_attention raised there). The apps'
+    transformers checks fail here, as they should (the test below)."""
     report = tmp_path / "report.json"
-    proc = run(module_args("validate", "all", "--quick", "--json", str(report)), tmp_path)
+    args = ["validate", "all", "--quick", "--json", str(report), "--skip", "apps.llama-gqa"]
+    proc = run(module_args(*args, "--skip", "apps.vit"), tmp_path, USE_HUB_KERNELS="NO")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     checks = json.loads(report.read_text())["checks"]
     assert not [c["id"] for c in checks if c["status"] not in ("pass", "skip")]
@@ -86,3 +88,27 @@ def test_the_kernels_interpreter_checks_pass_under_it(tmp_path):
     proc = run(module_args("attnforge_kernels.check", "--quick"), tmp_path, TRITON_INTERPRET="1")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert re.search(r"^(\d+)/\1 not failed$", proc.stdout, flags=re.M), proc.stdout[-2000:]
+
+
+def test_transformers_5_25_takes_a_hub_kernel_for_flash_attention_2_even_with_the_switch_off(
+    tmp_path,
+):
+    """transformers 5.25.0 with Hugging Face's `kernels` (its required dependency) and no
+    flash_attn: `attn_implementation="flash_attention_2"` fetches kernels-community/flash-attn2,
+    and USE_HUB_KERNELS=NO does not stop it (modeling_utils.py's
+    _check_and_adjust_attn_implementation never reads the switch). The apps check catches the
+    fetch with the network off and says the switch is no remedy; if a later transformers honours
+    the switch, this test fails and the apps layer can move (docs/validation.md)."""
+    report = tmp_path / "r.json"
+    proc = run(["-m", "validate", "apps", "--only", "apps.llama-gqa", "--json", str(report)],
+               tmp_path, USE_HUB_KERNELS="NO")  # fmt: skip
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
+    [check] = [c for c in json.loads(report.read_text())["checks"] if c["id"] == "apps.llama-gqa"]
+    assert check["message"].startswith("transformers 5.25.0 llama-gqa: flash_attention_2 fell back")
+    assert (
+        "to a Hub kernel (kernels-community/flash-attn2) although USE_HUB_KERNELS=NO, which does "
+        "not gate this fallback" in check["message"]
+    )
+    rows = {r["impl"]: r for r in json.loads(report.read_text())["apps"]["models"]}
+    assert rows["flash_attention_2"]["source"] == "a Hub kernel (kernels-community/flash-attn2)"
+    assert rows["sdpa"]["correct"] is True  # the other implementations ran as before
