@@ -99,10 +99,11 @@ def make_wheel(
 
 def relabel(
     src: Path, dest: Path, version: str, *, add_requires: list[str] = (), extras: list[str] = (),
-    replace: dict[str, bytes] | None = None, rename: str | None = None,
+    replace: dict[str, bytes] | None = None, rename: str | None = None, drop: tuple[str, ...] = (),
 ) -> Path:  # fmt: skip
     """A copy of a real wheel under another version (its local label) or project name, with more
-    Requires-Dist and files replaced, without recompressing the rest (zip -d, then append)."""
+    Requires-Dist, files replaced and the folders ``drop`` (prefixes ending in /) left out, without
+    recompressing the rest (zip -d, then append)."""
     old_name, old_version, tail = src.name.split("-", 2)
     name = rename.replace("-", "_") if rename else old_name
     new = dest / f"{name}-{version}-{tail}"
@@ -114,7 +115,8 @@ def relabel(
                   and n.rsplit("/", 1)[1] not in ("METADATA", "RECORD")}  # fmt: skip
         record = zf.read(f"{old_info}/RECORD").decode().splitlines()
     replace = dict(replace or {})
-    subprocess.run(["zip", "-q", "-d", str(new), f"{old_info}/*", *replace], check=True)
+    gone = [f"{d}*" for d in drop]
+    subprocess.run(["zip", "-q", "-d", str(new), f"{old_info}/*", *replace, *gone], check=True)
     head, sep, body = metadata.partition("\n\n")
     head = head.replace(f"Version: {old_version}", f"Version: {version}", 1)
     if rename:
@@ -129,7 +131,7 @@ def relabel(
     kept = [
         ln
         for ln in record
-        if ln and not ln.startswith(old_info + "/") and ln.split(",")[0] not in replace
+        if ln and not ln.startswith((old_info + "/", *drop)) and ln.split(",")[0] not in replace
     ]
     lines = kept + [_record_line(p, d) for p, d in files.items()] + [f"{new_info}/RECORD,,"]
     with zipfile.ZipFile(new, "a", zipfile.ZIP_DEFLATED) as zf:
@@ -238,7 +240,7 @@ def torch_wheels(dest: Path, wheelhouse: Path, pins: dict[str, str], rocm: str, 
     out = [relabel(torch_src, dest, torch_v, extras=devices, replace={"torch/version.py": version_py},
                    add_requires=[f"rocm[libraries]=={rocm}", f"triton=={triton_v}",
                                  *(f'amd-torch-device-{a}=={torch_v} ; extra == "device-{a}"' for a in arches)]),
-           relabel(triton_src, dest, triton_v)]  # fmt: skip
+           relabel(triton_src, dest, triton_v, drop=NVIDIA_TOOLCHAIN)]  # fmt: skip
     out.append(make_wheel(dest, "torchvision", vision_v,
                           {"torchvision/__init__.py": f"__version__ = '{vision_v}'\n".encode()},
                           requires=[f"torch=={torch_v}", *(f'amd-torchvision-device-{a}=={vision_v} ; extra == "device-{a}"' for a in arches)],
@@ -254,6 +256,12 @@ def torch_wheels(dest: Path, wheelhouse: Path, pins: dict[str, str], rocm: str, 
         out.append(make_wheel(dest, f"amd-torchvision-device-{a}", vision_v,
                               {f"torchvision/.kpack/torchvision_{a}.kpack": b"rehearsal stand-in\n"}))  # fmt: skip
     return out
+
+
+# What an AMD build of Triton does not ship: the NVIDIA toolchain of PyPI's wheel (ptxas, CUPTI,
+# libdevice; about 360 MB installed of some 900), left out of every stand-in Triton. Its Python
+# (the nvidia backend's compiler and driver modules) stays: `import triton` finds its backends.
+NVIDIA_TOOLCHAIN = ("triton/backends/nvidia/bin/", "triton/backends/nvidia/lib/")
 
 
 def tritons_dir() -> Path:
@@ -316,7 +324,7 @@ def pytorch_org_wheels(dest: Path, wheelhouse: Path, pins: dict[str, str], arche
     out = [relabel(next(wheelhouse.glob("torch-*+cpu-*.whl")), dest, torch_v,
                    replace={"torch/version.py": version_py, **images},
                    add_requires=[f"rocm[libraries,device-all]=={release.rsplit('.', 1)[0]}.*", f"triton-rocm=={triton_v}"]),
-           relabel(triton_wheel(triton_v), dest, triton_v, rename="triton-rocm")]  # fmt: skip
+           relabel(triton_wheel(triton_v), dest, triton_v, rename="triton-rocm", drop=NVIDIA_TOOLCHAIN)]  # fmt: skip
     out.append(make_wheel(dest, "torchvision", vision_v,
                           {"torchvision/__init__.py": f"__version__ = '{vision_v}'\n".encode()},
                           requires=[f"torch=={torch_v}"]))  # fmt: skip

@@ -59,9 +59,11 @@ venv() {
 }
 
 # A session of many e2e runs grows BuildKit's cache by tens of GB (63 GB once, which filled the
-# disk mid-test). Below MIN_FREE_GB free on the engine's disk, trim the cache to its most recently
-# used KEEP_CACHE_GB; a roomy disk keeps its whole cache, so warm builds stay warm.
-MIN_FREE_GB=${ATTNFORGE_MIN_FREE_GB:-25}
+# disk mid-test), and a run after a change to the rehearsals' stand-ins builds every AMD stack's
+# layers afresh: about 25 GB of new layers beside the old ones (2026-12-05: two such runs filled a
+# disk that had 33 GB free). Below MIN_FREE_GB free on the engine's disk, trim the cache to its most
+# recently used KEEP_CACHE_GB; a roomy disk keeps its whole cache, so warm builds stay warm.
+MIN_FREE_GB=${ATTNFORGE_MIN_FREE_GB:-35}
 KEEP_CACHE_GB=${ATTNFORGE_KEEP_CACHE_GB:-10}
 trim_build_cache() {
   local cli root free
