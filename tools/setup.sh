@@ -65,8 +65,11 @@ venv() {
 # recently used KEEP_CACHE_GB; a roomy disk keeps its whole cache, so warm builds stay warm.
 MIN_FREE_GB=${ATTNFORGE_MIN_FREE_GB:-35}
 KEEP_CACHE_GB=${ATTNFORGE_KEEP_CACHE_GB:-10}
-trim_build_cache() {
+trimmed=
+trim_build_cache() {  # once per run of this script (several steps start the engine)
   local cli root free
+  [ -z "$trimmed" ] || return 0
+  trimmed=1
   cli=$(docker_cli)
   root=$("$cli" info --format '{{.DockerRootDir}}' 2>/dev/null) || return 0
   [ -d "$root" ] || return 0  # a remote engine (DOCKER_HOST): its disk is not ours to read
