@@ -64,7 +64,7 @@ venv() {
 # disk that had 33 GB free). Below MIN_FREE_GB free on the engine's disk, trim the cache to its most
 # recently used KEEP_CACHE_GB; a roomy disk keeps its whole cache, so warm builds stay warm.
 MIN_FREE_GB=${ATTNFORGE_MIN_FREE_GB:-35}
-KEEP_CACHE_GB=${ATTNFORGE_KEEP_CACHE_GB:-10}
+KEEP_CACHE_GB=${ATTNFORGE_KEEP_CACHE_GB:-20}
 trimmed=
 trim_build_cache() {  # once per run of this script (several steps start the engine)
   local cli root free
