@@ -19,6 +19,27 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# Where `tools/setup.sh tritons` puts the Tritons the stacks ship besides the venv's (a folder each
+# for PYTHONPATH) and every one's wheel (wheels/, which the rehearsals relabel).
+TRITONS_DIR = Path(os.environ.get("ATTNFORGE_TRITONS_DIR", REPO / "build" / "tritons"))
+
+
+def installed_triton(version: str) -> Path | None:
+    """The folder that holds Triton ``version`` for PYTHONPATH, or None where it is the venv's
+    own; where neither has it, a failure under CI or ATTNFORGE_REQUIRE_E2E=1, else a skip."""
+    from importlib.metadata import version as venv_version
+
+    folder = TRITONS_DIR / f"triton-{version}"
+    if (folder / "triton" / "__init__.py").is_file():
+        return folder
+    if venv_version("triton") == version:
+        return None
+    why = f"triton {version} is not installed in {folder}; run tools/setup.sh tritons"
+    if os.environ.get("ATTNFORGE_REQUIRE_E2E") == "1" or os.environ.get("CI") == "true":
+        pytest.fail(why)
+    pytest.skip(why)
+
+
 # A tree copy keeps the checkout's bytecode (`make test` compiles it first; copytree keeps the
 # sources' modification times, which the bytecode is checked against, and a test that edits a
 # source makes Python compile that one again): on a machine with PYTHONDONTWRITEBYTECODE=1 every

@@ -41,6 +41,8 @@ import urllib.request
 import zipfile
 from pathlib import Path
 
+from tests.conftest import TRITONS_DIR
+
 TAG = "py3-none-any"
 FA_SDIST = ("https://files.pythonhosted.org/packages/3b/b2/8d76c41ad7974ee264754709c22963447f7f8134613fd9ce80984ed0dab7/"
             "flash_attn-2.8.3.tar.gz")  # fmt: skip
@@ -264,18 +266,12 @@ def torch_wheels(dest: Path, wheelhouse: Path, pins: dict[str, str], rocm: str, 
 NVIDIA_TOOLCHAIN = ("triton/backends/nvidia/bin/", "triton/backends/nvidia/lib/")
 
 
-def tritons_dir() -> Path:
-    """Where `tools/setup.sh tritons` keeps each Triton release's wheel (``wheels/``)."""
-    default = Path(__file__).resolve().parents[1] / "build" / "tritons"
-    return Path(os.environ.get("ATTNFORGE_TRITONS_DIR", default))
-
-
 def triton_wheel(version: str) -> Path:
     """The real wheel of the Triton line ``version`` belongs to (the release itself where
     `tools/setup.sh tritons` has it, else that line's newest there), which a stand-in Triton of
     that version is relabelled from: a stack's flash-attention import then runs on the Python code
     of the Triton line its torch requires (Triton 3.9 refuses autotune keys 3.8 ignored)."""
-    folder = tritons_dir() / "wheels"
+    folder = TRITONS_DIR / "wheels"
     line = version.split("+")[0].split(".")[:2]
     found = {w.name.split("-")[1]: w for w in folder.glob("triton-*.whl")}
     exact = found.get(version.split("+")[0])
@@ -509,7 +505,7 @@ def standins(wheelhouse: Path, pins: dict[str, str], arches: list[str], family: 
     and these arches, built once into the cache (a folder is renamed into place when complete)."""
     sources = sorted(
         p.name for p in wheelhouse.glob("*.whl") if p.name.startswith(("torch-", "triton-"))
-    ) + sorted(p.name for p in (tritons_dir() / "wheels").glob("triton-*.whl"))
+    ) + sorted(p.name for p in (TRITONS_DIR / "wheels").glob("triton-*.whl"))
     key = _source_key(*sources, *sorted(f"{k}={v}" for k, v in pins.items()), *arches)
     root = cache_root()
     done = root / key

@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 
 from attnforge_kernels.device import configs
+from tests.conftest import installed_triton
 from tests.kernels.strict_triton import MESSAGE, PRELUDE, module_args
 
 REPO = Path(__file__).resolve().parents[2]
-TRITONS_DIR = Path(os.environ.get("ATTNFORGE_TRITONS_DIR", REPO / "build" / "tritons"))
 
 
 @pytest.mark.parametrize(
@@ -135,20 +135,6 @@ def test_the_aot_check_finds_the_same_problems_under_both_settings(tmp_path, aot
     assert problems(off) == problems(on)
 
 
-def _triton_39() -> Path:
-    folder = TRITONS_DIR / "triton-3.9.0"
-    if not (folder / "triton" / "__init__.py").is_file():
-        from importlib.metadata import version
-
-        if version("triton").startswith("3.9."):
-            return Path()  # the venv's own
-        why = f"triton 3.9.0 is not installed in {folder}; run tools/setup.sh tritons"
-        if os.environ.get("ATTNFORGE_REQUIRE_E2E") == "1" or os.environ.get("CI") == "true":
-            pytest.fail(why)
-        pytest.skip(why)
-    return folder
-
-
 LEAVE_IT_TO_TRITON = """
 import triton, triton.language as tl
 from triton.backends.compiler import GPUTarget
@@ -168,9 +154,9 @@ print("compiled")
 @pytest.mark.slow
 @pytest.mark.parametrize("options, fails", [({}, True), ({"enable_fp_fusion": True}, False)])
 def test_on_triton_39_leaving_it_to_triton_fails_the_kernel_checks(tmp_path, options, fails):
-    folder = _triton_39()
+    folder = installed_triton("3.9.0")  # None: the venv's own
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TRITON_", "PYTHONPATH"))}
-    env.update(PYTHONPATH=os.pathsep.join(filter(None, [str(folder), str(REPO)])),
+    env.update(PYTHONPATH=os.pathsep.join(str(f) for f in (folder, REPO) if f),
                TRITON_CACHE_DIR=str(tmp_path))  # fmt: skip
     script = tmp_path / "leave_it.py"  # Triton reads a jit function's source from its file
     script.write_text(PRELUDE + "\n" + LEAVE_IT_TO_TRITON.replace("OPTIONS", repr(options)))

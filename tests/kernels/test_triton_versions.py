@@ -23,10 +23,10 @@ import pytest
 from attnforge.recipes import load_recipes
 from attnforge.tritons import load_table, stack_tritons, versions_to_check
 from attnforge_kernels.device import configs
+from tests.conftest import installed_triton
 from tests.kernels.strict_triton import module_args
 
 REPO = Path(__file__).resolve().parents[2]
-TRITONS_DIR = Path(os.environ.get("ATTNFORGE_TRITONS_DIR", REPO / "build" / "tritons"))
 # One RDNA and one CDNA arch: Strix Halo (RDNA3.5, wave32 WMMA) and MI300X (CDNA3, wave64 MFMA).
 SUBSET = ("gfx1151", "gfx942")
 
@@ -45,21 +45,11 @@ def _venv_triton() -> str:
 OTHERS = [v for v in _versions() if v != _venv_triton()]
 
 
-def _triton_dir(version: str) -> Path:
-    folder = TRITONS_DIR / f"triton-{version}"
-    if not (folder / "triton" / "__init__.py").is_file():
-        why = f"triton {version} is not installed in {folder}; run tools/setup.sh tritons"
-        if os.environ.get("ATTNFORGE_REQUIRE_E2E") == "1" or os.environ.get("CI") == "true":
-            pytest.fail(why)
-        pytest.skip(why)
-    return folder
-
-
 def _run(version: str, args: list[str], interpret: bool, tmp: Path) -> subprocess.CompletedProcess:
     """``python ARGS`` on Triton ``version``; ARGS from strict_triton.module_args, so Triton's
     deprecation warnings fail the run."""
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "PYTHONPATH")}
-    env["PYTHONPATH"] = os.pathsep.join([str(_triton_dir(version)), str(REPO)])
+    env["PYTHONPATH"] = os.pathsep.join(str(f) for f in (installed_triton(version), REPO) if f)
     env["TRITON_CACHE_DIR"] = str(tmp / "triton-cache")
     if interpret:
         env["TRITON_INTERPRET"] = "1"

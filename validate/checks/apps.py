@@ -633,16 +633,15 @@ def network_failures(impl: Impl, net: NetworkOff, switch_off: bool = False) -> l
     _check_and_adjust_attn_implementation; the switch gates only integrations/hub_kernels.py's
     kernel mapping)."""
     out = []
-    if net.hub and switch_off:
-        out.append(
-            f"{impl.label} fell back to a Hub kernel ({', '.join(dict.fromkeys(net.hub))}) "
+    if net.hub:
+        remedy = (
             f"although {HUB_SWITCH}=NO, which does not gate this fallback: install the image's "
             "own flash_attn, or keep transformers below 5.25 (whose `kernels` is optional)"
+            if switch_off
+            else f"instead of the image's: set {HUB_SWITCH}=NO in the image's environment"
         )
-    elif net.hub:
         out.append(
-            f"{impl.label} fell back to a Hub kernel ({', '.join(dict.fromkeys(net.hub))}) "
-            f"instead of the image's: set {HUB_SWITCH}=NO in the image's environment"
+            f"{impl.label} fell back to a Hub kernel ({', '.join(dict.fromkeys(net.hub))}) {remedy}"
         )
     if net.attempts:
         out.append(
