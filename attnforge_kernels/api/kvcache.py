@@ -25,13 +25,16 @@ from ..device.configs import Tile
 from ..device.decode import (  # noqa: F401 - the configs' names, as this module had them
     APPEND_TILE,
     DECODE_SPLIT_WAVES,
+    FEW_TILES_WAVES,
     MIN_SPLIT_KEYS,
     KVConfig,
+    SplitTable,
     auto_num_splits,
     kv_append,
     kv_config,
     kv_fwd,
     num_splits_heuristic,
+    split_table,
 )
 from ..device.flash import LOG2E
 from ..launch import plans as launch
@@ -52,6 +55,12 @@ def _num_sms(device) -> int:
     if configs.INTERPRET or device.type != "cuda":
         return 1
     return configs.compute_units(device)  # cached per device: decoding asks on every step
+
+
+def _memory_gbs(device) -> float:
+    if configs.INTERPRET or device.type != "cuda":
+        return 0.0
+    return configs.memory_gbs(device)  # cached per device
 
 
 # --------------------------------------------------------------------------------------------
@@ -378,7 +387,8 @@ def _decide(
     work = batch * hk * _cdiv(rows, tile.block_m)
     sms = _num_sms(device)
     if num_splits is None or num_splits < 1:
-        num_splits = auto_num_splits(work, sms, seqlen_cache, tile.block_n, family)
+        gbs = _memory_gbs(device)
+        num_splits = auto_num_splits(work, sms, seqlen_cache, tile.block_n, family, gbs)
     num_splits = max(1, min(int(num_splits), 128, _cdiv(seqlen_cache, tile.block_n)))
     if decoding:
         tile = kc.decode_tile(num_splits, seqlen_cache, work * num_splits, sms)

@@ -726,6 +726,25 @@ def compute_units(device=None) -> int:
     return _units_of(_index(device))
 
 
+def memory_gbs(device=None) -> float:
+    """Peak memory bandwidth of a device in GB/s, from its memory clock and bus width (what
+    tells an H200, 4.8 TB/s, from an H100, 3.35, both 132 SMs); 0.0 where the driver does not
+    say, and under the interpreter."""
+    if INTERPRET:
+        return 0.0
+    return _gbs_of(_index(device))
+
+
+@functools.lru_cache(maxsize=64)
+def _gbs_of(index: int) -> float:
+    import torch
+
+    props = torch.cuda.get_device_properties(index)
+    khz = getattr(props, "memory_clock_rate", 0) or 0
+    bits = getattr(props, "memory_bus_width", 0) or 0
+    return 2.0 * khz * 1e3 * bits / 8 / 1e9  # double data rate
+
+
 @functools.lru_cache(maxsize=64)
 def _units_of(index: int) -> int:
     import torch

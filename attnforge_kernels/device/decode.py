@@ -12,7 +12,8 @@ or, paged, through the block table one key row at a time (any page size). Split-
 ``num_splits > 1`` each program handles one slice of the keys and writes an fp32 partial output
 and its LSE; the last program of a tile to finish (an atomic counter) merges the slices in the
 same launch. ``num_splits=0`` picks the count so that short batches of decoding still fill the
-GPU: from a table measured per family (``DECODE_SPLIT_WAVES``), else with flash_attn's heuristic
+GPU: from tables measured per GPU (``DECODE_SPLIT_WAVES``, by family and memory bandwidth), else
+with flash_attn's heuristic
 (``num_splits_heuristic`` in flash_api.cpp).
 """
 
@@ -492,37 +493,78 @@ def num_splits_heuristic(
 MIN_SPLIT_KEYS = 512
 
 
-# Split counts measured per family, for ``num_splits=0``: ((cache keys up to, waves), ...), the
-# first row whose bound holds gives the programs a decoding step aims for, ``waves`` x the GPU's
-# SMs / CUs (rounded down to whole splits of every (row block, batch, KV head) tile), and the
-# last row's bound is None. Families not listed take flash_attn's heuristic.
-# Hopper, from two sweeps of 4-64 splits on an H100 (docs/benchmarks.md, "Decoding at batch 1
-# with long caches"): batch 1 (8 tiles) runs fastest with 8 splits up to 16k keys (4k: 18.9 us
-# against 22.1 at 16; 16k: 41.3 against 43.8 at 16 and 44.4 at flash_attn's 15) and with 16, one
-# full wave, at 64k-128k (109.7 / 195.7 against 111.9 / 201.6 at flash_attn's 14, whose
-# unfilled SMs stay idle; 24 or 33 splits cost 5-10 us more); batch 8 (64 tiles) with 1 split
-# up to 16k keys (60.4 / 188.1 against 61.6 / 189.4 at 2). AMD: untimed, flash_attn's heuristic
-# as before; an AMD runner would time ``attnforge_kernels.bench --decode --splits`` and add its row
-# here.
-DECODE_SPLIT_WAVES: dict[str, tuple[tuple[int | None, float], ...]] = {
-    "hopper": ((16384, 0.5), (None, 1.0)),
+# Split counts measured per GPU, for ``num_splits=0``. A family's tables are keyed by the GPU's
+# memory bandwidth (``configs.memory_gbs``: two GPUs of one family with the same SM count, an H100
+# and an H200, want different counts); a GPU takes the table with the highest ``min_gbs`` it
+# reaches. A row, the first whose cache bound holds (the last row's bound is None), gives the
+# programs a decoding step aims for in waves of the GPU's SMs / CUs: ``few`` where the batch's
+# (row block, batch, KV head) tiles fill less than ``FEW_TILES_WAVES`` of the GPU, ``many``
+# otherwise; the splits are those waves' programs over the tiles, rounded down. Families not
+# listed take flash_attn's heuristic.
+FEW_TILES_WAVES = 0.4
+
+
+@dataclass(frozen=True)
+class SplitTable:
+    """One GPU's measured split counts (see DECODE_SPLIT_WAVES): rows of (cache keys up to,
+    waves with few tiles, waves with many), for GPUs reading at least ``min_gbs`` GB/s."""
+
+    min_gbs: float
+    rows: tuple[tuple[int | None, float, float], ...]
+
+    def waves(self, seqlen_cache: int, work_blocks: int, num_sms: int) -> float:
+        few, many = next(
+            (f, m) for bound, f, m in self.rows if bound is None or seqlen_cache <= bound
+        )
+        return few if work_blocks < FEW_TILES_WAVES * num_sms else many
+
+
+# Hopper.
+# - H100 (3.35 TB/s), from two sweeps of 4-64 splits (docs/history/benchmarks-2026.md, "Decoding
+#   at batch 1 with long caches"): batch 1 (8 tiles) runs fastest with 8 splits up to 16k keys
+#   (4k: 18.9 us against 22.1 at 16; 16k: 41.3 against 43.8 at 16 and 44.4 at flash_attn's 15) and
+#   with 16, one full wave, at 64k-128k (109.7 / 195.7 against 111.9 / 201.6 at flash_attn's 14,
+#   whose unfilled SMs stay idle; 24 or 33 splits cost 5-10 us more); batch 8 (64 tiles) with 1
+#   split up to 16k keys (60.4 / 188.1 against 61.6 / 189.4 at 2); a grid that fills 0.8 of the
+#   GPU, 1 split.
+# - H200 (4.8 TB/s), from a sweep of 1-32 splits at batch 1-32 and 4k-128k keys in GPU time
+#   (2026-12-05, ``attnforge_kernels.bench --decode --gpu-time --splits 1,2,3,4,6,8,12,16,24,32``;
+#   docs/history/benchmarks-2026.md, "Decode splits on an H200"): up to 16k keys one full wave
+#   (batch 8 x 16k: 134.6 us at 2 splits against 166.8 at the H100's 1; cuDNN 131.6); past 16k,
+#   0.75 of a wave while the batch's tiles are few (batch 1-4: 12, 6 and 3 splits; 1 wave cost
+#   2-5%) and 4 waves once they are many (batch 8 x 128k: 940.6 us at 8 against 983.4 at 2;
+#   batch 16 x 128k: 1857.7 at 4 against 1931.4 at 1). Every row's count is within 2% of the
+#   row's fastest.
+# AMD: untimed, flash_attn's heuristic; an AMD runner would time ``attnforge_kernels.bench
+# --decode --gpu-time --splits ...`` and add its table here.
+DECODE_SPLIT_WAVES: dict[str, tuple[SplitTable, ...]] = {
+    "hopper": (
+        SplitTable(0, ((16384, 0.5, 0.5), (None, 1.0, 1.0))),
+        SplitTable(4000, ((16384, 1.0, 1.0), (None, 0.75, 4.0))),
+    ),
 }
+
+
+def split_table(family: str, gbs: float = 0.0) -> SplitTable | None:
+    """The family's split table for a GPU reading ``gbs`` GB/s (0: unknown, the family's first)."""
+    tables = DECODE_SPLIT_WAVES.get(family, ())
+    fitting = [t for t in tables if t.min_gbs <= gbs] or list(tables[:1])
+    return max(fitting, key=lambda t: t.min_gbs, default=None)
 
 
 @functools.lru_cache(maxsize=1024)
 def auto_num_splits(
-    work_blocks: int, num_sms: int, seqlen_cache: int, block_n: int, family: str = ""
-) -> int:
-    """Splits for ``num_splits=0``: the family's row of ``DECODE_SPLIT_WAVES``, else flash_attn's
-    heuristic over the cache's key tiles; at most one split per ``MIN_SPLIT_KEYS`` keys."""
-    table = DECODE_SPLIT_WAVES.get(family)
+    work_blocks: int, num_sms: int, seqlen_cache: int, block_n: int, family: str = "",
+    gbs: float = 0.0,
+) -> int:  # fmt: skip
+    """Splits for ``num_splits=0``: the GPU's ``DECODE_SPLIT_WAVES`` table (by family and memory
+    bandwidth, ``gbs``), else flash_attn's heuristic over the cache's key tiles; at most one split
+    per ``MIN_SPLIT_KEYS`` keys."""
+    table = split_table(family, gbs)
     if table is None:
         n = num_splits_heuristic(work_blocks, num_sms, -(-seqlen_cache // block_n))
-    elif work_blocks >= 0.8 * num_sms:
-        n = 1  # the grid nearly fills the GPU already (as flash_attn's heuristic)
     else:
-        waves = next(w for bound, w in table if bound is None or seqlen_cache <= bound)
-        n = int(num_sms * waves) // work_blocks
+        n = int(num_sms * table.waves(seqlen_cache, work_blocks, num_sms)) // work_blocks
     return max(1, min(n, seqlen_cache // MIN_SPLIT_KEYS))
 
 

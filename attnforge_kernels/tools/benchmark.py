@@ -19,7 +19,7 @@ flash_attn callers and diffusers' projections give; SDPA gets the transposed vie
 ``--decode`` times one decoding step through ``flash_attn_with_kvcache`` (GQA 32/8 heads, d=128,
 bf16, one query token, the whole cache visible) against every SDPA backend fed the same cache:
 the (b, s, h, d) cache transposed to SDPA's (b, h, s, d) view with ``enable_gqa=True``, no copy.
-``--splits`` times ours at those ``num_splits`` too (``ours-sN``), the data for a family's row of
+``--splits`` times ours at those ``num_splits`` too (``ours-sN``), the data for a GPU's table in
 ``attnforge_kernels.device.decode.DECODE_SPLIT_WAVES``. ``--gpu-time`` times each step as the GPU's
 work alone (CUDA graphs of flushed steps less the flushes), without the launch gaps ``do_bench``
 includes. ``--host`` times back-to-back calls with no L2 flush (the larger of host and GPU time per

@@ -318,6 +318,11 @@ def test_auto_num_splits_keeps_512_keys_a_split(work, cache, expected):
     assert auto_num_splits(work, 132, cache, 128) == expected
 
 
+H100_GBS = 2.0 * 2_619_000e3 * 5120 / 8 / 1e9  # 3352 GB/s, as configs.memory_gbs reads it
+H200_GBS = 2.0 * 3_201_000e3 * 6016 / 8 / 1e9  # 4815 GB/s (clock and bus as an H200 reported)
+
+
+@pytest.mark.parametrize("gbs", [0.0, H100_GBS])  # an unknown bandwidth takes the family's first
 @pytest.mark.parametrize(
     "work, cache, expected",
     [
@@ -331,11 +336,40 @@ def test_auto_num_splits_keeps_512_keys_a_split(work, cache, expected):
         (106, 65536, 1),  # the grid nearly fills the GPU
     ],
 )
-def test_hopper_split_counts_follow_the_measured_table(work, cache, expected):
-    assert kvcache.DECODE_SPLIT_WAVES["hopper"][-1][0] is None  # every cache length has a row
-    assert auto_num_splits(work, 132, cache, 128, "hopper") == expected
-    # Families without a row keep flash_attn's heuristic.
-    assert auto_num_splits(work, 132, cache, 128, "cdna3") == auto_num_splits(work, 132, cache, 128)
+def test_hopper_split_counts_follow_the_measured_table(work, cache, expected, gbs):
+    for table in kvcache.DECODE_SPLIT_WAVES["hopper"]:
+        assert table.rows[-1][0] is None  # every cache length has a row
+    assert auto_num_splits(work, 132, cache, 128, "hopper", gbs) == expected
+    # Families without a table keep flash_attn's heuristic.
+    assert auto_num_splits(work, 132, cache, 128, "cdna3", gbs) == auto_num_splits(
+        work, 132, cache, 128
+    )
+
+
+@pytest.mark.parametrize(
+    "batch, cache, expected",
+    [
+        # Within 2% of the fastest of 1-32 splits at every (batch, cache) of the H200 sweep.
+        (1, 4096, 8),  # a full wave is 16; one split per 512 keys caps it
+        (1, 16384, 16),  # the H100's table: 8 (29.5 us against 27.6)
+        (1, 131072, 12),  # few tiles past 16k: 0.75 of a wave
+        (2, 16384, 8),
+        (2, 65536, 6),
+        (4, 16384, 4),
+        (4, 131072, 3),
+        (8, 4096, 2),  # the H100's table: 1 (47.4 us against 44.4)
+        (8, 16384, 2),  # the H100's table: 1 (166.8 us against 134.6)
+        (8, 131072, 8),  # many tiles past 16k: 4 waves (the H100's table: 2)
+        (16, 4096, 1),
+        (16, 131072, 4),  # the H100's table: 1 (1931.4 us against 1857.7)
+        (32, 65536, 2),
+    ],
+)
+def test_h200_split_counts_follow_its_own_table(batch, cache, expected):
+    # GQA 32/8, one query token: batch x 8 KV heads tiles of one row block.
+    assert auto_num_splits(batch * 8, 132, cache, 128, "hopper", H200_GBS) == expected
+    assert kvcache.split_table("hopper", H200_GBS).min_gbs > H100_GBS
+    assert kvcache.split_table("hopper", H100_GBS).min_gbs == 0
 
 
 @pytest.mark.parametrize(
