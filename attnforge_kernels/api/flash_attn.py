@@ -353,7 +353,7 @@ def _launch_forward(f: _Forward, c: configs.AttnConfig) -> None:
         HAS_SOFTCAP=softcap > 0, HAS_ALIBI=slopes is not None, REVERSE=mask.right is not None,
         HAS_DROPOUT=drop is not None, RETURN_SDMASK=drop is not None and drop.sdmask is not None,
         IS_FP8=fp8, USE_TMA=t.tma, SHORT_KV=c.short_kv and max_k <= t.block_n, STRIDE_ALIGN=align,
-        **t.launch_options(hip),
+        POS_SCALE=scale > 0, **t.launch_options(hip),
     )  # fmt: skip
 
 

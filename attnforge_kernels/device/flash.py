@@ -257,12 +257,15 @@ def _mm_chunked(acc, a_rows, a_idx, a_lim, A_MASK: tl.constexpr, b_rows, b_idx, 
 @triton.jit
 def scores_tile(qk, rel, key_ok, qk_scale, cap_in, cap_out, alibi2, left, right,
             HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr,
-            HAS_RIGHT: tl.constexpr, MASK: tl.constexpr):
-    """Base-2 scores of a tile: scale (or softcap), ALiBi, then the visibility mask."""
+            HAS_RIGHT: tl.constexpr, MASK: tl.constexpr, SCALE: tl.constexpr = True):
+    """Base-2 scores of a tile: scale (or softcap), ALiBi, then the visibility mask. SCALE=False
+    (no softcap, no ALiBi): the raw products, masked, for a caller that folds the scale."""
     if HAS_SOFTCAP:
         s = _tanh(qk * cap_in) * cap_out
-    else:
+    elif SCALE:
         s = qk * qk_scale
+    else:
+        s = qk
     if HAS_ALIBI:
         s = s - alibi2 * tl.abs(rel).to(tl.float32)
     if MASK:
@@ -353,9 +356,13 @@ def _fwd_step(acc, l_i, m_i, q, k_base, v_base, sk_s, sv_s, n0, offs_m, offs_d, 
               HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr,
               HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr,
               HAS_RIGHT: tl.constexpr, MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-              USE_TMA: tl.constexpr, FIRST: tl.constexpr):
+              USE_TMA: tl.constexpr, FIRST: tl.constexpr, FOLD: tl.constexpr):
     """One key block [n0, n0 + BLOCK_N) of the online softmax. FIRST: the block is the first
-    one this program reads (acc and l_i are 0, m_i is -inf), so nothing is rescaled."""
+    one this program reads (acc and l_i are 0, m_i is -inf), so nothing is rescaled.
+    FOLD (no softcap, ALiBi or FP8 descale, and ``qk_scale > 0``): the row maximum is taken of
+    the raw products and scaled once per row, so each score costs one FMA, ``qk * qk_scale - m``,
+    where it cost a multiply and a subtract (the maximum commutes with a positive scale and
+    rounding is monotonic, so m is the same number)."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
     if USE_TMA:
         k = k_base.load([n0, 0])  # a tensor descriptor: rows past seqlen_k read as zeros
@@ -363,18 +370,26 @@ def _fwd_step(acc, l_i, m_i, q, k_base, v_base, sk_s, sv_s, n0, offs_m, offs_d, 
         k = _load_tile(k_base, offs_n, sk_s, seqlen_k, offs_d, HEAD_DIM, MASK, EVEN_D)
     qk = mm(q, tl.trans(k))
     rel = offs_n[None, :] - offs_m[:, None] - diag
+    # FOLD: s holds the raw products (masked: -inf, which stays -inf once scaled by qk_scale > 0).
     s = scores_tile(qk, rel, offs_n[None, :] < seqlen_k, qk_scale, cap_in, cap_out, alibi2, left,
-                right, HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, MASK)
-    if FIRST:
-        m_new = tl.max(s, 1)
+                right, HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, MASK, not FOLD)
+    if FOLD:
+        s_max = tl.max(s, 1) * qk_scale
     else:
-        m_new = tl.maximum(m_i, tl.max(s, 1))
+        s_max = tl.max(s, 1)
+    if FIRST:
+        m_new = s_max
+    else:
+        m_new = tl.maximum(m_i, s_max)
     if MASK:
         # A row with nothing visible yet keeps m = -inf; shift by 0 to avoid inf - inf.
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
     else:
         m_use = m_new
-    p = tl.exp2(s - m_use[:, None])
+    if FOLD:
+        p = tl.exp2(s * qk_scale - m_use[:, None])
+    else:
+        p = tl.exp2(s - m_use[:, None])
     if FIRST:
         alpha = 0.0  # unused
     else:
@@ -411,13 +426,13 @@ def _fwd_loop(acc, l_i, m_i, q, k_base, v_base, sk_s, sv_s, start, end, offs_m, 
               HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr,
               HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr,
               HAS_RIGHT: tl.constexpr, MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-              USE_TMA: tl.constexpr):
+              USE_TMA: tl.constexpr, FOLD: tl.constexpr):
     for n0 in tl.range(start, end, BLOCK_N):
         acc, l_i, m_i = _fwd_step(acc, l_i, m_i, q, k_base, v_base, sk_s, sv_s, n0, offs_m, offs_d,
                                   seqlen_k, diag, qk_scale, cap_in, cap_out, alibi2, left, right,
                                   k0, k1, c3, thresh, bh, HEAD_DIM, BLOCK_N, EVEN_D, HAS_SOFTCAP,
                                   HAS_ALIBI, HAS_LEFT, HAS_RIGHT, MASK, HAS_DROPOUT, USE_TMA,
-                                  False)
+                                  False, FOLD)
     return acc, l_i, m_i
 
 
@@ -469,7 +484,7 @@ def attn_fwd(
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, REVERSE: tl.constexpr,
     HAS_DROPOUT: tl.constexpr, RETURN_SDMASK: tl.constexpr, IS_FP8: tl.constexpr,
     USE_TMA: tl.constexpr = False, SHORT_KV: tl.constexpr = False,
-    STRIDE_ALIGN: tl.constexpr = 1,
+    STRIDE_ALIGN: tl.constexpr = 1, POS_SCALE: tl.constexpr = True,
 ):
     """Rng/drop_scale (dropout), SDMask (S_dmask) and DescQ/K/V (FP8: fp32 (batch, Hk) descale
     factors, Q's per KV head as flash_attn 3 has them) are None when their variant is off.
@@ -477,7 +492,9 @@ def attn_fwd(
     rows and HEAD_DIM, whose zero fill replaces the masked loads.
     SHORT_KV: every sequence has at most BLOCK_N keys (the launcher checks the longest), as in
     cross-attention to 77 text tokens: one masked K/V block, no loop, no rescale.
-    STRIDE_ALIGN: the q/k/v/out strides arrive divided by it (see ``_aligned``)."""
+    STRIDE_ALIGN: the q/k/v/out strides arrive divided by it (see ``_aligned``).
+    POS_SCALE: ``qk_scale > 0``, so the loop may fold it (``_fwd_step``'s FOLD; the launcher
+    passes False for a zero or negative scale, which keeps a multiply per score)."""
     sq_b, sq_s, sq_h = _aligned(sq_b, sq_s, sq_h, STRIDE_ALIGN)
     sk_b, sk_s, sk_h = _aligned(sk_b, sk_s, sk_h, STRIDE_ALIGN)
     sv_b, sv_s, sv_h = _aligned(sv_b, sv_s, sv_h, STRIDE_ALIGN)
@@ -514,6 +531,10 @@ def attn_fwd(
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     q = _load_tile(q_base, offs_m, sq_s, seqlen_q, offs_d, HEAD_DIM, True, EVEN_D)
+    # The scale folding (``_fwd_step``): not with dropout nor in the single-block path, where it
+    # saves little and made AMD kernels spill (Triton 3.8, gfx942/gfx950 d=128).
+    FOLD: tl.constexpr = (POS_SCALE and not HAS_SOFTCAP and not HAS_ALIBI and not IS_FP8
+                          and not HAS_DROPOUT and not SHORT_KV)
     alibi2 = _alibi2(Slopes, b, h, sa_b, sa_h) if HAS_ALIBI else 0.0
     diag = seqlen_k - seqlen_q
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -528,7 +549,7 @@ def attn_fwd(
                                   seqlen_k, diag, qk_scale, cap_in, cap_out, alibi2, left, right,
                                   k0, k1, c3, thresh, pid_bh, HEAD_DIM, BLOCK_N, EVEN_D,
                                   HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, True, HAS_DROPOUT,
-                                  USE_TMA, True)
+                                  USE_TMA, True, FOLD)
     else:
         lo, full_lo, full_hi, hi = _key_ranges(m0, seqlen_q, seqlen_k, left, right, BLOCK_M,
                                                BLOCK_N, HAS_LEFT, HAS_RIGHT)
@@ -537,17 +558,17 @@ def attn_fwd(
                                       offs_m, offs_d, seqlen_k, diag, qk_scale, cap_in, cap_out,
                                       alibi2, left, right, k0, k1, c3, thresh, pid_bh, HEAD_DIM,
                                       BLOCK_N, EVEN_D, HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT,
-                                      True, HAS_DROPOUT, USE_TMA)
+                                      True, HAS_DROPOUT, USE_TMA, FOLD)
         acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, k_src, v_src, sk_s, sv_s, full_lo, full_hi,
                                   offs_m, offs_d, seqlen_k, diag, qk_scale, cap_in, cap_out,
                                   alibi2, left, right, k0, k1, c3, thresh, pid_bh, HEAD_DIM,
                                   BLOCK_N, EVEN_D, HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT,
-                                  False, HAS_DROPOUT, USE_TMA)
+                                  False, HAS_DROPOUT, USE_TMA, FOLD)
         acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, k_src, v_src, sk_s, sv_s, full_hi, hi,
                                   offs_m, offs_d, seqlen_k, diag, qk_scale, cap_in, cap_out,
                                   alibi2, left, right, k0, k1, c3, thresh, pid_bh, HEAD_DIM,
                                   BLOCK_N, EVEN_D, HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT,
-                                  True, HAS_DROPOUT, USE_TMA)
+                                  True, HAS_DROPOUT, USE_TMA, FOLD)
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
     if HAS_DROPOUT:

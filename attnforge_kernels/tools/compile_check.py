@@ -232,6 +232,7 @@ def _fwd_job(head_dim: int, cfg, flags: dict, p: str) -> Job:
         # As the launcher passes contiguous tensors of this head dim (d=40: 8).
         STRIDE_ALIGN=flash.stride_align(head_dim),
         SHORT_KV=False,  # a constexpr: left out, it would compile as a runtime argument
+        POS_SCALE=True,  # as the launcher passes for every positive softmax scale
         **_FWD_OFF,
     )
     return ("fwd", flash.attn_fwd, ptrs, consts, cfg.fwd)

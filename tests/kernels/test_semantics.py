@@ -83,6 +83,25 @@ def test_softmax_scale_is_applied():
     assert _close(flash_attn_func(q, k, v, softmax_scale=0.05), ref)
 
 
+@pytest.mark.parametrize("scale", [-0.2, 0.0])
+@pytest.mark.parametrize("mask", ["none", "causal", "window"])
+def test_negative_and_zero_softmax_scale_match_the_reference(scale, mask):
+    # The forward takes each row's maximum of the raw products and scales it after, which holds
+    # only for a positive scale: the kernel moves a negative one's sign onto q and makes a zero
+    # one tiny. A zero scale with a mask is where 0 * -inf would give NaN. 40 queries, 45 keys:
+    # rows without a visible key (causal), partial key blocks and a window all meet it.
+    q, k, v = (t.requires_grad_() for t in _qkv(1, 40, 45, 2, 1, 32))
+    window = {"none": (-1, -1), "causal": (-1, 0), "window": (5, 3)}[mask]
+    left, right = (None if w < 0 else w for w in window)
+    out = flash_attn_func(q, k, v, softmax_scale=scale, window_size=window)
+    ref, _ = attention_ref(q, k, v, scale=scale, left=left, right=right)
+    assert torch.isfinite(out).all()
+    assert _close(out, ref)
+    grads = torch.autograd.grad(out.float().square().sum(), (q, k, v))
+    ref_grads = torch.autograd.grad(ref.float().square().sum(), (q, k, v))
+    assert all(_close(g, r, tol=1e-2) for g, r in zip(grads, ref_grads, strict=True))
+
+
 def test_dropout_probability_outside_0_1_is_refused():
     q, k, v = _qkv(1, 8, 8, 1, 1, 16)
     with pytest.raises(ValueError, match="dropout_p"):
