@@ -1,7 +1,7 @@
 """Markdown tables and PNG plots from `python -m attnforge_kernels.bench --json FILE` output.
 
     python tools/bench_report.py --out docs/benchmarks [--page docs/benchmarks.md]
-                                 [--date YYYY-MM-DD] FILE.json [FILE.json ...]
+                                 [--date YYYY-MM-DD] [--peak TFLOPS] FILE.json [FILE.json ...]
 
 Each FILE is what one `python -m attnforge_kernels.bench ... --json FILE` wrote: the sweep (`rows`,
 with `memory`), `--workloads` (`workload_rows`), `--decode` (`decode_rows`; `gpu_time` says whether
@@ -9,9 +9,10 @@ it timed the GPU alone) or `--host` (`host_us`). For each, OUT gets NAME.md (the
 the workload and decode files, NAME.png (the plot), where NAME is sweep, workloads, decode,
 decode-gpu or host. With --page, the block between `<!-- bench_report:NAME -->` and
 `<!-- /bench_report:NAME -->` in that page is replaced by NAME.md's tables. --date is the day the
-figures were measured (default: the JSON file's modification date, UTC). Every file is written
-aside first and all are renamed into place at the end, so a failed run leaves the last good
-tables, plots and page as they were.
+figures were measured (default: the JSON file's modification date, UTC); --peak the device's dense
+16-bit TFLOP/s, for the workload rows' shares of it (default: DENSE_PEAKS by the device's name).
+Every file is written aside first and all are renamed into place at the end, so a failed run
+leaves the last good tables, plots and page as they were.
 Host side only: the standard library and matplotlib.
 """
 
@@ -165,18 +166,58 @@ def workload_ratios(doc: dict, provider: str, baseline: str) -> tuple[list[list[
     return rows, counts
 
 
-def workload_tables(doc: dict) -> str:
-    """One table of ratios per ours provider against SDPA-flash, one of ours against cuDNN."""
+def workload_tables(doc: dict, peak: float | None = None) -> str:
+    """A table of ratios per ours provider against SDPA-flash and against cuDNN, then the
+    all-Triton path's and cuDNN's shares of the device's dense peak (``peak`` TFLOP/s, else
+    DENSE_PEAKS's figure for the device)."""
     _, cols, _ = workload_grid(doc)
     head = ["shape", *(f"{m} {lay}" for m, lay in cols)]
     out = [provenance(doc)]
-    pairs = [(p, "sdpa-flash") for p in ours_providers(doc)]
-    pairs.append(("ours", "sdpa-cudnn"))
+    pairs = [(p, base) for base in ("sdpa-flash", "sdpa-cudnn") for p in ours_providers(doc)]
     for provider, baseline in pairs:
         rows, counts = workload_ratios(doc, provider, baseline)
         tally = ", ".join(f"{m}: {a} of {n}" for m, (a, n) in counts.items())
         out += ["", f"{label(provider)} / {label(baseline)} (TFLOP/s over TFLOP/s; bold: at or "
                 f"above 1.00; {tally} at or above):", "", table(head, rows)]  # fmt: skip
+    out.append(workload_peak_shares(doc, peak or dense_peak(doc.get("device"))))
+    return "\n".join(out)
+
+
+# Dense (no sparsity) 16-bit tensor-core throughput in TFLOP/s, by what the device's name holds
+# (the first match counts, so the PCIe and NVL parts come before their SXM names). NVIDIA's
+# datasheets give BF16/FP16 with sparsity, twice these: H100 SXM 1,979, PCIe 1,513, NVL 1,671
+# (https://www.nvidia.com/en-us/data-center/h100/; the H100 architecture whitepaper gives SXM5's
+# dense figure as 989.4); H200 SXM 1,979, NVL 1,671 (https://www.nvidia.com/en-us/data-center/h200/). AMD Instinct MI300X and MI325X: 1,307.4 dense
+# BF16 (https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html, .../mi325x.html).
+DENSE_PEAKS = [
+    ("H100 PCIe", 756.5), ("H100 NVL", 835.5), ("H200 NVL", 835.5), ("H100", 989.4),
+    ("H200", 989.4), ("MI300X", 1307.4), ("MI325X", 1307.4),
+]  # fmt: skip
+
+
+def dense_peak(device: str | None) -> float | None:
+    """The dense 16-bit peak of a device by its name, None where the table has none."""
+    return next((tf for key, tf in DENSE_PEAKS if key in (device or "")), None)
+
+
+def workload_peak_shares(doc: dict, peak: float | None) -> str:
+    """Each workload cell of the all-Triton path (where run) and SDPA-cuDNN as a percentage of the
+    device's dense 16-bit peak."""
+    device = doc.get("device", "device not recorded")
+    if peak is None:
+        return (f"No dense 16-bit peak is known for {device} (tools/bench_report.py DENSE_PEAKS; "
+                "--peak gives one), so no shares of it.")  # fmt: skip
+    shapes, cols, cells = workload_grid(doc)
+    ours = [p for p in ours_providers(doc) if p != "ours"] or ["ours"]
+    out = []
+    for provider in (ours[0], "sdpa-cudnn"):
+        rows = [
+            [name, *(fmt(100 * t / peak if (t := cells.get((name, m, lay), {}).get(provider))
+                         else None, 0) for m, lay in cols)]
+            for name in shapes
+        ]  # fmt: skip
+        out += ["", f"{label(provider)} as % of the dense 16-bit peak ({peak:g} TFLOP/s, "
+                f"{device}):", "", table(["shape", *(f"{m} {lay}" for m, lay in cols)], rows)]  # fmt: skip
     return "\n".join(out)
 
 
@@ -365,15 +406,18 @@ def splice(page: str, blocks: dict[str, str], page_name: str) -> str:
     return page
 
 
-def build(files: list[Path], date: str | None) -> tuple[dict[str, str], dict[str, dict]]:
-    """({NAME: markdown}, {NAME: document}) of the input files; one file per NAME."""
+def build(
+    files: list[Path], date: str | None, peak: float | None = None
+) -> tuple[dict[str, str], dict[str, dict]]:
+    """({NAME: markdown}, {NAME: document}) of the input files; one file per NAME. ``peak``: the
+    device's dense 16-bit TFLOP/s for the workload tables (default: DENSE_PEAKS)."""
     blocks, docs = {}, {}
     for path in files:
         name, doc = load(path, date)
         if name in docs:
             raise ReportError(f"{path}: a second {name} file ({docs[name]['_file']} is the first).")
         docs[name] = doc
-        blocks[name] = RENDER[name](doc)
+        blocks[name] = workload_tables(doc, peak) if name == "workloads" else RENDER[name](doc)
     return blocks, docs
 
 
@@ -387,11 +431,20 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, required=True, help="folder for NAME.md and NAME.png")
     ap.add_argument("--page", type=Path, help="markdown page whose bench_report blocks to replace")
     ap.add_argument("--date", help="the day the figures were measured, YYYY-MM-DD")
+    ap.add_argument(
+        "--peak",
+        type=float,
+        metavar="TFLOPS",
+        help="the device's dense 16-bit peak for the workload shares (default: a table by the "
+        "device's name; without one the shares are left out)",
+    )
     args = ap.parse_args(argv)
     try:
         if args.date and not re.fullmatch(r"\d{4}-\d\d-\d\d", args.date):
             raise ReportError(f"--date {args.date!r}: expected YYYY-MM-DD.")
-        blocks, docs = build(args.files, args.date)
+        if args.peak is not None and not args.peak > 0:
+            raise ReportError(f"--peak {args.peak:g}: expected a positive TFLOP/s figure.")
+        blocks, docs = build(args.files, args.date, args.peak)
         page = None
         if args.page:
             rel = os.path.relpath(args.out.resolve(), args.page.resolve().parent)

@@ -126,6 +126,38 @@ def test_the_workload_tables_give_each_ours_path_over_sdpa_flash_per_shape_mode_
     assert f"| {shapes[-1]} | **1.20** | **1.20** | 0.50 | 0.50 |" in text  # ours[triton]
     assert "ours[triton] / SDPA-flash" in text and "ours / SDPA-cuDNN" in text
     assert f"| {shapes[0]} | 0.80 | 0.80 | 0.25 | 0.25 |" in text  # over cuDNN
+    assert "ours[triton] / SDPA-cuDNN" in text  # what AMD GPUs run, against cuDNN too
+
+
+def test_the_workload_tables_give_the_all_triton_path_and_cudnn_as_shares_of_the_dense_peak(
+    fixtures,
+):
+    doc = {**fixtures["workloads"], "_date": "2026-12-04", "_file": "workloads.json"}
+    unknown = bench_report.workload_tables(doc)
+    assert "No dense 16-bit peak is known for Test GPU 141GB" in unknown
+    assert "% of the dense" not in unknown
+    h200 = bench_report.workload_tables({**doc, "device": "NVIDIA H200"})
+    given = bench_report.workload_tables(doc, peak=989.4)
+    assert (
+        h200.replace("NVIDIA H200", "Test GPU 141GB").split("\n", 1)[1] == given.split("\n", 1)[1]
+    )
+    first = doc["workload_rows"][0]  # the first shape's forward, bshd
+    for provider in ("ours[triton]", "sdpa-cudnn"):
+        title = f"{bench_report.label(provider)} as % of the dense 16-bit peak (989.4 TFLOP/s, "
+        section = given[given.index(title) :]
+        row = next(line for line in section.splitlines() if line.startswith(f"| {first['name']} |"))
+        assert row.split(" | ")[1] == f"{100 * first['tflops'][provider] / 989.4:.0f}"
+    assert bench_report.dense_peak("NVIDIA H100 PCIe") == 756.5  # before the SXM name's match
+    assert bench_report.dense_peak("NVIDIA H100 80GB HBM3") == 989.4
+    assert bench_report.dense_peak("AMD Instinct MI300X") == 1307.4
+
+
+def test_a_peak_that_is_not_positive_is_refused_and_nothing_is_written(fixtures, tmp_path, capsys):
+    files = write(tmp_path, {"workloads": fixtures["workloads"]})
+    out = tmp_path / "out"
+    assert bench_report.main([*map(str, files), "--out", str(out), "--peak", "0"]) == 2
+    assert "--peak 0: expected a positive TFLOP/s figure." in capsys.readouterr().err
+    assert not out.exists()
 
 
 def test_the_decode_table_names_the_best_sdpa_backend_and_leaves_a_refusing_one_out(fixtures):
