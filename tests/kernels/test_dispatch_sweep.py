@@ -31,3 +31,27 @@ def test_the_table_gives_ranges_per_length_and_counts_timings_over_the_target():
     assert "| 128 | 512 | 1.00-1.00 | 1.50-2.00 | 1.00-1.00 | 1.10-1.50 |" in text
     assert "| 128 | 4096 | 0.80-1.10 | 0.80-1.10 | 0.90-1.00 | 0.90-1.00 |" in text
     assert text.splitlines()[-1] == f"default/triton worst 1.100; 1 of 8 timings above {TARGET}"
+
+
+def test_each_path_is_timed_there_and_back_so_a_steady_drift_cancels(monkeypatch):
+    """The paths run the same kernel here; the clock slows by the same step at every timing (as
+    after a heavy shape). Timed in one order, the first path would read fastest; there and back,
+    each path's mean is the same."""
+    import torch
+
+    from attnforge_kernels.tools import dispatch
+
+    calls = []
+
+    def timer(fn, spec, grads):
+        calls.append((spec, grads is not None))
+        return 1.0 + 0.01 * len(calls)
+
+    monkeypatch.setattr(dispatch, "_timer", timer)
+    q = torch.zeros(1, 4, 2, 8)
+    out = dispatch._timings(q, q, q, causal=True)
+    assert len(calls) == 2 + 4 * len(dispatch.PATHS)  # an untimed round first
+    specs = [s for s, _ in calls[2::2]]
+    assert specs == specs[::-1]  # default, triton, gluon, gluon, triton, default
+    for mode in ("fwd", "fwd+bwd"):
+        assert len({round(t, 9) for t in out[mode].values()}) == 1, out[mode]
