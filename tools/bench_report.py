@@ -41,8 +41,9 @@ def label(provider: str) -> str:
     return NAMES.get(provider, provider)
 
 
-def load(path: Path, date: str | None) -> tuple[str, dict]:
-    """(NAME, the document with `_date` and `_file` added) of one bench JSON file."""
+def load(path: Path, date: str | None, peak: float | None = None) -> tuple[str, dict]:
+    """(NAME, the document with `_date`, `_file` and `_peak` (--peak, or None) added) of one
+    bench JSON file."""
     try:
         doc = json.loads(path.read_text())
     except (OSError, ValueError) as e:
@@ -58,7 +59,7 @@ def load(path: Path, date: str | None) -> tuple[str, dict]:
     if date is None:
         mtime = dt.datetime.fromtimestamp(path.stat().st_mtime, dt.timezone.utc)
         date = mtime.strftime("%Y-%m-%d")
-    return kind, {**doc, "_date": date, "_file": path.name}
+    return kind, {**doc, "_date": date, "_file": path.name, "_peak": peak}
 
 
 def provenance(doc: dict) -> str:
@@ -166,10 +167,10 @@ def workload_ratios(doc: dict, provider: str, baseline: str) -> tuple[list[list[
     return rows, counts
 
 
-def workload_tables(doc: dict, peak: float | None = None) -> str:
+def workload_tables(doc: dict) -> str:
     """A table of ratios per ours provider against SDPA-flash and against cuDNN, then the
-    all-Triton path's and cuDNN's shares of the device's dense peak (``peak`` TFLOP/s, else
-    DENSE_PEAKS's figure for the device)."""
+    all-Triton path's and cuDNN's shares of the device's dense peak (the document's `_peak`
+    TFLOP/s, else DENSE_PEAKS's figure for the device)."""
     _, cols, _ = workload_grid(doc)
     head = ["shape", *(f"{m} {lay}" for m, lay in cols)]
     out = [provenance(doc)]
@@ -179,7 +180,7 @@ def workload_tables(doc: dict, peak: float | None = None) -> str:
         tally = ", ".join(f"{m}: {a} of {n}" for m, (a, n) in counts.items())
         out += ["", f"{label(provider)} / {label(baseline)} (TFLOP/s over TFLOP/s; bold: at or "
                 f"above 1.00; {tally} at or above):", "", table(head, rows)]  # fmt: skip
-    out.append(workload_peak_shares(doc, peak or dense_peak(doc.get("device"))))
+    out.append(workload_peak_shares(doc, doc.get("_peak") or dense_peak(doc.get("device"))))
     return "\n".join(out)
 
 
@@ -187,8 +188,9 @@ def workload_tables(doc: dict, peak: float | None = None) -> str:
 # (the first match counts, so the PCIe and NVL parts come before their SXM names). NVIDIA's
 # datasheets give BF16/FP16 with sparsity, twice these: H100 SXM 1,979, PCIe 1,513, NVL 1,671
 # (https://www.nvidia.com/en-us/data-center/h100/; the H100 architecture whitepaper gives SXM5's
-# dense figure as 989.4); H200 SXM 1,979, NVL 1,671 (https://www.nvidia.com/en-us/data-center/h200/). AMD Instinct MI300X and MI325X: 1,307.4 dense
-# BF16 (https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html, .../mi325x.html).
+# dense figure as 989.4); H200 SXM 1,979, NVL 1,671 (https://www.nvidia.com/en-us/data-center/h200/).
+# AMD Instinct MI300X and MI325X: 1,307.4 dense BF16
+# (https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html, .../mi325x.html).
 DENSE_PEAKS = [
     ("H100 PCIe", 756.5), ("H100 NVL", 835.5), ("H200 NVL", 835.5), ("H100", 989.4),
     ("H200", 989.4), ("MI300X", 1307.4), ("MI325X", 1307.4),
@@ -410,14 +412,14 @@ def build(
     files: list[Path], date: str | None, peak: float | None = None
 ) -> tuple[dict[str, str], dict[str, dict]]:
     """({NAME: markdown}, {NAME: document}) of the input files; one file per NAME. ``peak``: the
-    device's dense 16-bit TFLOP/s for the workload tables (default: DENSE_PEAKS)."""
+    device's dense 16-bit TFLOP/s for the workload tables (None: DENSE_PEAKS by its name)."""
     blocks, docs = {}, {}
     for path in files:
-        name, doc = load(path, date)
+        name, doc = load(path, date, peak)
         if name in docs:
             raise ReportError(f"{path}: a second {name} file ({docs[name]['_file']} is the first).")
         docs[name] = doc
-        blocks[name] = workload_tables(doc, peak) if name == "workloads" else RENDER[name](doc)
+        blocks[name] = RENDER[name](doc)
     return blocks, docs
 
 

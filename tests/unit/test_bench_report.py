@@ -137,7 +137,7 @@ def test_the_workload_tables_give_the_all_triton_path_and_cudnn_as_shares_of_the
     assert "No dense 16-bit peak is known for Test GPU 141GB" in unknown
     assert "% of the dense" not in unknown
     h200 = bench_report.workload_tables({**doc, "device": "NVIDIA H200"})
-    given = bench_report.workload_tables(doc, peak=989.4)
+    given = bench_report.workload_tables({**doc, "_peak": 989.4})  # --peak 989.4
     assert (
         h200.replace("NVIDIA H200", "Test GPU 141GB").split("\n", 1)[1] == given.split("\n", 1)[1]
     )
