@@ -30,6 +30,8 @@ from ..device.decode import (  # noqa: F401 - the configs' names, as this module
     KVConfig,
     SplitTable,
     auto_num_splits,
+    call_config,
+    for_gpu,
     kv_append,
     kv_config,
     kv_fwd,
@@ -381,13 +383,13 @@ def _decide(
     arguments.alibi_slopes(alibi_slopes, batch, hq, device)  # its shape error, before writing
     rows = seqlen_q * (hq // hk)
     family = configs.device_family(device)
-    kc = kv_config(family, d)
+    gbs = _memory_gbs(device)
+    kc = call_config(family, d, gbs)
     decoding = rows <= kc.decode.block_m
     tile = kc.decode if decoding else kc.prefill
     work = batch * hk * _cdiv(rows, tile.block_m)
     sms = _num_sms(device)
     if num_splits is None or num_splits < 1:
-        gbs = _memory_gbs(device)
         num_splits = auto_num_splits(work, sms, seqlen_cache, tile.block_n, family, gbs)
     num_splits = max(1, min(int(num_splits), 128, _cdiv(seqlen_cache, tile.block_n)))
     if decoding:
@@ -604,7 +606,7 @@ def paged_varlen_forward(
     lse = None
     if return_attn_probs:
         lse = torch.empty((hq, q.shape[0]), dtype=torch.float32, device=device)
-    kc = kv_config(configs.device_family(device), d)
+    kc = call_config(configs.device_family(device), d, _memory_gbs(device))
     max_rows = int(max_seqlen_q) * (hq // hk)
     _launch(
         q, k_cache, v_cache, out, lse, cu_q=cu_q, seqlens_k=seqlens_k, k_start=None,

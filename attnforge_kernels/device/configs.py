@@ -617,6 +617,18 @@ def _config_for(family: str, d: int, dropout: bool, spec: str | None) -> AttnCon
     return override(cfg, spec)
 
 
+def tile_of(t) -> Tile:
+    """A tile of a JSON override: ``[block_m, block_n, num_warps, num_stages(, waves_per_eu)]``
+    or an object with Tile's field names."""
+    try:
+        return Tile(**t) if isinstance(t, dict) else Tile(*t)
+    except TypeError as e:
+        raise ValueError(
+            f"a tile is [block_m, block_n, num_warps, num_stages(, waves_per_eu)] or an object "
+            f"with Tile's fields, got {t!r}: {e}"
+        ) from None
+
+
 def override(cfg: AttnConfig, spec: str | None) -> AttnConfig:
     """Apply a JSON override such as ``{"fwd": [128, 64, 8, 3], "atomic_dq": true}``.
 
@@ -634,8 +646,7 @@ def override(cfg: AttnConfig, spec: str | None) -> AttnConfig:
     changes = {}
     for key in TILE_KEYS:
         if key in data:
-            t = data[key]
-            changes[key] = Tile(**t) if isinstance(t, dict) else Tile(*t)
+            changes[key] = tile_of(data[key])
     if "tma" in data:
         on = data["tma"]
         for key in TILE_KEYS:

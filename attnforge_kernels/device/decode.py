@@ -20,7 +20,9 @@ with flash_attn's heuristic
 from __future__ import annotations
 
 import functools
+import json
 import math
+import os
 from dataclasses import dataclass, replace
 
 import triton
@@ -507,10 +509,13 @@ FEW_TILES_WAVES = 0.4
 @dataclass(frozen=True)
 class SplitTable:
     """One GPU's measured split counts (see DECODE_SPLIT_WAVES): rows of (cache keys up to,
-    waves with few tiles, waves with many), for GPUs reading at least ``min_gbs`` GB/s."""
+    waves with few tiles, waves with many), for GPUs reading at least ``min_gbs`` GB/s; and
+    ``long_tile``, this GPU's own tile for the launches that take the family's long-split tile
+    (``KVConfig.decode_long``; None: the family's), measured with these counts."""
 
     min_gbs: float
     rows: tuple[tuple[int | None, float, float], ...]
+    long_tile: Tile | None = None
 
     def waves(self, seqlen_cache: int, work_blocks: int, num_sms: int) -> float:
         few, many = next(
@@ -532,15 +537,19 @@ class SplitTable:
 #   docs/history/benchmarks-2026.md, "Decode splits on an H200"): up to 16k keys one full wave
 #   (batch 8 x 16k: 134.6 us at 2 splits against 166.8 at the H100's 1; cuDNN 131.6); past 16k,
 #   0.75 of a wave while the batch's tiles are few (batch 1-4: 12, 6 and 3 splits; 1 wave cost
-#   2-5%) and 4 waves once they are many (batch 8 x 128k: 940.6 us at 8 against 983.4 at 2;
-#   batch 16 x 128k: 1857.7 at 4 against 1931.4 at 1). Every row's count is within 2% of the
-#   row's fastest.
+#   2-5%) and one wave once they are many. Its long-split tile is 16x64 with 4 stages (the H100's
+#   3 left batch 8 x 16k at 136.8 us and batch 16 x 16k at 255.6, 0.97-0.98 of cuDNN; with 4:
+#   132.5 and 248.3), and with it one wave beat the 4 waves measured with the old tile (batch 8 x
+#   128k: 948.7 us at 2 splits against 960.3 at 8; batch 16 x 128k: 1882.0 at 1 against 1895.8
+#   at 4; batch 32 x 64k: 1916.0 at 1 against 1899.4 at 2, the one row where more splits won,
+#   within 2%). 2026-12-06, three runs a row in GPU time (docs/history/benchmarks-2026.md, "The
+#   H200's long-split tile"). Every row's count is within 2% of the row's fastest.
 # AMD: untimed, flash_attn's heuristic; an AMD runner would time ``attnforge_kernels.bench
 # --decode --gpu-time --splits ...`` and add its table here.
 DECODE_SPLIT_WAVES: dict[str, tuple[SplitTable, ...]] = {
     "hopper": (
         SplitTable(0, ((16384, 0.5, 0.5), (None, 1.0, 1.0))),
-        SplitTable(4000, ((16384, 1.0, 1.0), (None, 0.75, 4.0))),
+        SplitTable(4000, ((16384, 1.0, 1.0), (None, 0.75, 1.0)), long_tile=Tile(16, 64, 4, 4)),
     ),
 }
 
@@ -550,6 +559,54 @@ def split_table(family: str, gbs: float = 0.0) -> SplitTable | None:
     tables = DECODE_SPLIT_WAVES.get(family, ())
     fitting = [t for t in tables if t.min_gbs <= gbs] or list(tables[:1])
     return max(fitting, key=lambda t: t.min_gbs, default=None)
+
+
+# The cache kernels' keys of a config override (``ATTNFORGE_KERNELS_CONFIG``, as
+# ``configs.override`` reads it for the attention kernels): the KVConfig field each one sets.
+KV_TILE_KEYS = {"kv_decode": "decode", "kv_decode_long": "decode_long", "kv_prefill": "prefill"}
+
+
+def call_config(family: str, head_dim: int, gbs: float = 0.0) -> KVConfig:
+    """The cache kernels' config of a call on a GPU reading ``gbs`` GB/s: the family's tiles
+    (``kv_config``), the GPU's own long-split tile (``for_gpu``), then the cache-kernel keys of
+    ``ATTNFORGE_KERNELS_CONFIG`` (``kv_override``), as the attention kernels take theirs."""
+    kc = for_gpu(kv_config(family, head_dim), family, gbs)
+    return kv_override(kc, os.environ.get(configs.OVERRIDE_ENV))
+
+
+@functools.lru_cache(maxsize=64)
+def kv_override(kc: KVConfig, spec: str | None) -> KVConfig:
+    """``kc`` with the cache-kernel keys of a JSON override such as ``{"kv_decode_long": [16,
+    64, 4, 4]}``: ``kv_decode``, ``kv_decode_long`` (null: no long-split tile), ``kv_prefill``
+    (tiles as ``configs.override`` takes them) and ``kv_long_keys`` (0 or more); other keys are
+    the attention kernels'. For timing tiles on a GPU (``attnforge_kernels.bench --decode
+    --variant``), as an AMD runner would to fill its family's tables."""
+    if not spec:
+        return kc
+    data = json.loads(spec)
+    changes: dict = {}
+    for key, field in KV_TILE_KEYS.items():
+        if key in data:
+            t = data[key]
+            if t is None and field != "decode_long":
+                raise ValueError(f"{key} needs a tile; only kv_decode_long may be null")
+            changes[field] = None if t is None else configs.tile_of(t)
+    if "kv_long_keys" in data:
+        n = int(data["kv_long_keys"])
+        if n < 0:
+            raise ValueError(f"kv_long_keys must be 0 or more, got {n}")
+        changes["long_keys"] = n
+    return replace(kc, **changes) if changes else kc
+
+
+@functools.lru_cache(maxsize=256)
+def for_gpu(kc: KVConfig, family: str, gbs: float = 0.0) -> KVConfig:
+    """``kc`` with the long-split tile of the GPU reading ``gbs`` GB/s (its SplitTable's
+    ``long_tile``) where the family's config has such a tile; otherwise ``kc``."""
+    table = split_table(family, gbs)
+    if kc.decode_long is None or table is None or table.long_tile is None:
+        return kc
+    return replace(kc, decode_long=table.long_tile)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -598,6 +655,10 @@ def aot_kernels(
     decode = [("kv_decode", kc.decode)]
     if kc.decode_long is not None:
         decode.append(("kv_decode_long", kc.decode_long))
+        # A GPU of the family with its own long-split tile (an H200's), named by its table.
+        for t in DECODE_SPLIT_WAVES.get(family, ()):
+            if t.long_tile is not None and t.long_tile != kc.decode_long:
+                decode.append((f"kv_decode_long_{int(t.min_gbs)}gbs", t.long_tile))
     # A step's cache update with rotary over the whole head dim (the most it does), paged.
     append_ptrs = dict(
         Q=p, K=p, V=p, KCache=p, VCache=p, QOut=p, CacheSeqlens="*i32", SeqlensK="*i32",

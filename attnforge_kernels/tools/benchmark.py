@@ -273,11 +273,14 @@ DECODE_CACHES = (4096, 16384, 65536, 131072)
 DECODE_HEADS = (32, 8, 128)  # query heads, KV heads, head dim
 
 
-def _decode_providers(splits=()):
+def _decode_providers(splits=(), variants=None):
+    """ours (also at each of ``splits`` and under each of ``variants``, NAME -> JSON config
+    override, e.g. ``{"kv_decode_long": [16, 64, 4, 4]}``) and each SDPA backend."""
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from ..api.kvcache import flash_attn_with_kvcache
+    from ..device import configs
 
     def ours(q, kc, vc):
         return flash_attn_with_kvcache(q, kc, vc)
@@ -294,9 +297,17 @@ def _decode_providers(splits=()):
     def ours_at(n):
         return lambda q, kc, vc: flash_attn_with_kvcache(q, kc, vc, num_splits=n)
 
+    def ours_with(spec):
+        def run(q, kc, vc):
+            with configs.overridden(spec):
+                return flash_attn_with_kvcache(q, kc, vc)
+
+        return run
+
     return {
         "ours": ours,
         **{f"ours-s{n}": ours_at(n) for n in splits},
+        **{f"ours[{name}]": ours_with(spec) for name, spec in (variants or {}).items()},
         "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION),
         "sdpa-efficient": sdpa(SDPBackend.EFFICIENT_ATTENTION),
         "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
@@ -347,17 +358,18 @@ def graph_ms(fn, steps: int = 20, rounds: int = 5) -> float:
 
 
 def run_decode(
-    batches=DECODE_BATCHES, caches=DECODE_CACHES, splits=(), gpu_time: bool = False
-) -> dict:
+    batches=DECODE_BATCHES, caches=DECODE_CACHES, splits=(), gpu_time: bool = False,
+    variants=None,
+) -> dict:  # fmt: skip
     """Microseconds per decoding step and the K/V read rate (GB/s), per batch and cache length:
     medians of ``do_bench`` (with the host's launch gaps), or with ``gpu_time`` the GPU's time
-    alone (:func:`graph_ms`)."""
+    alone (:func:`graph_ms`); ours also under each config override of ``variants``."""
     import torch
     from triton.testing import do_bench
 
     torch.manual_seed(0)
     hq, hk, d = DECODE_HEADS
-    provs = _decode_providers(splits)
+    provs = _decode_providers(splits, variants)
     rows = []
     for b in batches:
         for s in caches:
@@ -634,10 +646,24 @@ def _parser() -> argparse.ArgumentParser:
         "(GQA 1/4/7/8, causal, 512-32k tokens, d=64/128)",
     )
     ap.add_argument(
+        "--seqs",
+        type=_ints,
+        help="--dispatch: only these sequence lengths (comma-separated; default 512-32768)",
+    )
+    ap.add_argument(
+        "--head-dims", type=_ints, help="--dispatch: only these head dims (comma-separated: 64,128)"
+    )
+    ap.add_argument(
+        "--gqa", type=_ints, help="--dispatch: only these GQA ratios (comma-separated: 1,4,7,8)"
+    )
+    ap.add_argument(
         "--variant",
         action="append",
         default=[],
-        help="NAME=JSON config override (see attnforge_kernels.device.configs.override) to time as well",
+        help="NAME=JSON config override to time as well: the attention kernels' keys "
+        "(attnforge_kernels.device.configs.override) with --workloads, the cache kernels' "
+        "(kv_decode, kv_decode_long, kv_prefill, kv_long_keys: "
+        "attnforge_kernels.device.decode.kv_override) with --decode",
     )
     return ap
 
@@ -660,18 +686,38 @@ def _report(result: dict, args, render) -> int:
     return 0
 
 
-def _decode(args) -> int:
+def _decode(args, variants: dict) -> int:
     sizes = dict(batches=(1, 64), caches=(4096, 131072)) if args.quick else {}
     if args.batches:
         sizes["batches"] = args.batches
     if args.caches:
         sizes["caches"] = args.caches
-    return _report(run_decode(splits=args.splits, gpu_time=args.gpu_time, **sizes), args,
-                   decode_table)  # fmt: skip
+    return _report(run_decode(splits=args.splits, gpu_time=args.gpu_time, variants=variants,
+                              **sizes), args, decode_table)  # fmt: skip
+
+
+def _dispatch_selection(ap: argparse.ArgumentParser, args) -> dict:
+    """run_dispatch's keyword arguments from --seqs, --head-dims and --gqa (a part of the
+    sweep, to fit a time limit); a bad value or one of them without --dispatch is an error."""
+    from .dispatch import HEAD_DIMS, RATIOS
+
+    chosen = {"seqs": args.seqs, "head_dims": args.head_dims, "gqa": args.gqa}
+    given = {k: v for k, v in chosen.items() if v is not None}
+    if given and not args.dispatch:
+        ap.error("--seqs, --head-dims and --gqa select a part of the --dispatch sweep")
+    if any(n < 1 for n in given.get("seqs", ())):
+        ap.error("--seqs: lengths are 1 or more")
+    if not set(given.get("head_dims", ())) <= set(HEAD_DIMS):
+        ap.error(f"--head-dims: the sweep has {', '.join(map(str, HEAD_DIMS))}")
+    if not set(given.get("gqa", ())) <= set(RATIOS):
+        ap.error(f"--gqa: the sweep has ratios {', '.join(map(str, RATIOS))}")
+    return given
 
 
 def main(argv=None) -> int:
-    args = _parser().parse_args(argv)
+    ap = _parser()
+    args = ap.parse_args(argv)
+    sweep = _dispatch_selection(ap, args)
     import torch
 
     if not torch.cuda.is_available():
@@ -682,11 +728,11 @@ def main(argv=None) -> int:
         _write({"host_us": host_time()}, args.json)
         return 0
     if args.decode:
-        return _decode(args)
+        return _decode(args, variants)
     if args.dispatch:
         from .dispatch import dispatch_table, run_dispatch
 
-        return _report(run_dispatch(), args, dispatch_table)
+        return _report(run_dispatch(**sweep), args, dispatch_table)
     if args.workloads:
         layouts = ("bshd", "bhsd") if args.layout == "both" else (args.layout,)
         modes = (args.mode,) if args.mode else ("fwd", "fwd+bwd")

@@ -55,3 +55,31 @@ def test_each_path_is_timed_there_and_back_so_a_steady_drift_cancels(monkeypatch
     assert specs == specs[::-1]  # default, triton, gluon, gluon, triton, default
     for mode in ("fwd", "fwd+bwd"):
         assert len({round(t, 9) for t in out[mode].values()}) == 1, out[mode]
+
+
+def test_the_command_line_selects_a_part_of_the_sweep():
+    """--seqs, --head-dims and --gqa narrow the sweep (one part per device call); values the
+    sweep does not have, or the options without --dispatch, stop before any GPU work."""
+    import pytest
+
+    from attnforge_kernels.tools.benchmark import _dispatch_selection, _parser
+
+    def select(*argv):
+        ap = _parser()
+        return _dispatch_selection(ap, ap.parse_args(list(argv)))
+
+    assert select("--dispatch") == {}
+    assert select("--dispatch", "--seqs", "2048,4096", "--head-dims", "128", "--gqa", "1,7") == {
+        "seqs": (2048, 4096),
+        "head_dims": (128,),
+        "gqa": (1, 7),
+    }
+    for bad in (
+        ("--dispatch", "--head-dims", "96"),
+        ("--dispatch", "--gqa", "2"),
+        ("--dispatch", "--seqs", "0"),
+        ("--seqs", "4096"),
+    ):
+        with pytest.raises(SystemExit) as exc:
+            select(*bad)
+        assert exc.value.code == 2, bad

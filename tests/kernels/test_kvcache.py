@@ -8,6 +8,7 @@ and judge.
 """
 
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -359,10 +360,11 @@ def test_hopper_split_counts_follow_the_measured_table(work, cache, expected, gb
         (4, 131072, 3),
         (8, 4096, 2),  # the H100's table: 1 (47.4 us against 44.4)
         (8, 16384, 2),  # the H100's table: 1 (166.8 us against 134.6)
-        (8, 131072, 8),  # many tiles past 16k: 4 waves (the H100's table: 2)
+        (8, 65536, 2),  # many tiles past 16k: one wave, with the H200's long-split tile
+        (8, 131072, 2),  # 948.7 us against 960.3 at 8 and 968.8 for cuDNN (2026-12-06)
         (16, 4096, 1),
-        (16, 131072, 4),  # the H100's table: 1 (1931.4 us against 1857.7)
-        (32, 65536, 2),
+        (16, 131072, 1),  # 1882.0 us against 1895.8 at 4
+        (32, 65536, 1),  # 1916.0 us against 1899.4 at 2: within 2%, and cuDNN's 1923.4
     ],
 )
 def test_h200_split_counts_follow_its_own_table(batch, cache, expected):
@@ -541,6 +543,7 @@ def test_every_family_has_kv_tiles_and_kernels_aot_compiles_both():
     assert [k[0] for k in aot_kernels(128, "hopper")] == [
         "kv_decode",
         "kv_decode_long",
+        "kv_decode_long_4000gbs",  # the H200's own (its split table's long_tile)
         "kv_prefill",
         "kv_append",
     ]
@@ -602,3 +605,103 @@ def test_no_new_keys_leave_the_cache_and_the_lengths_as_given():
     before = kc.clone()
     got = flash_attn_with_kvcache(q, kc, vc, none, none.clone(), cache_seqlens=lens)
     assert torch.equal(got, want) and torch.equal(kc, before)
+
+
+def test_an_h200_takes_its_own_long_split_tile_and_an_h100_the_familys():
+    """The long-split tile is the GPU's where its split table names one (the H200's, measured
+    with its split counts), the family's otherwise; head dims without a long tile keep none."""
+    from attnforge_kernels.device.configs import Tile
+    from attnforge_kernels.device.decode import for_gpu
+
+    kc = kvcache.kv_config("hopper", 128)
+    h200 = for_gpu(kc, "hopper", H200_GBS)
+    assert h200.decode_long == Tile(16, 64, 4, 4) != kc.decode_long
+    assert h200.decode == kc.decode and h200.long_keys == kc.long_keys
+    assert for_gpu(kc, "hopper", H100_GBS) == kc
+    assert for_gpu(kc, "hopper", 0.0) == kc  # bandwidth unknown: the family's first table
+    kc64 = kvcache.kv_config("hopper", 64)
+    assert for_gpu(kc64, "hopper", H200_GBS) == kc64
+    assert for_gpu(kvcache.kv_config("cdna3", 128), "cdna3", H200_GBS).decode_long is None
+
+
+def test_the_compile_check_builds_the_h200_long_split_tile_too():
+    from attnforge_kernels.device.decode import aot_kernels
+
+    names = {name: tile for name, _, _, _, tile in aot_kernels(128, "hopper")}
+    assert names["kv_decode_long_4000gbs"] == kvcache.split_table("hopper", H200_GBS).long_tile
+    assert "kv_decode_long" in names and "kv_decode" in names
+    assert not any(n.startswith("kv_decode_long_") for n, *_ in aot_kernels(64, "hopper"))
+
+
+def test_the_cache_kernels_tiles_take_a_config_override():
+    """ATTNFORGE_KERNELS_CONFIG's kv_* keys set the cache kernels' tiles (how a GPU times other
+    tiles with `attnforge_kernels.bench --decode --variant`), over the GPU's own long tile; the
+    attention kernels' keys leave them alone, and a bad tile stops with the expected shape."""
+    from attnforge_kernels.device import configs
+    from attnforge_kernels.device.configs import Tile
+    from attnforge_kernels.device.decode import call_config, kv_override
+
+    kc = kvcache.kv_config("hopper", 128)
+    spec = '{"kv_decode": [16, 32, 4, 2], "kv_decode_long": null, "kv_long_keys": 8192}'
+    o = kv_override(kc, spec)
+    assert (o.decode, o.decode_long, o.long_keys, o.prefill) == (
+        Tile(16, 32, 4, 2),
+        None,
+        8192,
+        kc.prefill,
+    )
+    o = kv_override(kc, '{"kv_prefill": {"block_m": 64, "block_n": 32, "num_warps": 4, '
+                        '"num_stages": 2}, "fwd": [64, 64, 4, 2]}')  # fmt: skip
+    assert o.prefill == Tile(64, 32, 4, 2) and o.decode == kc.decode
+    assert kv_override(kc, '{"fwd": [64, 64, 4, 2], "atomic_dq": true}') is kc
+    assert configs.override(configs.config_for("hopper", 128), '{"kv_decode": [16, 32, 4, 2]}') \
+        == configs.config_for("hopper", 128)  # fmt: skip
+    for bad, words in (
+        ('{"kv_decode": [16, 32]}', "a tile is [block_m, block_n"),
+        ('{"kv_prefill": null}', "only kv_decode_long may be null"),
+        ('{"kv_long_keys": -1}', "0 or more"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(words)):
+            kv_override(kc, bad)
+    assert call_config("hopper", 128, H200_GBS).decode_long == Tile(16, 64, 4, 4)
+    with configs.overridden('{"kv_decode_long": [16, 128, 4, 4]}'):
+        assert call_config("hopper", 128, H200_GBS).decode_long == Tile(16, 128, 4, 4)
+    assert call_config("hopper", 128, H200_GBS).decode_long == Tile(16, 64, 4, 4)
+
+
+def test_a_decode_step_under_an_override_launches_its_tile_and_agrees():
+    """The interpreter runs the cache kernels with the override's decode tile (one key block
+    of 16 where the family's is 16 x 16 with 4 splits' worth of keys): same output."""
+    from attnforge_kernels.device import configs
+
+    g = torch.Generator().manual_seed(7)
+    q = _rand(2, 1, 4, 32, dtype=torch.float16, g=g)
+    kc, vc = (_rand(2, 96, 2, 32, dtype=torch.float16, g=g) for _ in range(2))
+    base = flash_attn_with_kvcache(q, kc, vc, num_splits=2)
+    spec = '{"kv_decode": [16, 32, 1, 1]}'
+    with configs.overridden(spec):
+        call = kvcache._decide(q, kc, vc, None, None, None, None, None, None, None, None, None,
+                               False, (-1, -1), 0.0, False, None, 2, False)  # fmt: skip
+        out = flash_attn_with_kvcache(q, kc, vc, num_splits=2)
+    assert call.tile.block_n == 32 and kvcache.kv_config("interpreter", 32).decode.block_n != 32
+    assert (out.float() - base.float()).abs().max().item() <= 2**-9
+
+
+def test_the_decode_benchmark_times_ours_under_each_variant(monkeypatch):
+    from attnforge_kernels.api import kvcache as api
+    from attnforge_kernels.device import configs
+    from attnforge_kernels.tools.benchmark import _decode_providers
+
+    seen = []
+    monkeypatch.setattr(
+        api,
+        "flash_attn_with_kvcache",
+        lambda *a, **k: seen.append(os.environ.get(configs.OVERRIDE_ENV)),
+    )
+    monkeypatch.delenv(configs.OVERRIDE_ENV, raising=False)
+    spec = '{"kv_decode_long": [16, 64, 4, 4]}'
+    provs = _decode_providers((), {"long4": spec})
+    assert [n for n in provs if n.startswith("ours")] == ["ours", "ours[long4]"]
+    provs["ours[long4]"](None, None, None)
+    provs["ours"](None, None, None)
+    assert seen == [spec, None] and configs.OVERRIDE_ENV not in os.environ
