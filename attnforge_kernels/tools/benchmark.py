@@ -6,9 +6,9 @@ causal; forward+backward 3.5x that. Times are medians of ``triton.testing.do_ben
     python -m attnforge_kernels.bench [--quick] [--json FILE] [--variant NAME=JSON ...]
     python -m attnforge_kernels.bench --workloads [--layout bshd|bhsd|both] [--mode fwd|fwd+bwd]
     python -m attnforge_kernels.bench --decode [--quick] [--splits N,N,...] [--batches N,...]
-                                               [--caches N,...] [--gpu-time]
+                                               [--caches N,...] [--gpu-time] [--variant NAME=JSON]
     python -m attnforge_kernels.bench --host
-    python -m attnforge_kernels.bench --dispatch
+    python -m attnforge_kernels.bench --dispatch [--seqs N,...] [--head-dims 64,128] [--gqa 1,4,7,8]
 
 The sweep shapes are made as (b, h, s, d) tensors and handed to the kernels as BSHD views (SDPA's
 layout, transposed). ``--workloads`` times the shapes of ``contract/workloads.py`` (SD 1.5, SDXL,
@@ -20,13 +20,16 @@ flash_attn callers and diffusers' projections give; SDPA gets the transposed vie
 bf16, one query token, the whole cache visible) against every SDPA backend fed the same cache:
 the (b, s, h, d) cache transposed to SDPA's (b, h, s, d) view with ``enable_gqa=True``, no copy.
 ``--splits`` times ours at those ``num_splits`` too (``ours-sN``), the data for a GPU's table in
-``attnforge_kernels.device.decode.DECODE_SPLIT_WAVES``. ``--gpu-time`` times each step as the GPU's
+``attnforge_kernels.device.decode.DECODE_SPLIT_WAVES``; ``--variant NAME=JSON`` times ours under a
+config override of the cache kernels' tiles (``ours[NAME]``; ``kv_decode``, ``kv_decode_long``, ...:
+``attnforge_kernels.device.decode.kv_override``). ``--gpu-time`` times each step as the GPU's
 work alone (CUDA graphs of flushed steps less the flushes), without the launch gaps ``do_bench``
 includes. ``--host`` times back-to-back calls with no L2 flush (the larger of host and GPU time per
 call): a forward at a tiny shape, and a decoding step at batch 1 with 4096 keys, without and with a
 new key appended (flash_attn's decoding loop), ours also unplanned (the full path every call).
 ``--dispatch`` times the default path against the all-Triton path and Gluon on Hopper
-(attnforge_kernels/tools/dispatch.py).
+(attnforge_kernels/tools/dispatch.py); ``--seqs``, ``--head-dims`` and ``--gqa`` time a part of
+that sweep, to fit a time limit.
 """
 
 from __future__ import annotations
