@@ -31,7 +31,6 @@ from ..device.decode import (  # noqa: F401 - the configs' names, as this module
     SplitTable,
     auto_num_splits,
     call_config,
-    for_gpu,
     kv_append,
     kv_config,
     kv_fwd,
