@@ -388,7 +388,9 @@ def run_forward(
     if drop is not None:  # the dropout forward's tile, where a Triton line gives it one
         cfg = configs.config_for(family, d, dropout=True)
     # Short keys, a head dim's own tile, or a grid too small to fill the GPU.
-    cfg = configs.forward_config(cfg, family, d, max_q, max_k, batch * hq, q.device)
+    cfg = configs.forward_config(
+        cfg, family, d, max_q, max_k, batch * hq, q.device, causal=mask.right == 0
+    )
     out = torch.empty(qs.t.shape, dtype=out_dtype or q.dtype, device=q.device)
     os_ = _Seq(out, varlen).strides
     lse_shape = (hq, q.shape[0]) if varlen else (batch, hq, max_q)

@@ -264,7 +264,16 @@ def _hopper(d: int) -> AttnConfig:
             gluon_fwd_min_seq=GLUON_MIN_SEQ["fwd"][128],
             gluon_bwd_min_seq=GLUON_MIN_SEQ["bwd"][128],
         )
-    return AttnConfig(Tile(64, 64, 8, 2), Tile(16, 32, 8, 1), Tile(32, 32, 4, 1))
+    # d > 128 (160, 192 and 256 pad to 256): tiles whose products are wgmma's (64 rows a warp
+    # group) where they fit. On an H100 (2026-12-06, Triton 3.6): the forward's 64x32 w4 s2 ran
+    # 1.5-1.6x the 64x64 w8 s2 it replaced (388 against 253 TFLOP/s at (4,16,4096,256)) and 1.8-2.3x
+    # the 32x32 small-grid tile (mma.sync) it also replaced; dK/dV 64x32 w8 s1 (was 16x32 w8 s1)
+    # and dQ 64x32 w4 s1 (was 32x32 w4 s1) took fwd+bwd 2.1-2.5x, the dQ tile 1.25-1.36x of that
+    # (it spills on Triton 3.6-3.8: an accepted spill, below). Every wider dK/dV tile spills (two
+    # keys x 256 fp32 accumulators), so its products stay mma.sync ones and the backward remains
+    # well below SDPA's at these head dims (docs/benchmarks.md, "Small grids and head dims above
+    # 128 on Hopper").
+    return AttnConfig(Tile(64, 32, 4, 2), Tile(64, 32, 8, 1), Tile(64, 32, 4, 1))
 
 
 @dataclass(frozen=True)
@@ -323,6 +332,32 @@ ACCEPTED_SPILLS = (
 )
 
 
+_HOPPER_DQ_256 = (
+    "dQ 64x32 w4 s1 (wgmma) ran fwd+bwd {} TFLOP/s at {} on an H100 with Triton 3.6, where it spills, "
+    "against {} for the spill-free 32x32 w4 s1 (mma.sync) beside the same forward and dK/dV tiles "
+    "(docs/benchmarks.md, 'Small grids and head dims above 128 on Hopper'); spill-free on Triton 3.9"
+)
+# Spill-store bytes by Triton line (`python -m attnforge_kernels.aot --arch sm90 --head-dims
+# 160,256` over each): d=256 3.6.0 444, 3.7.1 496, 3.8.0 456; d=160 444, 492, 432; none on 3.9.0.
+# The entries accept up to the largest.
+ACCEPTED_SPILLS += tuple(
+    AcceptedSpill(
+        arch="sm90",
+        head_dim=d,
+        kernel="bwd_dq",
+        tile="64x32 w4 s1",
+        spills=496,
+        scratch_bytes=496,
+        reason=_HOPPER_DQ_256.format(*figures),
+        spill_free_on=((3, 9),),
+    )
+    for d, figures in (
+        (160, (119.0, "(2,8,4096,160) fp16", 87.6)),
+        (256, (187.8, "(2,16,4096,256) bf16", 139.7)),
+    )
+)
+
+
 def _ampere(d: int) -> AttnConfig:
     if d <= 64:
         return AttnConfig(Tile(128, 64, 8, 2), Tile(16, 32, 4, 2), Tile(64, 64, 4, 2))
@@ -337,14 +372,17 @@ def _interpreter(d: int) -> AttnConfig:
     return AttnConfig(t, t, t)
 
 
-# Dropout keeps the Philox mask live in the backward: with the shared tiles ptxas spills there
-# (sm90 dK/dV 64x64 w4: 564 / 1720 bytes at d=64 / 128; sm80 dK/dV and dQ: 16-232 bytes). These
-# tiles compile without spills with dropout (python -m attnforge_kernels.aot --arch sm90 --arch
-# sm80); AMD's shared tiles already do, and the forward's everywhere. Their speed is not measured
-# yet.
-_DROPOUT_BWD = {
+# Dropout keeps the Philox mask live in the backward (and at sm90 d=256 the forward): with the
+# shared tiles ptxas spills there (sm90 dK/dV 64x64 w4: 564 / 1720 bytes at d=64 / 128; sm80 dK/dV
+# and dQ: 16-232 bytes). These tiles compile without spills with dropout (python -m
+# attnforge_kernels.aot --arch sm90 --arch sm80); AMD's shared tiles already do. Their speed is
+# not measured yet.
+_DROPOUT_TILES = {
     ("hopper", 64): {"bwd_kv": Tile(16, 128, 8, 2)},
     ("hopper", 128): {"bwd_kv": Tile(16, 128, 8, 2)},
+    # d=256's forward 64x32 w4 s2 spills with the mask live on Triton 3.6-3.8 (28-72 bytes) and
+    # its dQ 64x32 w4 s1 on 3.9 too (32-64); 64x32 w8 s2 and 32x32 w4 s1 do not on 3.6-3.9.
+    ("hopper", 256): {"fwd": Tile(64, 32, 8, 2), "bwd_q": Tile(32, 32, 4, 1)},
     ("ampere", 64): {"bwd_kv": Tile(16, 32, 4, 1), "bwd_q": Tile(64, 64, 8, 2)},
     ("ampere", 128): {"bwd_kv": Tile(16, 64, 8, 1), "bwd_q": Tile(64, 64, 8, 2)},
 }
@@ -354,8 +392,11 @@ _DROPOUT_BWD = {
 # SMALL_GRID_WAVES programs per compute unit (SM / CU), the forward runs this smaller tile instead
 # (more programs, shorter critical path). The shapes diffusion and LLM users run are mostly such
 # grids (SD 1.5 at 512x512, SDXL's 1024-token level, a single LLM prefill of 1024 tokens). Hopper
-# picked on an H100 from one sweep of eight forward tiles per head dim at the workload shapes
-# (docs/benchmarks.md, issue 30); the AMD rows halve the default BLOCK_M and are compile-checked
+# re-picked on an H100 on 2026-12-06 (docs/benchmarks.md, "Small grids on Hopper"): d=64 keeps
+# 64x64 w4 s3; d=128's 64x64 w4 s3 (was 64x32 w4 s4) runs causal grids 4-17% faster than either
+# that or the default tile, but non-causal grids 4-6% slower than the default, so it is causal-only
+# (SMALL_GRID_CAUSAL_ONLY); d=256 has no entry (its default 64x32 w4 s2 ran 2x the 32x32 tile
+# there). The AMD rows halve the default BLOCK_M and are compile-checked
 # only (python -m attnforge_kernels.aot: 0 spills, occupancy no lower than the default's): untuned
 # on AMD hardware, they are the table an AMD runner's bench should refine (timing
 # ATTNFORGE_KERNELS_CONFIG='{"fwd": [...]}' at the workload shapes, attnforge_kernels.bench
@@ -364,8 +405,7 @@ _DROPOUT_BWD = {
 SMALL_GRID_WAVES = 4
 SMALL_GRID_FWD = {
     ("hopper", 64): Tile(64, 64, 4, 3),
-    ("hopper", 128): Tile(64, 32, 4, 4),
-    ("hopper", 256): Tile(32, 32, 4, 3),
+    ("hopper", 128): Tile(64, 64, 4, 3),
     ("cdna2", 64): Tile(64, 32, 4, 1, 2),
     # d=128 asks for 3 waves per EU: with 2 the forward's folded scale (flash.py _fwd_step) took
     # gfx90a to 177 VGPRs and gfx942 to 171, occupancy 2 (Triton 3.9); with 3, 161 and 168 and
@@ -382,6 +422,10 @@ SMALL_GRID_FWD = {
     ("rdna4", 64): Tile(32, 64, 4, 1, 2),
     ("rdna4", 128): Tile(32, 32, 4, 1, 2),
 }
+# SMALL_GRID_FWD rows that serve causal grids only (key ranges ending at the diagonal, so the
+# programs' work is uneven and more, shorter programs balance it); a non-causal small grid keeps
+# the default tile. Keys: (family, padded head dim).
+SMALL_GRID_CAUSAL_ONLY = frozenset({("hopper", 128)})
 
 
 # Forward tiles for head dims that are not a power of two (the kernels compute the padded width),
@@ -446,31 +490,36 @@ def head_dim_fwd(family: str, head_dim: int) -> Tile | None:
 
 
 def small_grid_fwd(cfg: AttnConfig, family: str, head_dim: int, rows: int, heads: int,
-                   units: int) -> Tile | None:  # fmt: skip
+                   units: int, causal: bool = False) -> Tile | None:  # fmt: skip
     """The forward tile for a grid of ``heads`` (batch x query heads) times ``rows`` query rows
     (the longest sequence) on ``units`` compute units, when it differs from ``cfg.fwd``: the
     SMALL_GRID_FWD tile where the default tile leaves fewer than SMALL_GRID_WAVES programs per
-    unit; None otherwise (and whenever ATTNFORGE_KERNELS_CONFIG names a forward tile)."""
-    tile = SMALL_GRID_FWD.get((family, padded_head_dim(head_dim)))
+    unit (for a row of SMALL_GRID_CAUSAL_ONLY, only where ``causal``); None otherwise (and
+    whenever ATTNFORGE_KERNELS_CONFIG names a forward tile)."""
+    key = (family, padded_head_dim(head_dim))
+    tile = SMALL_GRID_FWD.get(key)
     if tile is None or units <= 0 or _env_names_fwd():
+        return None
+    if key in SMALL_GRID_CAUSAL_ONLY and not causal:
         return None
     programs = -(-rows // cfg.fwd.block_m) * heads
     return tile if programs < SMALL_GRID_WAVES * units else None
 
 
 def forward_config(cfg: AttnConfig, family: str, head_dim: int, max_q: int, max_k: int,
-                   heads: int, device) -> AttnConfig:  # fmt: skip
+                   heads: int, device, causal: bool = False) -> AttnConfig:  # fmt: skip
     """``cfg`` with the forward tile of one call: SHORT_KV_FWD's where the longest key sequence
     fits its key block, else HEAD_DIM_FWD's, else SMALL_GRID_FWD's for a grid of ``heads``
-    (batch x query heads) x ``max_q`` rows too small for ``device``, else cfg's own (also
-    whenever ATTNFORGE_KERNELS_CONFIG names a forward tile)."""
+    (batch x query heads) x ``max_q`` rows too small for ``device`` (``causal``: the call's key
+    ranges end at the diagonal), else cfg's own (also whenever ATTNFORGE_KERNELS_CONFIG names a
+    forward tile)."""
     if _env_names_fwd():
         return cfg
     tile = SHORT_KV_FWD.get((family, padded_head_dim(head_dim)))
     if tile is None or max_k > tile.block_n:
         tile = HEAD_DIM_FWD.get((family, head_dim))
     if tile is None:
-        tile = small_grid_fwd(cfg, family, head_dim, max_q, heads, compute_units(device))
+        tile = small_grid_fwd(cfg, family, head_dim, max_q, heads, compute_units(device), causal)
     return cfg if tile is None else with_fwd(cfg, tile)
 
 
@@ -610,7 +659,7 @@ def _config_for(family: str, d: int, dropout: bool, spec: str | None) -> AttnCon
     cfg = replace(cfg, **{k: t for k, t in newer.items() if k in TILE_KEYS})
     if dropout:
         group = "ampere" if family == "nvidia" else family
-        cfg = replace(cfg, **_DROPOUT_BWD.get((group, d), {}))
+        cfg = replace(cfg, **_DROPOUT_TILES.get((group, d), {}))
         cfg = replace(
             cfg, **{k: newer[f"dropout_{k}"] for k in TILE_KEYS if f"dropout_{k}" in newer}
         )

@@ -12,20 +12,46 @@ from attnforge_kernels.device.configs import Tile
 
 
 def test_small_grids_take_the_small_tile_and_large_ones_keep_the_default():
+    cfg = configs.config_for("hopper", 64)
+    small = configs.SMALL_GRID_FWD[("hopper", 64)]
+    # SDXL's 1024-token level, b2 h20 d64 on 132 SMs: 8 x 40 = 320 programs < 4 x 132.
+    assert configs.small_grid_fwd(cfg, "hopper", 64, 1024, 40, 132) == small
+    # Its 4096-token level, b2 h10: 32 x 20 = 640 programs fill the GPU.
+    assert configs.small_grid_fwd(cfg, "hopper", 64, 4096, 20, 132) is None
+    # The boundary: exactly SMALL_GRID_WAVES programs per unit is not small.
+    rows = cfg.fwd.block_m * configs.SMALL_GRID_WAVES
+    assert configs.small_grid_fwd(cfg, "hopper", 64, rows, 132, 132) is None
+    assert configs.small_grid_fwd(cfg, "hopper", 64, rows - cfg.fwd.block_m, 132, 132) == small
+    # d=40 runs the padded d=64 tiles; the interpreter has no entry; 0 units (unknown) never.
+    assert configs.small_grid_fwd(cfg, "hopper", 40, 1024, 16, 132) == small
+    assert configs.small_grid_fwd(cfg, "interpreter", 128, 1, 1, 132) is None
+    assert configs.small_grid_fwd(cfg, "hopper", 64, 1, 1, 0) is None
+
+
+def test_a_causal_only_small_tile_serves_causal_grids_alone():
+    # Hopper d=128: the 64-row tile balanced causal grids' uneven programs, and ran slower than
+    # the default tile where every program has the same work.
+    assert ("hopper", 128) in configs.SMALL_GRID_CAUSAL_ONLY
     cfg = configs.config_for("hopper", 128)
     small = configs.SMALL_GRID_FWD[("hopper", 128)]
     # LLM prefill b1 h32 s1024 on 132 SMs: 8 x 32 = 256 programs < 4 x 132.
-    assert configs.small_grid_fwd(cfg, "hopper", 128, 1024, 32, 132) == small
-    # Qwen-Image 1x24x6132: 48 x 24 = 1152 programs fill the GPU.
-    assert configs.small_grid_fwd(cfg, "hopper", 128, 6132, 24, 132) is None
-    # The boundary: exactly SMALL_GRID_WAVES programs per unit is not small.
-    rows = cfg.fwd.block_m * configs.SMALL_GRID_WAVES
-    assert configs.small_grid_fwd(cfg, "hopper", 128, rows, 132, 132) is None
-    assert configs.small_grid_fwd(cfg, "hopper", 128, rows - cfg.fwd.block_m, 132, 132) == small
-    # d=80 runs the padded d=128 tiles; the interpreter has no entry; 0 units (unknown) never.
-    assert configs.small_grid_fwd(cfg, "hopper", 80, 1024, 16, 132) == small
-    assert configs.small_grid_fwd(cfg, "interpreter", 128, 1, 1, 132) is None
-    assert configs.small_grid_fwd(cfg, "hopper", 128, 1, 1, 0) is None
+    assert configs.small_grid_fwd(cfg, "hopper", 128, 1024, 32, 132, causal=True) == small
+    assert configs.small_grid_fwd(cfg, "hopper", 128, 1024, 32, 132) is None
+    # d=80 runs the padded d=128 row, causal-only too; a large causal grid keeps the default.
+    assert configs.small_grid_fwd(cfg, "hopper", 80, 1024, 16, 132, causal=True) == small
+    assert configs.small_grid_fwd(cfg, "hopper", 80, 1024, 16, 132) is None
+    assert configs.small_grid_fwd(cfg, "hopper", 128, 6132, 24, 132, causal=True) is None
+    # Every causal-only key names a row of the table.
+    assert configs.SMALL_GRID_CAUSAL_ONLY <= configs.SMALL_GRID_FWD.keys()
+
+
+def test_forward_config_passes_causal_to_the_small_grid_choice(monkeypatch):
+    monkeypatch.setattr(configs, "compute_units", lambda device=None: 132)
+    cfg = configs.config_for("hopper", 128)
+    small = configs.SMALL_GRID_FWD[("hopper", 128)]
+    causal = configs.forward_config(cfg, "hopper", 128, 1024, 1024, 32, None, causal=True)
+    assert causal.fwd == small
+    assert configs.forward_config(cfg, "hopper", 128, 1024, 1024, 32, None).fwd == cfg.fwd
 
 
 def test_every_small_tile_is_smaller_than_the_default_forward_tile():
@@ -36,11 +62,11 @@ def test_every_small_tile_is_smaller_than_the_default_forward_tile():
 
 
 def test_a_forward_tile_named_in_the_override_wins(monkeypatch):
-    cfg = configs.config_for("hopper", 128)
+    cfg = configs.config_for("hopper", 64)
     monkeypatch.setenv("ATTNFORGE_KERNELS_CONFIG", '{"fwd": [128, 64, 8, 3]}')
-    assert configs.small_grid_fwd(cfg, "hopper", 128, 1024, 32, 132) is None
+    assert configs.small_grid_fwd(cfg, "hopper", 64, 1024, 40, 132) is None
     monkeypatch.setenv("ATTNFORGE_KERNELS_CONFIG", '{"atomic_dq": false}')
-    assert configs.small_grid_fwd(cfg, "hopper", 128, 1024, 32, 132) is not None
+    assert configs.small_grid_fwd(cfg, "hopper", 64, 1024, 40, 132) is not None
 
 
 class _Spy:
