@@ -392,11 +392,11 @@ _DROPOUT_TILES = {
 # SMALL_GRID_WAVES programs per compute unit (SM / CU), the forward runs this smaller tile instead
 # (more programs, shorter critical path). The shapes diffusion and LLM users run are mostly such
 # grids (SD 1.5 at 512x512, SDXL's 1024-token level, a single LLM prefill of 1024 tokens). Hopper
-# re-picked on an H100 on 2026-12-06 (docs/benchmarks.md, "Small grids on Hopper"): d=64 keeps
-# 64x64 w4 s3; d=128's 64x64 w4 s3 (was 64x32 w4 s4) runs causal grids 4-17% faster than either
-# that or the default tile, but non-causal grids 4-6% slower than the default, so it is causal-only
-# (SMALL_GRID_CAUSAL_ONLY); d=256 has no entry (its default 64x32 w4 s2 ran 2x the 32x32 tile
-# there). The AMD rows halve the default BLOCK_M and are compile-checked
+# re-picked on an H100 on 2026-12-06 (docs/benchmarks.md, "Small grids and head dims above 128 on
+# Hopper"): d=64 keeps 64x64 w4 s3; d=128's 64x64 w4 s3 (was 64x32 w4 s4) runs causal grids 4-17%
+# faster than that and 1-7% faster than the default tile, but non-causal grids 4-6% slower than the
+# default, so it is causal-only (SMALL_GRID_CAUSAL_ONLY); d=256 has no entry (its default 64x32 w4
+# s2 ran 1.8-2.3x the 32x32 tile there). The AMD rows halve the default BLOCK_M and are compile-checked
 # only (python -m attnforge_kernels.aot: 0 spills, occupancy no lower than the default's): untuned
 # on AMD hardware, they are the table an AMD runner's bench should refine (timing
 # ATTNFORGE_KERNELS_CONFIG='{"fwd": [...]}' at the workload shapes, attnforge_kernels.bench
