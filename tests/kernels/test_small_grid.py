@@ -50,8 +50,12 @@ def test_forward_config_passes_causal_to_the_small_grid_choice(monkeypatch):
     cfg = configs.config_for("hopper", 128)
     small = configs.SMALL_GRID_FWD[("hopper", 128)]
     causal = configs.forward_config(cfg, "hopper", 128, 1024, 1024, 32, None, causal=True)
-    assert causal.fwd == small
+    assert causal.fwd == small and not causal.gluon_fwd  # the small tile runs on the Triton path
     assert configs.forward_config(cfg, "hopper", 128, 1024, 1024, 32, None).fwd == cfg.fwd
+    # A non-causal small grid of 4096 tokens (b1 h16: 32 x 16 = 512 programs < 4 x 132) keeps the
+    # config whole, so the Gluon forward takes it from its own threshold (GLUON_MIN_SEQ).
+    assert cfg.gluon_fwd and cfg.gluon_fwd_min_seq <= 4096
+    assert configs.forward_config(cfg, "hopper", 128, 4096, 4096, 16, None) is cfg
 
 
 def test_every_small_tile_is_smaller_than_the_default_forward_tile():
