@@ -645,13 +645,14 @@ def _launch_dkdv(b: _Backward, c: configs.AttnConfig, dq_acc, dqs):
     else:
         st = (*qkvdo, *dks, *dvs, *dqs)
         align = flash.stride_align(*st)
-        launch.recording(attn_bwd_dkdv, launched)[(_cdiv(max_k, tk.block_n), batch * hk)](
-            qs.t, ks.t, vs.t, dos.t, dk, dv, dq_acc, lse, delta, cuq, cuk, sl,
-            *_divided(st, align), *lse_strides, sa_b, sa_h, *common, hk, hq // hk, *scal,
-            *drop_args, BLOCK_M=tk.block_m, BLOCK_N=tk.block_n, ATOMIC_DQ=c.atomic_dq,
-            RELOAD=c.reload, D_CHUNK=c.chunk_kv, USE_TMA=tk.tma, STRIDE_ALIGN=align, **flags,
-            **tk.launch_options(hip),
-        )  # fmt: skip
+        for part in (1, 2) if c.split_kv else (0,):  # split: dV, then dK (flash.py's PART)
+            launch.recording(attn_bwd_dkdv, launched)[(_cdiv(max_k, tk.block_n), batch * hk)](
+                qs.t, ks.t, vs.t, dos.t, dk, dv, dq_acc, lse, delta, cuq, cuk, sl,
+                *_divided(st, align), *lse_strides, sa_b, sa_h, *common, hk, hq // hk, *scal,
+                *drop_args, BLOCK_M=tk.block_m, BLOCK_N=tk.block_n, ATOMIC_DQ=c.atomic_dq,
+                RELOAD=c.reload, D_CHUNK=c.chunk_kv, USE_TMA=tk.tma, STRIDE_ALIGN=align,
+                PART=part, **flags, **tk.launch_options(hip),
+            )  # fmt: skip
 
 
 def run_backward(
@@ -700,6 +701,7 @@ def run_backward(
     d, hq, hk = q.shape[-1], q.shape[-2], k.shape[-2]
     family = configs.device_family(q.device)
     cfg = configs.config_for(family, d, dropout=drop is not None)
+    cfg = configs.backward_config(cfg, family, d, max_k, batch * hk, q.device)
     hip = configs.is_hip()
     softcap = float(mask.softcap or 0.0)
     cap_in, cap_out = (scale / softcap, softcap * LOG2E) if softcap > 0 else (0.0, 0.0)
@@ -737,12 +739,12 @@ def run_backward(
 
 def _record_backward(table, key, launched: list, export, call: tuple, made: tuple) -> None:
     """Record the backward's plan under ``key`` in ``table`` (and hand it to the native plan
-    ``export``): the default two launches, dQ then dK/dV (Triton's or, on Hopper, Gluon's), and
-    nothing else (not the atomic-dQ path, whose delta kernel is not recorded); else False, so
-    that the key is not tried again. ``call``: do, q, k, v, out, lse, cu_q, cu_k; ``made``: dq,
-    dk, dv, delta."""
+    ``export``): dQ, then dK/dV (Triton's, Gluon's on Hopper, or ``split_kv``'s dV and dK
+    launches), and nothing else (not the atomic-dQ path, whose delta kernel is not recorded);
+    else False, so that the key is not tried again. ``call``: do, q, k, v, out, lse, cu_q, cu_k;
+    ``made``: dq, dk, dv, delta."""
     recs = (None,)
-    if len(launched) == 2 and launched[0][0] is attn_bwd_dq:
+    if len(launched) >= 2 and launched[0][0] is attn_bwd_dq:
         recs = tuple(launch.record(*x, (*call, *made)) for x in launched)
     table.put(key, PyBackwardPlan(recs) if None not in recs else False)
     if export is not None:

@@ -104,6 +104,10 @@ class AttnConfig:
     # loading each chunk from memory (0: whole tiles). dK/dV kernel and dQ kernel. RDNA3/3.5 only.
     chunk_kv: int = 0
     chunk_q: int = 0
+    # dK and dV from two launches of the dK/dV kernel, one accumulator each (flash.py
+    # attn_bwd_dkdv's PART): Hopper above d=128, where two keys x head-dim fp32 accumulators do
+    # not fit a 64-key block. Not with atomic_dq or chunk_kv.
+    split_kv: bool = False
     # Hopper: the forward (head dim 128) and the dK/dV kernel (64 and 128) run the
     # warp-specialised Gluon kernels (attnforge_kernels/device/flash_sm90.py) where the call is in
     # their scope (attnforge_kernels.api.flash_attn.gluon_forward_ok, gluon_backward_ok); fwd /
@@ -269,11 +273,14 @@ def _hopper(d: int) -> AttnConfig:
     # 1.5-1.6x the 64x64 w8 s2 it replaced (388 against 253 TFLOP/s at (4,16,4096,256)) and 1.8-2.3x
     # the 32x32 small-grid tile (mma.sync) it also replaced; dK/dV 64x32 w8 s1 (was 16x32 w8 s1)
     # and dQ 64x32 w4 s1 (was 32x32 w4 s1) took fwd+bwd 2.1-2.5x, the dQ tile 1.25-1.36x of that
-    # (it spills on Triton 3.6-3.8: an accepted spill, below). Every wider dK/dV tile spills (two
-    # keys x 256 fp32 accumulators), so its products stay mma.sync ones and the backward remains
-    # well below SDPA's at these head dims (docs/benchmarks.md, "Small grids and head dims above
-    # 128 on Hopper").
-    return AttnConfig(Tile(64, 32, 4, 2), Tile(64, 32, 8, 1), Tile(64, 32, 4, 1))
+    # (it spills on Triton 3.6-3.8: an accepted spill, below). The dK/dV kernel's two keys x 256
+    # fp32 accumulators spill in every tile wider than 32 keys, so dK and dV come from two
+    # launches of one accumulator each (split_kv; one Q.K^T product more), 64x32 w4 s2 with Q/dO
+    # by TMA: fwd+bwd 1.1-1.2x the joint kernel at GPU-bound shapes, still below SDPA's at these
+    # head dims (docs/benchmarks.md, "Split dK/dV launches above d=128").
+    return AttnConfig(
+        Tile(64, 32, 4, 2), Tile(64, 32, 4, 2, tma=True), Tile(64, 32, 4, 1), split_kv=True
+    )
 
 
 @dataclass(frozen=True)
@@ -354,6 +361,43 @@ ACCEPTED_SPILLS += tuple(
     for d, figures in (
         (160, (119.0, "(2,8,4096,160) fp16", 87.6)),
         (256, (187.8, "(2,16,4096,256) bf16", 139.7)),
+    )
+)
+
+
+_HOPPER_SPLIT = (
+    "the split dK/dV launches (split_kv: dV alone, then dK alone, one fp32 accumulator each) "
+    "with 64x32 w4 s2 tma ran fwd+bwd {} TFLOP/s at {} on an H100 with Triton 3.6, where they "
+    "spill a few bytes, against {} for the spill-free joint 64x32 w8 s1 kernel "
+    "(docs/benchmarks.md, 'Split dK/dV launches above d=128')"
+)
+# Spill-store bytes / scratch by Triton line (`python -m attnforge_kernels.aot --arch sm90
+# --head-dims 160,256` over each, 2026-12-06; the same at both head dims): bwd_dv 12/8 on 3.6.0,
+# 3.7.1 and 3.9.0, none on 3.8.0; bwd_dk 16 (3.6.0), 24 (3.7.1, 3.8.0), 8 (3.9.0); with dropout
+# (untimed: the same tiles with the mask live) bwd_dv 56, 32, 24, 20 and bwd_dk 40, 48, 48, 48 on
+# 3.6.0, 3.7.1, 3.8.0, 3.9.0. The entries accept up to the largest.
+_SPLIT_SPILLS = {
+    "bwd_dv": (12, 8, ((3, 8),)),
+    "bwd_dk": (24, 24, ()),
+    "bwd_dv_dropout": (56, 56, ()),
+    "bwd_dk_dropout": (48, 48, ()),
+}
+ACCEPTED_SPILLS += tuple(
+    AcceptedSpill(
+        arch="sm90",
+        head_dim=d,
+        kernel=kernel,
+        tile="64x32 w4 s2 tma",
+        spills=spills,
+        scratch_bytes=scratch,
+        reason=_HOPPER_SPLIT.format(*figures)
+        + ("; the dropout kernels are the same tiles, untimed" if "dropout" in kernel else ""),
+        spill_free_on=free,
+    )
+    for kernel, (spills, scratch, free) in _SPLIT_SPILLS.items()
+    for d, figures in (
+        (160, (134.6, "(2,8,4096,160) fp16", 119.3)),
+        (256, (215.8, "(2,16,4096,256) bf16", 184.5)),
     )
 )
 
@@ -470,6 +514,35 @@ SHORT_KV_FWD: dict[tuple[str, int], Tile] = {
 }
 
 
+# The joint dK/dV kernel's tile for backward grids of fewer programs (key blocks x batch x KV
+# heads) than the device has compute units, where the config splits dK and dV (split_kv): there
+# the backward is bound by launches and latency, not by the products, and the second launch and
+# product cost more than the split saves. Hopper d > 128, measured on an H100 (2026-12-06,
+# docs/benchmarks.md "Split dK/dV launches above d=128"): SD 1.5's d=160 level (2, 8, 256),
+# 128 programs, fwd+bwd 27.8 TFLOP/s joint against 18.6 split; (2, 8, 1024), 512 programs, 99.6
+# against 109.8. Keys: (family, padded head dim).
+SMALL_GRID_JOINT_KV = {("hopper", 256): Tile(64, 32, 8, 1)}
+
+
+def backward_config(cfg: AttnConfig, family: str, head_dim: int, max_k: int, heads: int,
+                    device) -> AttnConfig:  # fmt: skip
+    """``cfg`` for one backward call of ``heads`` (batch x KV heads) x ``max_k`` keys: the joint
+    dK/dV kernel with SMALL_GRID_JOINT_KV's tile where ``cfg`` splits dK and dV and the split's
+    grid is smaller than ``device``'s compute units; ``cfg`` otherwise (also whenever
+    ATTNFORGE_KERNELS_CONFIG names bwd_kv or split_kv)."""
+    if not cfg.split_kv or _names_kv(os.environ.get(OVERRIDE_ENV)):
+        return cfg
+    tile = SMALL_GRID_JOINT_KV.get((family, padded_head_dim(head_dim)))
+    if tile is None or -(-max_k // cfg.bwd_kv.block_n) * heads >= compute_units(device):
+        return cfg
+    return _joint(cfg, tile)
+
+
+@functools.lru_cache(maxsize=64)
+def _joint(cfg: AttnConfig, tile: Tile) -> AttnConfig:
+    return replace(cfg, bwd_kv=tile, split_kv=False)
+
+
 def short_kv_fwd(family: str, head_dim: int, max_k: int) -> Tile | None:
     """The SHORT_KV_FWD tile of this family and (unpadded) head dim when ``max_k`` keys fit its
     key block; None otherwise, where there is none, or when ATTNFORGE_KERNELS_CONFIG names a
@@ -520,6 +593,10 @@ def forward_config(cfg: AttnConfig, family: str, head_dim: int, max_q: int, max_
         tile = HEAD_DIM_FWD.get((family, head_dim))
     if tile is None:
         tile = small_grid_fwd(cfg, family, head_dim, max_q, heads, compute_units(device), causal)
+        if tile is not None:
+            # The Triton forward's tile only: where the Gluon forward runs (Hopper d=128 from
+            # GLUON_MIN_SEQ), it stays on, as it measured 1.17-1.23x the small tile there.
+            return with_triton_fwd(cfg, tile)
     return cfg if tile is None else with_fwd(cfg, tile)
 
 
@@ -621,6 +698,12 @@ def _env_names_fwd() -> bool:
 
 
 @functools.lru_cache(maxsize=16)
+def _names_kv(spec: str | None) -> bool:
+    """Whether an override names the dK/dV tile or split (cached, as ``_names_fwd``)."""
+    return bool(spec) and bool({"bwd_kv", "split_kv"} & json.loads(spec).keys())
+
+
+@functools.lru_cache(maxsize=16)
 def _names_fwd(spec: str | None) -> bool:
     """Whether an override names a forward tile (cached: the entry points ask on every call)."""
     return bool(spec) and "fwd" in json.loads(spec)
@@ -630,6 +713,12 @@ def _names_fwd(spec: str | None) -> bool:
 def with_fwd(cfg: AttnConfig, tile: Tile) -> AttnConfig:
     """``cfg`` running the Triton forward with ``tile`` (no Gluon forward); cached per pair."""
     return replace(cfg, fwd=tile, gluon_fwd=False)
+
+
+@functools.lru_cache(maxsize=256)
+def with_triton_fwd(cfg: AttnConfig, tile: Tile) -> AttnConfig:
+    """``cfg`` with ``tile`` for the Triton forward, the Gluon forward's choice unchanged."""
+    return replace(cfg, fwd=tile)
 
 
 def config_for(family: str, head_dim: int, dropout: bool = False) -> AttnConfig:
@@ -683,8 +772,8 @@ def override(cfg: AttnConfig, spec: str | None) -> AttnConfig:
 
     Tiles are ``[block_m, block_n, num_warps, num_stages(, waves_per_eu)]`` or objects with
     Tile's field names; keys fwd, bwd_kv, bwd_q, atomic_dq, reload, gluon_fwd, gluon_bwd,
-    gluon_fwd_min_seq, gluon_bwd_min_seq (0 or more), short_kv, chunk_kv, chunk_q (head-dim
-    chunk: 0 or a power of two >= 16), and ``tma``:
+    gluon_fwd_min_seq, gluon_bwd_min_seq (0 or more), short_kv, split_kv (not with atomic_dq or
+    chunk_kv), chunk_kv, chunk_q (head-dim chunk: 0 or a power of two >= 16), and ``tma``:
     true/false for every tile or a list of the tiles (``["bwd_kv", "bwd_q"]``) that use TMA, the
     others not.
     Set through ``ATTNFORGE_KERNELS_CONFIG`` for one-off experiments.
@@ -701,7 +790,7 @@ def override(cfg: AttnConfig, spec: str | None) -> AttnConfig:
         for key in TILE_KEYS:
             use = key in on if isinstance(on, list) else bool(on)
             changes[key] = replace(changes.get(key, getattr(cfg, key)), tma=use)
-    for key in ("atomic_dq", "reload", "gluon_fwd", "gluon_bwd", "short_kv"):
+    for key in ("atomic_dq", "reload", "gluon_fwd", "gluon_bwd", "short_kv", "split_kv"):
         if key in data:
             changes[key] = bool(data[key])
     for key in ("gluon_fwd_min_seq", "gluon_bwd_min_seq"):
@@ -716,7 +805,10 @@ def override(cfg: AttnConfig, spec: str | None) -> AttnConfig:
             if n and (n < 16 or n & (n - 1)):
                 raise ValueError(f"{key} must be 0 or a power of two >= 16, got {n}")
             changes[key] = n
-    return replace(cfg, **changes)
+    out = replace(cfg, **changes)
+    if out.split_kv and (out.atomic_dq or out.chunk_kv):
+        raise ValueError("split_kv runs without atomic_dq and chunk_kv")
+    return out
 
 
 # recipes/arches.yaml in a source tree (images carry its JSON rendering: contract/arches.py).

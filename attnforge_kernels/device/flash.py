@@ -638,7 +638,7 @@ def _dkdv_loop(dk, dv, k, v, k_ptrs, v_ptrs, k_rows, v_rows, q_base, do_base, ls
                HAS_RIGHT: tl.constexpr, ATOMIC_DQ: tl.constexpr, RELOAD: tl.constexpr,
                MASK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                D_CHUNK: tl.constexpr, HAS_DROPOUT: tl.constexpr, q_src, do_src,
-               USE_TMA: tl.constexpr):
+               USE_TMA: tl.constexpr, PART: tl.constexpr):
     offs_m0 = tl.arange(0, BLOCK_M)
     for m0 in tl.range(start, end, BLOCK_M):
         offs_m = m0 + offs_m0
@@ -699,21 +699,27 @@ def _dkdv_loop(dk, dv, k, v, k_ptrs, v_ptrs, k_rows, v_rows, q_base, do_base, ls
                 do = do_src.load([m0, 0])
             else:
                 do = _load_tile(do_base, offs_m, sdo_s, seqlen_q, offs_d, HEAD_DIM, MASK, EVEN_D)
+            # PART (see attn_bwd_dkdv): 1 accumulates dV alone, 2 dK alone, 0 both.
             if HAS_DROPOUT:
                 # With Z = keep / (1 - p): dV = (P o Z)^T dO and dP = (dO V^T) o Z; delta =
                 # rowsum(O o dO) is unchanged because O already carries Z.
                 keep_t = _keep(k0, k1, c3, thresh, bh, offs_m[None, :], offs_n[:, None])
-                dv = dot_acc(tl.where(keep_t, p_t * drop_scale, 0.0).to(do.dtype), do, dv)
-                dp_t = tl.where(keep_t, mm(v, tl.trans(do)) * drop_scale, 0.0)
+                if PART != 2:
+                    dv = dot_acc(tl.where(keep_t, p_t * drop_scale, 0.0).to(do.dtype), do, dv)
+                if PART != 1:
+                    dp_t = tl.where(keep_t, mm(v, tl.trans(do)) * drop_scale, 0.0)
             else:
-                dv = dot_acc(p_t.to(do.dtype), do, dv)
-                dp_t = mm(v, tl.trans(do))
-            ds_t = p_t * (dp_t - delta[None, :])
-            if HAS_SOFTCAP:
-                t = _tanh(qk_t * cap_in)
-                ds_t = ds_t * (1.0 - t * t)
-            ds_lo = ds_t.to(q.dtype)
-            dk = dot_acc(ds_lo, q, dk)
+                if PART != 2:
+                    dv = dot_acc(p_t.to(do.dtype), do, dv)
+                if PART != 1:
+                    dp_t = mm(v, tl.trans(do))
+            if PART != 1:
+                ds_t = p_t * (dp_t - delta[None, :])
+                if HAS_SOFTCAP:
+                    t = _tanh(qk_t * cap_in)
+                    ds_t = ds_t * (1.0 - t * t)
+                ds_lo = ds_t.to(q.dtype)
+                dk = dot_acc(ds_lo, q, dk)
         if ATOMIC_DQ:
             dq = mm(tl.trans(ds_lo), k) * sm_scale
             dq_ptrs = _tile(dq_base, offs_m, sdq_s, offs_d)
@@ -733,11 +739,16 @@ def attn_bwd_dkdv(
     IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, ATOMIC_DQ: tl.constexpr,
     RELOAD: tl.constexpr, D_CHUNK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    USE_TMA: tl.constexpr = False, STRIDE_ALIGN: tl.constexpr = 1,
+    USE_TMA: tl.constexpr = False, STRIDE_ALIGN: tl.constexpr = 1, PART: tl.constexpr = 0,
 ):
     """One program per (key block, batch, kv head); loops over the GQA group's query heads.
     USE_TMA (Hopper): Q and dO stream through tensor descriptors (see ``attn_fwd``).
-    STRIDE_ALIGN: the q/k/v/dO/dK/dV/dQ strides arrive divided by it (see ``_aligned``)."""
+    STRIDE_ALIGN: the q/k/v/dO/dK/dV/dQ strides arrive divided by it (see ``_aligned``).
+    PART: 0 computes dK and dV; 1 dV alone and 2 dK alone (two launches, ``AttnConfig.split_kv``):
+    each program then holds one fp32 accumulator instead of two, for one product more per step
+    (Q.K^T in both launches); above d=128 on Hopper the registers this frees let Q/dO stream
+    through a two-stage TMA pipeline. Not with D_CHUNK or ATOMIC_DQ."""
+    tl.static_assert(PART == 0 or (D_CHUNK == 0 and not ATOMIC_DQ))
     sq_b, sq_s, sq_h = _aligned(sq_b, sq_s, sq_h, STRIDE_ALIGN)
     sk_b, sk_s, sk_h = _aligned(sk_b, sk_s, sk_h, STRIDE_ALIGN)
     sv_b, sv_s, sv_h = _aligned(sv_b, sv_s, sv_h, STRIDE_ALIGN)
@@ -764,7 +775,10 @@ def attn_bwd_dkdv(
     v_rows = v_base + offs_n[:, None] * sv_s
     v_ptrs = v_rows + offs_d[None, :]
     k = _load_rows(k_ptrs, offs_n, seqlen_k, offs_d, HEAD_DIM, True, EVEN_D)
-    v = _load_rows(v_ptrs, offs_n, seqlen_k, offs_d, HEAD_DIM, True, EVEN_D)
+    if PART == 1:
+        v = k  # unused: the dV part needs no dO.V^T
+    else:
+        v = _load_rows(v_ptrs, offs_n, seqlen_k, offs_d, HEAD_DIM, True, EVEN_D)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     if HAS_DROPOUT:
@@ -793,7 +807,7 @@ def attn_bwd_dkdv(
                                 alibi2, left, right, sm_scale, k0, k1, c3, thresh, bh, drop_scale,
                                 HEAD_DIM, BLOCK_M, EVEN_D, HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
                                 HAS_RIGHT, ATOMIC_DQ, RELOAD, True, BLOCK_N, BLOCK_D, D_CHUNK, HAS_DROPOUT,
-                                q_src, do_src, USE_TMA)
+                                q_src, do_src, USE_TMA, PART)
         dk, dv = _dkdv_loop(dk, dv, k, v, k_ptrs, v_ptrs, k_rows, v_rows, q_base, do_base,
                             lse_base, delta_base, dq_base, sq_s, sdo_s, sdq_s, full_lo, full_hi,
                             offs_n, offs_d, seqlen_q, seqlen_k, diag, qk_scale, cap_in, cap_out,
@@ -801,7 +815,7 @@ def attn_bwd_dkdv(
                             HEAD_DIM, BLOCK_M, EVEN_D, HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
                             HAS_RIGHT, ATOMIC_DQ, RELOAD,
                             False, BLOCK_N, BLOCK_D, D_CHUNK, HAS_DROPOUT, q_src, do_src,
-                            USE_TMA)
+                            USE_TMA, PART)
         dk, dv = _dkdv_loop(dk, dv, k, v, k_ptrs, v_ptrs, k_rows, v_rows, q_base, do_base,
                             lse_base, delta_base, dq_base, sq_s, sdo_s, sdq_s, full_hi, hi,
                             offs_n, offs_d, seqlen_q, seqlen_k, diag, qk_scale, cap_in, cap_out,
@@ -809,13 +823,15 @@ def attn_bwd_dkdv(
                             HEAD_DIM, BLOCK_M, EVEN_D, HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
                             HAS_RIGHT, ATOMIC_DQ, RELOAD,
                             True, BLOCK_N, BLOCK_D, D_CHUNK, HAS_DROPOUT, q_src, do_src,
-                            USE_TMA)
+                            USE_TMA, PART)
     dk = dk * sm_scale
     st_mask = _tile_mask(offs_n < seqlen_k, offs_d, HEAD_DIM, EVEN_D)
     dk_base = _base(DK, b64, hk, k_start, sdk_b, sdk_h, sdk_s)
     dv_base = _base(DV, b64, hk, k_start, sdv_b, sdv_h, sdv_s)
-    tl.store(_tile(dk_base, offs_n, sdk_s, offs_d), dk.to(DK.dtype.element_ty), mask=st_mask)
-    tl.store(_tile(dv_base, offs_n, sdv_s, offs_d), dv.to(DV.dtype.element_ty), mask=st_mask)
+    if PART != 1:
+        tl.store(_tile(dk_base, offs_n, sdk_s, offs_d), dk.to(DK.dtype.element_ty), mask=st_mask)
+    if PART != 2:
+        tl.store(_tile(dv_base, offs_n, sdv_s, offs_d), dv.to(DV.dtype.element_ty), mask=st_mask)
 
 
 @triton.jit

@@ -173,6 +173,20 @@ def _small_grid(base, family: str, head_dim: int):
     return [("fwd_small", fn, ptrs, c, tile)]
 
 
+def _small_grid_kv(base, family: str, head_dim: int):
+    """The joint dK/dV kernel with the family's small-grid tile (``configs.SMALL_GRID_JOINT_KV``),
+    as ``bwd_dkdv_small``, where the default config splits dK and dV and the table has one."""
+    from ..device.configs import SMALL_GRID_JOINT_KV, padded_head_dim
+
+    tile = SMALL_GRID_JOINT_KV.get((family, padded_head_dim(head_dim)))
+    split = [job for job in base if job[0] == "bwd_dv"]
+    if tile is None or not split:
+        return []
+    _, fn, ptrs, consts, _ = split[0]
+    c = dict(consts, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, USE_TMA=tile.tma, PART=0)
+    return [("bwd_dkdv_small", fn, ptrs, c, tile)]
+
+
 def _head_dim_fwd(base, family: str, head_dim: int):
     """The forward with the family's tile for this exact head dim (``configs.HEAD_DIM_FWD``), as
     ``fwd_hd``, where it has one."""
@@ -246,13 +260,15 @@ def _bwd_jobs(head_dim: int, cfg, flags: dict, p: str) -> list[Job]:
                 LSE="*fp32", Delta="*fp32", CuQ="*i32", CuK="*i32", Slopes="*fp32")  # fmt: skip
     align = flash.stride_align(head_dim)  # as for the forward
     kv, q = cfg.bwd_kv, cfg.bwd_q
+    # split_kv: the dV and the dK launches of the one kernel (its PART), each a kernel here.
+    parts = (("bwd_dv", 1), ("bwd_dk", 2)) if cfg.split_kv else (("bwd_dkdv", 0),)
     out = [(
-        "bwd_dkdv", flash.attn_bwd_dkdv, ptrs,
+        name, flash.attn_bwd_dkdv, ptrs,
         dict(flags, BLOCK_M=kv.block_m, BLOCK_N=kv.block_n, ATOMIC_DQ=cfg.atomic_dq,
              RELOAD=cfg.reload, D_CHUNK=cfg.chunk_kv, USE_TMA=kv.tma, STRIDE_ALIGN=align,
-             **_BWD_OFF),
+             PART=part, **_BWD_OFF),
         kv,
-    )]  # fmt: skip
+    ) for name, part in parts]  # fmt: skip
     if not cfg.atomic_dq:
         out.append((
             "bwd_dq", flash.attn_bwd_dq, dict(ptrs, Out=p),  # it also computes delta from O, dO
@@ -451,6 +467,7 @@ def jobs_for(arch: str, spec: dict, head_dims, over_2gib: bool = False) -> list[
         dcfg = for_tensors(config_for(spec["family"], d, dropout=True), not over_2gib)
         variants = _variants(_kernels(d, dcfg), base, FP8_DOT.get(spec["family"]))
         variants += _small_grid(base, spec["family"], d)
+        variants += _small_grid_kv(base, spec["family"], d)
         variants += _head_dim_fwd(base, spec["family"], d)
         variants += _short_kv(base, spec["family"], d)
         # The KV-cache kernels (attnforge_kernels/device/decode.py: split-KV decode with its merge,
