@@ -595,7 +595,7 @@ def forward_config(cfg: AttnConfig, family: str, head_dim: int, max_q: int, max_
         tile = small_grid_fwd(cfg, family, head_dim, max_q, heads, compute_units(device), causal)
         if tile is not None:
             # The Triton forward's tile only: where the Gluon forward runs (Hopper d=128 from
-            # GLUON_MIN_SEQ), it stays on, as it measured 1.17-1.23x the small tile there.
+            # GLUON_MIN_SEQ), it stays on, as it measured 1.15-1.23x the small tile there.
             return with_triton_fwd(cfg, tile)
     return cfg if tile is None else with_fwd(cfg, tile)
 
