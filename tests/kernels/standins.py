@@ -1,5 +1,6 @@
 """Stand-ins for recorded launches, for the CPU tests of the launch plans
-(test_launch_plans.py) and of the native launch path (test_native.py)."""
+(test_launch_plans.py, test_split_kv.py) and of the native launch path (test_native.py), and a
+spy on a kernel's launches for the tests of what the launchers choose."""
 
 
 class Fill:
@@ -18,3 +19,22 @@ class Fill:
         self.calls += 1
         for i, x in self.fills.items():
             tensors[i].fill_(x)
+
+
+class LaunchSpy:
+    """Wraps a jit kernel (``spy = LaunchSpy(interface.attn_fwd)``, then monkeypatched in its
+    place): notes the keyword arguments of each ``[grid](...)`` launch in ``calls`` and runs it."""
+
+    def __init__(self, fn):
+        self.fn, self.calls = fn, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.calls.append(kwargs)
+            return self.fn[grid](*args, **kwargs)
+
+        return launch
+
+    def values(self, name: str) -> list:
+        """The launches' values of one keyword argument, in order."""
+        return [kw[name] for kw in self.calls]

@@ -12,27 +12,14 @@ from attnforge_kernels.device import configs
 from attnforge_kernels.device.configs import Tile
 from attnforge_kernels.device.flash import stride_align
 from attnforge_kernels.tools import compile_check as aot
+from tests.kernels.standins import LaunchSpy
 
 TOL = 2e-2
 
 
-class _Spy:
-    """Records the keyword arguments of each forward launch and runs the kernel."""
-
-    def __init__(self, fn):
-        self.fn, self.calls = fn, []
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            self.calls.append(kwargs)
-            return self.fn[grid](*args, **kwargs)
-
-        return launch
-
-
 @pytest.fixture
 def spy(monkeypatch):
-    s = _Spy(interface.attn_fwd)
+    s = LaunchSpy(interface.attn_fwd)
     monkeypatch.setattr(interface, "attn_fwd", s)
     return s
 

@@ -9,6 +9,7 @@ from attnforge_kernels.api import flash_attn as interface
 from attnforge_kernels.checks.reference import attention_ref
 from attnforge_kernels.device import configs
 from attnforge_kernels.device.configs import Tile
+from tests.kernels.standins import LaunchSpy
 
 
 def test_small_grids_take_the_small_tile_and_large_ones_keep_the_default():
@@ -78,25 +79,11 @@ def test_a_forward_tile_named_in_the_override_wins(monkeypatch):
     assert configs.small_grid_fwd(cfg, "hopper", 64, 1024, 40, 132) is not None
 
 
-class _Spy:
-    """Records the BLOCK_M of each forward launch and runs the kernel."""
-
-    def __init__(self, fn):
-        self.fn, self.block_m = fn, []
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            self.block_m.append(kwargs["BLOCK_M"])
-            return self.fn[grid](*args, **kwargs)
-
-        return launch
-
-
-def _small_grid_spy(monkeypatch) -> _Spy:
+def _small_grid_spy(monkeypatch) -> LaunchSpy:
     """The interpreter's d=32 small tile 32x16 on a device of 8 compute units, launches spied."""
     monkeypatch.setitem(configs.SMALL_GRID_FWD, ("interpreter", 32), Tile(32, 16, 1, 1))
     monkeypatch.setattr(configs, "compute_units", lambda device=None: 8)
-    spy = _Spy(interface.attn_fwd)
+    spy = LaunchSpy(interface.attn_fwd)
     monkeypatch.setattr(interface, "attn_fwd", spy)
     return spy
 
@@ -110,7 +97,7 @@ def test_a_small_grid_launches_the_small_tile_and_stays_correct(monkeypatch, gra
         q.requires_grad_()
     out = flash_attn_func(q, k, v, causal=True)
     # 45 rows in 16-row default tiles x 2 heads = 6 programs < 4 x 8 units: the 32-row tile.
-    assert spy.block_m == [32]
+    assert spy.values("BLOCK_M") == [32]
     assert (out.grad_fn is not None) == grad
     ref, _ = attention_ref(q.detach(), k, v, right=0)
     assert (out.float() - ref.float()).abs().max().item() <= 2e-2
@@ -123,7 +110,7 @@ def test_a_grid_of_four_programs_per_unit_keeps_the_default_tile(monkeypatch):
     # fewer than 4 per unit; the 600 rows this checked before were 76 programs).
     q, k, v = (torch.randn(1, n, 2, 32, generator=g).to(torch.bfloat16) for n in (256, 77, 77))
     flash_attn_func(q, k, v)
-    assert spy.block_m == [16]
+    assert spy.values("BLOCK_M") == [16]
 
 
 def test_a_head_dims_own_forward_tile_wins_over_the_grid_rule(monkeypatch):
@@ -137,14 +124,14 @@ def test_a_head_dims_own_forward_tile_wins_over_the_grid_rule(monkeypatch):
 
 def test_a_head_dim_tile_is_launched_at_that_head_dim_only(monkeypatch):
     monkeypatch.setitem(configs.HEAD_DIM_FWD, ("interpreter", 24), Tile(32, 16, 1, 1))
-    spy = _Spy(interface.attn_fwd)
+    spy = LaunchSpy(interface.attn_fwd)
     monkeypatch.setattr(interface, "attn_fwd", spy)
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, n, 2, 24, generator=g).to(torch.bfloat16) for n in (45, 77, 77))
     out = flash_attn_func(q, k, v)
-    assert spy.block_m == [32]
+    assert spy.values("BLOCK_M") == [32]
     ref, _ = attention_ref(q, k, v)
     assert (out.float() - ref.float()).abs().max().item() <= 2e-2
     q32, k32, v32 = (torch.randn(1, n, 2, 32, generator=g).to(torch.bfloat16) for n in (45, 77, 77))
     flash_attn_func(q32, k32, v32)
-    assert spy.block_m[-1] == 16
+    assert spy.values("BLOCK_M")[-1] == 16

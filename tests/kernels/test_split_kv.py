@@ -9,22 +9,9 @@ import torch
 from attnforge_kernels import flash_attn_func, flash_attn_varlen_func
 from attnforge_kernels.api import flash_attn as interface
 from attnforge_kernels.device import configs
+from tests.kernels.standins import Fill, LaunchSpy
 
 SPLIT = '{"split_kv": true}'
-
-
-class _Parts:
-    """Records each dK/dV launch's PART and runs it."""
-
-    def __init__(self, fn, log: list):
-        self.fn, self.log = fn, log
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            self.log.append(kwargs["PART"])
-            return self.fn[grid](*args, **kwargs)
-
-        return launch
 
 
 def _grads(monkeypatch, override, call, tensors, seed=3):
@@ -49,8 +36,8 @@ CASES = {
 
 @pytest.mark.parametrize("case", CASES)
 def test_split_gradients_equal_the_joint_kernels(monkeypatch, case):
-    log: list = []
-    monkeypatch.setattr(interface, "attn_bwd_dkdv", _Parts(interface.attn_bwd_dkdv, log))
+    spy = LaunchSpy(interface.attn_bwd_dkdv)
+    monkeypatch.setattr(interface, "attn_bwd_dkdv", spy)
     g = torch.Generator().manual_seed(0)
     # 4 query heads on 2 KV heads; 37 queries on 29 keys: partial blocks on both sides.
     q = torch.randn(2, 37, 4, 32, generator=g).to(torch.bfloat16)
@@ -58,7 +45,7 @@ def test_split_gradients_equal_the_joint_kernels(monkeypatch, case):
     kw = CASES[case]
     joint = _grads(monkeypatch, None, lambda *t: flash_attn_func(*t, **kw), (q, k, v))
     split = _grads(monkeypatch, SPLIT, lambda *t: flash_attn_func(*t, **kw), (q, k, v))
-    assert log == [0, 1, 2]  # the joint launch, then the split's dV and dK launches
+    assert spy.values("PART") == [0, 1, 2]  # the joint launch, then the split's dV and dK launches
     for name, a, b in zip(("dq", "dk", "dv"), joint, split, strict=True):
         assert torch.equal(a, b), name
     assert all(bool(t.abs().sum() > 0) for t in split)
@@ -86,24 +73,12 @@ def test_split_kv_refuses_the_paths_it_does_not_run():
             configs.override(cfg, '{"split_kv": true, ' + other + "}")
 
 
-class _Table:
-    def __init__(self):
-        self.plans = {}
-
-    def put(self, key, plan):
-        self.plans[key] = plan
-
-
-class _Rec:
-    scratch = False
-
-
 def test_a_split_backward_is_recorded_as_one_plan_of_three_launches(monkeypatch):
     # Recorded, the split backward replays its dQ, dV and dK launches; unrecorded, each call took
     # the full path (measured on an H100: fwd+bwd at SD 1.5's d=160 level at a fifth of the joint
     # kernel's rate).
-    monkeypatch.setattr(interface.launch, "record", lambda fn, grid, a, kw, kernel, t: _Rec())
-    table = _Table()
+    monkeypatch.setattr(interface.launch, "record", lambda fn, grid, a, kw, kernel, t: Fill())
+    table = interface.launch.Table()
     dq, dkdv = interface.attn_bwd_dq, interface.attn_bwd_dkdv
     launched = [(dq, (1,), (), {}, None), (dkdv, (1,), (), {}, None), (dkdv, (1,), (), {}, None)]
     interface._record_backward(table, "split", launched, None, (None,) * 8, (None,) * 4)
