@@ -8,6 +8,7 @@ causal; forward+backward 3.5x that. Times are medians of ``triton.testing.do_ben
     python -m attnforge_kernels.bench --decode [--quick] [--splits N,N,...] [--batches N,...]
                                                [--caches N,...] [--gpu-time] [--variant NAME=JSON]
     python -m attnforge_kernels.bench --host
+    python -m attnforge_kernels.bench --breakdown [--variant NAME=JSON ...] [--quick]
     python -m attnforge_kernels.bench --dispatch [--seqs N,...] [--head-dims 64,128] [--gqa 1,4,7,8]
 
 The sweep shapes are made as (b, h, s, d) tensors and handed to the kernels as BSHD views (SDPA's
@@ -29,7 +30,11 @@ call): a forward at a tiny shape, and a decoding step at batch 1 with 4096 keys,
 new key appended (flash_attn's decoding loop), ours also unplanned (the full path every call).
 ``--dispatch`` times the default path against the all-Triton path and Gluon on Hopper
 (attnforge_kernels/tools/dispatch.py); ``--seqs``, ``--head-dims`` and ``--gqa`` time a part of
-that sweep, to fit a time limit.
+that sweep, to fit a time limit. ``--breakdown`` first prints the GPU time of each kernel in a
+fwd+bwd step at (4, 16, 4096, 128), causal and not, for ours, each variant and the SDPA backends,
+with the TFLOP/s of the matrix products each attention kernel issues (``KERNEL_PRODUCTS``): where
+a path's time goes, and how many products it spends (ours: 2 forward, 3 + 4 backward; cuDNN and
+FlashAttention 2: 2 and 5). Then it runs the sweep as without it.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from contextlib import nullcontext
 
 SHAPES = [
     # (b, h, s, d, causal, mode)
@@ -55,6 +61,7 @@ SHAPES = [
 ]
 QUICK = [SHAPES[0], SHAPES[1], SHAPES[2], SHAPES[4]]
 MEMORY_SHAPE = (1, 16, 32768, 128)
+BREAKDOWN_SHAPE = (4, 16, 4096, 128)
 
 
 def flops(b, h, s, d, causal, mode) -> float:
@@ -494,32 +501,100 @@ def host_time(calls: int = 2000) -> dict:
     return out
 
 
-def breakdown(shape=(4, 16, 4096, 128), causal=False, iters=10) -> dict:
-    """Average GPU time per kernel name over fwd+bwd steps (torch.profiler)."""
+# Matrix products per launch, by a part of the kernel's name, for the rate the breakdown prints:
+# ours (the dK/dV kernel computes Q.K^T, dO.V^T, dV and dK; the dQ kernel Q.K^T, dO.V^T and dQ),
+# SDPA-cuDNN's (fprop, bprop) and SDPA-flash's (FlashAttention 2, whose dK/dV kernel adds dQ by
+# atomics). The first match counts, so a longer name comes before a part of it.
+KERNEL_PRODUCTS = (
+    ("attn_bwd_dkdv", 4),
+    ("attn_bwd_dq", 3),
+    ("attn_fwd", 2),
+    ("flash_bprop", 5),
+    ("flash_fprop", 2),
+    ("flash_bwd_dq_dk_dv", 5),
+    ("flash_fwd", 2),
+)
+
+
+def kernel_products(name: str) -> int | None:
+    """How many (s x s x d) matrix products one launch of kernel ``name`` issues; None for a
+    kernel not listed (elementwise, conversions)."""
+    return next((n for part, n in KERNEL_PRODUCTS if part in name), None)
+
+
+def product_rate(name: str, ms: float, launches: float, shape, causal: bool) -> float | None:
+    """TFLOP/s of the matrix products kernel ``name`` issues in ``ms`` a step, each product
+    2*b*h*s*s*d FLOPs (halved when causal, as ``flops`` counts); None where the kernel is not
+    listed or runs other than once a step (the split dK/dV launches differ in products)."""
+    products = kernel_products(name)
+    if products is None or launches != 1 or ms <= 0:
+        return None
+    b, h, s, d = shape
+    return products * 2.0 * b * h * s * s * d / (2 if causal else 1) / ms / 1e9
+
+
+def breakdown(shape=(4, 16, 4096, 128), causal=False, variants=None, iters=10) -> dict:
+    """GPU time per kernel in a fwd+bwd step (torch.profiler, ``iters`` steps), for ours, each
+    variant (a config override) and the SDPA backends: ``{provider: {"kernels": [{"name", "ms",
+    "launches", "tflops"}], "total_ms"}}``, or ``{"error"}`` where a provider cannot run the
+    shape. bf16, (b, h, s, d) tensors as ``run`` makes them."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from ..api.flash_attn import flash_attn_func
+    from ..device import configs
 
     b, h, s, d = shape
-    q, k, v = (
-        torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        for _ in range(3)
-    )
-    do = torch.randn_like(q)
-    for _ in range(3):
-        flash_attn_func(q, k, v, causal=causal).backward(do)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            flash_attn_func(q, k, v, causal=causal).backward(do)
-        torch.cuda.synchronize()
+    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     out = {}
-    for e in prof.key_averages():
-        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
-        if t:
-            out[e.key[:60]] = t / iters / 1000.0
-    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+    for name, fn in _providers(variants or {}).items():
+        qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+        do = torch.randn_like(q)
+        spec = getattr(fn, "config_override", None)
+
+        def step(fn=fn, qg=qg, kg=kg, vg=vg, do=do):
+            fn(qg, kg, vg, causal).backward(do)
+            qg.grad = kg.grad = vg.grad = None
+
+        try:
+            with configs.overridden(spec or None) if spec is not None else nullcontext():
+                for _ in range(3):
+                    step()
+                torch.cuda.synchronize()
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    for _ in range(iters):
+                        step()
+                    torch.cuda.synchronize()
+        except Exception as e:  # reported, not fatal
+            out[name] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+            continue
+        kernels = []
+        for e in prof.key_averages():
+            t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+            if t:
+                ms, launches = t / iters / 1000.0, e.count / iters
+                kernels.append({"name": e.key[:80], "ms": ms, "launches": launches,
+                                "tflops": product_rate(e.key, ms, launches, shape, causal)})  # fmt: skip
+        kernels.sort(key=lambda r: -r["ms"])
+        out[name] = {"kernels": kernels, "total_ms": sum(r["ms"] for r in kernels)}
+    return out
+
+
+def breakdown_text(result: dict, shape, causal: bool) -> str:
+    """``breakdown``'s result as the lines the command prints."""
+    lines = [
+        f"per-kernel GPU time a fwd+bwd step at {tuple(shape)}, causal={causal} (torch.profiler; "
+        "TFLOP/s: of the matrix products a kernel issues, each 2*b*h*s*s*d FLOPs, halved when "
+        "causal):"
+    ]
+    for name, r in result.items():
+        if "error" in r:
+            lines.append(f"  {name}: {r['error']}")
+            continue
+        lines.append(f"  {name}: {r['total_ms']:.3f} ms of kernels")
+        for k in r["kernels"]:
+            rate = f"{k['tflops']:7.1f} TFLOP/s" if k["tflops"] else " " * 14
+            lines.append(f"    {k['ms']:8.3f} ms  x{k['launches']:g}  {rate}  {k['name']}")
+    return "\n".join(lines)
 
 
 def run(shapes, variants: dict, memory: bool = True) -> dict:
@@ -609,7 +684,13 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-memory", action="store_true")
     ap.add_argument("--json", help="write results here")
     ap.add_argument("--mode", choices=("fwd", "fwd+bwd"), help="only shapes of this mode")
-    ap.add_argument("--breakdown", action="store_true", help="per-kernel times at (4,16,4096,128)")
+    ap.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="per-kernel GPU times of a fwd+bwd step at (4,16,4096,128), causal and not: ours, "
+        "each --variant and the SDPA backends, with the TFLOP/s of the matrix products each "
+        "attention kernel issues",
+    )
     ap.add_argument(
         "--workloads", action="store_true", help="the shapes of contract/workloads.py instead"
     )
@@ -664,7 +745,8 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         help="NAME=JSON config override to time as well: the attention kernels' keys "
-        "(attnforge_kernels.device.configs.override) with --workloads, the cache kernels' "
+        "(attnforge_kernels.device.configs.override) with the sweep, --workloads and "
+        "--breakdown, the cache kernels' "
         "(kv_decode, kv_decode_long, kv_prefill, kv_long_keys: "
         "attnforge_kernels.device.decode.kv_override) with --decode",
     )
@@ -740,15 +822,18 @@ def main(argv=None) -> int:
         layouts = ("bshd", "bhsd") if args.layout == "both" else (args.layout,)
         modes = (args.mode,) if args.mode else ("fwd", "fwd+bwd")
         return _report(run_workloads(layouts, modes, variants), args, workload_table)
+    parts = {}
     if args.breakdown:
         for causal in (False, True):
-            print(f"per-kernel ms, fwd+bwd, causal={causal}:")
-            for name, ms in breakdown(causal=causal).items():
-                print(f"  {ms:8.3f}  {name}")
+            parts[f"causal={causal}"] = bd = breakdown(BREAKDOWN_SHAPE, causal, variants)
+            print(breakdown_text(bd, BREAKDOWN_SHAPE, causal), flush=True)
     shapes = QUICK if args.quick else SHAPES
     if args.mode:
         shapes = [s for s in shapes if s[5] == args.mode]
-    return _report(run(shapes, variants, memory=not args.no_memory), args, table)
+    result = run(shapes, variants, memory=not args.no_memory)
+    if parts:
+        result["breakdown"] = {"shape": list(BREAKDOWN_SHAPE), **parts}
+    return _report(result, args, table)
 
 
 if __name__ == "__main__":
