@@ -651,7 +651,7 @@ def _launch_dkdv(b: _Backward, c: configs.AttnConfig, dq_acc, dqs):
                 *_divided(st, align), *lse_strides, sa_b, sa_h, *common, hk, hq // hk, *scal,
                 *drop_args, BLOCK_M=tk.block_m, BLOCK_N=tk.block_n, ATOMIC_DQ=c.atomic_dq,
                 RELOAD=c.reload, D_CHUNK=c.chunk_kv, USE_TMA=tk.tma, STRIDE_ALIGN=align,
-                PART=part, **flags, **tk.launch_options(hip),
+                PART=part, MASKED_LAST=c.masked_last, **flags, **tk.launch_options(hip),
             )  # fmt: skip
 
 

@@ -108,6 +108,14 @@ class AttnConfig:
     # attn_bwd_dkdv's PART): Hopper above d=128, where two keys x head-dim fp32 accumulators do
     # not fit a 64-key block. Not with atomic_dq or chunk_kv.
     split_kv: bool = False
+    # The dK/dV kernel's loop order (flash.py attn_bwd_dkdv's MASKED_LAST): the full query blocks
+    # first, then every masked block in one loop, instead of a causal diagonal's masked blocks
+    # ahead of the full ones. Hopper: the causal kernel spills 244 bytes instead of 468 at d=128,
+    # 24 instead of 212 at d=64 (Triton 3.6), and its dK/dV time fell 10-14% on an H100
+    # (docs/benchmarks.md, "The causal dK/dV loop order"). Off elsewhere: on AMD (Triton 3.9) the
+    # order raised RDNA3/3.5's d=128 VGPRs by 29-34 (occupancy 12 -> 10 on gfx1151), halved CDNA3/4's
+    # d=64 occupancy and spilled gfx942's d=128 dropout kernel; Ampere is untimed.
+    masked_last: bool = False
     # Hopper: the forward (head dim 128) and the dK/dV kernel (64 and 128) run the
     # warp-specialised Gluon kernels (attnforge_kernels/device/flash_sm90.py) where the call is in
     # their scope (attnforge_kernels.api.flash_attn.gluon_forward_ok, gluon_backward_ok); fwd /
@@ -255,6 +263,7 @@ def _hopper(d: int) -> AttnConfig:
             Tile(128, 64, 8, 3, tma=True),
             gluon_bwd=True,
             gluon_bwd_min_seq=GLUON_MIN_SEQ["bwd"][64],
+            masked_last=True,
         )
     if d <= 128:
         # The Triton forward tile stays the fallback (odd head dims, varlen, windows, short
@@ -267,6 +276,7 @@ def _hopper(d: int) -> AttnConfig:
             gluon_bwd=True,
             gluon_fwd_min_seq=GLUON_MIN_SEQ["fwd"][128],
             gluon_bwd_min_seq=GLUON_MIN_SEQ["bwd"][128],
+            masked_last=True,
         )
     # d > 128 (160, 192 and 256 pad to 256): tiles whose products are wgmma's (64 rows a warp
     # group) where they fit. On an H100 (2026-12-06, Triton 3.6): the forward's 64x32 w4 s2 ran
@@ -279,7 +289,11 @@ def _hopper(d: int) -> AttnConfig:
     # by TMA: fwd+bwd 1.1-1.2x the joint kernel at GPU-bound shapes, still below SDPA's at these
     # head dims (docs/benchmarks.md, "Split dK/dV launches above d=128").
     return AttnConfig(
-        Tile(64, 32, 4, 2), Tile(64, 32, 4, 2, tma=True), Tile(64, 32, 4, 1), split_kv=True
+        Tile(64, 32, 4, 2),
+        Tile(64, 32, 4, 2, tma=True),
+        Tile(64, 32, 4, 1),
+        split_kv=True,
+        masked_last=True,
     )
 
 
@@ -310,28 +324,30 @@ _HOPPER_DKDV = (
     "(docs/benchmarks.md, 'How the Hopper defaults were chosen' and 'TMA backward')"
 )
 # Spills measured by ``python -m attnforge_kernels.aot --all`` (triton 3.6.0); docs/kernels.md
-# "Known spills". On Triton 3.9 (with the ptxas it ships) the d=64 tile spills nothing and the d=128
-# one 156 bytes (2026-12-04, docs/kernels.md "On every Triton a stack ships").
+# "Known spills". With the dK/dV kernel's masked blocks last (``masked_last``, 2026-12-06) these
+# are the causal kernels' (the check compiles the causal variant): d=64 24 bytes on 3.6.0, none on
+# 3.7.1-3.9.0 (212 on 3.6.0 before); d=128 244, 104, 108, 132 on 3.6.0, 3.7.1, 3.8.0, 3.9.0
+# (468 on 3.6.0 and 156 on 3.9.0 before).
 ACCEPTED_SPILLS = (
     AcceptedSpill(
         arch="sm90",
         head_dim=64,
         kernel="bwd_dkdv",
         tile="64x64 w4 s2 tma",
-        spills=212,
-        scratch_bytes=208,
+        spills=24,
+        scratch_bytes=24,
         reason=_HOPPER_DKDV.format(588, 351, "(4,32,4096,64)", 267)
         + "; it now serves only the calls outside the spill-free Gluon dK/dV kernel's scope "
         "(attnforge_kernels/device/flash_sm90.py: varlen, windows, ALiBi, softcap, strides TMA cannot address)",
-        spill_free_on=((3, 9),),
+        spill_free_on=((3, 7), (3, 8), (3, 9)),
     ),
     AcceptedSpill(
         arch="sm90",
         head_dim=128,
         kernel="bwd_dkdv",
         tile="64x64 w4 s2 tma",
-        spills=468,
-        scratch_bytes=464,
+        spills=244,
+        scratch_bytes=240,
         reason=_HOPPER_DKDV.format(1204, 416, "(4,16,4096,128)", 277)
         + "; it now serves only the calls outside the spill-free Gluon dK/dV kernel's scope "
         "(attnforge_kernels/device/flash_sm90.py: varlen, windows, ALiBi, softcap, strides TMA cannot address)",
@@ -372,15 +388,15 @@ _HOPPER_SPLIT = (
     "(docs/benchmarks.md, 'Split dK/dV launches above d=128')"
 )
 # Spill-store bytes / scratch by Triton line (`python -m attnforge_kernels.aot --arch sm90
-# --head-dims 160,256` over each, 2026-12-06; the same at both head dims): bwd_dv 12/8 on 3.6.0,
-# 3.7.1 and 3.9.0, none on 3.8.0; bwd_dk 16 (3.6.0), 24 (3.7.1, 3.8.0), 8 (3.9.0); with dropout
-# (untimed: the same tiles with the mask live) bwd_dv 56, 32, 24, 20 and bwd_dk 40, 48, 48, 48 on
-# 3.6.0, 3.7.1, 3.8.0, 3.9.0. The entries accept up to the largest.
+# --head-dims 160,256` over each, 2026-12-06, with ``masked_last``; the same at both head dims):
+# bwd_dv none on 3.6.0-3.9.0 (12 bytes on three lines before); bwd_dk 16 (3.6.0), 8 (3.7.1-3.9.0);
+# with dropout (untimed: the same tiles with the mask live) bwd_dv 24, 20, 20, 24 and bwd_dk 56,
+# 44, 56, 44 on 3.6.0, 3.7.1, 3.8.0, 3.9.0 (56, 32, 24, 20 and 40, 48, 48, 48 before). The
+# entries accept up to the largest.
 _SPLIT_SPILLS = {
-    "bwd_dv": (12, 8, ((3, 8),)),
-    "bwd_dk": (24, 24, ()),
-    "bwd_dv_dropout": (56, 56, ()),
-    "bwd_dk_dropout": (48, 48, ()),
+    "bwd_dk": (16, 16, ()),
+    "bwd_dv_dropout": (24, 24, ()),
+    "bwd_dk_dropout": (56, 56, ()),
 }
 ACCEPTED_SPILLS += tuple(
     AcceptedSpill(
@@ -772,7 +788,7 @@ def override(cfg: AttnConfig, spec: str | None) -> AttnConfig:
 
     Tiles are ``[block_m, block_n, num_warps, num_stages(, waves_per_eu)]`` or objects with
     Tile's field names; keys fwd, bwd_kv, bwd_q, atomic_dq, reload, gluon_fwd, gluon_bwd,
-    gluon_fwd_min_seq, gluon_bwd_min_seq (0 or more), short_kv, split_kv (not with atomic_dq or
+    gluon_fwd_min_seq, gluon_bwd_min_seq (0 or more), short_kv, masked_last, split_kv (not with atomic_dq or
     chunk_kv), chunk_kv, chunk_q (head-dim chunk: 0 or a power of two >= 16), and ``tma``:
     true/false for every tile or a list of the tiles (``["bwd_kv", "bwd_q"]``) that use TMA, the
     others not.
@@ -790,7 +806,15 @@ def override(cfg: AttnConfig, spec: str | None) -> AttnConfig:
         for key in TILE_KEYS:
             use = key in on if isinstance(on, list) else bool(on)
             changes[key] = replace(changes.get(key, getattr(cfg, key)), tma=use)
-    for key in ("atomic_dq", "reload", "gluon_fwd", "gluon_bwd", "short_kv", "split_kv"):
+    for key in (
+        "atomic_dq",
+        "reload",
+        "gluon_fwd",
+        "gluon_bwd",
+        "short_kv",
+        "split_kv",
+        "masked_last",
+    ):
         if key in data:
             changes[key] = bool(data[key])
     for key in ("gluon_fwd_min_seq", "gluon_bwd_min_seq"):

@@ -266,7 +266,7 @@ def _bwd_jobs(head_dim: int, cfg, flags: dict, p: str) -> list[Job]:
         name, flash.attn_bwd_dkdv, ptrs,
         dict(flags, BLOCK_M=kv.block_m, BLOCK_N=kv.block_n, ATOMIC_DQ=cfg.atomic_dq,
              RELOAD=cfg.reload, D_CHUNK=cfg.chunk_kv, USE_TMA=kv.tma, STRIDE_ALIGN=align,
-             PART=part, **_BWD_OFF),
+             PART=part, MASKED_LAST=cfg.masked_last, **_BWD_OFF),
         kv,
     ) for name, part in parts]  # fmt: skip
     if not cfg.atomic_dq:
