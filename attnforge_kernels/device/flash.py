@@ -813,51 +813,34 @@ def attn_bwd_dkdv(
         bh = b * (num_heads_k * group) + h
         q_src, do_src = _streams(q_base, sq_s, do_base, sdo_s, seqlen_q, USE_TMA, HEAD_DIM,
                                  BLOCK_M, BLOCK_D)
-        if MASKED_LAST:
-            # The full blocks first, then every masked one in a single loop: [lo, full_lo) (a
-            # causal or right-window diagonal) and [full_hi, hi).
+        # The masked blocks below the full ones (a causal or right-window diagonal) come first,
+        # or with MASKED_LAST last, in one loop with those above them (GAP steps over the full).
+        GAP: tl.constexpr = HAS_RIGHT and MASKED_LAST
+        if HAS_RIGHT and not MASKED_LAST:
             dk, dv = _dkdv_loop(dk, dv, k, v, k_ptrs, v_ptrs, k_rows, v_rows, q_base, do_base,
-                                lse_base, delta_base, dq_base, sq_s, sdo_s, sdq_s, full_lo, full_hi,
+                                lse_base, delta_base, dq_base, sq_s, sdo_s, sdq_s, lo, full_lo,
                                 offs_n, offs_d, seqlen_q, seqlen_k, diag, qk_scale, cap_in, cap_out,
                                 alibi2, left, right, sm_scale, k0, k1, c3, thresh, bh, drop_scale,
                                 HEAD_DIM, BLOCK_M, EVEN_D, HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
-                                HAS_RIGHT, ATOMIC_DQ, RELOAD,
-                                False, BLOCK_N, BLOCK_D, D_CHUNK, HAS_DROPOUT, q_src, do_src,
-                                USE_TMA, PART)
-            dk, dv = _dkdv_loop(dk, dv, k, v, k_ptrs, v_ptrs, k_rows, v_rows, q_base, do_base,
-                                lse_base, delta_base, dq_base, sq_s, sdo_s, sdq_s,
-                                lo if HAS_RIGHT else full_hi, hi,
-                                offs_n, offs_d, seqlen_q, seqlen_k, diag, qk_scale, cap_in, cap_out,
-                                alibi2, left, right, sm_scale, k0, k1, c3, thresh, bh, drop_scale,
-                                HEAD_DIM, BLOCK_M, EVEN_D, HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
-                                HAS_RIGHT, ATOMIC_DQ, RELOAD,
-                                True, BLOCK_N, BLOCK_D, D_CHUNK, HAS_DROPOUT, q_src, do_src,
-                                USE_TMA, PART, full_lo, full_hi, HAS_RIGHT)
-        else:
-            if HAS_RIGHT:
-                dk, dv = _dkdv_loop(dk, dv, k, v, k_ptrs, v_ptrs, k_rows, v_rows, q_base, do_base,
-                                    lse_base, delta_base, dq_base, sq_s, sdo_s, sdq_s, lo, full_lo,
-                                    offs_n, offs_d, seqlen_q, seqlen_k, diag, qk_scale, cap_in,
-                                    cap_out, alibi2, left, right, sm_scale, k0, k1, c3, thresh, bh,
-                                    drop_scale, HEAD_DIM, BLOCK_M, EVEN_D, HAS_SOFTCAP, HAS_ALIBI,
-                                    HAS_LEFT, HAS_RIGHT, ATOMIC_DQ, RELOAD, True, BLOCK_N, BLOCK_D,
-                                    D_CHUNK, HAS_DROPOUT, q_src, do_src, USE_TMA, PART)
-            dk, dv = _dkdv_loop(dk, dv, k, v, k_ptrs, v_ptrs, k_rows, v_rows, q_base, do_base,
-                                lse_base, delta_base, dq_base, sq_s, sdo_s, sdq_s, full_lo, full_hi,
-                                offs_n, offs_d, seqlen_q, seqlen_k, diag, qk_scale, cap_in, cap_out,
-                                alibi2, left, right, sm_scale, k0, k1, c3, thresh, bh, drop_scale,
-                                HEAD_DIM, BLOCK_M, EVEN_D, HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
-                                HAS_RIGHT, ATOMIC_DQ, RELOAD,
-                                False, BLOCK_N, BLOCK_D, D_CHUNK, HAS_DROPOUT, q_src, do_src,
-                                USE_TMA, PART)
-            dk, dv = _dkdv_loop(dk, dv, k, v, k_ptrs, v_ptrs, k_rows, v_rows, q_base, do_base,
-                                lse_base, delta_base, dq_base, sq_s, sdo_s, sdq_s, full_hi, hi,
-                                offs_n, offs_d, seqlen_q, seqlen_k, diag, qk_scale, cap_in, cap_out,
-                                alibi2, left, right, sm_scale, k0, k1, c3, thresh, bh, drop_scale,
-                                HEAD_DIM, BLOCK_M, EVEN_D, HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
-                                HAS_RIGHT, ATOMIC_DQ, RELOAD,
-                                True, BLOCK_N, BLOCK_D, D_CHUNK, HAS_DROPOUT, q_src, do_src,
-                                USE_TMA, PART)
+                                HAS_RIGHT, ATOMIC_DQ, RELOAD, True, BLOCK_N, BLOCK_D, D_CHUNK, HAS_DROPOUT,
+                                q_src, do_src, USE_TMA, PART)
+        dk, dv = _dkdv_loop(dk, dv, k, v, k_ptrs, v_ptrs, k_rows, v_rows, q_base, do_base,
+                            lse_base, delta_base, dq_base, sq_s, sdo_s, sdq_s, full_lo, full_hi,
+                            offs_n, offs_d, seqlen_q, seqlen_k, diag, qk_scale, cap_in, cap_out,
+                            alibi2, left, right, sm_scale, k0, k1, c3, thresh, bh, drop_scale,
+                            HEAD_DIM, BLOCK_M, EVEN_D, HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
+                            HAS_RIGHT, ATOMIC_DQ, RELOAD,
+                            False, BLOCK_N, BLOCK_D, D_CHUNK, HAS_DROPOUT, q_src, do_src,
+                            USE_TMA, PART)
+        dk, dv = _dkdv_loop(dk, dv, k, v, k_ptrs, v_ptrs, k_rows, v_rows, q_base, do_base,
+                            lse_base, delta_base, dq_base, sq_s, sdo_s, sdq_s,
+                            lo if GAP else full_hi, hi,
+                            offs_n, offs_d, seqlen_q, seqlen_k, diag, qk_scale, cap_in, cap_out,
+                            alibi2, left, right, sm_scale, k0, k1, c3, thresh, bh, drop_scale,
+                            HEAD_DIM, BLOCK_M, EVEN_D, HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT,
+                            HAS_RIGHT, ATOMIC_DQ, RELOAD,
+                            True, BLOCK_N, BLOCK_D, D_CHUNK, HAS_DROPOUT, q_src, do_src,
+                            USE_TMA, PART, full_lo, full_hi, GAP)
     dk = dk * sm_scale
     st_mask = _tile_mask(offs_n < seqlen_k, offs_d, HEAD_DIM, EVEN_D)
     dk_base = _base(DK, b64, hk, k_start, sdk_b, sdk_h, sdk_s)
