@@ -1,6 +1,7 @@
 """Stand-ins for recorded launches, for the CPU tests of the launch plans
-(test_launch_plans.py, test_split_kv.py) and of the native launch path (test_native.py), and a
-spy on a kernel's launches for the tests of what the launchers choose."""
+(test_launch_plans.py, test_split_kv.py) and of the native launch path (test_native.py), a spy on
+a kernel's launches for the tests of what the launchers choose, and the gradients of one call
+under a config override (the tests that compare two kernel variants' backwards)."""
 
 
 class Fill:
@@ -38,3 +39,19 @@ class LaunchSpy:
     def values(self, name: str) -> list:
         """The launches' values of one keyword argument, in order."""
         return [kw[name] for kw in self.calls]
+
+
+def grads_under(monkeypatch, override, call, tensors, seed=3):
+    """The gradients of ``call(*tensors)`` (as fresh leaves) under the config override
+    ``override`` (``ATTNFORGE_KERNELS_CONFIG``; None: the default config), backpropagating
+    ``1 + out``; ``seed`` draws the dropout mask."""
+    import torch
+
+    monkeypatch.delenv("ATTNFORGE_KERNELS_CONFIG", raising=False)
+    if override:
+        monkeypatch.setenv("ATTNFORGE_KERNELS_CONFIG", override)
+    leaves = [t.detach().clone().requires_grad_() for t in tensors]
+    torch.manual_seed(seed)
+    out = call(*leaves)
+    out.backward(torch.ones_like(out) + out.detach())
+    return [t.grad for t in leaves]

@@ -10,19 +10,10 @@ import torch
 from attnforge_kernels import flash_attn_func, flash_attn_varlen_func
 from attnforge_kernels.api import flash_attn as interface
 from attnforge_kernels.device import configs
-from tests.kernels.standins import LaunchSpy
+from tests.kernels.standins import LaunchSpy, grads_under
 
 LAST = '{"masked_last": true}'
 FIRST = '{"masked_last": false}'
-
-
-def _grads(monkeypatch, override, call, tensors, seed=3):
-    monkeypatch.setenv("ATTNFORGE_KERNELS_CONFIG", override)
-    leaves = [t.detach().clone().requires_grad_() for t in tensors]
-    torch.manual_seed(seed)  # the dropout mask's draw
-    out = call(*leaves)
-    out.backward(torch.ones_like(out) + out.detach())
-    return [t.grad for t in leaves]
 
 
 # The interpreter's tiles are 16 x 16. 70 queries on 70 keys, causal: key block 0 has masked
@@ -49,8 +40,8 @@ def test_masked_last_gives_the_three_loop_orders_gradients(monkeypatch, case):
     g = torch.Generator().manual_seed(0)
     q = torch.randn(2, sq, 4, 32, generator=g).to(torch.float16)  # 4 query heads on 2 KV heads
     k, v = (torch.randn(2, sk, 2, 32, generator=g).to(torch.float16) for _ in range(2))
-    before = _grads(monkeypatch, FIRST, lambda *t: flash_attn_func(*t, **kw), (q, k, v))
-    after = _grads(monkeypatch, LAST, lambda *t: flash_attn_func(*t, **kw), (q, k, v))
+    before = grads_under(monkeypatch, FIRST, lambda *t: flash_attn_func(*t, **kw), (q, k, v))
+    after = grads_under(monkeypatch, LAST, lambda *t: flash_attn_func(*t, **kw), (q, k, v))
     assert spy.values("MASKED_LAST") == [False, True]
     for name, a, b in zip(("dq", "dk", "dv"), before, after, strict=True):
         torch.testing.assert_close(b, a, rtol=2e-3, atol=2e-3, msg=name)
@@ -65,8 +56,8 @@ def test_masked_last_varlen_gradients(monkeypatch):
     def call(q, k, v):
         return flash_attn_varlen_func(q, k, v, cu, cu, 70, 70, causal=True)
 
-    before = _grads(monkeypatch, FIRST, call, (q, k, v))
-    after = _grads(monkeypatch, LAST, call, (q, k, v))
+    before = grads_under(monkeypatch, FIRST, call, (q, k, v))
+    after = grads_under(monkeypatch, LAST, call, (q, k, v))
     for name, a, b in zip(("dq", "dk", "dv"), before, after, strict=True):
         torch.testing.assert_close(b, a, rtol=2e-3, atol=2e-3, msg=name)
 

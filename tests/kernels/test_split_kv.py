@@ -9,20 +9,9 @@ import torch
 from attnforge_kernels import flash_attn_func, flash_attn_varlen_func
 from attnforge_kernels.api import flash_attn as interface
 from attnforge_kernels.device import configs
-from tests.kernels.standins import Fill, LaunchSpy
+from tests.kernels.standins import Fill, LaunchSpy, grads_under
 
 SPLIT = '{"split_kv": true}'
-
-
-def _grads(monkeypatch, override, call, tensors, seed=3):
-    monkeypatch.delenv("ATTNFORGE_KERNELS_CONFIG", raising=False)
-    if override:
-        monkeypatch.setenv("ATTNFORGE_KERNELS_CONFIG", override)
-    leaves = [t.detach().clone().requires_grad_() for t in tensors]
-    torch.manual_seed(seed)  # the dropout mask's draw
-    out = call(*leaves)
-    out.backward(torch.ones_like(out) + out.detach())
-    return [t.grad for t in leaves]
 
 
 CASES = {
@@ -43,8 +32,8 @@ def test_split_gradients_equal_the_joint_kernels(monkeypatch, case):
     q = torch.randn(2, 37, 4, 32, generator=g).to(torch.bfloat16)
     k, v = (torch.randn(2, 29, 2, 32, generator=g).to(torch.bfloat16) for _ in range(2))
     kw = CASES[case]
-    joint = _grads(monkeypatch, None, lambda *t: flash_attn_func(*t, **kw), (q, k, v))
-    split = _grads(monkeypatch, SPLIT, lambda *t: flash_attn_func(*t, **kw), (q, k, v))
+    joint = grads_under(monkeypatch, None, lambda *t: flash_attn_func(*t, **kw), (q, k, v))
+    split = grads_under(monkeypatch, SPLIT, lambda *t: flash_attn_func(*t, **kw), (q, k, v))
     assert spy.values("PART") == [0, 1, 2]  # the joint launch, then the split's dV and dK launches
     for name, a, b in zip(("dq", "dk", "dv"), joint, split, strict=True):
         assert torch.equal(a, b), name
@@ -59,8 +48,8 @@ def test_split_varlen_gradients_equal_the_joint_kernels(monkeypatch):
     def call(q, k, v):
         return flash_attn_varlen_func(q, k, v, cu, cu, 33, 33, causal=True)
 
-    joint = _grads(monkeypatch, None, call, (q, k, v))
-    split = _grads(monkeypatch, SPLIT, call, (q, k, v))
+    joint = grads_under(monkeypatch, None, call, (q, k, v))
+    split = grads_under(monkeypatch, SPLIT, call, (q, k, v))
     for name, a, b in zip(("dq", "dk", "dv"), joint, split, strict=True):
         assert torch.equal(a, b), name
 
