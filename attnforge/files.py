@@ -7,7 +7,8 @@ old output or the new one, never half of either, and no stray temporary file.
 
 validate/ and attnforge_kernels/ run inside images without attnforge (DESIGN.md), so they keep their
 own few lines of the same rule: validate/cli.py `_write` (and its workers' result files),
-attnforge_kernels/tools/compile_check.py `CompileCache.put`.
+attnforge_kernels/tools/compile_check.py `CompileCache.put`, attnforge_kernels/tools/benchmark.py
+`_write` (the bench's `--json`).
 """
 
 from __future__ import annotations

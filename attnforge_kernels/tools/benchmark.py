@@ -41,8 +41,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from contextlib import nullcontext
+from pathlib import Path
 
 SHAPES = [
     # (b, h, s, d, causal, mode)
@@ -754,9 +756,19 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _write(result: dict, path: str | None) -> None:
-    if path:
-        with open(path, "w") as f:
-            json.dump(result, f, indent=1)
+    """``result`` as JSON at ``path``: serialised first, written beside it under a dot name, then
+    renamed over it, so a failure or an interrupt leaves the last run's file whole (the rule of
+    attnforge/files.py, which this package cannot import inside an image)."""
+    if not path:
+        return
+    text = json.dumps(result, indent=1)
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _report(result: dict, args, render) -> int:

@@ -1,9 +1,12 @@
 """The breakdown's product count per kernel and the rate it prints (attnforge_kernels/tools/benchmark.py):
-kernel names as torch.profiler reports them on an H100 (ours, SDPA-cuDNN's, SDPA-flash's)."""
+kernel names as torch.profiler reports them on an H100 (ours, SDPA-cuDNN's, SDPA-flash's); and
+the bench's ``--json`` file, which a failed run must not destroy."""
+
+import json
 
 import pytest
 
-from attnforge_kernels.tools.benchmark import breakdown_text, kernel_products, product_rate
+from attnforge_kernels.tools.benchmark import _write, breakdown_text, kernel_products, product_rate
 
 NAMES = {
     "attn_fwd": 2,
@@ -67,3 +70,14 @@ def test_the_text_gives_each_providers_kernels_and_errors():
         "       1.000 ms  x3                  elementwise",
         "  sdpa-cudnn: RuntimeError: no kernel",
     ]
+
+
+def test_the_json_is_replaced_whole_and_a_failed_write_keeps_the_last_one(tmp_path):
+    out = tmp_path / "bench.json"
+    _write({"rows": [1]}, str(out))
+    _write({"rows": [2]}, str(out))
+    assert json.loads(out.read_text()) == {"rows": [2]}
+    with pytest.raises(TypeError):  # not serialisable: fails before the file is touched
+        _write({"rows": [object()]}, str(out))
+    assert json.loads(out.read_text()) == {"rows": [2]}
+    assert [p.name for p in tmp_path.iterdir()] == ["bench.json"]  # no temporary left beside it
