@@ -84,7 +84,7 @@ def _providers(variants: dict):
             ).transpose(1, 2)
 
         # The config override must cover the backward too, which runs outside this call:
-        # _time and _peak hold it around the whole step.
+        # _time and breakdown hold it around the whole step (_override_for).
         run.config_override = spec or ""
         return run
 
@@ -120,13 +120,19 @@ def _time_each(provs: dict, time_ms, work: float) -> tuple[dict, dict, dict]:
     return times, rates, errors
 
 
-def _time(fn, q, k, v, causal, mode):
+def _override_for(fn):
+    """The config override a provider's step runs under: ours (and each variant) its own
+    ``config_override`` ("" for none), an SDPA provider none to set."""
     spec = getattr(fn, "config_override", None)
     if spec is None:
-        return _time_inner(fn, q, k, v, causal, mode)
+        return nullcontext()
     from ..device import configs
 
-    with configs.overridden(spec or None):
+    return configs.overridden(spec or None)
+
+
+def _time(fn, q, k, v, causal, mode):
+    with _override_for(fn):
         return _time_inner(fn, q, k, v, causal, mode)
 
 
@@ -531,11 +537,10 @@ def product_rate(name: str, ms: float, launches: float, shape, causal: bool) -> 
     products = kernel_products(name)
     if products is None or launches != 1 or ms <= 0:
         return None
-    b, h, s, d = shape
-    return products * 2.0 * b * h * s * s * d / (2 if causal else 1) / ms / 1e9
+    return products * flops(*shape, causal, "fwd") / 2 / ms / 1e9  # the forward is 2 products
 
 
-def breakdown(shape=(4, 16, 4096, 128), causal=False, variants=None, iters=10) -> dict:
+def breakdown(shape=BREAKDOWN_SHAPE, causal=False, variants=None, iters=10) -> dict:
     """GPU time per kernel in a fwd+bwd step (torch.profiler, ``iters`` steps), for ours, each
     variant (a config override) and the SDPA backends: ``{provider: {"kernels": [{"name", "ms",
     "launches", "tflops"}], "total_ms"}}``, or ``{"error"}`` where a provider cannot run the
@@ -543,22 +548,18 @@ def breakdown(shape=(4, 16, 4096, 128), causal=False, variants=None, iters=10) -
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from ..device import configs
-
-    b, h, s, d = shape
-    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    q, k, v = (torch.randn(*shape, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     out = {}
     for name, fn in _providers(variants or {}).items():
         qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
         do = torch.randn_like(q)
-        spec = getattr(fn, "config_override", None)
 
         def step(fn=fn, qg=qg, kg=kg, vg=vg, do=do):
             fn(qg, kg, vg, causal).backward(do)
             qg.grad = kg.grad = vg.grad = None
 
         try:
-            with configs.overridden(spec or None) if spec is not None else nullcontext():
+            with _override_for(fn):
                 for _ in range(3):
                     step()
                 torch.cuda.synchronize()
