@@ -645,13 +645,17 @@ def _launch_dkdv(b: _Backward, c: configs.AttnConfig, dq_acc, dqs):
     else:
         st = (*qkvdo, *dks, *dvs, *dqs)
         align = flash.stride_align(*st)
+        blocks = _cdiv(max_k, tk.block_n)
+        causal = mask.left is None and mask.right is not None
+        paired = c.paired_kv_at(causal, blocks * batch * hk, configs.compute_units(qs.t.device))
         for part in (1, 2) if c.split_kv else (0,):  # split: dV, then dK (flash.py's PART)
-            launch.recording(attn_bwd_dkdv, launched)[(_cdiv(max_k, tk.block_n), batch * hk)](
+            launch.recording(attn_bwd_dkdv, launched)[(_cdiv(blocks, 1 + paired), batch * hk)](
                 qs.t, ks.t, vs.t, dos.t, dk, dv, dq_acc, lse, delta, cuq, cuk, sl,
                 *_divided(st, align), *lse_strides, sa_b, sa_h, *common, hk, hq // hk, *scal,
                 *drop_args, BLOCK_M=tk.block_m, BLOCK_N=tk.block_n, ATOMIC_DQ=c.atomic_dq,
                 RELOAD=c.reload, D_CHUNK=c.chunk_kv, USE_TMA=tk.tma, STRIDE_ALIGN=align,
-                PART=part, MASKED_LAST=c.masked_last, **flags, **tk.launch_options(hip),
+                PART=part, MASKED_LAST=c.masked_last, PAIRED=paired, **flags,
+                **tk.launch_options(hip),
             )  # fmt: skip
 
 

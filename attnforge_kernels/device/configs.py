@@ -91,6 +91,14 @@ class Tile:
         return opts
 
 
+# AttnConfig.paired_kv's window: the unpaired dK/dV grid's programs per compute unit from which,
+# and below which, the key blocks pair up. On an H100 (two dK/dV programs an SM) pairing took
+# 0.92 of the time at 1.9 programs an SM, 0.73-0.75 at 3.9 and 0.92 at 7.8; 1.33 at 0.97, and
+# 1.01-1.09 at 31 and more (docs/benchmarks.md, "Paired causal key blocks"). A config's own
+# window (``AttnConfig.paired_waves``, an override key) replaces it.
+PAIRED_WAVES = (1.5, 8.0)
+
+
 @dataclass(frozen=True)
 class AttnConfig:
     """Tiles for the forward, the dK/dV kernel, the dQ kernel, and how dQ is reduced."""
@@ -116,6 +124,15 @@ class AttnConfig:
     # order raised RDNA3/3.5's d=128 VGPRs by 29-34 (occupancy 12 -> 10 on gfx1151), halved CDNA3/4's
     # d=64 occupancy and spilled gfx942's d=128 dropout kernel; Ampere is untimed.
     masked_last: bool = False
+    # Causal dK/dV: each program takes a key block and its mirror from the sequence's end
+    # (flash.py attn_bwd_dkdv's PAIRED), so that every program runs about as many query blocks,
+    # where the unpaired grid has PAIRED_WAVES programs per compute unit (paired_kv_at). Without
+    # it each (batch, kv head) runs its programs longest first and a grid of a few programs per
+    # unit ends on its last heads' longest ones alone. Hopper: the dK/dV kernel took 0.73-0.92 of
+    # the time at 1.9-7.8 programs an SM (LLM prefill, one sequence, 8 KV heads, 2-8k tokens),
+    # and 1.01-1.09 at 31-62, 1.33 below one (docs/benchmarks.md, "Paired causal key blocks").
+    paired_kv: bool = False
+    paired_waves: tuple[float, float] = PAIRED_WAVES
     # Hopper: the forward (head dim 128) and the dK/dV kernel (64 and 128) run the
     # warp-specialised Gluon kernels (attnforge_kernels/device/flash_sm90.py) where the call is in
     # their scope (attnforge_kernels.api.flash_attn.gluon_forward_ok, gluon_backward_ok); fwd /
@@ -143,6 +160,16 @@ class AttnConfig:
         sequence, where given, is long enough."""
         long_enough = seqlen is None or seqlen >= self.gluon_bwd_min_seq
         return self.gluon_bwd and not self.atomic_dq and head_dim in GLUON_BWD_TILES and long_enough
+
+    def paired_kv_at(self, causal: bool, programs: int, units: int) -> bool:
+        """Whether a dK/dV launch of ``programs`` (key blocks x batch x kv heads, unpaired) on
+        ``units`` compute units (0: unknown, as under the interpreter, where it pairs) pairs its
+        key blocks: the config asks for it, the keys' query ranges end at a diagonal
+        (``causal``: a right window without a left one), and the grid has PAIRED_WAVES programs
+        per unit (``paired_waves``): fewer, and halving them idles units; more, and the unpaired
+        tail is short."""
+        low, high = self.paired_waves
+        return self.paired_kv and causal and (not units or low * units <= programs < high * units)
 
     def without_tma(self) -> AttnConfig:
         return replace(self, **{k: replace(getattr(self, k), tma=False) for k in TILE_KEYS})
@@ -264,6 +291,7 @@ def _hopper(d: int) -> AttnConfig:
             gluon_bwd=True,
             gluon_bwd_min_seq=GLUON_MIN_SEQ["bwd"][64],
             masked_last=True,
+            paired_kv=True,
         )
     if d <= 128:
         # The Triton forward tile stays the fallback (odd head dims, varlen, windows, short
@@ -277,6 +305,7 @@ def _hopper(d: int) -> AttnConfig:
             gluon_fwd_min_seq=GLUON_MIN_SEQ["fwd"][128],
             gluon_bwd_min_seq=GLUON_MIN_SEQ["bwd"][128],
             masked_last=True,
+            paired_kv=True,
         )
     # d > 128 (160, 192 and 256 pad to 256): tiles whose products are wgmma's (64 rows a warp
     # group) where they fit. On an H100 (2026-12-06, Triton 3.6): the forward's 64x32 w4 s2 ran
@@ -294,6 +323,7 @@ def _hopper(d: int) -> AttnConfig:
         Tile(64, 32, 4, 1),
         split_kv=True,
         masked_last=True,
+        paired_kv=True,
     )
 
 
@@ -354,6 +384,44 @@ ACCEPTED_SPILLS = (
     ),
 )
 
+
+_HOPPER_PAIRED = (
+    "the causal dK/dV kernel with paired key blocks (paired_kv: two key blocks a program, the body "
+    "compiled twice), launched only on grids of PAIRED_WAVES programs an SM; there, on an H100 "
+    "with Triton 3.6, where it spills most, the all-Triton fwd+bwd ran 356-372 TFLOP/s against "
+    "321-325 unpaired at (1,32/8,4096,128) causal, 288-291 against 249-253 at d=64 and 172-173 "
+    "against 162-164 at d=256 (docs/benchmarks.md, 'Paired causal key blocks')"
+)
+# Spill-store bytes / scratch of the paired kernels by Triton line (`python -m attnforge_kernels.aot
+# --arch sm90 --head-dims 64,128,160,256 --kernel bwd_dkdv_paired ...` over each, 2026-12-06): d=64
+# 88/88 on 3.6.0, none on 3.7.1-3.9.0; d=128 556/376, 184/128, 204/136, 312/168 on 3.6.0, 3.7.1,
+# 3.8.0, 3.9.0 (the unpaired kernel: 244/240 on 3.6.0). Split (d=160, 256): bwd_dk_paired 32/24,
+# 20/16, 28/24, 16/8; with dropout (untimed) bwd_dv 48/40, 44/24, 44/24, 48/24 and bwd_dk 88/80,
+# 92/64, 116/80, 84/72; bwd_dv_paired and the joint dropout kernels (d=64, 128) spill on no line.
+# The entries accept up to the largest: (head dims, kernel, tile) -> (spills, scratch, the lines
+# on which it is spill-free).
+_PAIRED_SPILLS = {
+    ((64,), "bwd_dkdv_paired", "64x64 w4 s2 tma"): (88, 88, ((3, 7), (3, 8), (3, 9))),
+    ((128,), "bwd_dkdv_paired", "64x64 w4 s2 tma"): (556, 376, ()),
+    ((160, 256), "bwd_dk_paired", "64x32 w4 s2 tma"): (32, 24, ()),
+    ((160, 256), "bwd_dv_dropout_paired", "64x32 w4 s2 tma"): (48, 40, ()),
+    ((160, 256), "bwd_dk_dropout_paired", "64x32 w4 s2 tma"): (116, 80, ()),
+}
+ACCEPTED_SPILLS += tuple(
+    AcceptedSpill(
+        arch="sm90",
+        head_dim=d,
+        kernel=kernel,
+        tile=tile,
+        spills=spills,
+        scratch_bytes=scratch,
+        reason=_HOPPER_PAIRED
+        + ("; the dropout kernels are the same tiles, untimed" if "dropout" in kernel else ""),
+        spill_free_on=free,
+    )
+    for (dims, kernel, tile), (spills, scratch, free) in _PAIRED_SPILLS.items()
+    for d in dims
+)
 
 _HOPPER_DQ_256 = (
     "dQ 64x32 w4 s1 (wgmma) ran fwd+bwd {} TFLOP/s at {} on an H100 with Triton 3.6, where it spills, "
@@ -788,7 +856,8 @@ def override(cfg: AttnConfig, spec: str | None) -> AttnConfig:
 
     Tiles are ``[block_m, block_n, num_warps, num_stages(, waves_per_eu)]`` or objects with
     Tile's field names; keys fwd, bwd_kv, bwd_q, atomic_dq, reload, gluon_fwd, gluon_bwd,
-    gluon_fwd_min_seq, gluon_bwd_min_seq (0 or more), short_kv, masked_last, split_kv (not with atomic_dq or
+    gluon_fwd_min_seq, gluon_bwd_min_seq (0 or more), short_kv, masked_last, paired_kv, paired_waves
+    ([low, high] programs per compute unit), split_kv (not with atomic_dq or
     chunk_kv), chunk_kv, chunk_q (head-dim chunk: 0 or a power of two >= 16), and ``tma``:
     true/false for every tile or a list of the tiles (``["bwd_kv", "bwd_q"]``) that use TMA, the
     others not.
@@ -814,6 +883,7 @@ def override(cfg: AttnConfig, spec: str | None) -> AttnConfig:
         "short_kv",
         "split_kv",
         "masked_last",
+        "paired_kv",
     ):
         if key in data:
             changes[key] = bool(data[key])
@@ -823,6 +893,16 @@ def override(cfg: AttnConfig, spec: str | None) -> AttnConfig:
             if n < 0:
                 raise ValueError(f"{key} must be 0 or more, got {n}")
             changes[key] = n
+    if "paired_waves" in data:
+        try:
+            low, high = (float(x) for x in data["paired_waves"])
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"paired_waves is [low, high], programs per compute unit, got {data['paired_waves']!r}"
+            ) from None
+        if not 0 <= low < high:
+            raise ValueError(f"paired_waves needs 0 <= low < high, got [{low}, {high}]")
+        changes["paired_waves"] = (low, high)
     for key in ("chunk_kv", "chunk_q"):
         if key in data:
             n = int(data[key])

@@ -736,47 +736,19 @@ def _dkdv_loop(dk, dv, k, v, k_ptrs, v_ptrs, k_rows, v_rows, q_base, do_base, ls
     return dk, dv
 
 
-@triton.jit(do_not_specialize=["seqlen_q", "seqlen_k", "left", "right"])
-def attn_bwd_dkdv(
-    Q, K, V, DO, DK, DV, DQ, LSE, Delta, CuQ, CuK, Slopes,
-    sq_b, sq_s, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, sdo_b, sdo_s, sdo_h,
-    sdk_b, sdk_s, sdk_h, sdv_b, sdv_s, sdv_h, sdq_b, sdq_s, sdq_h, sl_b, sl_h, sa_b, sa_h,
-    seqlen_q, seqlen_k, num_heads_k, group, sm_scale, qk_scale, cap_in, cap_out, left, right,
-    Rng, drop_scale,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-    RELOAD: tl.constexpr, D_CHUNK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    USE_TMA: tl.constexpr = False, STRIDE_ALIGN: tl.constexpr = 1, PART: tl.constexpr = 0,
-    MASKED_LAST: tl.constexpr = False,
-):
-    """One program per (key block, batch, kv head); loops over the GQA group's query heads.
-    USE_TMA (Hopper): Q and dO stream through tensor descriptors (see ``attn_fwd``).
-    STRIDE_ALIGN: the q/k/v/dO/dK/dV/dQ strides arrive divided by it (see ``_aligned``).
-    PART: 0 computes dK and dV; 1 dV alone and 2 dK alone (two launches, ``AttnConfig.split_kv``):
-    each program then holds one fp32 accumulator instead of two, for one product more per step
-    (Q.K^T in both launches); above d=128 on Hopper the registers this frees let Q/dO stream
-    through a two-stage TMA pipeline. Not with D_CHUNK or ATOMIC_DQ.
-    MASKED_LAST (``AttnConfig.masked_last``): the full query blocks first, then the masked ones
-    of both sides in one loop; else a causal (right-window) diagonal's masked blocks come first,
-    the full ones, then the masked tail. On Hopper the causal kernel spilled less this way and
-    ran 10-14% faster; on AMD its register use rose (see configs.AttnConfig)."""
-    tl.static_assert(PART == 0 or (D_CHUNK == 0 and not ATOMIC_DQ))
-    sq_b, sq_s, sq_h = _aligned(sq_b, sq_s, sq_h, STRIDE_ALIGN)
-    sk_b, sk_s, sk_h = _aligned(sk_b, sk_s, sk_h, STRIDE_ALIGN)
-    sv_b, sv_s, sv_h = _aligned(sv_b, sv_s, sv_h, STRIDE_ALIGN)
-    sdo_b, sdo_s, sdo_h = _aligned(sdo_b, sdo_s, sdo_h, STRIDE_ALIGN)
-    sdk_b, sdk_s, sdk_h = _aligned(sdk_b, sdk_s, sdk_h, STRIDE_ALIGN)
-    sdv_b, sdv_s, sdv_h = _aligned(sdv_b, sdv_s, sdv_h, STRIDE_ALIGN)
-    sdq_b, sdq_s, sdq_h = _aligned(sdq_b, sdq_s, sdq_h, STRIDE_ALIGN)
-    pid_n = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = pid_bh // num_heads_k
-    hk = pid_bh % num_heads_k
-    q_start, seqlen_q, k_start, seqlen_k = _seq_bounds(CuQ, CuK, b, seqlen_q, seqlen_k, IS_VARLEN)
-    n0 = pid_n * BLOCK_N
-    if n0 >= seqlen_k:
-        return
+@triton.jit
+def _dkdv_tile(Q, K, V, DO, DK, DV, DQ, LSE, Delta, Slopes,
+               sq_b, sq_s, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, sdo_b, sdo_s, sdo_h,
+               sdk_b, sdk_s, sdk_h, sdv_b, sdv_s, sdv_h, sdq_b, sdq_s, sdq_h, sl_b, sl_h, sa_b, sa_h,
+               b, hk, n0, q_start, seqlen_q, k_start, seqlen_k, num_heads_k, group, sm_scale,
+               qk_scale, cap_in, cap_out, left, right, Rng, drop_scale,
+               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+               HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+               RELOAD: tl.constexpr, D_CHUNK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+               USE_TMA: tl.constexpr, PART: tl.constexpr, MASKED_LAST: tl.constexpr):
+    """attn_bwd_dkdv's work on the key block from key ``n0`` (strides already divided): dK and
+    dV of its BLOCK_N keys over the GQA group's query heads, stored."""
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
     b64 = b.to(tl.int64)
     offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -849,6 +821,79 @@ def attn_bwd_dkdv(
         tl.store(_tile(dk_base, offs_n, sdk_s, offs_d), dk.to(DK.dtype.element_ty), mask=st_mask)
     if PART != 2:
         tl.store(_tile(dv_base, offs_n, sdv_s, offs_d), dv.to(DV.dtype.element_ty), mask=st_mask)
+
+
+@triton.jit(do_not_specialize=["seqlen_q", "seqlen_k", "left", "right"])
+def attn_bwd_dkdv(
+    Q, K, V, DO, DK, DV, DQ, LSE, Delta, CuQ, CuK, Slopes,
+    sq_b, sq_s, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, sdo_b, sdo_s, sdo_h,
+    sdk_b, sdk_s, sdk_h, sdv_b, sdv_s, sdv_h, sdq_b, sdq_s, sdq_h, sl_b, sl_h, sa_b, sa_h,
+    seqlen_q, seqlen_k, num_heads_k, group, sm_scale, qk_scale, cap_in, cap_out, left, right,
+    Rng, drop_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_VARLEN: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+    RELOAD: tl.constexpr, D_CHUNK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    USE_TMA: tl.constexpr = False, STRIDE_ALIGN: tl.constexpr = 1, PART: tl.constexpr = 0,
+    MASKED_LAST: tl.constexpr = False, PAIRED: tl.constexpr = False,
+):
+    """One program per (key block, batch, kv head); loops over the GQA group's query heads.
+    USE_TMA (Hopper): Q and dO stream through tensor descriptors (see ``attn_fwd``).
+    STRIDE_ALIGN: the q/k/v/dO/dK/dV/dQ strides arrive divided by it (see ``_aligned``).
+    PART: 0 computes dK and dV; 1 dV alone and 2 dK alone (two launches, ``AttnConfig.split_kv``):
+    each program then holds one fp32 accumulator instead of two, for one product more per step
+    (Q.K^T in both launches); above d=128 on Hopper the registers this frees let Q/dO stream
+    through a two-stage TMA pipeline. Not with D_CHUNK or ATOMIC_DQ.
+    MASKED_LAST (``AttnConfig.masked_last``): the full query blocks first, then the masked ones
+    of both sides in one loop; else a causal (right-window) diagonal's masked blocks come first,
+    the full ones, then the masked tail. On Hopper the causal kernel spilled less this way and
+    ran 10-14% faster; on AMD its register use rose (see configs.AttnConfig).
+    PAIRED (``AttnConfig.paired_kv``, causal only): each program takes key block ``pid_n`` and its
+    mirror from the sequence's end, whose query ranges add up to about the same for every
+    program; the grid has half the key blocks. Without it the programs of a causal call run
+    from the longest to the shortest in each (batch, kv head), and the last heads' longest ones
+    finish alone."""
+    tl.static_assert(PART == 0 or (D_CHUNK == 0 and not ATOMIC_DQ))
+    sq_b, sq_s, sq_h = _aligned(sq_b, sq_s, sq_h, STRIDE_ALIGN)
+    sk_b, sk_s, sk_h = _aligned(sk_b, sk_s, sk_h, STRIDE_ALIGN)
+    sv_b, sv_s, sv_h = _aligned(sv_b, sv_s, sv_h, STRIDE_ALIGN)
+    sdo_b, sdo_s, sdo_h = _aligned(sdo_b, sdo_s, sdo_h, STRIDE_ALIGN)
+    sdk_b, sdk_s, sdk_h = _aligned(sdk_b, sdk_s, sdk_h, STRIDE_ALIGN)
+    sdv_b, sdv_s, sdv_h = _aligned(sdv_b, sdv_s, sdv_h, STRIDE_ALIGN)
+    sdq_b, sdq_s, sdq_h = _aligned(sdq_b, sdq_s, sdq_h, STRIDE_ALIGN)
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // num_heads_k
+    hk = pid_bh % num_heads_k
+    q_start, seqlen_q, k_start, seqlen_k = _seq_bounds(CuQ, CuK, b, seqlen_q, seqlen_k, IS_VARLEN)
+    if PAIRED:
+        # Key blocks pid_n and its mirror from the end: a causal diagonal's longest and shortest
+        # query ranges in one program, so that programs weigh alike (the grid is half the key
+        # blocks of the longest sequence, rounded up; a middle block runs once).
+        mirror = tl.cdiv(seqlen_k, BLOCK_N) - 1 - pid_n
+        for j in tl.static_range(2):
+            if pid_n + j <= mirror:
+                _dkdv_tile(Q, K, V, DO, DK, DV, DQ, LSE, Delta, Slopes,
+                           sq_b, sq_s, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, sdo_b, sdo_s,
+                           sdo_h, sdk_b, sdk_s, sdk_h, sdv_b, sdv_s, sdv_h, sdq_b, sdq_s, sdq_h,
+                           sl_b, sl_h, sa_b, sa_h, b, hk, (pid_n + j * (mirror - pid_n)) * BLOCK_N,
+                           q_start, seqlen_q, k_start, seqlen_k, num_heads_k, group, sm_scale,
+                           qk_scale, cap_in, cap_out, left, right, Rng, drop_scale,
+                           HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+                           HAS_ALIBI, ATOMIC_DQ, RELOAD, D_CHUNK, HAS_DROPOUT, USE_TMA, PART,
+                           MASKED_LAST)
+    else:
+        n0 = pid_n * BLOCK_N
+        if n0 >= seqlen_k:
+            return
+        _dkdv_tile(Q, K, V, DO, DK, DV, DQ, LSE, Delta, Slopes,
+                   sq_b, sq_s, sq_h, sk_b, sk_s, sk_h, sv_b, sv_s, sv_h, sdo_b, sdo_s, sdo_h,
+                   sdk_b, sdk_s, sdk_h, sdv_b, sdv_s, sdv_h, sdq_b, sdq_s, sdq_h, sl_b, sl_h,
+                   sa_b, sa_h, b, hk, n0, q_start, seqlen_q, k_start, seqlen_k, num_heads_k,
+                   group, sm_scale, qk_scale, cap_in, cap_out, left, right, Rng, drop_scale,
+                   HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, HAS_LEFT, HAS_RIGHT, HAS_SOFTCAP,
+                   HAS_ALIBI, ATOMIC_DQ, RELOAD, D_CHUNK, HAS_DROPOUT, USE_TMA, PART,
+                   MASKED_LAST)
 
 
 @triton.jit

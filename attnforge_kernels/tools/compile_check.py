@@ -160,6 +160,16 @@ def _variants(dropout_base, base, fp8: str | None):
     return out
 
 
+def _paired(jobs, cfg):
+    """The causal dK/dV launches with paired key blocks (``configs.AttnConfig.paired_kv``, flash.py
+    ``PAIRED``) as ``<name>_paired``, where the config pairs them (on grids of a few programs per
+    compute unit; the others run the unpaired kernel)."""
+    if not cfg.paired_kv:
+        return []
+    return [(f"{name}_paired", fn, ptrs, dict(consts, PAIRED=True), tile)
+            for name, fn, ptrs, consts, tile in jobs if "PAIRED" in consts]  # fmt: skip
+
+
 def _small_grid(base, family: str, head_dim: int):
     """The forward with the family's small-grid tile (``configs.SMALL_GRID_FWD``), as
     ``fwd_small``, where it has one."""
@@ -266,7 +276,7 @@ def _bwd_jobs(head_dim: int, cfg, flags: dict, p: str) -> list[Job]:
         name, flash.attn_bwd_dkdv, ptrs,
         dict(flags, BLOCK_M=kv.block_m, BLOCK_N=kv.block_n, ATOMIC_DQ=cfg.atomic_dq,
              RELOAD=cfg.reload, D_CHUNK=cfg.chunk_kv, USE_TMA=kv.tma, STRIDE_ALIGN=align,
-             PART=part, MASKED_LAST=cfg.masked_last, **_BWD_OFF),
+             PART=part, MASKED_LAST=cfg.masked_last, PAIRED=False, **_BWD_OFF),
         kv,
     ) for name, part in parts]  # fmt: skip
     if not cfg.atomic_dq:
@@ -466,6 +476,7 @@ def jobs_for(arch: str, spec: dict, head_dims, over_2gib: bool = False) -> list[
         base = _kernels(d, cfg)
         dcfg = for_tensors(config_for(spec["family"], d, dropout=True), not over_2gib)
         variants = _variants(_kernels(d, dcfg), base, FP8_DOT.get(spec["family"]))
+        variants = variants + _paired(base, cfg) + _paired(variants, dcfg)
         variants += _small_grid(base, spec["family"], d)
         variants += _small_grid_kv(base, spec["family"], d)
         variants += _head_dim_fwd(base, spec["family"], d)

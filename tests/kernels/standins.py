@@ -24,14 +24,16 @@ class Fill:
 
 class LaunchSpy:
     """Wraps a jit kernel (``spy = LaunchSpy(interface.attn_fwd)``, then monkeypatched in its
-    place): notes the keyword arguments of each ``[grid](...)`` launch in ``calls`` and runs it."""
+    place): notes the keyword arguments of each ``[grid](...)`` launch in ``calls``, its grid in
+    ``grids``, and runs it."""
 
     def __init__(self, fn):
-        self.fn, self.calls = fn, []
+        self.fn, self.calls, self.grids = fn, [], []
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
             self.calls.append(kwargs)
+            self.grids.append(tuple(grid))
             return self.fn[grid](*args, **kwargs)
 
         return launch

@@ -159,8 +159,10 @@ def test_an_accepted_spill_does_not_hide_another_problem():
 
 def test_accepted_spills_name_the_default_tile_and_the_measurement():
     for a in ACCEPTED_SPILLS:
-        kernel, dropout = a.kernel.removesuffix("_dropout"), a.kernel.endswith("_dropout")
+        kernel, paired = a.kernel.removesuffix("_paired"), a.kernel.endswith("_paired")
+        kernel, dropout = kernel.removesuffix("_dropout"), kernel.endswith("_dropout")
         cfg = config_for(ARCHES[a.arch]["family"], a.head_dim, dropout=dropout)
+        assert cfg.paired_kv or not paired  # a paired kernel's entry needs a config that pairs
         # split_kv's dV and dK launches run the dK/dV tile; the joint kernel exists only without.
         kv = (
             {"bwd_dv": cfg.bwd_kv, "bwd_dk": cfg.bwd_kv}
