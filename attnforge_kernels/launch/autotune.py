@@ -118,9 +118,15 @@ def _store(k: str, cfg: AttnConfig) -> None:
 
 def _from_dict(d: dict) -> AttnConfig:
     """An AttnConfig from its cached ``asdict`` form: every field round-trips (the Gluon switches
-    included); fields an older cache lacks take their defaults, unknown ones are ignored."""
+    included); fields an older cache lacks take their defaults, unknown ones are ignored. JSON
+    gives a tuple field (``paired_waves``) back as a list, made a tuple again: the config is
+    hashed and compared."""
     names = {f.name for f in fields(AttnConfig)}
-    rest = {k: v for k, v in d.items() if k in names and k not in configs.TILE_KEYS}
+    rest = {
+        k: tuple(v) if isinstance(v, list) else v
+        for k, v in d.items()
+        if k in names and k not in configs.TILE_KEYS
+    }
     return AttnConfig(**{k: Tile(**d[k]) for k in configs.TILE_KEYS}, **rest)
 
 
