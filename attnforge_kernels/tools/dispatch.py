@@ -4,12 +4,15 @@ ratios, causal and not, sequence lengths and head dims, forward and forward+back
 
 The default path must never be much slower than its own fallback: its time over the all-Triton
 path's is the figure to watch (at most 1.03 is the target), and Gluon's time over Triton's at
-each length is the data ``attnforge_kernels.device.configs.GLUON_MIN_SEQ`` is read from.
+each length is the data ``attnforge_kernels.device.configs.GLUON_MIN_SEQ`` is read from. A row
+whose default path reads above the target is timed again before it counts (``_row_times``), and
+its line and JSON row keep the first reading (``first_ms``).
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 
 # GQA ratio -> (query heads, key/value heads)
 RATIOS = {1: (16, 16), 4: (32, 8), 7: (28, 4), 8: (32, 4)}
@@ -22,10 +25,15 @@ PATHS = {
     "gluon": {"gluon_fwd_min_seq": 0, "gluon_bwd_min_seq": 0},
 }
 TARGET = 1.03
+# A row whose default path reads above TARGET is timed again in this many rounds (each there and
+# back) and reported by its median: on an H100 (2026-12-06) a row whose default and Gluon paths
+# run the very same kernels once read 1.086 and 1.004, and in four rotated rounds 1.002 and 0.998.
+CONFIRM_ROUNDS = 3
 
 
-def _timings(q, k, v, causal: bool) -> dict:
-    """{mode: {path: ms}} for one shape, each path under its config override."""
+def _timings(q, k, v, causal: bool, rounds: int = 1) -> dict:
+    """{mode: {path: ms}} for one shape, each path under its config override: the median of its
+    ``rounds`` x 2 timings (one round: the mean of two)."""
     import torch
 
     from ..api.flash_attn import flash_attn_func
@@ -51,11 +59,20 @@ def _timings(q, k, v, causal: bool) -> dict:
     _timer(step, None, [qg, kg, vg])
     times: dict = {"fwd": {}, "fwd+bwd": {}}
     order = list(PATHS.items())
-    for path, spec in order + order[::-1]:
+    for path, spec in (order + order[::-1]) * rounds:
         text = json.dumps(spec) if spec else None
         times["fwd"].setdefault(path, []).append(_timer(fwd, text, None))
         times["fwd+bwd"].setdefault(path, []).append(_timer(step, text, [qg, kg, vg]))
-    return {mode: {p: sum(ts) / len(ts) for p, ts in by.items()} for mode, by in times.items()}
+    return {mode: {p: statistics.median(ts) for p, ts in by.items()} for mode, by in times.items()}
+
+
+def _row_times(q, k, v, causal: bool) -> tuple[dict, dict | None]:
+    """(times, first): one round; where the default path reads above TARGET in a mode, the
+    median of CONFIRM_ROUNDS more, with the first round's times as ``first`` (else None)."""
+    ms = _timings(q, k, v, causal)
+    if all(by["default"] / by["triton"] <= TARGET for by in ms.values()):
+        return ms, None
+    return _timings(q, k, v, causal, rounds=CONFIRM_ROUNDS), ms
 
 
 def _timer(fn, spec: str | None, grads) -> float:
@@ -81,8 +98,9 @@ def run_dispatch(seqs=SEQS, head_dims=HEAD_DIMS, gqa=tuple(RATIOS)) -> dict:
                 for causal in (False, True):
                     q = torch.randn(b, s, hq, d, device="cuda", dtype=torch.bfloat16)
                     k, v = (torch.randn(b, s, hkv, d, device="cuda", dtype=q.dtype) for _ in "kv")
+                    ms, first = _row_times(q, k, v, causal)
                     row = {"d": d, "s": s, "b": b, "hq": hq, "hkv": hkv, "causal": causal,
-                           "ms": _timings(q, k, v, causal)}  # fmt: skip
+                           "ms": ms, **({"first_ms": first} if first else {})}  # fmt: skip
                     rows.append(row)
                     print(_line(row), flush=True)
     return {"dispatch_rows": rows}
@@ -100,7 +118,15 @@ def _line(row: dict) -> str:
         for mode in ("fwd", "fwd+bwd")
     )
     shape = f"d={row['d']} s={row['s']:6d} b={row['b']:2d} h={row['hq']}/{row['hkv']}"
-    return f"{shape} causal={int(row['causal'])} {cells}"
+    line = f"{shape} causal={int(row['causal'])} {cells}"
+    if "first_ms" in row:
+        first = {"ms": row["first_ms"]}
+        line += (
+            " (re-timed; the first round: default/triton "
+            + ", ".join(f"{mode} {ratios(first, mode)[0]:.3f}" for mode in ("fwd", "fwd+bwd"))
+            + ")"
+        )
+    return line
 
 
 def dispatch_table(result: dict) -> str:
@@ -125,7 +151,13 @@ def dispatch_table(result: dict) -> str:
     worst = max(ratios(r, m)[0] for r in rows for m in ("fwd", "fwd+bwd"))
     over = sum(ratios(r, m)[0] > TARGET for r in rows for m in ("fwd", "fwd+bwd"))
     lines.append("")
+    retimed = sum("first_ms" in r for r in rows)
     lines.append(
         f"default/triton worst {worst:.3f}; {over} of {2 * len(rows)} timings above {TARGET}"
+        + (
+            f" (re-timed in {CONFIRM_ROUNDS} rounds: {retimed} of {len(rows)} rows)"
+            if retimed
+            else ""
+        )
     )
     return "\n".join(lines)
