@@ -1,7 +1,8 @@
 """Stand-ins for recorded launches, for the CPU tests of the launch plans
 (test_launch_plans.py, test_split_kv.py) and of the native launch path (test_native.py), a spy on
-a kernel's launches for the tests of what the launchers choose, and the gradients of one call
-under a config override (the tests that compare two kernel variants' backwards)."""
+a kernel's launches for the tests of what the launchers choose, the gradients of one call
+under a config override (the tests that compare two kernel variants' backwards), and the check
+that only Hopper's configs set a flag measured on Hopper alone."""
 
 
 class Fill:
@@ -57,3 +58,15 @@ def grads_under(monkeypatch, override, call, tensors, seed=3):
     out = call(*leaves)
     out.backward(torch.ones_like(out) + out.detach())
     return [t.grad for t in leaves]
+
+
+def assert_only_hopper_sets(flag: str) -> None:
+    """Hopper's default and dropout configs set the AttnConfig field ``flag`` at every head dim
+    (64, 128, 256); no AMD or Ampere family's config does."""
+    from attnforge_kernels.device import configs
+
+    for d in (64, 128, 256):
+        assert getattr(configs.config_for("hopper", d), flag)
+        assert getattr(configs.config_for("hopper", d, dropout=True), flag)
+        for family in ("rdna3", "rdna3.5", "rdna4", "cdna2", "cdna3", "cdna4", "ampere"):
+            assert not getattr(configs.config_for(family, d), flag), family
