@@ -6,7 +6,9 @@ the kernel's source, the same key of every jit function it calls (with its ``noi
 the values of the ``tl.constexpr`` globals it reads, less one input: Triton adds each function's
 starting line number (its line table goes into the binary), so with ``cache_key`` itself an
 edit that adds a line to one kernel would move, and recompile, every kernel below it in the
-file. Line numbers change no register count, spill or LDS size, which is all the check reads.
+file. Line numbers change no VGPR count, spill, LDS size or occupancy, which is what the check
+judges (a kernel moved down 7 lines compiled the same for gfx1151); the debug line info can move
+the SGPR count, which it only reports, by one (compile_check.CompileCache).
 
 The source is the function's text with its decorator (``do_not_specialize``, ``noinline``: so a
 callee's ``noinline`` is in its key, as Triton adds it); no
