@@ -31,7 +31,8 @@ The extension is compiled once per source, torch, Python and compiler, into
 ``$ATTNFORGE_NATIVE_DIR`` (default ``~/.cache/attnforge/native``), with the host's C++
 compiler (``$CXX``, else ``c++``) against the installed torch's headers (C++20, as torch 2.13's
 need), by
-``python -m attnforge_kernels.native build`` (an image's build step) or at the first planned call,
+``python -m attnforge_kernels.native build`` (an image's build step runs the build,
+attnforge_kernels/launch/native_build.py, as a file) or at the first planned call,
 which says so on stderr. No compiler, a failed build, ``ATTNFORGE_NATIVE=0``, the CPU interpreter or
 a Triton other than 3.6: the Python path, as before; ``python -m attnforge_kernels.native status``
 says which and why.
@@ -42,22 +43,17 @@ parameters) follows triton's third_party/amd/backend/driver.py; no AMD GPU ran i
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import importlib.util
 import os
-import shutil
-import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 import torch
 
 from ..device import configs
 from . import plans as launch
+from .native_build import SOURCE, build, cache_dir  # noqa: F401 - the loader's public names
 
-SOURCE = Path(__file__).with_name("replay.cpp")
 _ENV = "ATTNFORGE_NATIVE"
 
 _mod = None  # the loaded extension, once active
@@ -65,91 +61,6 @@ _python_backward = None  # on_python_backward's function
 _loaded = None  # the extension once loaded, whether calls use it now or not (set_active)
 _state: str | None = None  # None: not tried; "active"; else why the Python path is used
 _PLANS: dict[int, object] = {}  # Python PyForwardPlan by native plan id (for the backward)
-
-
-def cache_dir() -> Path:
-    """$ATTNFORGE_NATIVE_DIR, else $XDG_CACHE_HOME/attnforge/native (~/.cache/attnforge/native)."""
-    if os.environ.get("ATTNFORGE_NATIVE_DIR"):
-        return Path(os.environ["ATTNFORGE_NATIVE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME")
-    return (Path(base) if base else Path.home() / ".cache") / "attnforge" / "native"
-
-
-def _compiler() -> str | None:
-    cxx = os.environ.get("CXX") or "c++"
-    return shutil.which(cxx)
-
-
-def _flags() -> tuple[list[str], list[str]]:
-    """Compile and link flags for the installed torch (its headers and libraries)."""
-    from torch.utils import cpp_extension
-
-    abi = int(bool(torch._C._GLIBCXX_USE_CXX11_ABI))
-    inc = [f"-I{p}" for p in cpp_extension.include_paths()]
-    inc.append(f"-I{sysconfig.get_paths()['include']}")
-    libs = cpp_extension.library_paths()
-    link = [f"-L{p}" for p in libs] + [f"-Wl,-rpath,{p}" for p in libs]
-    link += ["-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python"]
-    return ["-O2", "-std=c++20", "-shared", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-            "-DTORCH_API_INCLUDE_EXTENSION_H", *inc], link  # fmt: skip
-
-
-def _name(cxx: str) -> str:
-    """The module's name: a hash of what its binary depends on."""
-    h = hashlib.sha256(SOURCE.read_bytes())
-    for part in (torch.__version__, sys.version, sysconfig.get_paths()["include"], cxx):
-        h.update(b"\0" + str(part).encode())
-    return f"attnforge_native_{h.hexdigest()[:16]}"
-
-
-def build(quiet: bool = False, again: bool = False) -> Path:
-    """The extension's path, compiled first where it is not in the cache. A build writes aside
-    and renames, under a lock, so concurrent processes and an interrupted build leave no partial
-    file. Raises RuntimeError with the compiler's first error lines; a failed build is noted
-    beside it, so later processes (validate's workers, each step of a job) do not spend the
-    compile again for the same source, torch and compiler until ``again`` (``python -m
-    attnforge_kernels.native build``)."""
-    cxx = _compiler()
-    if cxx is None:
-        raise RuntimeError(f"no C++ compiler ({os.environ.get('CXX') or 'c++'}) on PATH")
-    name = _name(cxx)
-    out_dir = cache_dir()
-    target = out_dir / f"{name}.so"
-    failed = out_dir / f"{name}.failed"
-    if target.exists():
-        return target
-    if failed.exists() and not again:
-        raise RuntimeError(
-            f"{failed.read_text().strip()} (an earlier build; `python -m attnforge_kernels.native build` "
-            "tries again)"
-        )
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with open(out_dir / f".{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if target.exists():  # another process built it while this one waited
-            return target
-        if not quiet:
-            print(f"attnforge: compiling the native launch path into {out_dir} (once; "
-                  "about 30 s)", file=sys.stderr, flush=True)  # fmt: skip
-        cflags, link = _flags()
-        tmp = out_dir / f".{name}.{os.getpid()}.tmp.so"
-        cmd = [cxx, *cflags, f"-DTORCH_EXTENSION_NAME={name}", str(SOURCE), "-o", str(tmp), *link]
-        try:
-            r = subprocess.run(cmd, capture_output=True, text=True)
-            if r.returncode != 0:
-                errors = [ln for ln in r.stderr.splitlines() if "error" in ln][:3]
-                why = f"{Path(cxx).name} failed ({r.returncode}): " + (
-                    "; ".join(errors) or r.stderr.strip()[-400:]
-                )
-                note = out_dir / f".{name}.{os.getpid()}.failed"
-                note.write_text(why + "\n")
-                os.replace(note, failed)
-                raise RuntimeError(why)
-            failed.unlink(missing_ok=True)
-            os.replace(tmp, target)
-        finally:
-            tmp.unlink(missing_ok=True)
-    return target
 
 
 def load(path: Path):

@@ -137,6 +137,21 @@ def test_the_default_stack_rehearses_end_to_end(default_rehearsal):
     assert final["org.attnforge.rehearsal"]
 
 
+def test_the_validate_layer_compiled_the_native_launch_path_the_loader_looks_for(default_rehearsal):
+    """The stand-in torch is a ROCm build by its version (torch.version.hip), so the validate
+    layer compiles the native launch path, from native_build.py and replay.cpp alone, before the
+    packages are copied in (dockerfiles/validate.Dockerfile); the module is the one the packages'
+    loader asks for in the finished image."""
+    assert default_rehearsal[2].returncode == 0
+    code = ("import pathlib; from attnforge_kernels.launch import native_build as b; "
+            "print(b._name(b._compiler())); print(*sorted(p.name for p in b.cache_dir().iterdir()))")  # fmt: skip
+    proc = subprocess.run(["docker", "run", "--rm", f"{NAMESPACE}/default:gfx1151", "python3", "-c",
+                           code], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    name, files = proc.stdout.splitlines()
+    assert f"{name}.so" in files.split(), proc.stdout
+
+
 def test_a_rehearsal_image_is_neither_published_nor_exported(tree, default_rehearsal):
     assert default_rehearsal[2].returncode == 0
     for args, done in ((["publish", "--to", "localhost:5999/never"], "published"),

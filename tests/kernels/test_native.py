@@ -10,10 +10,12 @@ with the Python path where it is active, and tools/host_probe.py --verify does t
 """
 
 import os
+import shutil
 import struct
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -670,3 +672,63 @@ def _replay_with(fill):
 def _replay_append(self, pointers):
     self.append(None, pointers)
     return True
+
+
+def _fake_cxx(tmp_path) -> Path:
+    """A compiler that logs each call and writes a module file where -o points."""
+    cxx = tmp_path / "cxx"
+    cxx.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        echo x >> {tmp_path / "calls"}
+        for a; do [ "$prev" = -o ] && echo built > "$a"; prev=$a; done
+    """))  # fmt: skip
+    cxx.chmod(0o755)
+    return cxx
+
+
+def test_the_build_runs_as_a_file_beside_the_source_and_the_loader_finds_its_module(tmp_path):
+    # dockerfiles/validate.Dockerfile compiles the extension before the packages are in the image:
+    # native_build.py run as a file, with replay.cpp beside it and nothing else.
+    alone = tmp_path / "native-src"
+    alone.mkdir()
+    launch_dir = Path(ROOT) / "attnforge_kernels" / "launch"
+    for name in ("native_build.py", "replay.cpp"):
+        shutil.copy(launch_dir / name, alone / name)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(CXX=str(_fake_cxx(tmp_path)), ATTNFORGE_NATIVE_DIR=str(tmp_path / "cache"))
+    r = subprocess.run([sys.executable, str(alone / "native_build.py")], capture_output=True,
+                       text=True, env=env, cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    built = Path(r.stdout.strip())
+    assert built.parent == tmp_path / "cache" and built.read_text() == "built\n"
+    # The packages' loader, later in the image, asks for the same module and compiles nothing.
+    code = "from attnforge_kernels.launch import replay; print(replay.build(quiet=True))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=dict(env, PYTHONPATH=ROOT), cwd=ROOT)  # fmt: skip
+    assert r.returncode == 0 and Path(r.stdout.strip()) == built, r.stderr
+    assert (tmp_path / "calls").read_text() == "x\n"
+    # A compiler that fails: exit status 1 and the compiler's error line, as the layer's echo expects.
+    bad = tmp_path / "bad"
+    bad.write_text("#!/bin/sh\necho 'replay.cpp:1:1: error: planted' >&2\nexit 1\n")
+    bad.chmod(0o755)
+    env.update(CXX=str(bad), ATTNFORGE_NATIVE_DIR=str(tmp_path / "cache2"))
+    r = subprocess.run([sys.executable, str(alone / "native_build.py")], capture_output=True,
+                       text=True, env=env, cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 1 and "error: planted" in r.stderr and not r.stdout
+
+
+def test_the_build_needs_nothing_of_the_packages_and_the_layer_builds_before_copying_them():
+    import ast
+
+    tree = ast.parse((Path(ROOT) / "attnforge_kernels/launch/native_build.py").read_text())
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
+                for a in n.names}  # fmt: skip
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree)
+                 if isinstance(n, ast.ImportFrom) and not n.level}  # fmt: skip
+    relative = [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level]
+    assert not relative and imported - set(sys.stdlib_module_names) == {"torch"}, imported
+    dockerfile = (Path(ROOT) / "dockerfiles/validate.Dockerfile").read_text()
+    build = dockerfile.index("python3 /opt/attnforge/native-src/native_build.py")
+    assert dockerfile.index("COPY attnforge_kernels/launch/native_build.py") < build
+    assert build < dockerfile.index("COPY attnforge_kernels /opt/attnforge/src/attnforge_kernels")
+    assert build < dockerfile.index("COPY validate ")
