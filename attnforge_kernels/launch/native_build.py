@@ -111,12 +111,13 @@ def build(quiet: bool = False, again: bool = False) -> Path:
     return target
 
 
-def main() -> int:
-    """``python3 native_build.py``: build now (again after a failure) and print the path."""
+def main(prog: str = "attnforge native launch path") -> int:
+    """``python3 native_build.py`` (and ``python -m attnforge_kernels.native build``): build now,
+    again after a failure, and print the path; exit status 1 and why, on stderr, when it cannot."""
     try:
         print(build(again=True))
     except (RuntimeError, OSError) as err:
-        print(f"attnforge native launch path: {err}", file=sys.stderr)
+        print(f"{prog}: {err}", file=sys.stderr)
         return 1
     return 0
 

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import sys
 from pathlib import Path
 
 import torch
@@ -53,6 +52,7 @@ import torch
 from ..device import configs
 from . import plans as launch
 from .native_build import SOURCE, build, cache_dir  # noqa: F401 - the loader's public names
+from .native_build import main as build_main
 
 _ENV = "ATTNFORGE_NATIVE"
 
@@ -287,12 +287,7 @@ def main(argv: list[str] | None = None) -> int:
                          "whether calls use it, and why not")  # fmt: skip
     args = ap.parse_args(argv)
     if args.action == "build":
-        try:
-            print(build(again=True))
-        except (RuntimeError, OSError) as err:
-            print(f"attnforge_kernels.native: {err}", file=sys.stderr)
-            return 1
-        return 0
+        return build_main("attnforge_kernels.native")
     state = status()
     print(state)
     return 0 if state == "active" else 1
