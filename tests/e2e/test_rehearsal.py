@@ -143,7 +143,7 @@ def test_the_validate_layer_compiled_the_native_launch_path_the_loader_looks_for
     packages are copied in (dockerfiles/validate.Dockerfile); the module is the one the packages'
     loader asks for in the finished image."""
     assert default_rehearsal[2].returncode == 0
-    code = ("import pathlib; from attnforge_kernels.launch import native_build as b; "
+    code = ("from attnforge_kernels.launch import native_build as b; "
             "print(b._name(b._compiler())); print(*sorted(p.name for p in b.cache_dir().iterdir()))")  # fmt: skip
     proc = subprocess.run(["docker", "run", "--rm", f"{NAMESPACE}/default:gfx1151", "python3", "-c",
                            code], capture_output=True, text=True, timeout=300)  # fmt: skip

@@ -332,17 +332,24 @@ def test_a_failed_build_leaves_nothing_and_says_why(tmp_path, monkeypatch):
         _native.build(quiet=True)
 
 
-def test_concurrent_builds_compile_once(tmp_path):
-    """Two processes asking at once: one compiles (under the lock), the other waits for it."""
-    log = tmp_path / "calls"
+def _fake_cxx(tmp_path, pause: int = 0) -> Path:
+    """A compiler that logs each call to tmp_path/calls, waits ``pause`` seconds and writes a
+    module file where -o points."""
     cxx = tmp_path / "cxx"
     cxx.write_text(textwrap.dedent(f"""\
         #!/bin/sh
-        echo x >> {log}
-        sleep 1
+        echo x >> {tmp_path / "calls"}
+        sleep {pause}
         for a; do [ "$prev" = -o ] && echo built > "$a"; prev=$a; done
     """))  # fmt: skip
     cxx.chmod(0o755)
+    return cxx
+
+
+def test_concurrent_builds_compile_once(tmp_path):
+    """Two processes asking at once: one compiles (under the lock), the other waits for it."""
+    log = tmp_path / "calls"
+    cxx = _fake_cxx(tmp_path, pause=1)
     env = {**os.environ, "CXX": str(cxx), "ATTNFORGE_NATIVE_DIR": str(tmp_path / "cache")}
     code = "from attnforge_kernels.launch import replay; print(replay.build(quiet=True))"
     procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
@@ -672,18 +679,6 @@ def _replay_with(fill):
 def _replay_append(self, pointers):
     self.append(None, pointers)
     return True
-
-
-def _fake_cxx(tmp_path) -> Path:
-    """A compiler that logs each call and writes a module file where -o points."""
-    cxx = tmp_path / "cxx"
-    cxx.write_text(textwrap.dedent(f"""\
-        #!/bin/sh
-        echo x >> {tmp_path / "calls"}
-        for a; do [ "$prev" = -o ] && echo built > "$a"; prev=$a; done
-    """))  # fmt: skip
-    cxx.chmod(0o755)
-    return cxx
 
 
 def test_the_build_runs_as_a_file_beside_the_source_and_the_loader_finds_its_module(tmp_path):
