@@ -328,6 +328,22 @@ class _Forward:
     launched: object
 
 
+# A launch grid's second dimension: at most 65535 programs (CUDA; HIP's is larger).
+MAX_GRID_Y = 65535
+
+
+def _ordered_grid(c: configs.AttnConfig, mask: Mask, blocks: int, heads: int, t):
+    """(grid, ACROSS_HEADS) of a launch of ``blocks`` x ``heads`` (batch x heads) programs:
+    (heads, blocks) where its programs launch longest first across heads (flash.py
+    ``_grid_order``: causal, a right window without a left one, in the config's window), else
+    (blocks, heads)."""
+    causal = mask.left is None and mask.right is not None
+    units = configs.compute_units(t.device)
+    if blocks <= MAX_GRID_Y and c.across_heads_at(causal, blocks * heads, units):
+        return (heads, blocks), True
+    return (blocks, heads), False
+
+
 def _launch_forward(f: _Forward, c: configs.AttnConfig) -> None:
     """The forward kernel with config ``c``."""
     (
@@ -342,7 +358,7 @@ def _launch_forward(f: _Forward, c: configs.AttnConfig) -> None:
     )  # fmt: skip
     c = _tma_config(c, ("fwd",), qs.t, ks.t, vs.t)
     t = c.fwd
-    grid = (_cdiv(max_q, t.block_m), batch * hq)
+    grid, across = _ordered_grid(c, mask, _cdiv(max_q, t.block_m), batch * hq, qs.t)
     launch.recording(attn_fwd, launched)[grid](
         qs.t, ks.t, vs.t, out, lse, cu_q if varlen else dummy, cu_k if varlen else dummy,
         slopes if slopes is not None else lse, *strides, *lse_strides, sa_b, sa_h, max_q, max_k, hq,
@@ -353,7 +369,7 @@ def _launch_forward(f: _Forward, c: configs.AttnConfig) -> None:
         HAS_SOFTCAP=softcap > 0, HAS_ALIBI=slopes is not None, REVERSE=mask.right is not None,
         HAS_DROPOUT=drop is not None, RETURN_SDMASK=drop is not None and drop.sdmask is not None,
         IS_FP8=fp8, USE_TMA=t.tma, SHORT_KV=c.short_kv and max_k <= t.block_n, STRIDE_ALIGN=align,
-        POS_SCALE=scale > 0, **t.launch_options(hip),
+        POS_SCALE=scale > 0, ACROSS_HEADS=across, **t.launch_options(hip),
     )  # fmt: skip
 
 
@@ -406,7 +422,10 @@ def run_forward(
         from ..device import flash_sm90  # Hopper only: Gluon's NVIDIA modules, not elsewhere
 
         _tma_allocator()
-        flash_sm90.launch(qs.t, ks.t, vs.t, out, lse, scale * LOG2E, causal=mask.right == 0)
+        blocks = _cdiv(max_q, flash_sm90.BLOCK_M)
+        across = _ordered_grid(cfg, mask, blocks, batch * hq, q)[1]
+        flash_sm90.launch(qs.t, ks.t, vs.t, out, lse, scale * LOG2E, causal=mask.right == 0,
+                          across=across)  # fmt: skip
         if key is not None:
             launch.FORWARD.put(key, False)  # not a Triton launch: this key is not replayed
         return out, lse
@@ -614,11 +633,13 @@ def _launch_dq(b: _Backward, c: configs.AttnConfig, dq_acc, dqs):
     tq = c.bwd_q
     st = (*qkvdo, *dqs, *outs.strides)
     align = flash.stride_align(*st)
-    launch.recording(attn_bwd_dq, launched)[(_cdiv(max_q, tq.block_m), batch * hq)](
+    grid, across = _ordered_grid(c, mask, _cdiv(max_q, tq.block_m), batch * hq, qs.t)
+    launch.recording(attn_bwd_dq, launched)[grid](
         qs.t, ks.t, vs.t, dos.t, dq_acc, lse, delta, outs.t, cuq, cuk, sl, *_divided(st, align),
         *lse_strides, sa_b, sa_h, *common, hq, hq // hk, *scal, *drop_args, BLOCK_M=tq.block_m,
         BLOCK_N=tq.block_n, REVERSE=mask.right is not None, RELOAD=c.reload, D_CHUNK=c.chunk_q,
-        USE_TMA=tq.tma, STRIDE_ALIGN=align, **flags, **tq.launch_options(hip),
+        USE_TMA=tq.tma, STRIDE_ALIGN=align, ACROSS_HEADS=across, **flags,
+        **tq.launch_options(hip),
     )  # fmt: skip
 
 
@@ -638,9 +659,11 @@ def _launch_dkdv(b: _Backward, c: configs.AttnConfig, dq_acc, dqs):
         from ..device import flash_sm90  # Hopper only, as in run_forward
 
         _tma_allocator()
+        blocks = _cdiv(max_k, configs.GLUON_BWD_TILES[ks.t.shape[-1]][1])
         flash_sm90.launch_bwd_dkdv(
             qs.t, ks.t, vs.t, dos.t, dk, dv, lse, delta, scale, causal=mask.right == 0,
             wrap=None if launched is None else lambda fn: launch.Noting(fn, launched),
+            across=_ordered_grid(c, mask, blocks, batch * hk, qs.t)[1],
         )  # fmt: skip
     else:
         st = (*qkvdo, *dks, *dvs, *dqs)
@@ -648,14 +671,18 @@ def _launch_dkdv(b: _Backward, c: configs.AttnConfig, dq_acc, dqs):
         blocks = _cdiv(max_k, tk.block_n)
         causal = mask.left is None and mask.right is not None
         paired = c.paired_kv_at(causal, blocks * batch * hk, configs.compute_units(qs.t.device))
+        if paired:  # its programs weigh alike: the head order stays
+            grid, across = (_cdiv(blocks, 2), batch * hk), False
+        else:
+            grid, across = _ordered_grid(c, mask, blocks, batch * hk, qs.t)
         for part in (1, 2) if c.split_kv else (0,):  # split: dV, then dK (flash.py's PART)
-            launch.recording(attn_bwd_dkdv, launched)[(_cdiv(blocks, 1 + paired), batch * hk)](
+            launch.recording(attn_bwd_dkdv, launched)[grid](
                 qs.t, ks.t, vs.t, dos.t, dk, dv, dq_acc, lse, delta, cuq, cuk, sl,
                 *_divided(st, align), *lse_strides, sa_b, sa_h, *common, hk, hq // hk, *scal,
                 *drop_args, BLOCK_M=tk.block_m, BLOCK_N=tk.block_n, ATOMIC_DQ=c.atomic_dq,
                 RELOAD=c.reload, D_CHUNK=c.chunk_kv, USE_TMA=tk.tma, STRIDE_ALIGN=align,
-                PART=part, MASKED_LAST=c.masked_last, PAIRED=paired, **flags,
-                **tk.launch_options(hip),
+                PART=part, MASKED_LAST=c.masked_last, PAIRED=paired, ACROSS_HEADS=across,
+                **flags, **tk.launch_options(hip),
             )  # fmt: skip
 
 

@@ -97,6 +97,14 @@ class Tile:
 # 1.01-1.09 at 31 and more (docs/benchmarks.md, "Paired causal key blocks"). A config's own
 # window (``AttnConfig.paired_waves``, an override key) replaces it.
 PAIRED_WAVES = (1.5, 8.0)
+# AttnConfig.across_heads's window: the causal grid's programs per compute unit below which its
+# programs launch longest first across heads (flash.py ``_grid_order``). On an H100 (2026-12-06,
+# docs/benchmarks.md "Causal grids ordered across heads") the all-Triton forward ran 1.09-1.46x
+# inside it (LLM GQA prefill of one sequence, 1-4k tokens, d=64-256), and at 15.5 programs an SM
+# 0.98-1.05x, at 124 0.99x: above it a grid's tail is a small part of its time, and head after
+# head keeps the programs that run at once on few heads' keys and values (L2). A config's own
+# window (``AttnConfig.across_waves``, an override key) replaces it.
+ACROSS_WAVES = (0.0, 8.0)
 
 
 @dataclass(frozen=True)
@@ -126,13 +134,21 @@ class AttnConfig:
     masked_last: bool = False
     # Causal dK/dV: each program takes a key block and its mirror from the sequence's end
     # (flash.py attn_bwd_dkdv's PAIRED), so that every program runs about as many query blocks,
-    # where the unpaired grid has PAIRED_WAVES programs per compute unit (paired_kv_at). Without
-    # it each (batch, kv head) runs its programs longest first and a grid of a few programs per
-    # unit ends on its last heads' longest ones alone. Hopper: the dK/dV kernel took 0.73-0.92 of
-    # the time at 1.9-7.8 programs an SM (LLM prefill, one sequence, 8 KV heads, 2-8k tokens),
-    # and 1.01-1.09 at 31-62, 1.33 below one (docs/benchmarks.md, "Paired causal key blocks").
+    # where the unpaired grid has PAIRED_WAVES programs per compute unit (paired_kv_at). Hopper:
+    # the dK/dV kernel took 0.73-0.92 of the time at 1.9-7.8 programs an SM (docs/benchmarks.md,
+    # "Paired causal key blocks"), but the unpaired kernel ordered across heads (``across_heads``)
+    # ran forward + backward 0-6% faster at those shapes and spills less, so no config pairs
+    # now; an override key for experiments.
     paired_kv: bool = False
     paired_waves: tuple[float, float] = PAIRED_WAVES
+    # Causal forward, dQ and (unpaired) dK/dV grids, Triton's and Gluon's: the programs launch
+    # longest first across every (batch, head), not head after head (flash.py ``_grid_order``),
+    # where the grid has ACROSS_WAVES programs per compute unit (across_heads_at): head after
+    # head, a grid of a few programs per unit ends on its last heads' longest programs with most
+    # units idle. Every family: the kernels compile to the same registers, spills and occupancy
+    # either way (only which program id names the block changes); timed on an H100 only.
+    across_heads: bool = True
+    across_waves: tuple[float, float] = ACROSS_WAVES
     # Hopper: the forward (head dim 128) and the dK/dV kernel (64 and 128) run the
     # warp-specialised Gluon kernels (attnforge_kernels/device/flash_sm90.py) where the call is in
     # their scope (attnforge_kernels.api.flash_attn.gluon_forward_ok, gluon_backward_ok); fwd /
@@ -170,6 +186,15 @@ class AttnConfig:
         tail is short."""
         low, high = self.paired_waves
         return self.paired_kv and causal and (not units or low * units <= programs < high * units)
+
+    def across_heads_at(self, causal: bool, programs: int, units: int) -> bool:
+        """Whether a causal launch of ``programs`` on ``units`` compute units (0: unknown, as
+        under the interpreter, where it does) orders its programs across heads: the config asks
+        for it and the grid has ``across_waves`` programs per unit."""
+        low, high = self.across_waves
+        return (
+            self.across_heads and causal and (not units or low * units <= programs < high * units)
+        )
 
     def without_tma(self) -> AttnConfig:
         return replace(self, **{k: replace(getattr(self, k), tma=False) for k in TILE_KEYS})
@@ -291,7 +316,6 @@ def _hopper(d: int) -> AttnConfig:
             gluon_bwd=True,
             gluon_bwd_min_seq=GLUON_MIN_SEQ["bwd"][64],
             masked_last=True,
-            paired_kv=True,
         )
     if d <= 128:
         # The Triton forward tile stays the fallback (odd head dims, varlen, windows, short
@@ -305,7 +329,6 @@ def _hopper(d: int) -> AttnConfig:
             gluon_fwd_min_seq=GLUON_MIN_SEQ["fwd"][128],
             gluon_bwd_min_seq=GLUON_MIN_SEQ["bwd"][128],
             masked_last=True,
-            paired_kv=True,
         )
     # d > 128 (160, 192 and 256 pad to 256): tiles whose products are wgmma's (64 rows a warp
     # group) where they fit. On an H100 (2026-12-06, Triton 3.6): the forward's 64x32 w4 s2 ran
@@ -323,7 +346,6 @@ def _hopper(d: int) -> AttnConfig:
         Tile(64, 32, 4, 1),
         split_kv=True,
         masked_last=True,
-        paired_kv=True,
     )
 
 
@@ -384,44 +406,6 @@ ACCEPTED_SPILLS = (
     ),
 )
 
-
-_HOPPER_PAIRED = (
-    "the causal dK/dV kernel with paired key blocks (paired_kv: two key blocks a program, the body "
-    "compiled twice), launched only on grids of PAIRED_WAVES programs an SM; there, on an H100 "
-    "with Triton 3.6, where it spills most, the all-Triton fwd+bwd ran 356-372 TFLOP/s against "
-    "321-325 unpaired at (1,32/8,4096,128) causal, 288-291 against 249-253 at d=64 and 172-173 "
-    "against 162-164 at d=256 (docs/benchmarks.md, 'Paired causal key blocks')"
-)
-# Spill-store bytes / scratch of the paired kernels by Triton line (`python -m attnforge_kernels.aot
-# --arch sm90 --head-dims 64,128,160,256 --kernel bwd_dkdv_paired ...` over each, 2026-12-06): d=64
-# 88/88 on 3.6.0, none on 3.7.1-3.9.0; d=128 556/376, 184/128, 204/136, 312/168 on 3.6.0, 3.7.1,
-# 3.8.0, 3.9.0 (the unpaired kernel: 244/240 on 3.6.0). Split (d=160, 256): bwd_dk_paired 32/24,
-# 20/16, 28/24, 16/8; with dropout (untimed) bwd_dv 48/40, 44/24, 44/24, 48/24 and bwd_dk 88/80,
-# 92/64, 116/80, 84/72; bwd_dv_paired and the joint dropout kernels (d=64, 128) spill on no line.
-# The entries accept up to the largest: (head dims, kernel, tile) -> (spills, scratch, the lines
-# on which it is spill-free).
-_PAIRED_SPILLS = {
-    ((64,), "bwd_dkdv_paired", "64x64 w4 s2 tma"): (88, 88, ((3, 7), (3, 8), (3, 9))),
-    ((128,), "bwd_dkdv_paired", "64x64 w4 s2 tma"): (556, 376, ()),
-    ((160, 256), "bwd_dk_paired", "64x32 w4 s2 tma"): (32, 24, ()),
-    ((160, 256), "bwd_dv_dropout_paired", "64x32 w4 s2 tma"): (48, 40, ()),
-    ((160, 256), "bwd_dk_dropout_paired", "64x32 w4 s2 tma"): (116, 80, ()),
-}
-ACCEPTED_SPILLS += tuple(
-    AcceptedSpill(
-        arch="sm90",
-        head_dim=d,
-        kernel=kernel,
-        tile=tile,
-        spills=spills,
-        scratch_bytes=scratch,
-        reason=_HOPPER_PAIRED
-        + ("; the dropout kernels are the same tiles, untimed" if "dropout" in kernel else ""),
-        spill_free_on=free,
-    )
-    for (dims, kernel, tile), (spills, scratch, free) in _PAIRED_SPILLS.items()
-    for d in dims
-)
 
 _HOPPER_DQ_256 = (
     "dQ 64x32 w4 s1 (wgmma) ran fwd+bwd {} TFLOP/s at {} on an H100 with Triton 3.6, where it spills, "
@@ -851,13 +835,26 @@ def tile_of(t) -> Tile:
         ) from None
 
 
+def _waves(key: str, value) -> tuple[float, float]:
+    """An override's ``[low, high]`` window of programs per compute unit."""
+    try:
+        low, high = (float(x) for x in value)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"{key} is [low, high], programs per compute unit, got {value!r}"
+        ) from None
+    if not 0 <= low < high:
+        raise ValueError(f"{key} needs 0 <= low < high, got [{low}, {high}]")
+    return low, high
+
+
 def override(cfg: AttnConfig, spec: str | None) -> AttnConfig:
     """Apply a JSON override such as ``{"fwd": [128, 64, 8, 3], "atomic_dq": true}``.
 
     Tiles are ``[block_m, block_n, num_warps, num_stages(, waves_per_eu)]`` or objects with
     Tile's field names; keys fwd, bwd_kv, bwd_q, atomic_dq, reload, gluon_fwd, gluon_bwd,
     gluon_fwd_min_seq, gluon_bwd_min_seq (0 or more), short_kv, masked_last, paired_kv, paired_waves
-    ([low, high] programs per compute unit), split_kv (not with atomic_dq or
+    and across_waves ([low, high] programs per compute unit), across_heads, split_kv (not with atomic_dq or
     chunk_kv), chunk_kv, chunk_q (head-dim chunk: 0 or a power of two >= 16), and ``tma``:
     true/false for every tile or a list of the tiles (``["bwd_kv", "bwd_q"]``) that use TMA, the
     others not.
@@ -884,6 +881,7 @@ def override(cfg: AttnConfig, spec: str | None) -> AttnConfig:
         "split_kv",
         "masked_last",
         "paired_kv",
+        "across_heads",
     ):
         if key in data:
             changes[key] = bool(data[key])
@@ -893,16 +891,9 @@ def override(cfg: AttnConfig, spec: str | None) -> AttnConfig:
             if n < 0:
                 raise ValueError(f"{key} must be 0 or more, got {n}")
             changes[key] = n
-    if "paired_waves" in data:
-        try:
-            low, high = (float(x) for x in data["paired_waves"])
-        except (TypeError, ValueError):
-            raise ValueError(
-                f"paired_waves is [low, high], programs per compute unit, got {data['paired_waves']!r}"
-            ) from None
-        if not 0 <= low < high:
-            raise ValueError(f"paired_waves needs 0 <= low < high, got [{low}, {high}]")
-        changes["paired_waves"] = (low, high)
+    for key in ("paired_waves", "across_waves"):
+        if key in data:
+            changes[key] = _waves(key, data[key])
     for key in ("chunk_kv", "chunk_q"):
         if key in data:
             n = int(data[key])

@@ -351,6 +351,30 @@ def _seq_bounds(CuQ, CuK, b, seqlen_q, seqlen_k, IS_VARLEN: tl.constexpr):
 
 
 @triton.jit
+def _grid_order(REVERSE: tl.constexpr, ACROSS_HEADS: tl.constexpr):
+    """(block, batch x head) of this program. The grid is (blocks, batch x heads), or with
+    ACROSS_HEADS (``AttnConfig.across_heads``, causal) (batch x heads, blocks): the GPU launches
+    a grid's first dimension fastest, so every (batch, head)'s first block then launches before
+    any's second, and the grid ends on the shortest blocks of every head (longest-first list
+    scheduling), where head after head it ends on the last heads' longest ones with most compute
+    units idle. Swapping the dimensions, not dividing a launch index, keeps both numbers reads
+    of the program id, which the compiler re-reads instead of holding in registers (a division's
+    results spilled 8-16 bytes more in Hopper's d=256 kernels). REVERSE (causal forward and dQ):
+    the blocks from the last, whose rows see the most keys."""
+    if ACROSS_HEADS:
+        pid_m = tl.program_id(1)
+        pid_bh = tl.program_id(0)
+        blocks = tl.num_programs(1)
+    else:
+        pid_m = tl.program_id(0)
+        pid_bh = tl.program_id(1)
+        blocks = tl.num_programs(0)
+    if REVERSE:
+        pid_m = blocks - 1 - pid_m
+    return pid_m, pid_bh
+
+
+@triton.jit
 def _fwd_step(acc, l_i, m_i, q, k_base, v_base, sk_s, sv_s, n0, offs_m, offs_d, seqlen_k, diag,
               qk_scale, cap_in, cap_out, alibi2, left, right, k0, k1, c3, thresh, bh,
               HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr,
@@ -485,6 +509,7 @@ def attn_fwd(
     HAS_DROPOUT: tl.constexpr, RETURN_SDMASK: tl.constexpr, IS_FP8: tl.constexpr,
     USE_TMA: tl.constexpr = False, SHORT_KV: tl.constexpr = False,
     STRIDE_ALIGN: tl.constexpr = 1, POS_SCALE: tl.constexpr = True,
+    ACROSS_HEADS: tl.constexpr = False,
 ):
     """Rng/drop_scale (dropout), SDMask (S_dmask) and DescQ/K/V (FP8: fp32 (batch, Hk) descale
     factors, Q's per KV head as flash_attn 3 has them) are None when their variant is off.
@@ -499,11 +524,7 @@ def attn_fwd(
     sk_b, sk_s, sk_h = _aligned(sk_b, sk_s, sk_h, STRIDE_ALIGN)
     sv_b, sv_s, sv_h = _aligned(sv_b, sv_s, sv_h, STRIDE_ALIGN)
     so_b, so_s, so_h = _aligned(so_b, so_s, so_h, STRIDE_ALIGN)
-    pid_m = tl.program_id(0)
-    if REVERSE:
-        # Causal: the longest rows first, so the tail of the grid is short blocks.
-        pid_m = tl.num_programs(0) - 1 - pid_m
-    pid_bh = tl.program_id(1)
+    pid_m, pid_bh = _grid_order(REVERSE, ACROSS_HEADS)
     b = pid_bh // num_heads_q
     h = pid_bh % num_heads_q
     hk = h // group
@@ -836,6 +857,7 @@ def attn_bwd_dkdv(
     RELOAD: tl.constexpr, D_CHUNK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     USE_TMA: tl.constexpr = False, STRIDE_ALIGN: tl.constexpr = 1, PART: tl.constexpr = 0,
     MASKED_LAST: tl.constexpr = False, PAIRED: tl.constexpr = False,
+    ACROSS_HEADS: tl.constexpr = False,
 ):
     """One program per (key block, batch, kv head); loops over the GQA group's query heads.
     USE_TMA (Hopper): Q and dO stream through tensor descriptors (see ``attn_fwd``).
@@ -852,7 +874,8 @@ def attn_bwd_dkdv(
     mirror from the sequence's end, whose query ranges add up to about the same for every
     program; the grid has half the key blocks. Without it the programs of a causal call run
     from the longest to the shortest in each (batch, kv head), and the last heads' longest ones
-    finish alone."""
+    finish alone. ACROSS_HEADS (``AttnConfig.across_heads``, unpaired causal grids): every
+    (batch, kv head)'s longest key block launches before any's next one (``_grid_order``)."""
     tl.static_assert(PART == 0 or (D_CHUNK == 0 and not ATOMIC_DQ))
     sq_b, sq_s, sq_h = _aligned(sq_b, sq_s, sq_h, STRIDE_ALIGN)
     sk_b, sk_s, sk_h = _aligned(sk_b, sk_s, sk_h, STRIDE_ALIGN)
@@ -861,8 +884,7 @@ def attn_bwd_dkdv(
     sdk_b, sdk_s, sdk_h = _aligned(sdk_b, sdk_s, sdk_h, STRIDE_ALIGN)
     sdv_b, sdv_s, sdv_h = _aligned(sdv_b, sdv_s, sdv_h, STRIDE_ALIGN)
     sdq_b, sdq_s, sdq_h = _aligned(sdq_b, sdq_s, sdq_h, STRIDE_ALIGN)
-    pid_n = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    pid_n, pid_bh = _grid_order(False, ACROSS_HEADS)  # key block 0 sees the most queries
     b = pid_bh // num_heads_k
     hk = pid_bh % num_heads_k
     q_start, seqlen_q, k_start, seqlen_k = _seq_bounds(CuQ, CuK, b, seqlen_q, seqlen_k, IS_VARLEN)
@@ -962,6 +984,7 @@ def attn_bwd_dq(
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, REVERSE: tl.constexpr,
     RELOAD: tl.constexpr, D_CHUNK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     USE_TMA: tl.constexpr = False, STRIDE_ALIGN: tl.constexpr = 1,
+    ACROSS_HEADS: tl.constexpr = False,
 ):
     """One program per (query block, batch, query head): dQ without atomics. It also computes
     delta = rowsum(O * dO) of its query rows from the O and dO tiles it loads anyway and stores
@@ -975,10 +998,7 @@ def attn_bwd_dq(
     sdo_b, sdo_s, sdo_h = _aligned(sdo_b, sdo_s, sdo_h, STRIDE_ALIGN)
     sdq_b, sdq_s, sdq_h = _aligned(sdq_b, sdq_s, sdq_h, STRIDE_ALIGN)
     so_b, so_s, so_h = _aligned(so_b, so_s, so_h, STRIDE_ALIGN)
-    pid_m = tl.program_id(0)
-    if REVERSE:
-        pid_m = tl.num_programs(0) - 1 - pid_m
-    pid_bh = tl.program_id(1)
+    pid_m, pid_bh = _grid_order(REVERSE, ACROSS_HEADS)
     b = pid_bh // num_heads_q
     h = pid_bh % num_heads_q
     hk = h // group

@@ -184,13 +184,21 @@ def attn_fwd_sm90(
     seqlen_q, seqlen_k, num_heads_q, group, qk_scale,
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, q_layout: gl.constexpr, kv_layout: gl.constexpr,
-    CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr, ACROSS_HEADS: gl.constexpr = False,
 ):
     HALF_M: gl.constexpr = BLOCK_M // 2
-    pid_m = gl.program_id(0)
+    # ACROSS_HEADS: a (batch x heads, blocks) grid, longest blocks first across heads (flash.py
+    # ``_grid_order``).
+    if ACROSS_HEADS:
+        pid_m = gl.program_id(1)
+        pid_bh = gl.program_id(0)
+        blocks = gl.num_programs(1)
+    else:
+        pid_m = gl.program_id(0)
+        pid_bh = gl.program_id(1)
+        blocks = gl.num_programs(0)
     if CAUSAL:
-        pid_m = gl.num_programs(0) - 1 - pid_m
-    pid_bh = gl.program_id(1)
+        pid_m = blocks - 1 - pid_m
     b = pid_bh // num_heads_q
     h = pid_bh % num_heads_q
     hk = h // group
@@ -342,11 +350,17 @@ def attn_bwd_dkdv_sm90(
     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     CAUSAL: gl.constexpr, q_layout: gl.constexpr, kv_layout: gl.constexpr,
     CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, num_warps: gl.constexpr,
+    ACROSS_HEADS: gl.constexpr = False,
 ):
-    """One program per (BLOCK_N keys, batch, kv head), walking the GQA group's query heads."""
+    """One program per (BLOCK_N keys, batch, kv head), walking the GQA group's query heads.
+    ACROSS_HEADS: a (batch x kv heads, key blocks) grid (flash.py ``_grid_order``)."""
     HALF_N: gl.constexpr = BLOCK_N // 2
-    pid_n = gl.program_id(0)
-    pid_bh = gl.program_id(1)
+    if ACROSS_HEADS:
+        pid_n = gl.program_id(1)
+        pid_bh = gl.program_id(0)
+    else:
+        pid_n = gl.program_id(0)
+        pid_bh = gl.program_id(1)
     b = pid_bh // num_heads_k
     hk = pid_bh % num_heads_k
     n0 = pid_n * BLOCK_N
@@ -409,14 +423,15 @@ def smem_layouts(dtype) -> tuple:
     )
 
 
-def launch(q, k, v, out, lse, scale_log2: float, causal: bool) -> None:
+def launch(q, k, v, out, lse, scale_log2: float, causal: bool, across: bool = False) -> None:
     """Run the kernel on BSHD tensors ``q`` (b, sq, hq, 128), ``k``/``v`` (b, sk, hk, 128), writing
     ``out`` (like q) and ``lse`` (b, hq, sq) fp32. The caller has checked the scope (module
-    docstring) and set Triton's allocator for the in-kernel descriptors."""
+    docstring) and set Triton's allocator for the in-kernel descriptors. ``across``: the
+    programs launch longest first across heads (``ACROSS_HEADS``)."""
     b, sq, hq, _ = q.shape
     sk, hk = k.shape[1], k.shape[2]
     q_layout, kv_layout = smem_layouts(gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16)
-    grid = (triton.cdiv(sq, BLOCK_M), b * hq)
+    grid = (b * hq, triton.cdiv(sq, BLOCK_M)) if across else (triton.cdiv(sq, BLOCK_M), b * hq)
     attn_fwd_sm90[grid](
         q, k, v, out, lse,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
@@ -424,7 +439,7 @@ def launch(q, k, v, out, lse, scale_log2: float, causal: bool) -> None:
         lse.stride(0), lse.stride(1), sq, sk, hq, hq // hk, scale_log2,
         HEAD_DIM=GLUON_FWD_HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES,
         CAUSAL=causal, q_layout=q_layout, kv_layout=kv_layout, CONSUMER_REGS=CONSUMER_REGS,
-        num_warps=4, enable_fp_fusion=FP_FUSION,
+        num_warps=4, enable_fp_fusion=FP_FUSION, ACROSS_HEADS=across,
     )  # fmt: skip
 
 
@@ -438,18 +453,20 @@ def bwd_layouts(dtype, head_dim: int) -> tuple:
     )
 
 
-def launch_bwd_dkdv(q, k, v, do, dk, dv, lse, delta, scale: float, causal: bool, wrap=None) -> None:
+def launch_bwd_dkdv(
+    q, k, v, do, dk, dv, lse, delta, scale: float, causal: bool, wrap=None, across: bool = False
+) -> None:
     """Write ``dk`` and ``dv`` (like k, v) from BSHD ``q``/``do`` (b, sq, hq, d), ``k``/``v``
     (b, sk, hk, d), d in ``GLUON_BWD_TILES``, and the forward's ``lse`` with
     ``delta`` = rowsum(O * dO) (b, hq, sq) fp32. Same preconditions as ``launch``. ``wrap``:
     applied to the kernel before its ``[grid](...)`` launch (the caller records the launch for
-    ``attnforge_kernels.launch.plans``'s plans)."""
+    ``attnforge_kernels.launch.plans``'s plans). ``across``: as ``launch``'s."""
     b, sq, hq, d = q.shape
     sk, hk = k.shape[1], k.shape[2]
     block_m, block_n, stages = GLUON_BWD_TILES[d]
     dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
     q_layout, kv_layout = bwd_layouts(dtype, d)
-    grid = (triton.cdiv(sk, block_n), b * hk)
+    grid = (b * hk, triton.cdiv(sk, block_n)) if across else (triton.cdiv(sk, block_n), b * hk)
     kernel = attn_bwd_dkdv_sm90 if wrap is None else wrap(attn_bwd_dkdv_sm90)
     kernel[grid](
         q, k, v, do, dk, dv, lse, delta,
@@ -460,4 +477,5 @@ def launch_bwd_dkdv(q, k, v, do, dk, dv, lse, delta, scale: float, causal: bool,
         HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, CAUSAL=causal,
         q_layout=q_layout, kv_layout=kv_layout, CONSUMER_REGS=CONSUMER_REGS,
         LOADER_REGS=gluon_bwd_loader_regs(d, causal), num_warps=4, enable_fp_fusion=FP_FUSION,
+        ACROSS_HEADS=across,
     )  # fmt: skip

@@ -733,6 +733,12 @@ def _parser() -> argparse.ArgumentParser:
         "(GQA 1/4/7/8, causal, 512-32k tokens, d=64/128)",
     )
     ap.add_argument(
+        "--prefill",
+        action="store_true",
+        help="causal prefill of one or a few sequences (grids of 1-8 programs an SM) and two "
+        "GPU-filling shapes: ours and each --variant, with each variant's results against ours",
+    )
+    ap.add_argument(
         "--seqs",
         type=_ints,
         help="--dispatch: only these sequence lengths (comma-separated; default 512-32768)",
@@ -748,8 +754,8 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         help="NAME=JSON config override to time as well: the attention kernels' keys "
-        "(attnforge_kernels.device.configs.override) with the sweep, --workloads and "
-        "--breakdown, the cache kernels' "
+        "(attnforge_kernels.device.configs.override) with the sweep, --workloads, "
+        "--breakdown and --prefill, the cache kernels' "
         "(kv_decode, kv_decode_long, kv_prefill, kv_long_keys: "
         "attnforge_kernels.device.decode.kv_override) with --decode",
     )
@@ -831,6 +837,10 @@ def main(argv=None) -> int:
         from .dispatch import dispatch_table, run_dispatch
 
         return _report(run_dispatch(**sweep), args, dispatch_table)
+    if args.prefill:
+        from .prefill import prefill_table, run_prefill
+
+        return _report(run_prefill(variants), args, prefill_table)
     if args.workloads:
         layouts = ("bshd", "bhsd") if args.layout == "both" else (args.layout,)
         modes = (args.mode,) if args.mode else ("fwd", "fwd+bwd")

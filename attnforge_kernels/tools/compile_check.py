@@ -170,6 +170,16 @@ def _paired(jobs, cfg):
             for name, fn, ptrs, consts, tile in jobs if "PAIRED" in consts]  # fmt: skip
 
 
+def _across(base, cfg):
+    """The causal forward, dQ and unpaired dK/dV launches ordered across heads
+    (``configs.AttnConfig.across_heads``, flash.py ``ACROSS_HEADS``) as ``<name>_across``, where
+    the config orders them so (on grids of a few programs per compute unit)."""
+    if not cfg.across_heads:
+        return []
+    return [(f"{name}_across", fn, ptrs, dict(consts, ACROSS_HEADS=True), tile)
+            for name, fn, ptrs, consts, tile in base if "ACROSS_HEADS" in consts]  # fmt: skip
+
+
 def _small_grid(base, family: str, head_dim: int):
     """The forward with the family's small-grid tile (``configs.SMALL_GRID_FWD``), as
     ``fwd_small``, where it has one."""
@@ -257,6 +267,7 @@ def _fwd_job(head_dim: int, cfg, flags: dict, p: str) -> Job:
         STRIDE_ALIGN=flash.stride_align(head_dim),
         SHORT_KV=False,  # a constexpr: left out, it would compile as a runtime argument
         POS_SCALE=True,  # as the launcher passes for every positive softmax scale
+        ACROSS_HEADS=False,  # the launcher's choice by grid: ``_across`` compiles the other
         **_FWD_OFF,
     )
     return ("fwd", flash.attn_fwd, ptrs, consts, cfg.fwd)
@@ -276,14 +287,16 @@ def _bwd_jobs(head_dim: int, cfg, flags: dict, p: str) -> list[Job]:
         name, flash.attn_bwd_dkdv, ptrs,
         dict(flags, BLOCK_M=kv.block_m, BLOCK_N=kv.block_n, ATOMIC_DQ=cfg.atomic_dq,
              RELOAD=cfg.reload, D_CHUNK=cfg.chunk_kv, USE_TMA=kv.tma, STRIDE_ALIGN=align,
-             PART=part, MASKED_LAST=cfg.masked_last, PAIRED=False, **_BWD_OFF),
+             PART=part, MASKED_LAST=cfg.masked_last, PAIRED=False, ACROSS_HEADS=False,
+             **_BWD_OFF),
         kv,
     ) for name, part in parts]  # fmt: skip
     if not cfg.atomic_dq:
         out.append((
             "bwd_dq", flash.attn_bwd_dq, dict(ptrs, Out=p),  # it also computes delta from O, dO
             dict(flags, BLOCK_M=q.block_m, BLOCK_N=q.block_n, REVERSE=True, RELOAD=cfg.reload,
-                 D_CHUNK=cfg.chunk_q, USE_TMA=q.tma, STRIDE_ALIGN=align, **_BWD_OFF),
+                 D_CHUNK=cfg.chunk_q, USE_TMA=q.tma, STRIDE_ALIGN=align, ACROSS_HEADS=False,
+                 **_BWD_OFF),
             q,
         ))  # fmt: skip
     return out
@@ -311,6 +324,7 @@ def _gluon_kernels(head_dim: int, cfg):
             q_layout=q_layout,
             kv_layout=kv_layout,
             CONSUMER_REGS=f.CONSUMER_REGS,
+            ACROSS_HEADS=False,  # ``_across`` compiles the other where the config launches it
         )
 
     p = "*bf16"
@@ -476,7 +490,7 @@ def jobs_for(arch: str, spec: dict, head_dims, over_2gib: bool = False) -> list[
         base = _kernels(d, cfg)
         dcfg = for_tensors(config_for(spec["family"], d, dropout=True), not over_2gib)
         variants = _variants(_kernels(d, dcfg), base, FP8_DOT.get(spec["family"]))
-        variants = variants + _paired(base, cfg) + _paired(variants, dcfg)
+        variants = variants + _paired(base, cfg) + _paired(variants, dcfg) + _across(base, cfg)
         variants += _small_grid(base, spec["family"], d)
         variants += _small_grid_kv(base, spec["family"], d)
         variants += _head_dim_fwd(base, spec["family"], d)
@@ -484,6 +498,7 @@ def jobs_for(arch: str, spec: dict, head_dims, over_2gib: bool = False) -> list[
         # The KV-cache kernels (attnforge_kernels/device/decode.py: split-KV decode with its merge,
         # paged prefill, the cache update).
         gluon = _gluon_kernels(d, cfg) if spec["vendor"] == "nvidia" else []
+        gluon += _across(gluon, cfg)
         found += [(d, job) for job in base + variants + aot_kernels(d, spec["family"]) + gluon]
     return found
 
@@ -624,16 +639,18 @@ def judge(r: KernelReport, lds_limit: int, accepted=None) -> None:
     """Add ``r``'s spills and LDS overflow to its problems, or record why a spill is accepted.
 
     ``accepted`` defaults to ``configs.ACCEPTED_SPILLS``; an entry covers one arch, head dim,
-    kernel and tile, up to the spills and scratch it records.
+    kernel and tile, up to the spills and scratch it records, and the kernel's ``_across`` form
+    (the same code on a grid of swapped dimensions, ``_across``).
     """
     from ..device.configs import ACCEPTED_SPILLS
 
     if r.spills or r.scratch_bytes:
+        kernel = r.kernel.removesuffix("_across")
         ok = next(
             (
                 a
                 for a in (ACCEPTED_SPILLS if accepted is None else accepted)
-                if (a.arch, a.head_dim, a.kernel, a.tile) == (r.arch, r.head_dim, r.kernel, r.tile)
+                if (a.arch, a.head_dim, a.kernel, a.tile) == (r.arch, r.head_dim, kernel, r.tile)
             ),
             None,
         )

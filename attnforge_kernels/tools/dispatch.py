@@ -55,14 +55,14 @@ def _timings(q, k, v, causal: bool, rounds: int = 1) -> dict:
     # forward of 2-8k tokens where the two run the same kernel, and 0.94-0.98x at every
     # non-causal one (the row before it causal, and lighter), while the all-Triton and Gluon
     # paths, timed later and also running that kernel at d=64, agreed within 1%.
-    _timer(fwd, None, None)
-    _timer(step, None, [qg, kg, vg])
+    time_under(fwd, None, None)
+    time_under(step, None, [qg, kg, vg])
     times: dict = {"fwd": {}, "fwd+bwd": {}}
     order = list(PATHS.items())
     for path, spec in (order + order[::-1]) * rounds:
         text = json.dumps(spec) if spec else None
-        times["fwd"].setdefault(path, []).append(_timer(fwd, text, None))
-        times["fwd+bwd"].setdefault(path, []).append(_timer(step, text, [qg, kg, vg]))
+        times["fwd"].setdefault(path, []).append(time_under(fwd, text, None))
+        times["fwd+bwd"].setdefault(path, []).append(time_under(step, text, [qg, kg, vg]))
     return {mode: {p: statistics.median(ts) for p, ts in by.items()} for mode, by in times.items()}
 
 
@@ -75,7 +75,10 @@ def _row_times(q, k, v, causal: bool) -> tuple[dict, dict | None]:
     return _timings(q, k, v, causal, rounds=CONFIRM_ROUNDS), ms
 
 
-def _timer(fn, spec: str | None, grads) -> float:
+def time_under(fn, spec: str | None, grads) -> float:
+    """``do_bench``'s median of ``fn`` in ms under the config override ``spec`` (None: the
+    defaults); ``grads``: the tensors whose .grad it clears between calls. The dispatch sweep's
+    and the prefill bench's (prefill.py) one timer."""
     from triton.testing import do_bench
 
     from ..device import configs

@@ -47,7 +47,7 @@ def test_each_path_is_timed_there_and_back_so_a_steady_drift_cancels(monkeypatch
         calls.append((spec, grads is not None))
         return 1.0 + 0.01 * len(calls)
 
-    monkeypatch.setattr(dispatch, "_timer", timer)
+    monkeypatch.setattr(dispatch, "time_under", timer)
     q = torch.zeros(1, 4, 2, 8)
     out = dispatch._timings(q, q, q, causal=True)
     assert len(calls) == 2 + 4 * len(dispatch.PATHS)  # an untimed round first
@@ -68,7 +68,7 @@ def test_more_rounds_keep_the_drift_cancelled_and_report_medians(monkeypatch):
         calls.append(spec)
         return 1.0 + 0.01 * len(calls)
 
-    monkeypatch.setattr(dispatch, "_timer", timer)
+    monkeypatch.setattr(dispatch, "time_under", timer)
     q = torch.zeros(1, 4, 2, 8)
     out = dispatch._timings(q, q, q, causal=True, rounds=3)
     assert len(calls) == 2 + 4 * len(dispatch.PATHS) * 3

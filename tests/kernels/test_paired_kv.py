@@ -12,10 +12,12 @@ import torch
 from attnforge_kernels import flash_attn_func, flash_attn_varlen_func
 from attnforge_kernels.api import flash_attn as interface
 from attnforge_kernels.device import configs
-from tests.kernels.standins import LaunchSpy, assert_only_hopper_sets, grads_under
+from tests.kernels.standins import LaunchSpy, grads_under
 
-PAIRED = '{"paired_kv": true}'
-UNPAIRED = '{"paired_kv": false}'
+# The head order, so that the unpaired grid is (key blocks, batch x kv heads) as the paired one
+# (``across_heads`` swaps an unpaired grid's dimensions: tests/kernels/test_across_heads.py).
+PAIRED = '{"paired_kv": true, "across_heads": false}'
+UNPAIRED = '{"paired_kv": false, "across_heads": false}'
 
 # The interpreter's tiles are 16 x 16: 70 keys are 5 key blocks (the middle one unpaired), 64
 # are 4, 16 one.
@@ -40,7 +42,7 @@ CASES = {
 def _spec(paired: bool, extra: dict) -> str:
     import json
 
-    return json.dumps({"paired_kv": paired, **extra})
+    return json.dumps({"paired_kv": paired, "across_heads": False, **extra})
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -104,8 +106,8 @@ def test_pairing_needs_a_grid_in_the_paired_window():
 
 
 def test_paired_waves_override_sets_the_window():
-    cfg = configs.config_for("hopper", 128)
-    every = configs.override(cfg, '{"paired_waves": [0, 1e9]}')  # how the device check forces it
+    cfg = configs.override(configs.config_for("hopper", 128), PAIRED)
+    every = configs.override(cfg, '{"paired_waves": [0, 1e9]}')  # how the device check forced it
     assert every.paired_waves == (0.0, 1e9)
     assert every.paired_kv_at(True, 1, 132) and not cfg.paired_kv_at(True, 1, 132)
     for bad in ("[2, 1]", "[-1, 4]", "[1]", '"wide"', "[1, null]"):
@@ -113,7 +115,11 @@ def test_paired_waves_override_sets_the_window():
             configs.override(cfg, f'{{"paired_waves": {bad}}}')
 
 
-def test_only_hopper_pairs_by_default():
-    # Measured on an H100 (docs/benchmarks.md, "Paired causal key blocks"); on AMD the paired
-    # kernel compiled worse (docs/kernels.md, "Paired causal key blocks"), and Ampere is untimed.
-    assert_only_hopper_sets("paired_kv")
+def test_no_config_pairs_by_default():
+    # On an H100 the unpaired kernel ordered across heads ran as fast or faster (docs/benchmarks.md,
+    # "Causal grids ordered across heads"); on AMD the paired kernel compiled worse
+    # (docs/kernels.md, "Paired causal key blocks").
+    for family in configs.FAMILIES:
+        for d in (64, 128, 256):
+            assert not configs.config_for(family, d).paired_kv, (family, d)
+            assert not configs.config_for(family, d, dropout=True).paired_kv, (family, d)
