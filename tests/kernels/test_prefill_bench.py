@@ -27,26 +27,26 @@ def timer(monkeypatch):
 
 
 def test_a_launch_order_variant_is_timed_there_and_back_and_computes_the_same(timer):
-    result = prefill.run_prefill({"across": ACROSS}, shapes=[(1, 4, 2, 40, 32)], rounds=1,
+    result = prefill.run_prefill({"across": ACROSS}, shapes=[(1, 2, 1, 40, 16)], rounds=1,
                                  device="cpu")  # fmt: skip
     (row,) = result["prefill_rows"]
     assert row["equal"] == {"across": True}
     assert timer[4:] == [None, None, ACROSS, ACROSS, ACROSS, ACROSS, None, None]  # after warm-up
     assert row["ms"]["fwd"] == {"default": 1.0, "across": 0.8}
     # 2*b*h*s*s*d causal forward FLOPs in 1 ms, 3.5 times that for forward + backward.
-    assert prefill.tflops(row, "fwd", "default") == pytest.approx(2 * 4 * 40 * 40 * 32 / 1e9)
+    assert prefill.tflops(row, "fwd", "default") == pytest.approx(2 * 2 * 40 * 40 * 16 / 1e9)
     assert prefill.tflops(row, "fwd+bwd", "across") == pytest.approx(
-        3.5 * 2 * 4 * 40 * 40 * 32 / 0.8e9
+        3.5 * 2 * 2 * 40 * 40 * 16 / 0.8e9
     )
     table = prefill.prefill_table(result)
-    assert "| (1, 4/2, 40, 32) |" in table and "| 0.800 |" in table and table.endswith("| yes |")
+    assert "| (1, 2/1, 40, 16) |" in table and "| 0.800 |" in table and table.endswith("| yes |")
     assert result["variants"] == {"default": None, "across": json.loads(ACROSS)}
     assert row["reference"] == "default"
 
 
 def test_with_two_variants_the_first_is_the_reference(timer):
     heads = json.dumps({"across_heads": False})
-    result = prefill.run_prefill({"heads": heads, "across": ACROSS}, shapes=[(1, 4, 2, 40, 32)],
+    result = prefill.run_prefill({"heads": heads, "across": ACROSS}, shapes=[(1, 2, 1, 40, 16)],
                                  rounds=1, device="cpu")  # fmt: skip
     (row,) = result["prefill_rows"]
     assert row["reference"] == "heads" and row["equal"] == {"default": True, "across": True}
@@ -56,7 +56,7 @@ def test_with_two_variants_the_first_is_the_reference(timer):
 def test_a_variant_that_changes_the_results_is_reported(timer):
     # Another tile changes the order of the sums: no longer equal bit for bit, so the table says so.
     tile = json.dumps({"fwd": [16, 32, 4, 1], "bwd_q": [16, 32, 4, 1]})
-    result = prefill.run_prefill({"tile": tile}, shapes=[(1, 2, 2, 70, 32)], rounds=1,
+    result = prefill.run_prefill({"tile": tile}, shapes=[(1, 1, 1, 70, 16)], rounds=1,
                                  device="cpu")  # fmt: skip
     assert result["prefill_rows"][0]["equal"] == {"tile": False}
     assert prefill.prefill_table(result).endswith("| **no** |")
