@@ -99,11 +99,11 @@ class Tile:
 PAIRED_WAVES = (1.5, 8.0)
 # AttnConfig.across_heads's window: the causal grid's programs per compute unit below which its
 # programs launch longest first across heads (flash.py ``_grid_order``). On an H100 (2026-12-06,
-# docs/benchmarks.md "Causal grids ordered across heads") the all-Triton forward ran 1.09-1.46x
-# inside it (LLM GQA prefill of one sequence, 1-4k tokens, d=64-256), and at 15.5 programs an SM
-# 0.98-1.05x, at 124 0.99x: above it a grid's tail is a small part of its time, and head after
-# head keeps the programs that run at once on few heads' keys and values (L2). A config's own
-# window (``AttnConfig.across_waves``, an override key) replaces it.
+# docs/benchmarks.md "Causal grids ordered across heads") the all-Triton forward ran 1.07-1.45x
+# inside it (LLM GQA prefill of one sequence, 1-4k tokens, d=64-256); forced onto grids of 15.5
+# programs an SM it ran 0.98-1.05x, at 124 0.99x: above it a grid's tail is a small part of its
+# time, and head after head keeps the programs that run at once on few heads' keys and values
+# (L2). A config's own window (``AttnConfig.across_waves``, an override key) replaces it.
 ACROSS_WAVES = (0.0, 8.0)
 
 
