@@ -184,23 +184,27 @@ class AttnConfig:
         (``causal``: a right window without a left one), and the grid has PAIRED_WAVES programs
         per unit (``paired_waves``): fewer, and halving them idles units; more, and the unpaired
         tail is short."""
-        low, high = self.paired_waves
-        return self.paired_kv and causal and (not units or low * units <= programs < high * units)
+        return self.paired_kv and causal and _in_window(self.paired_waves, programs, units)
 
     def across_heads_at(self, causal: bool, programs: int, units: int) -> bool:
         """Whether a causal launch of ``programs`` on ``units`` compute units (0: unknown, as
         under the interpreter, where it does) orders its programs across heads: the config asks
         for it and the grid has ``across_waves`` programs per unit."""
-        low, high = self.across_waves
-        return (
-            self.across_heads and causal and (not units or low * units <= programs < high * units)
-        )
+        return self.across_heads and causal and _in_window(self.across_waves, programs, units)
 
     def without_tma(self) -> AttnConfig:
         return replace(self, **{k: replace(getattr(self, k), tma=False) for k in TILE_KEYS})
 
 
 TILE_KEYS = ("fwd", "bwd_kv", "bwd_q")
+
+
+def _in_window(waves: tuple[float, float], programs: int, units: int) -> bool:
+    """Whether a grid of ``programs`` has ``waves`` ([low, high)) programs per compute unit; any
+    grid where the units are unknown (0: the interpreter)."""
+    low, high = waves
+    return not units or low * units <= programs < high * units
+
 
 # The head dims the warp-specialised Gluon kernels (attnforge_kernels/device/flash_sm90.py) are built for. They
 # live here, not there, because the routing rule and the AOT report read them in processes that
@@ -853,9 +857,10 @@ def override(cfg: AttnConfig, spec: str | None) -> AttnConfig:
 
     Tiles are ``[block_m, block_n, num_warps, num_stages(, waves_per_eu)]`` or objects with
     Tile's field names; keys fwd, bwd_kv, bwd_q, atomic_dq, reload, gluon_fwd, gluon_bwd,
-    gluon_fwd_min_seq, gluon_bwd_min_seq (0 or more), short_kv, masked_last, paired_kv, paired_waves
-    and across_waves ([low, high] programs per compute unit), across_heads, split_kv (not with atomic_dq or
-    chunk_kv), chunk_kv, chunk_q (head-dim chunk: 0 or a power of two >= 16), and ``tma``:
+    gluon_fwd_min_seq, gluon_bwd_min_seq (0 or more), short_kv, masked_last, paired_kv,
+    across_heads, paired_waves and across_waves ([low, high] programs per compute unit), split_kv
+    (not with atomic_dq or chunk_kv), chunk_kv, chunk_q (head-dim chunk: 0 or a power of two >=
+    16), and ``tma``:
     true/false for every tile or a list of the tiles (``["bwd_kv", "bwd_q"]``) that use TMA, the
     others not.
     Set through ``ATTNFORGE_KERNELS_CONFIG`` for one-off experiments.

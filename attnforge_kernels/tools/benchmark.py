@@ -679,6 +679,27 @@ def _ints(value: str) -> tuple[int, ...]:
     return tuple(int(n) for n in value.split(","))
 
 
+def _add_dispatch(ap: argparse.ArgumentParser) -> None:
+    """--dispatch and the options that select a part of its sweep."""
+    ap.add_argument(
+        "--dispatch",
+        action="store_true",
+        help="the Hopper dispatch sweep: default path against all-Triton and Gluon "
+        "(GQA 1/4/7/8, causal, 512-32k tokens, d=64/128)",
+    )
+    ap.add_argument(
+        "--seqs",
+        type=_ints,
+        help="--dispatch: only these sequence lengths (comma-separated; default 512-32768)",
+    )
+    ap.add_argument(
+        "--head-dims", type=_ints, help="--dispatch: only these head dims (comma-separated: 64,128)"
+    )
+    ap.add_argument(
+        "--gqa", type=_ints, help="--dispatch: only these GQA ratios (comma-separated: 1,4,7,8)"
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m attnforge_kernels.bench", description=__doc__.splitlines()[0]
@@ -726,28 +747,13 @@ def _parser() -> argparse.ArgumentParser:
         help="back-to-back time per call: a tiny forward, a batch-1 decoding step (and with an "
         "appended key)",
     )
-    ap.add_argument(
-        "--dispatch",
-        action="store_true",
-        help="the Hopper dispatch sweep: default path against all-Triton and Gluon "
-        "(GQA 1/4/7/8, causal, 512-32k tokens, d=64/128)",
-    )
+    _add_dispatch(ap)
     ap.add_argument(
         "--prefill",
         action="store_true",
         help="causal prefill of one or a few sequences (grids of 1-8 programs an SM) and two "
-        "GPU-filling shapes: ours and each --variant, with each variant's results against ours",
-    )
-    ap.add_argument(
-        "--seqs",
-        type=_ints,
-        help="--dispatch: only these sequence lengths (comma-separated; default 512-32768)",
-    )
-    ap.add_argument(
-        "--head-dims", type=_ints, help="--dispatch: only these head dims (comma-separated: 64,128)"
-    )
-    ap.add_argument(
-        "--gqa", type=_ints, help="--dispatch: only these GQA ratios (comma-separated: 1,4,7,8)"
+        "GPU-filling shapes: ours and each --variant, with each path's results against the "
+        "first --variant's where two or more are given, else against ours",
     )
     ap.add_argument(
         "--variant",

@@ -160,24 +160,26 @@ def _variants(dropout_base, base, fp8: str | None):
     return out
 
 
-def _paired(jobs, cfg):
-    """The causal dK/dV launches with paired key blocks (``configs.AttnConfig.paired_kv``, flash.py
-    ``PAIRED``) as ``<name>_paired``, where the config pairs them (on grids of a few programs per
-    compute unit; the others run the unpaired kernel)."""
-    if not cfg.paired_kv:
+def _switched(jobs, on: bool, flag: str, suffix: str):
+    """The jobs that take the constexpr ``flag``, compiled with it set, as ``<name><suffix>``,
+    where the config launches them so (``on``): the causal dK/dV launches with paired key blocks
+    (``configs.AttnConfig.paired_kv``, flash.py ``PAIRED``: ``_paired``) and the causal launches
+    ordered across heads (``across_heads``, ``ACROSS_HEADS``: ``_across``). Either runs only on
+    grids of a few programs per compute unit; the others run the job as it is."""
+    if not on:
         return []
-    return [(f"{name}_paired", fn, ptrs, dict(consts, PAIRED=True), tile)
-            for name, fn, ptrs, consts, tile in jobs if "PAIRED" in consts]  # fmt: skip
+    return [(f"{name}{suffix}", fn, ptrs, dict(consts, **{flag: True}), tile)
+            for name, fn, ptrs, consts, tile in jobs if flag in consts]  # fmt: skip
 
 
-def _across(base, cfg):
-    """The causal forward, dQ and unpaired dK/dV launches ordered across heads
-    (``configs.AttnConfig.across_heads``, flash.py ``ACROSS_HEADS``) as ``<name>_across``, where
-    the config orders them so (on grids of a few programs per compute unit)."""
-    if not cfg.across_heads:
-        return []
-    return [(f"{name}_across", fn, ptrs, dict(consts, ACROSS_HEADS=True), tile)
-            for name, fn, ptrs, consts, tile in base if "ACROSS_HEADS" in consts]  # fmt: skip
+# The suffix of an ordered kernel's name (``_switched``): the same code on a grid of swapped
+# dimensions, held to its kernel's accepted spill (``judge``).
+ORDERED = "_across"
+
+
+def accepted_as(kernel: str) -> str:
+    """The kernel name whose ``configs.ACCEPTED_SPILLS`` entry covers ``kernel``."""
+    return kernel.removesuffix(ORDERED)
 
 
 def _small_grid(base, family: str, head_dim: int):
@@ -267,7 +269,7 @@ def _fwd_job(head_dim: int, cfg, flags: dict, p: str) -> Job:
         STRIDE_ALIGN=flash.stride_align(head_dim),
         SHORT_KV=False,  # a constexpr: left out, it would compile as a runtime argument
         POS_SCALE=True,  # as the launcher passes for every positive softmax scale
-        ACROSS_HEADS=False,  # the launcher's choice by grid: ``_across`` compiles the other
+        ACROSS_HEADS=False,  # the launcher's choice by grid: ``_switched`` compiles the other
         **_FWD_OFF,
     )
     return ("fwd", flash.attn_fwd, ptrs, consts, cfg.fwd)
@@ -324,7 +326,7 @@ def _gluon_kernels(head_dim: int, cfg):
             q_layout=q_layout,
             kv_layout=kv_layout,
             CONSUMER_REGS=f.CONSUMER_REGS,
-            ACROSS_HEADS=False,  # ``_across`` compiles the other where the config launches it
+            ACROSS_HEADS=False,  # ``_switched`` compiles the other where the config launches it
         )
 
     p = "*bf16"
@@ -490,7 +492,12 @@ def jobs_for(arch: str, spec: dict, head_dims, over_2gib: bool = False) -> list[
         base = _kernels(d, cfg)
         dcfg = for_tensors(config_for(spec["family"], d, dropout=True), not over_2gib)
         variants = _variants(_kernels(d, dcfg), base, FP8_DOT.get(spec["family"]))
-        variants = variants + _paired(base, cfg) + _paired(variants, dcfg) + _across(base, cfg)
+        variants = (
+            variants
+            + _switched(base, cfg.paired_kv, "PAIRED", "_paired")
+            + _switched(variants, dcfg.paired_kv, "PAIRED", "_paired")
+            + _switched(base, cfg.across_heads, "ACROSS_HEADS", ORDERED)
+        )
         variants += _small_grid(base, spec["family"], d)
         variants += _small_grid_kv(base, spec["family"], d)
         variants += _head_dim_fwd(base, spec["family"], d)
@@ -498,7 +505,7 @@ def jobs_for(arch: str, spec: dict, head_dims, over_2gib: bool = False) -> list[
         # The KV-cache kernels (attnforge_kernels/device/decode.py: split-KV decode with its merge,
         # paged prefill, the cache update).
         gluon = _gluon_kernels(d, cfg) if spec["vendor"] == "nvidia" else []
-        gluon += _across(gluon, cfg)
+        gluon += _switched(gluon, cfg.across_heads, "ACROSS_HEADS", ORDERED)
         found += [(d, job) for job in base + variants + aot_kernels(d, spec["family"]) + gluon]
     return found
 
@@ -639,13 +646,13 @@ def judge(r: KernelReport, lds_limit: int, accepted=None) -> None:
     """Add ``r``'s spills and LDS overflow to its problems, or record why a spill is accepted.
 
     ``accepted`` defaults to ``configs.ACCEPTED_SPILLS``; an entry covers one arch, head dim,
-    kernel and tile, up to the spills and scratch it records, and the kernel's ``_across`` form
-    (the same code on a grid of swapped dimensions, ``_across``).
+    kernel and tile, up to the spills and scratch it records, and the kernel's ordered form
+    (``accepted_as``).
     """
     from ..device.configs import ACCEPTED_SPILLS
 
     if r.spills or r.scratch_bytes:
-        kernel = r.kernel.removesuffix("_across")
+        kernel = accepted_as(r.kernel)
         ok = next(
             (
                 a

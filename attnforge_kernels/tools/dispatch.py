@@ -31,15 +31,17 @@ TARGET = 1.03
 CONFIRM_ROUNDS = 3
 
 
-def _timings(q, k, v, causal: bool, rounds: int = 1) -> dict:
-    """{mode: {path: ms}} for one shape, each path under its config override: the median of its
-    ``rounds`` x 2 timings (one round: the mean of two)."""
+def time_paths(q, k, v, do, causal: bool, paths: dict, rounds: int = 1, warm=(None,)) -> dict:
+    """{mode: {path: ms}} of one shape: ``paths`` maps a name to its config override (JSON text;
+    None: the defaults). Untimed calls under each override of ``warm`` first, then every path
+    there and back ``rounds`` times (ABBA), forward and forward + backward (``do``: the output's
+    gradient); each path's median (one round: the mean of its two timings). The dispatch sweep's
+    and the prefill bench's (prefill.py) timing."""
     import torch
 
     from ..api.flash_attn import flash_attn_func
 
     qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
-    do = torch.randn_like(q)
 
     def fwd():
         with torch.no_grad():
@@ -48,6 +50,22 @@ def _timings(q, k, v, causal: bool, rounds: int = 1) -> dict:
     def step():
         flash_attn_func(qg, kg, vg, causal=causal).backward(do)
 
+    for spec in warm:
+        time_under(fwd, spec, None)
+        time_under(step, spec, [qg, kg, vg])
+    times: dict = {"fwd": {}, "fwd+bwd": {}}
+    order = list(paths.items())
+    for path, spec in (order + order[::-1]) * rounds:
+        times["fwd"].setdefault(path, []).append(time_under(fwd, spec, None))
+        times["fwd+bwd"].setdefault(path, []).append(time_under(step, spec, [qg, kg, vg]))
+    return {mode: {p: statistics.median(ts) for p, ts in by.items()} for mode, by in times.items()}
+
+
+def _timings(q, k, v, causal: bool, rounds: int = 1) -> dict:
+    """{mode: {path: ms}} for one shape, each path of PATHS under its config override: the median
+    of its ``rounds`` x 2 timings (one round: the mean of two)."""
+    import torch
+
     # One untimed round of the shape first, then each path twice, in the order default, triton,
     # gluon and back (ABBA), each time the mean of the two medians. Timed once in one order, the
     # first path inherited the clock the previous shape left the GPU at: on an H100 (2026-12-06)
@@ -55,15 +73,8 @@ def _timings(q, k, v, causal: bool, rounds: int = 1) -> dict:
     # forward of 2-8k tokens where the two run the same kernel, and 0.94-0.98x at every
     # non-causal one (the row before it causal, and lighter), while the all-Triton and Gluon
     # paths, timed later and also running that kernel at d=64, agreed within 1%.
-    time_under(fwd, None, None)
-    time_under(step, None, [qg, kg, vg])
-    times: dict = {"fwd": {}, "fwd+bwd": {}}
-    order = list(PATHS.items())
-    for path, spec in (order + order[::-1]) * rounds:
-        text = json.dumps(spec) if spec else None
-        times["fwd"].setdefault(path, []).append(time_under(fwd, text, None))
-        times["fwd+bwd"].setdefault(path, []).append(time_under(step, text, [qg, kg, vg]))
-    return {mode: {p: statistics.median(ts) for p, ts in by.items()} for mode, by in times.items()}
+    paths = {path: json.dumps(spec) if spec else None for path, spec in PATHS.items()}
+    return time_paths(q, k, v, torch.randn_like(q), causal, paths, rounds)
 
 
 def _row_times(q, k, v, causal: bool) -> tuple[dict, dict | None]:

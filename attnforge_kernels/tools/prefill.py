@@ -4,7 +4,7 @@ long the last of them runs alone (``configs.AttnConfig.paired_kv`` and ``across_
 two GPU-filling shapes beside them, to see what a change costs where it should change nothing.
 
 Ours on the default config and under each ``--variant``, forward and forward + backward in bf16,
-each path timed there and back (``dispatch._timings``' order) and reported as TFLOP/s, and
+each path timed there and back (``dispatch.time_paths``) and reported as TFLOP/s, and
 whether each other path's output and gradients equal the reference path's bit for bit (a change
 of launch order alone must keep them equal): the first variant's where two or more are given
 (on Hopper the default path runs the Gluon kernels, whose results differ from Triton's by
@@ -15,7 +15,6 @@ default path's.
 from __future__ import annotations
 
 import json
-import statistics
 
 # (batch, query heads, kv heads, tokens, head dim): LLM GQA prefill of one or two sequences at
 # 1-8k tokens (their causal grids hold 1-8 programs an SM on a 132-SM GPU), then two grids of 31
@@ -53,38 +52,12 @@ def _results(q, k, v, do, spec: str | None):
     return [out.detach(), *(t.grad for t in leaves)]
 
 
-def _times(q, k, v, do, paths: dict, rounds: int) -> dict:
-    """{mode: {path: ms}}: one untimed call of each path, then every path there and back
-    ``rounds`` times; each path's median."""
-    import torch
-
-    from ..api.flash_attn import flash_attn_func
-    from .dispatch import time_under
-
-    qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
-
-    def fwd():
-        with torch.no_grad():
-            flash_attn_func(q, k, v, causal=True)
-
-    def step():
-        flash_attn_func(qg, kg, vg, causal=True).backward(do)
-
-    order = list(paths.items())
-    for _, spec in order:
-        time_under(fwd, spec, None)
-        time_under(step, spec, [qg, kg, vg])
-    times: dict = {mode: {} for mode in MODES}
-    for path, spec in (order + order[::-1]) * rounds:
-        times["fwd"].setdefault(path, []).append(time_under(fwd, spec, None))
-        times["fwd+bwd"].setdefault(path, []).append(time_under(step, spec, [qg, kg, vg]))
-    return {mode: {p: statistics.median(ts) for p, ts in by.items()} for mode, by in times.items()}
-
-
 def run_prefill(variants: dict, shapes=SHAPES, rounds: int = 2, device: str = "cuda") -> dict:
     """Every shape's times per path (``default`` and each of ``variants``: name -> JSON override)
     and each variant's bitwise equality with the default path, printed as it goes."""
     import torch
+
+    from .dispatch import time_paths
 
     paths = {"default": None, **{name: spec or None for name, spec in variants.items()}}
     reference = list(variants)[0] if len(variants) > 1 else "default"
@@ -100,8 +73,9 @@ def run_prefill(variants: dict, shapes=SHAPES, rounds: int = 2, device: str = "c
             if name != reference:
                 got = _results(q, k, v, do, spec)
                 equal[name] = all(torch.equal(a, c) for a, c in zip(ref, got, strict=True))
-        row = {"shape": [b, hq, hk, s, d], "ms": _times(q, k, v, do, paths, rounds),
-               "reference": reference, "equal": equal}  # fmt: skip
+        # An untimed call of every path first (the dispatch sweep makes one of its default path).
+        ms = time_paths(q, k, v, do, True, paths, rounds, warm=paths.values())
+        row = {"shape": [b, hq, hk, s, d], "ms": ms, "reference": reference, "equal": equal}
         rows.append(row)
         print(_line(row), flush=True)
     return {"prefill_rows": rows, "variants": {n: json.loads(s) if s else None

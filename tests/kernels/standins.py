@@ -44,10 +44,10 @@ class LaunchSpy:
         return [kw[name] for kw in self.calls]
 
 
-def grads_under(monkeypatch, override, call, tensors, seed=3):
+def grads_under(monkeypatch, override, call, tensors, seed=3, with_out=False):
     """The gradients of ``call(*tensors)`` (as fresh leaves) under the config override
     ``override`` (``ATTNFORGE_KERNELS_CONFIG``; None: the default config), backpropagating
-    ``1 + out``; ``seed`` draws the dropout mask."""
+    ``1 + out``; ``seed`` draws the dropout mask. ``with_out``: ``out`` first, then them."""
     import torch
 
     monkeypatch.delenv("ATTNFORGE_KERNELS_CONFIG", raising=False)
@@ -57,7 +57,8 @@ def grads_under(monkeypatch, override, call, tensors, seed=3):
     torch.manual_seed(seed)
     out = call(*leaves)
     out.backward(torch.ones_like(out) + out.detach())
-    return [t.grad for t in leaves]
+    grads = [t.grad for t in leaves]
+    return [out.detach(), *grads] if with_out else grads
 
 
 def assert_only_hopper_sets(flag: str) -> None:

@@ -35,13 +35,6 @@ def _spec(across: bool, extra: dict) -> str:
     return json.dumps({"across_heads": across, "across_waves": OPEN, **extra})
 
 
-def _outs_and_grads(monkeypatch, spec, call, tensors):
-    monkeypatch.setenv("ATTNFORGE_KERNELS_CONFIG", spec)
-    torch.manual_seed(3)
-    out = call(*tensors)
-    return [out, *grads_under(monkeypatch, spec, call, tensors)]
-
-
 @pytest.mark.parametrize("case", CASES)
 def test_across_heads_computes_what_the_head_order_does(monkeypatch, case):
     spies = {}
@@ -53,8 +46,8 @@ def test_across_heads_computes_what_the_head_order_does(monkeypatch, case):
     q = torch.randn(2, sq, 4, 32, generator=g).to(torch.float16)  # 4 query heads on 2 KV heads
     k, v = (torch.randn(2, sk, 2, 32, generator=g).to(torch.float16) for _ in range(2))
     call = lambda *t: flash_attn_func(*t, **kw)  # noqa: E731
-    heads = _outs_and_grads(monkeypatch, _spec(False, extra), call, (q, k, v))
-    across = _outs_and_grads(monkeypatch, _spec(True, extra), call, (q, k, v))
+    heads = grads_under(monkeypatch, _spec(False, extra), call, (q, k, v), with_out=True)
+    across = grads_under(monkeypatch, _spec(True, extra), call, (q, k, v), with_out=True)
     for name in ("attn_fwd", "attn_bwd_dq"):
         flags = spies[name].values("ACROSS_HEADS")
         assert flags == [False] * (len(flags) // 2) + [True] * (len(flags) // 2), name
@@ -77,8 +70,8 @@ def test_across_heads_varlen_computes_what_the_head_order_does(monkeypatch):
     def call(q, k, v):
         return flash_attn_varlen_func(q, k, v, cu, cu, 70, 70, causal=True)
 
-    heads = _outs_and_grads(monkeypatch, _spec(False, {}), call, (q, k, v))
-    across = _outs_and_grads(monkeypatch, _spec(True, {}), call, (q, k, v))
+    heads = grads_under(monkeypatch, _spec(False, {}), call, (q, k, v), with_out=True)
+    across = grads_under(monkeypatch, _spec(True, {}), call, (q, k, v), with_out=True)
     for name, a, b in zip(("out", "dq", "dk", "dv"), heads, across, strict=True):
         assert torch.equal(a, b), name
 

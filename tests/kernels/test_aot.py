@@ -30,9 +30,9 @@ KNOWN_SPILLS = {
 
 
 def _base(report: dict) -> tuple:
-    """(arch, head dim, kernel) of a report, an ordered kernel (``<name>_across``: the same code on
-    a grid of swapped dimensions) under its kernel's name, whose accepted spill it is held to."""
-    return report["arch"], report["head_dim"], report["kernel"].removesuffix("_across")
+    """(arch, head dim, kernel) of a report, an ordered kernel under the name of the kernel whose
+    accepted spill it is held to (``aot.accepted_as``)."""
+    return report["arch"], report["head_dim"], aot.accepted_as(report["kernel"])
 
 
 # The README's command, which tests/unit/test_readme.py leaves to this module (README_COMMAND).
