@@ -356,6 +356,8 @@ def _launch_forward(f: _Forward, c: configs.AttnConfig) -> None:
         f.cap_out, f.mask, f.drop, f.desc_q, f.desc_k, f.desc_v, f.d, f.bd, f.softcap, f.fp8,
         f.align, f.hip, f.launched
     )  # fmt: skip
+    if c.chunk_fwd:  # RDNA3/3.5: chunked only where buffer loads apply
+        c = configs.for_tensors(c, _buffer_loads(qs.t, ks.t, vs.t, out))
     c = _tma_config(c, ("fwd",), qs.t, ks.t, vs.t)
     t = c.fwd
     grid, across = _ordered_grid(c, mask, _cdiv(max_q, t.block_m), batch * hq, qs.t)
@@ -369,7 +371,8 @@ def _launch_forward(f: _Forward, c: configs.AttnConfig) -> None:
         HAS_SOFTCAP=softcap > 0, HAS_ALIBI=slopes is not None, REVERSE=mask.right is not None,
         HAS_DROPOUT=drop is not None, RETURN_SDMASK=drop is not None and drop.sdmask is not None,
         IS_FP8=fp8, USE_TMA=t.tma, SHORT_KV=c.short_kv and max_k <= t.block_n, STRIDE_ALIGN=align,
-        POS_SCALE=scale > 0, ACROSS_HEADS=across, **t.launch_options(hip),
+        POS_SCALE=scale > 0, ACROSS_HEADS=across, D_CHUNK=c.chunk_fwd,
+        **t.launch_options(hip),
     )  # fmt: skip
 
 

@@ -120,6 +120,9 @@ class AttnConfig:
     # loading each chunk from memory (0: whole tiles). dK/dV kernel and dQ kernel. RDNA3/3.5 only.
     chunk_kv: int = 0
     chunk_q: int = 0
+    # The forward's Q.K^T the same way (flash.py attn_fwd's D_CHUNK): RDNA3/3.5 above d=128,
+    # where a resident Q tile and K block hold 2 x 128 VGPRs of WMMA operands. Not with TMA.
+    chunk_fwd: int = 0
     # dK and dV from two launches of the dK/dV kernel, one accumulator each (flash.py
     # attn_bwd_dkdv's PART): Hopper above d=128, where two keys x head-dim fp32 accumulators do
     # not fit a 64-key block. Not with atomic_dq or chunk_kv.
@@ -253,9 +256,9 @@ MAX_BUFFER_BYTES = 2**31 - 1
 
 def for_tensors(cfg: AttnConfig, within_2gib: bool) -> AttnConfig:
     """The config to launch: chunked backward contractions only where buffer loads apply."""
-    if within_2gib or not (cfg.chunk_kv or cfg.chunk_q):
+    if within_2gib or not (cfg.chunk_kv or cfg.chunk_q or cfg.chunk_fwd):
         return cfg
-    return replace(cfg, chunk_kv=0, chunk_q=0)
+    return replace(cfg, chunk_kv=0, chunk_q=0, chunk_fwd=0)
 
 
 def padded_head_dim(d: int) -> int:
@@ -284,10 +287,21 @@ def _rdna(d: int, family: str) -> AttnConfig:
             chunk_kv=chunk,
             chunk_q=chunk,
         )
-    # d=256: chunking removes the dQ spills but makes the dK/dV kernel's worse; dK/dV re-reads.
-    fwd = Tile(16, 32, 4, 1, 1) if family == "rdna4" else Tile(16, 16, 4, 1, 1)
+    # d > 128 (160 and 256 pad to 256), every RDNA family, RDNA4 too: resident 256-column
+    # operands spill every kernel but dQ on the Tritons the stacks ship (gfx1151 on 3.9: forward
+    # 190 VGPRs, dK/dV 137-140; gfx1201's dK/dV 82-154 on 3.7-3.9). All three contractions over
+    # the head dim go 16 columns at a time (the forward's too, ``chunk_fwd``), with 32x16 forward
+    # tiles over 8 waves: no spill on 3.7.1, 3.8.0 or 3.9.0, and 6-16 waves per SIMD where they
+    # had 4-7 (docs/kernels.md, "Head dims above 128 on RDNA"). Compile-checked; no AMD GPU has
+    # timed either. Over 2 GiB (``for_tensors``) the re-read fallback spills as it did.
     return AttnConfig(
-        fwd, Tile(16, 16, 8, 1, 1), Tile(16, 16, 8, 1, 1), reload=rdna3, chunk_q=chunk
+        Tile(32, 16, 8, 1, 1),
+        Tile(16, 16, 8, 1, 1),
+        Tile(16, 16, 8, 1, 1),
+        reload=rdna3,  # the fallback's, as before
+        chunk_kv=16,
+        chunk_q=16,
+        chunk_fwd=16,
     )
 
 
@@ -859,8 +873,8 @@ def override(cfg: AttnConfig, spec: str | None) -> AttnConfig:
     Tile's field names; keys fwd, bwd_kv, bwd_q, atomic_dq, reload, gluon_fwd, gluon_bwd,
     gluon_fwd_min_seq, gluon_bwd_min_seq (0 or more), short_kv, masked_last, paired_kv,
     across_heads, paired_waves and across_waves ([low, high] programs per compute unit), split_kv
-    (not with atomic_dq or chunk_kv), chunk_kv, chunk_q (head-dim chunk: 0 or a power of two >=
-    16), and ``tma``:
+    (not with atomic_dq or chunk_kv), chunk_kv, chunk_q, chunk_fwd (head-dim chunk: 0 or a power
+    of two >= 16; chunk_fwd not with a forward tile's TMA), and ``tma``:
     true/false for every tile or a list of the tiles (``["bwd_kv", "bwd_q"]``) that use TMA, the
     others not.
     Set through ``ATTNFORGE_KERNELS_CONFIG`` for one-off experiments.
@@ -899,7 +913,7 @@ def override(cfg: AttnConfig, spec: str | None) -> AttnConfig:
     for key in ("paired_waves", "across_waves"):
         if key in data:
             changes[key] = _waves(key, data[key])
-    for key in ("chunk_kv", "chunk_q"):
+    for key in ("chunk_kv", "chunk_q", "chunk_fwd"):
         if key in data:
             n = int(data[key])
             if n and (n < 16 or n & (n - 1)):
@@ -908,6 +922,8 @@ def override(cfg: AttnConfig, spec: str | None) -> AttnConfig:
     out = replace(cfg, **changes)
     if out.split_kv and (out.atomic_dq or out.chunk_kv):
         raise ValueError("split_kv runs without atomic_dq and chunk_kv")
+    if out.chunk_fwd and out.fwd.tma:
+        raise ValueError("chunk_fwd runs without the forward tile's tma")
     return out
 
 

@@ -380,19 +380,31 @@ def _fwd_step(acc, l_i, m_i, q, k_base, v_base, sk_s, sv_s, n0, offs_m, offs_d, 
               HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr,
               HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr,
               HAS_RIGHT: tl.constexpr, MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-              USE_TMA: tl.constexpr, FIRST: tl.constexpr, FOLD: tl.constexpr):
+              USE_TMA: tl.constexpr, FIRST: tl.constexpr, FOLD: tl.constexpr,
+              D_CHUNK: tl.constexpr = 0, BLOCK_M: tl.constexpr = 0, BLOCK_D: tl.constexpr = 0):
     """One key block [n0, n0 + BLOCK_N) of the online softmax. FIRST: the block is the first
     one this program reads (acc and l_i are 0, m_i is -inf), so nothing is rescaled.
+    D_CHUNK (``AttnConfig.chunk_fwd``): ``q`` is the query rows' pointers ([BLOCK_M, 1], see
+    ``attn_fwd``) and Q.K^T is taken D_CHUNK head-dim columns at a time from memory
+    (``_mm_chunked``), as the RDNA3/3.5 backward does: a resident d=256 Q tile and K block hold
+    2 x 128 VGPRs of WMMA operands there.
     FOLD (no softcap, ALiBi or FP8 descale, and ``qk_scale > 0``): the row maximum is taken of
     the raw products and scaled once per row, so each score costs one FMA, ``qk * qk_scale - m``,
     where it cost a multiply and a subtract (the maximum commutes with a positive scale and
     rounding is monotonic, so m is the same number)."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
-    if USE_TMA:
-        k = k_base.load([n0, 0])  # a tensor descriptor: rows past seqlen_k read as zeros
+    if D_CHUNK > 0:
+        # The loop-dependent zero keeps the query chunks' loads in the key loop (not hoisted
+        # out of it, which would make the Q tile resident again).
+        qk = _mm_chunked(tl.zeros([BLOCK_M, BLOCK_N], tl.float32), q + _loop_zero(n0), offs_m,
+                         0, False, k_base + offs_n[:, None] * sk_s, offs_n, seqlen_k, MASK,
+                         HEAD_DIM, BLOCK_D, D_CHUNK, EVEN_D)
     else:
-        k = _load_tile(k_base, offs_n, sk_s, seqlen_k, offs_d, HEAD_DIM, MASK, EVEN_D)
-    qk = mm(q, tl.trans(k))
+        if USE_TMA:
+            k = k_base.load([n0, 0])  # a tensor descriptor: rows past seqlen_k read as zeros
+        else:
+            k = _load_tile(k_base, offs_n, sk_s, seqlen_k, offs_d, HEAD_DIM, MASK, EVEN_D)
+        qk = mm(q, tl.trans(k))
     rel = offs_n[None, :] - offs_m[:, None] - diag
     # FOLD: s holds the raw products (masked: -inf, which stays -inf once scaled by qk_scale > 0).
     s = scores_tile(qk, rel, offs_n[None, :] < seqlen_k, qk_scale, cap_in, cap_out, alibi2, left,
@@ -450,13 +462,14 @@ def _fwd_loop(acc, l_i, m_i, q, k_base, v_base, sk_s, sv_s, start, end, offs_m, 
               HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr,
               HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr,
               HAS_RIGHT: tl.constexpr, MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-              USE_TMA: tl.constexpr, FOLD: tl.constexpr):
+              USE_TMA: tl.constexpr, FOLD: tl.constexpr, D_CHUNK: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
     for n0 in tl.range(start, end, BLOCK_N):
         acc, l_i, m_i = _fwd_step(acc, l_i, m_i, q, k_base, v_base, sk_s, sv_s, n0, offs_m, offs_d,
                                   seqlen_k, diag, qk_scale, cap_in, cap_out, alibi2, left, right,
                                   k0, k1, c3, thresh, bh, HEAD_DIM, BLOCK_N, EVEN_D, HAS_SOFTCAP,
                                   HAS_ALIBI, HAS_LEFT, HAS_RIGHT, MASK, HAS_DROPOUT, USE_TMA,
-                                  False, FOLD)
+                                  False, FOLD, D_CHUNK, BLOCK_M, BLOCK_D)
     return acc, l_i, m_i
 
 
@@ -509,7 +522,7 @@ def attn_fwd(
     HAS_DROPOUT: tl.constexpr, RETURN_SDMASK: tl.constexpr, IS_FP8: tl.constexpr,
     USE_TMA: tl.constexpr = False, SHORT_KV: tl.constexpr = False,
     STRIDE_ALIGN: tl.constexpr = 1, POS_SCALE: tl.constexpr = True,
-    ACROSS_HEADS: tl.constexpr = False,
+    ACROSS_HEADS: tl.constexpr = False, D_CHUNK: tl.constexpr = 0,
 ):
     """Rng/drop_scale (dropout), SDMask (S_dmask) and DescQ/K/V (FP8: fp32 (batch, Hk) descale
     factors, Q's per KV head as flash_attn 3 has them) are None when their variant is off.
@@ -519,7 +532,10 @@ def attn_fwd(
     cross-attention to 77 text tokens: one masked K/V block, no loop, no rescale.
     STRIDE_ALIGN: the q/k/v/out strides arrive divided by it (see ``_aligned``).
     POS_SCALE: ``qk_scale > 0``, so the loop may fold it (``_fwd_step``'s FOLD; the launcher
-    passes False for a zero or negative scale, which keeps a multiply per score)."""
+    passes False for a zero or negative scale, which keeps a multiply per score).
+    D_CHUNK (``AttnConfig.chunk_fwd``, RDNA3/3.5 above d=128): Q.K^T D_CHUNK head-dim columns
+    at a time from memory (``_fwd_step``); not with USE_TMA."""
+    tl.static_assert(D_CHUNK == 0 or not USE_TMA)
     sq_b, sq_s, sq_h = _aligned(sq_b, sq_s, sq_h, STRIDE_ALIGN)
     sk_b, sk_s, sk_h = _aligned(sk_b, sk_s, sk_h, STRIDE_ALIGN)
     sv_b, sv_s, sv_h = _aligned(sv_b, sv_s, sv_h, STRIDE_ALIGN)
@@ -551,7 +567,12 @@ def attn_fwd(
     v_base = _base(V, b64, hk, k_start, sv_b, sv_h, sv_s)
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    q = _load_tile(q_base, offs_m, sq_s, seqlen_q, offs_d, HEAD_DIM, True, EVEN_D)
+    if D_CHUNK > 0:
+        # The query rows' pointers, for chunks loaded in the key loop; rows past the sequence
+        # read its last row (their results are never stored), so those loads need no row mask.
+        q = q_base + tl.minimum(offs_m, seqlen_q - 1)[:, None] * sq_s
+    else:
+        q = _load_tile(q_base, offs_m, sq_s, seqlen_q, offs_d, HEAD_DIM, True, EVEN_D)
     # The scale folding (``_fwd_step``): not with dropout nor in the single-block path, where it
     # saves little and made AMD kernels spill (Triton 3.8, gfx942/gfx950 d=128).
     FOLD: tl.constexpr = (POS_SCALE and not HAS_SOFTCAP and not HAS_ALIBI and not IS_FP8
@@ -570,7 +591,7 @@ def attn_fwd(
                                   seqlen_k, diag, qk_scale, cap_in, cap_out, alibi2, left, right,
                                   k0, k1, c3, thresh, pid_bh, HEAD_DIM, BLOCK_N, EVEN_D,
                                   HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT, True, HAS_DROPOUT,
-                                  USE_TMA, True, FOLD)
+                                  USE_TMA, True, FOLD, D_CHUNK, BLOCK_M, BLOCK_D)
     else:
         lo, full_lo, full_hi, hi = _key_ranges(m0, seqlen_q, seqlen_k, left, right, BLOCK_M,
                                                BLOCK_N, HAS_LEFT, HAS_RIGHT)
@@ -579,17 +600,20 @@ def attn_fwd(
                                       offs_m, offs_d, seqlen_k, diag, qk_scale, cap_in, cap_out,
                                       alibi2, left, right, k0, k1, c3, thresh, pid_bh, HEAD_DIM,
                                       BLOCK_N, EVEN_D, HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT,
-                                      True, HAS_DROPOUT, USE_TMA, FOLD)
+                                      True, HAS_DROPOUT, USE_TMA, FOLD, D_CHUNK, BLOCK_M,
+                                      BLOCK_D)
         acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, k_src, v_src, sk_s, sv_s, full_lo, full_hi,
                                   offs_m, offs_d, seqlen_k, diag, qk_scale, cap_in, cap_out,
                                   alibi2, left, right, k0, k1, c3, thresh, pid_bh, HEAD_DIM,
                                   BLOCK_N, EVEN_D, HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT,
-                                  False, HAS_DROPOUT, USE_TMA, FOLD)
+                                  False, HAS_DROPOUT, USE_TMA, FOLD, D_CHUNK, BLOCK_M,
+                                  BLOCK_D)
         acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, k_src, v_src, sk_s, sv_s, full_hi, hi,
                                   offs_m, offs_d, seqlen_k, diag, qk_scale, cap_in, cap_out,
                                   alibi2, left, right, k0, k1, c3, thresh, pid_bh, HEAD_DIM,
                                   BLOCK_N, EVEN_D, HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT, HAS_RIGHT,
-                                  True, HAS_DROPOUT, USE_TMA, FOLD)
+                                  True, HAS_DROPOUT, USE_TMA, FOLD, D_CHUNK, BLOCK_M,
+                                  BLOCK_D)
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
     if HAS_DROPOUT:
@@ -601,6 +625,8 @@ def attn_fwd(
     lse = tl.where(empty, float("inf"), (m_i + tl.log2(l_safe)) * LN2_C)
     if RETURN_SDMASK:
         lse2 = tl.where(empty, float("inf"), m_i + tl.log2(l_safe))
+        if D_CHUNK > 0:  # the tests' S_dmask pass takes the whole tile
+            q = _load_tile(q_base, offs_m, sq_s, seqlen_q, offs_d, HEAD_DIM, True, EVEN_D)
         _fwd_sdmask(SDMask, pid_bh, max_q, max_k, q, k_base, sk_s, lo, hi, offs_m, offs_d, seqlen_q,
                     seqlen_k, diag, qk_scale, cap_in, cap_out, alibi2, left, right, lse2, k0, k1,
                     c3, thresh, HEAD_DIM, BLOCK_N, EVEN_D, HAS_SOFTCAP, HAS_ALIBI, HAS_LEFT,

@@ -270,6 +270,7 @@ def _fwd_job(head_dim: int, cfg, flags: dict, p: str) -> Job:
         SHORT_KV=False,  # a constexpr: left out, it would compile as a runtime argument
         POS_SCALE=True,  # as the launcher passes for every positive softmax scale
         ACROSS_HEADS=False,  # the launcher's choice by grid: ``_switched`` compiles the other
+        D_CHUNK=cfg.chunk_fwd,
         **_FWD_OFF,
     )
     return ("fwd", flash.attn_fwd, ptrs, consts, cfg.fwd)

@@ -403,3 +403,21 @@ def test_an_unknown_kernel_is_one_sentence_naming_the_valid_ones(monkeypatch, ca
     assert aot.main(["--arch", "gfx942", "--kernel", "fwd_nope", "--no-cache"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("--kernel fwd_nope: no such kernel") and "bwd_dkdv, " in err
+
+
+@pytest.mark.slow
+def test_rdna_head_dims_above_128_compile_without_spills(aot_cache):
+    # SD 1.5's d=160 level and d=256 on RDNA: with resident 256-column WMMA operands the forward
+    # spilled 190 VGPRs on gfx1151 (Triton 3.9) and the dK/dV kernel 137-154 on gfx1151 and
+    # gfx1201. Every head-dim contraction is chunked there now (configs._rdna, ``chunk_fwd``).
+    kernels = [a for k in ("fwd", "bwd_dkdv", "bwd_dq") for a in ("--kernel", k)]
+    proc = _aot("--arch", "gfx1151", "--arch", "gfx1201", "--head-dims", "160,256", *kernels,
+                "--json", "--cache-dir", str(aot_cache))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    reports = json.loads(proc.stdout)
+    assert len(reports) == 12, [(r["arch"], r["head_dim"], r["kernel"]) for r in reports]
+    for r in reports:
+        assert not r["spills"] and not r["scratch_bytes"] and not r["problems"], r
+        assert r["tile"].endswith(" c16"), r  # the chunked contractions, each kernel
+        # At most 4-7 waves per SIMD before (a full 256-VGPR file); 6 or more now.
+        assert r["occupancy"] >= 6, r

@@ -82,6 +82,7 @@ def _tiles_json(cfg) -> str:
             "reload": cfg.reload,
             "chunk_kv": cfg.chunk_kv,
             "chunk_q": cfg.chunk_q,
+            "chunk_fwd": cfg.chunk_fwd,
         }
     )
 
@@ -114,6 +115,34 @@ def test_rdna_d128_backward_config_matches_reference(monkeypatch, tiles):
         assert res["ok"], (case.name, res["metrics"])
 
 
+def _rdna_wide_tiles() -> list:
+    """The RDNA configs above d=128 (d=160 and 256), each distinct one once."""
+    by_tiles: dict[str, list[str]] = {}
+    for family in ("rdna3", "rdna3.5", "rdna4"):
+        by_tiles.setdefault(_tiles_json(config_for(family, 256)), []).append(family)
+    return [pytest.param(tiles, id="+".join(fams)) for tiles, fams in by_tiles.items()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tiles", _rdna_wide_tiles())
+def test_rdna_wide_head_config_matches_reference(monkeypatch, tiles):
+    # RDNA above d=128: the forward's Q.K^T in 16-column chunks (``chunk_fwd``) beside the
+    # chunked backward, at SD 1.5's d=160 (ten chunks of a 256-wide tile, six skipped) and
+    # d=256; the single-block path (keys <= the tile's 16), the key loop with its masked
+    # blocks, the folded and the unfolded scale (softcap), queries past the last tile row.
+    cfg = json.loads(tiles)
+    assert cfg["chunk_fwd"] and cfg["chunk_kv"] and cfg["chunk_q"]
+    monkeypatch.setenv("ATTNFORGE_KERNELS_CONFIG", tiles)
+    for case in (
+        attn("bf16", 1, 45, 37, 2, 1, 160, "causal"),
+        attn("fp16", 2, 21, 13, 2, 2, 160, "full", "varlen"),
+        attn("bf16", 1, 19, 40, 2, 2, 256, "softcap", "bhsd"),
+        attn("fp16", 1, 33, 9, 1, 1, 256),
+    ):
+        res = compare(case, torch.device("cpu"), seed=6)
+        assert res["ok"], (case.name, res["metrics"])
+
+
 def test_chunked_backward_is_off_above_2gib():
     # Above 2 GiB Triton's HIP JIT uses 64-bit addresses, where chunking spills more (docs).
     cfg = config_for("rdna3.5", 128)
@@ -122,6 +151,8 @@ def test_chunked_backward_is_off_above_2gib():
     assert off.chunk_kv == off.chunk_q == 0 and off.reload and off.bwd_kv == cfg.bwd_kv
     nv = config_for("hopper", 128)
     assert nv.chunk_kv == nv.chunk_q == 0 and for_tensors(nv, False) == nv
+    wide = for_tensors(config_for("rdna3.5", 256), False)
+    assert wide.chunk_fwd == wide.chunk_kv == wide.chunk_q == 0 and wide.reload
 
 
 def test_launcher_drops_chunking_above_the_buffer_limit(monkeypatch):
@@ -133,12 +164,40 @@ def test_launcher_drops_chunking_above_the_buffer_limit(monkeypatch):
 
     def spy(cfg, within_2gib):
         out = real(cfg, within_2gib)
-        seen.append((within_2gib, out.chunk_kv, out.chunk_q))
+        seen.append((within_2gib, out.chunk_kv, out.chunk_q, out.chunk_fwd))
         return out
 
     monkeypatch.setattr(configs, "MAX_BUFFER_BYTES", 1)
     monkeypatch.setattr(configs, "for_tensors", spy)
-    monkeypatch.setenv("ATTNFORGE_KERNELS_CONFIG", _tiles_json(config_for("rdna3.5", 128)))
-    res = compare(attn("bf16", 1, 33, 33, 2, 1, 128, "causal"), torch.device("cpu"), seed=5)
+    monkeypatch.setenv("ATTNFORGE_KERNELS_CONFIG", _tiles_json(config_for("rdna3.5", 256)))
+    res = compare(attn("bf16", 1, 33, 33, 2, 1, 160, "causal"), torch.device("cpu"), seed=5)
     assert res["ok"], res["metrics"]
-    assert seen and all(s == (False, 0, 0) for s in seen), seen
+    # The forward's and the backward's launches each, re-read, unchunked.
+    assert len(seen) >= 2 and all(s == (False, 0, 0, 0) for s in seen), seen
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("d", [40, 128])
+def test_chunked_forward_matches_reference(monkeypatch, d):
+    # ``chunk_fwd`` on its own, on the interpreter's tiles: a padded head dim (40: a partial and
+    # a skipped chunk), windows, ALiBi, GQA and varlen; the chunks of rows past a sequence's end
+    # read its last row.
+    monkeypatch.setenv("ATTNFORGE_KERNELS_CONFIG", '{"chunk_fwd": 16}')
+    for case in (
+        attn("bf16", 1, 37, 45, 4, 2, d, "causal"),
+        attn("fp16", 3, 30, 30, 2, 1, d, "window", "varlen"),
+        attn("bf16", 1, 21, 37, 2, 2, d, "alibi"),
+    ):
+        res = compare(case, torch.device("cpu"), seed=7)
+        assert res["ok"], (case.name, res["metrics"])
+
+
+def test_chunk_fwd_is_refused_with_a_tma_forward_tile():
+    from attnforge_kernels.device import configs
+
+    cfg = config_for("hopper", 128)
+    assert configs.override(cfg, '{"chunk_fwd": 32}').chunk_fwd == 32
+    with pytest.raises(ValueError, match="chunk_fwd runs without the forward tile's tma"):
+        configs.override(cfg, '{"chunk_fwd": 16, "tma": true}')
+    with pytest.raises(ValueError, match="chunk_fwd must be 0 or a power of two >= 16"):
+        configs.override(cfg, '{"chunk_fwd": 24}')

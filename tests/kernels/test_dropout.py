@@ -229,11 +229,16 @@ def test_dropout_with_paged_kv_is_refused():
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "override",
-    ['{"reload": true}', '{"atomic_dq": true}', '{"chunk_kv": 16, "chunk_q": 16}'],
+    [
+        '{"reload": true}',
+        '{"atomic_dq": true}',
+        '{"chunk_kv": 16, "chunk_q": 16}',
+        '{"chunk_fwd": 16}',
+    ],
 )
 def test_alternative_backward_paths_regenerate_the_same_mask(monkeypatch, override):
-    # RDNA3's re-read and head-dim-chunked backward, and the opt-in atomic dQ, each apply the
-    # mask in their own code.
+    # RDNA3's re-read and head-dim-chunked backward, the opt-in atomic dQ and the chunked forward
+    # (with its S_dmask pass, which loads the whole Q tile) each apply the mask in their own code.
     monkeypatch.setenv("ATTNFORGE_KERNELS_CONFIG", override)
     res = variants.compare_dropout(dropout("bf16", 0.2, 1, 37, 45, 4, 2, 40, "causal"), CPU)
     assert res["ok"], res["metrics"]
