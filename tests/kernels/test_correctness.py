@@ -87,44 +87,42 @@ def _tiles_json(cfg) -> str:
     )
 
 
-def _rdna_d128_tiles() -> list:
-    """The RDNA3/3.5 d=128 launch configs, each distinct one once (ids name the families that
-    share it): families with the same tiles and chunking would run the same launches twice."""
+def _rdna_tiles(families: tuple[str, ...], head_dim: int) -> list:
+    """The families' launch configs at ``head_dim``, each distinct one once (ids name the
+    families that share it): families with the same tiles and chunking would run the same
+    launches twice."""
     by_tiles: dict[str, list[str]] = {}
-    for family in ("rdna3", "rdna3.5"):
-        by_tiles.setdefault(_tiles_json(config_for(family, 128)), []).append(family)
+    for family in families:
+        by_tiles.setdefault(_tiles_json(config_for(family, head_dim)), []).append(family)
     return [pytest.param(tiles, id="+".join(fams)) for tiles, fams in by_tiles.items()]
 
 
+def _all_match_reference(monkeypatch, tiles: str, cases, seed: int) -> None:
+    monkeypatch.setenv("ATTNFORGE_KERNELS_CONFIG", tiles)
+    for case in cases:
+        res = compare(case, torch.device("cpu"), seed=seed)
+        assert res["ok"], (case.name, res["metrics"])
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("tiles", _rdna_d128_tiles())
+@pytest.mark.parametrize("tiles", _rdna_tiles(("rdna3", "rdna3.5"), 128))
 def test_rdna_d128_backward_config_matches_reference(monkeypatch, tiles):
     # The RDNA3/3.5 d=128 defaults (16-column chunked backward contractions) under the
     # interpreter: full head dim, padded head dims (96, 72) and every mask kind the chunked loops
     # branch on (masked and unmasked ranges, softcap, ALiBi, varlen, GQA).
     cfg = json.loads(tiles)
     assert cfg["chunk_kv"] and cfg["chunk_q"]
-    monkeypatch.setenv("ATTNFORGE_KERNELS_CONFIG", tiles)
-    for case in (
+    cases = (
         attn("bf16", 1, 45, 37, 4, 2, 128, "causal"),
         attn("fp16", 2, 33, 40, 2, 1, 96, "window", "varlen"),
         attn("bf16", 1, 37, 21, 2, 2, 72, "softcap"),
         attn("fp16", 1, 21, 37, 2, 2, 128, "alibi", "bhsd"),
-    ):
-        res = compare(case, torch.device("cpu"), seed=4)
-        assert res["ok"], (case.name, res["metrics"])
-
-
-def _rdna_wide_tiles() -> list:
-    """The RDNA configs above d=128 (d=160 and 256), each distinct one once."""
-    by_tiles: dict[str, list[str]] = {}
-    for family in ("rdna3", "rdna3.5", "rdna4"):
-        by_tiles.setdefault(_tiles_json(config_for(family, 256)), []).append(family)
-    return [pytest.param(tiles, id="+".join(fams)) for tiles, fams in by_tiles.items()]
+    )
+    _all_match_reference(monkeypatch, tiles, cases, seed=4)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("tiles", _rdna_wide_tiles())
+@pytest.mark.parametrize("tiles", _rdna_tiles(("rdna3", "rdna3.5", "rdna4"), 256))
 def test_rdna_wide_head_config_matches_reference(monkeypatch, tiles):
     # RDNA above d=128: the forward's Q.K^T in 16-column chunks (``chunk_fwd``) beside the
     # chunked backward, at SD 1.5's d=160 (ten chunks of a 256-wide tile, six skipped) and
@@ -132,15 +130,13 @@ def test_rdna_wide_head_config_matches_reference(monkeypatch, tiles):
     # blocks, the folded and the unfolded scale (softcap), queries past the last tile row.
     cfg = json.loads(tiles)
     assert cfg["chunk_fwd"] and cfg["chunk_kv"] and cfg["chunk_q"]
-    monkeypatch.setenv("ATTNFORGE_KERNELS_CONFIG", tiles)
-    for case in (
+    cases = (
         attn("bf16", 1, 45, 37, 2, 1, 160, "causal"),
         attn("fp16", 2, 21, 13, 2, 2, 160, "full", "varlen"),
         attn("bf16", 1, 19, 40, 2, 2, 256, "softcap", "bhsd"),
         attn("fp16", 1, 33, 9, 1, 1, 256),
-    ):
-        res = compare(case, torch.device("cpu"), seed=6)
-        assert res["ok"], (case.name, res["metrics"])
+    )
+    _all_match_reference(monkeypatch, tiles, cases, seed=6)
 
 
 def test_chunked_backward_is_off_above_2gib():
@@ -182,14 +178,12 @@ def test_chunked_forward_matches_reference(monkeypatch, d):
     # ``chunk_fwd`` on its own, on the interpreter's tiles: a padded head dim (40: a partial and
     # a skipped chunk), windows, ALiBi, GQA and varlen; the chunks of rows past a sequence's end
     # read its last row.
-    monkeypatch.setenv("ATTNFORGE_KERNELS_CONFIG", '{"chunk_fwd": 16}')
-    for case in (
+    cases = (
         attn("bf16", 1, 37, 45, 4, 2, d, "causal"),
         attn("fp16", 3, 30, 30, 2, 1, d, "window", "varlen"),
         attn("bf16", 1, 21, 37, 2, 2, d, "alibi"),
-    ):
-        res = compare(case, torch.device("cpu"), seed=7)
-        assert res["ok"], (case.name, res["metrics"])
+    )
+    _all_match_reference(monkeypatch, '{"chunk_fwd": 16}', cases, seed=7)
 
 
 def test_chunk_fwd_is_refused_with_a_tma_forward_tile():
