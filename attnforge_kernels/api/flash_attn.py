@@ -356,7 +356,7 @@ def _launch_forward(f: _Forward, c: configs.AttnConfig) -> None:
         f.cap_out, f.mask, f.drop, f.desc_q, f.desc_k, f.desc_v, f.d, f.bd, f.softcap, f.fp8,
         f.align, f.hip, f.launched
     )  # fmt: skip
-    if c.chunk_fwd:  # RDNA3/3.5: chunked only where buffer loads apply
+    if c.chunk_fwd:  # RDNA above d=128: chunked only where buffer loads apply
         c = configs.for_tensors(c, _buffer_loads(qs.t, ks.t, vs.t, out))
     c = _tma_config(c, ("fwd",), qs.t, ks.t, vs.t)
     t = c.fwd
@@ -592,7 +592,7 @@ def _backward_launches(b: _Backward, c: configs.AttnConfig):
         dq_acc = torch.empty_like(qs.t)
     else:
         dq_acc = grads[0]
-    if c.chunk_kv or c.chunk_q:  # RDNA3/3.5: chunked only where buffer loads apply
+    if c.chunk_kv or c.chunk_q:  # RDNA: chunked only where buffer loads apply
         tensors = (qs.t, ks.t, vs.t, dos.t, dk, dv, dq_acc, lse, delta)
         c = configs.for_tensors(c, _buffer_loads(*tensors))
     c = _tma_config(c, ("bwd_kv", "bwd_q"), qs.t, ks.t, vs.t, dos.t)

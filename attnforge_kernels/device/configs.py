@@ -117,11 +117,12 @@ class AttnConfig:
     atomic_dq: bool = False  # dQ by fp32 atomics inside the dK/dV kernel instead of a dQ kernel
     reload: bool = False  # backward re-reads its resident tiles each step (RDNA: no spills)
     # Backward: compute the head-dim contractions (Q.K^T, dO.V^T) this many columns at a time,
-    # loading each chunk from memory (0: whole tiles). dK/dV kernel and dQ kernel. RDNA3/3.5 only.
+    # loading each chunk from memory (0: whole tiles). dK/dV kernel and dQ kernel. RDNA3/3.5, and
+    # every RDNA family above d=128.
     chunk_kv: int = 0
     chunk_q: int = 0
-    # The forward's Q.K^T the same way (flash.py attn_fwd's D_CHUNK): RDNA3/3.5 above d=128,
-    # where a resident Q tile and K block hold 2 x 128 VGPRs of WMMA operands. Not with TMA.
+    # The forward's Q.K^T the same way (flash.py attn_fwd's D_CHUNK): RDNA above d=128, where
+    # a resident Q tile and K block hold 2 x 128 VGPRs of WMMA operands. Not with TMA.
     chunk_fwd: int = 0
     # dK and dV from two launches of the dK/dV kernel, one accumulator each (flash.py
     # attn_bwd_dkdv's PART): Hopper above d=128, where two keys x head-dim fp32 accumulators do
@@ -255,7 +256,8 @@ MAX_BUFFER_BYTES = 2**31 - 1
 
 
 def for_tensors(cfg: AttnConfig, within_2gib: bool) -> AttnConfig:
-    """The config to launch: chunked backward contractions only where buffer loads apply."""
+    """The config to launch: chunked contractions (forward and backward) only where buffer
+    loads apply."""
     if within_2gib or not (cfg.chunk_kv or cfg.chunk_q or cfg.chunk_fwd):
         return cfg
     return replace(cfg, chunk_kv=0, chunk_q=0, chunk_fwd=0)
@@ -275,7 +277,7 @@ def _rdna(d: int, family: str) -> AttnConfig:
     # backward cost 64+ VGPRs each. Re-reading them per step cuts the spills but does not remove
     # them; computing Q.K^T and dO.V^T 16 head-dim columns (one WMMA K step) at a time does
     # (gfx1151 d=128: dK/dV 235 VGPRs, dQ 116, no spills; the >2 GiB fallback re-reads).
-    # RDNA4's WMMA layout needs neither.
+    # RDNA4's WMMA layout needs neither at d=128.
     rdna3 = family != "rdna4"
     chunk = 16 if rdna3 else 0
     if d <= 128:
@@ -291,7 +293,7 @@ def _rdna(d: int, family: str) -> AttnConfig:
     # operands spill every kernel but dQ on the Tritons the stacks ship (gfx1151 on 3.9: forward
     # 190 VGPRs, dK/dV 137-140; gfx1201's dK/dV 82-154 on 3.7-3.9). All three contractions over
     # the head dim go 16 columns at a time (the forward's too, ``chunk_fwd``), with 32x16 forward
-    # tiles over 8 waves: no spill on 3.7.1, 3.8.0 or 3.9.0, and 6-16 waves per SIMD where they
+    # tiles over 8 waves: no spill on 3.7.1, 3.8.0 or 3.9.0, and 5-16 waves per SIMD where they
     # had 4-7 (docs/kernels.md, "Head dims above 128 on RDNA"). Compile-checked; no AMD GPU has
     # timed either. Over 2 GiB (``for_tensors``) the re-read fallback spills as it did.
     return AttnConfig(

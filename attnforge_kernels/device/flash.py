@@ -381,7 +381,7 @@ def _fwd_step(acc, l_i, m_i, q, k_base, v_base, sk_s, sv_s, n0, offs_m, offs_d, 
               HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr,
               HAS_RIGHT: tl.constexpr, MASK: tl.constexpr, HAS_DROPOUT: tl.constexpr,
               USE_TMA: tl.constexpr, FIRST: tl.constexpr, FOLD: tl.constexpr,
-              D_CHUNK: tl.constexpr = 0, BLOCK_M: tl.constexpr = 0, BLOCK_D: tl.constexpr = 0):
+              D_CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
     """One key block [n0, n0 + BLOCK_N) of the online softmax. FIRST: the block is the first
     one this program reads (acc and l_i are 0, m_i is -inf), so nothing is rescaled.
     D_CHUNK (``AttnConfig.chunk_fwd``): ``q`` is the query rows' pointers ([BLOCK_M, 1], see
@@ -533,7 +533,7 @@ def attn_fwd(
     STRIDE_ALIGN: the q/k/v/out strides arrive divided by it (see ``_aligned``).
     POS_SCALE: ``qk_scale > 0``, so the loop may fold it (``_fwd_step``'s FOLD; the launcher
     passes False for a zero or negative scale, which keeps a multiply per score).
-    D_CHUNK (``AttnConfig.chunk_fwd``, RDNA3/3.5 above d=128): Q.K^T D_CHUNK head-dim columns
+    D_CHUNK (``AttnConfig.chunk_fwd``, RDNA above d=128): Q.K^T D_CHUNK head-dim columns
     at a time from memory (``_fwd_step``); not with USE_TMA."""
     tl.static_assert(D_CHUNK == 0 or not USE_TMA)
     sq_b, sq_s, sq_h = _aligned(sq_b, sq_s, sq_h, STRIDE_ALIGN)

@@ -20,6 +20,14 @@ CASES = [
 ]
 
 
+def _all_match_reference(monkeypatch, tiles: str, cases, seed: int) -> None:
+    """Every case against the fp32 reference under the config override ``tiles``."""
+    monkeypatch.setenv("ATTNFORGE_KERNELS_CONFIG", tiles)
+    for case in cases:
+        res = compare(case, torch.device("cpu"), seed=seed)
+        assert res["ok"], (case.name, res["metrics"])
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_forward_and_backward_match_fp32_reference(case):
     res = compare(case, torch.device("cpu"), seed=1)
@@ -40,13 +48,11 @@ def test_forward_and_backward_match_fp32_reference(case):
 def test_alternative_backward_paths_match_reference(monkeypatch, override):
     # RDNA3 configs re-read resident tiles or chunk the head-dim contractions; atomic dQ is an
     # opt-in path: all must stay correct (d=40 pads to 64: a partial and a skipped chunk).
-    monkeypatch.setenv("ATTNFORGE_KERNELS_CONFIG", override)
-    for case in (
+    cases = (
         attn("bf16", 1, 37, 45, 4, 2, 40, "causal"),
         attn("fp16", 3, 30, 30, 2, 1, 32, "window", "varlen"),
-    ):
-        res = compare(case, torch.device("cpu"), seed=2)
-        assert res["ok"], (case.name, res["metrics"])
+    )
+    _all_match_reference(monkeypatch, override, cases, seed=2)
 
 
 @pytest.mark.slow
@@ -59,14 +65,12 @@ def test_alternative_backward_paths_match_reference(monkeypatch, override):
 )
 def test_unequal_tile_shapes_keep_masks_right(monkeypatch, tiles):
     # The GPU defaults use BLOCK_M != BLOCK_N; the block-range arithmetic must not assume equal.
-    monkeypatch.setenv("ATTNFORGE_KERNELS_CONFIG", tiles)
-    for case in (
+    cases = (
         attn("bf16", 1, 45, 70, 2, 1, 32, "causal"),
         attn("fp16", 1, 70, 45, 2, 2, 32, "window"),
         attn("bf16", 2, 50, 33, 2, 2, 32, "sdpacausal"),
-    ):
-        res = compare(case, torch.device("cpu"), seed=3)
-        assert res["ok"], (case.name, res["metrics"])
+    )
+    _all_match_reference(monkeypatch, tiles, cases, seed=3)
 
 
 def _tiles_json(cfg) -> str:
@@ -95,13 +99,6 @@ def _rdna_tiles(families: tuple[str, ...], head_dim: int) -> list:
     for family in families:
         by_tiles.setdefault(_tiles_json(config_for(family, head_dim)), []).append(family)
     return [pytest.param(tiles, id="+".join(fams)) for tiles, fams in by_tiles.items()]
-
-
-def _all_match_reference(monkeypatch, tiles: str, cases, seed: int) -> None:
-    monkeypatch.setenv("ATTNFORGE_KERNELS_CONFIG", tiles)
-    for case in cases:
-        res = compare(case, torch.device("cpu"), seed=seed)
-        assert res["ok"], (case.name, res["metrics"])
 
 
 @pytest.mark.slow
