@@ -13,7 +13,15 @@ import triton
 from triton.runtime import _allocation
 
 from ..device import configs, flash
-from ..device.flash import FP8_DOT, LOG2E, attn_bwd_delta, attn_bwd_dkdv, attn_bwd_dq, attn_fwd
+from ..device.flash import (
+    FP8_DOT,
+    LOG2E,
+    attn_bwd_delta,
+    attn_bwd_dkdv,
+    attn_bwd_dq,
+    attn_fwd,
+    fwd_chunk,
+)
 from ..device.interpreter import patch_interpreter
 from ..launch import autotune
 from ..launch import plans as launch
@@ -371,7 +379,7 @@ def _launch_forward(f: _Forward, c: configs.AttnConfig) -> None:
         HAS_SOFTCAP=softcap > 0, HAS_ALIBI=slopes is not None, REVERSE=mask.right is not None,
         HAS_DROPOUT=drop is not None, RETURN_SDMASK=drop is not None and drop.sdmask is not None,
         IS_FP8=fp8, USE_TMA=t.tma, SHORT_KV=c.short_kv and max_k <= t.block_n, STRIDE_ALIGN=align,
-        POS_SCALE=scale > 0, ACROSS_HEADS=across, D_CHUNK=c.chunk_fwd,
+        POS_SCALE=scale > 0, ACROSS_HEADS=across, D_CHUNK=fwd_chunk(c.chunk_fwd, fp8, hip),
         **t.launch_options(hip),
     )  # fmt: skip
 

@@ -47,6 +47,14 @@ _TWO_LOG2E = tl.constexpr(2 * LOG2E)
 FP8_DOT = {"cdna3": "fp8e4b8", "cdna4": "fp8e4nv", "rdna4": "fp8e4nv", "hopper": "fp8e4nv"}
 
 
+def fwd_chunk(chunk: int, fp8: bool, hip: bool) -> int:
+    """The forward's head-dim chunk (``attn_fwd``'s ``D_CHUNK``; 0: the Q tile stays resident)
+    for a config's ``chunk_fwd``. An FP8 contraction is at least 32 columns on NVIDIA, whose
+    FP8 MMA takes K=32 a step (Triton refuses an FP8 ``tl.dot`` with K < 32 there); AMD's FP8
+    WMMA and MFMA take 16 (gfx1201 compiles the chunked FP8 forward at 16)."""
+    return max(chunk, 32) if chunk and fp8 and not hip else chunk
+
+
 def stride_align(*strides: int) -> int:
     """The factor ``attn_fwd`` and the backward kernels get their tensor strides divided by
     (STRIDE_ALIGN, see ``_aligned``): 1 where every stride is a multiple of 16 elements (Triton

@@ -140,11 +140,14 @@ _BWD_OFF = dict(Rng=None, drop_scale=None, HAS_DROPOUT=False)
 _DROPOUT = dict(Rng="*i64", drop_scale="fp32")
 
 
-def _variants(dropout_base, base, fp8: str | None):
+def _variants(dropout_base, base, fp8: str | None, hip: bool):
     """The dropout variant of each kernel of ``dropout_base`` (the default kernels with the
     dropout config's tiles) as ``<name>_dropout`` and, where the arch multiplies ``fp8``
     natively, the FP8 forward of ``base`` (``fwd_fp8``: e4m3 q/k/v, bf16 output; and
-    ``fwd_fp8_varlen``, its varlen form)."""
+    ``fwd_fp8_varlen``, its varlen form), whose head-dim chunk is the launcher's
+    (``flash.fwd_chunk``)."""
+    from ..device.flash import fwd_chunk
+
     out = []
     for name, fn, ptrs, consts, tile in dropout_base:
         c = {k: v for k, v in consts.items() if k not in _DROPOUT}
@@ -152,6 +155,7 @@ def _variants(dropout_base, base, fp8: str | None):
     if fp8:
         name, fn, ptrs, consts, tile = base[0]
         c = {k: v for k, v in consts.items() if k not in ("DescQ", "DescK", "DescV")}
+        c["D_CHUNK"] = fwd_chunk(c["D_CHUNK"], True, hip)
         p8 = dict(ptrs, Q=f"*{fp8}", K=f"*{fp8}", V=f"*{fp8}", DescQ="*fp32", DescK="*fp32",
                   DescV="*fp32")  # fmt: skip
         out.append(("fwd_fp8", fn, p8, dict(c, IS_FP8=True), tile))
@@ -492,7 +496,9 @@ def jobs_for(arch: str, spec: dict, head_dims, over_2gib: bool = False) -> list[
         cfg = for_tensors(config_for(spec["family"], d), not over_2gib)
         base = _kernels(d, cfg)
         dcfg = for_tensors(config_for(spec["family"], d, dropout=True), not over_2gib)
-        variants = _variants(_kernels(d, dcfg), base, FP8_DOT.get(spec["family"]))
+        variants = _variants(
+            _kernels(d, dcfg), base, FP8_DOT.get(spec["family"]), spec["vendor"] == "amd"
+        )
         variants = (
             variants
             + _switched(base, cfg.paired_kv, "PAIRED", "_paired")
