@@ -20,7 +20,7 @@ from ..device.flash import (
     attn_bwd_dkdv,
     attn_bwd_dq,
     attn_fwd,
-    fwd_chunk,
+    head_chunk,
 )
 from ..device.interpreter import patch_interpreter
 from ..launch import autotune
@@ -379,7 +379,7 @@ def _launch_forward(f: _Forward, c: configs.AttnConfig) -> None:
         HAS_SOFTCAP=softcap > 0, HAS_ALIBI=slopes is not None, REVERSE=mask.right is not None,
         HAS_DROPOUT=drop is not None, RETURN_SDMASK=drop is not None and drop.sdmask is not None,
         IS_FP8=fp8, USE_TMA=t.tma, SHORT_KV=c.short_kv and max_k <= t.block_n, STRIDE_ALIGN=align,
-        POS_SCALE=scale > 0, ACROSS_HEADS=across, D_CHUNK=fwd_chunk(c.chunk_fwd, fp8, hip),
+        POS_SCALE=scale > 0, ACROSS_HEADS=across, D_CHUNK=head_chunk(c.chunk_fwd, bd, fp8, hip),
         **t.launch_options(hip),
     )  # fmt: skip
 
@@ -648,7 +648,8 @@ def _launch_dq(b: _Backward, c: configs.AttnConfig, dq_acc, dqs):
     launch.recording(attn_bwd_dq, launched)[grid](
         qs.t, ks.t, vs.t, dos.t, dq_acc, lse, delta, outs.t, cuq, cuk, sl, *_divided(st, align),
         *lse_strides, sa_b, sa_h, *common, hq, hq // hk, *scal, *drop_args, BLOCK_M=tq.block_m,
-        BLOCK_N=tq.block_n, REVERSE=mask.right is not None, RELOAD=c.reload, D_CHUNK=c.chunk_q,
+        BLOCK_N=tq.block_n, REVERSE=mask.right is not None, RELOAD=c.reload,
+        D_CHUNK=head_chunk(c.chunk_q, flags["BLOCK_D"]),
         USE_TMA=tq.tma, STRIDE_ALIGN=align, ACROSS_HEADS=across, **flags,
         **tq.launch_options(hip),
     )  # fmt: skip
@@ -691,7 +692,8 @@ def _launch_dkdv(b: _Backward, c: configs.AttnConfig, dq_acc, dqs):
                 qs.t, ks.t, vs.t, dos.t, dk, dv, dq_acc, lse, delta, cuq, cuk, sl,
                 *_divided(st, align), *lse_strides, sa_b, sa_h, *common, hk, hq // hk, *scal,
                 *drop_args, BLOCK_M=tk.block_m, BLOCK_N=tk.block_n, ATOMIC_DQ=c.atomic_dq,
-                RELOAD=c.reload, D_CHUNK=c.chunk_kv, USE_TMA=tk.tma, STRIDE_ALIGN=align,
+                RELOAD=c.reload, D_CHUNK=head_chunk(c.chunk_kv, flags["BLOCK_D"]),
+                USE_TMA=tk.tma, STRIDE_ALIGN=align,
                 PART=part, MASKED_LAST=c.masked_last, PAIRED=paired, ACROSS_HEADS=across,
                 **flags, **tk.launch_options(hip),
             )  # fmt: skip

@@ -47,12 +47,18 @@ _TWO_LOG2E = tl.constexpr(2 * LOG2E)
 FP8_DOT = {"cdna3": "fp8e4b8", "cdna4": "fp8e4nv", "rdna4": "fp8e4nv", "hopper": "fp8e4nv"}
 
 
-def fwd_chunk(chunk: int, fp8: bool, hip: bool) -> int:
-    """The forward's head-dim chunk (``attn_fwd``'s ``D_CHUNK``; 0: the Q tile stays resident)
-    for a config's ``chunk_fwd``. An FP8 contraction is at least 32 columns on NVIDIA, whose
-    FP8 MMA takes K=32 a step (Triton refuses an FP8 ``tl.dot`` with K < 32 there); AMD's FP8
-    WMMA and MFMA take 16 (gfx1201 compiles the chunked FP8 forward at 16)."""
-    return max(chunk, 32) if chunk and fp8 and not hip else chunk
+def head_chunk(chunk: int, block_d: int, fp8: bool = False, hip: bool = True) -> int:
+    """A launch's ``D_CHUNK`` for a config's ``chunk_fwd``, ``chunk_kv`` or ``chunk_q`` (0: the
+    tiles stay resident) at the padded head dim ``block_d``. At most ``block_d``: the chunked
+    contraction (``_mm_chunked``) takes ``BLOCK_D // D_CHUNK`` steps, so a wider chunk would
+    contract nothing. An FP8 forward's is at least 32 on NVIDIA, whose FP8 MMA takes K=32 a step
+    (Triton refuses an FP8 ``tl.dot`` with K < 32 there; FP8's padded head dim is 32 or more);
+    AMD's FP8 WMMA and MFMA take 16 (gfx1201 compiles the chunked FP8 forward at 16)."""
+    if not chunk:
+        return 0
+    if fp8 and not hip:
+        chunk = max(chunk, 32)
+    return min(chunk, block_d)
 
 
 def stride_align(*strides: int) -> int:

@@ -145,8 +145,8 @@ def _variants(dropout_base, base, fp8: str | None, hip: bool):
     dropout config's tiles) as ``<name>_dropout`` and, where the arch multiplies ``fp8``
     natively, the FP8 forward of ``base`` (``fwd_fp8``: e4m3 q/k/v, bf16 output; and
     ``fwd_fp8_varlen``, its varlen form), whose head-dim chunk is the launcher's
-    (``flash.fwd_chunk``)."""
-    from ..device.flash import fwd_chunk
+    (``flash.head_chunk``)."""
+    from ..device.flash import head_chunk
 
     out = []
     for name, fn, ptrs, consts, tile in dropout_base:
@@ -155,7 +155,7 @@ def _variants(dropout_base, base, fp8: str | None, hip: bool):
     if fp8:
         name, fn, ptrs, consts, tile = base[0]
         c = {k: v for k, v in consts.items() if k not in ("DescQ", "DescK", "DescV")}
-        c["D_CHUNK"] = fwd_chunk(c["D_CHUNK"], True, hip)
+        c["D_CHUNK"] = head_chunk(c["D_CHUNK"], c["BLOCK_D"], True, hip)
         p8 = dict(ptrs, Q=f"*{fp8}", K=f"*{fp8}", V=f"*{fp8}", DescQ="*fp32", DescK="*fp32",
                   DescV="*fp32")  # fmt: skip
         out.append(("fwd_fp8", fn, p8, dict(c, IS_FP8=True), tile))
@@ -274,7 +274,7 @@ def _fwd_job(head_dim: int, cfg, flags: dict, p: str) -> Job:
         SHORT_KV=False,  # a constexpr: left out, it would compile as a runtime argument
         POS_SCALE=True,  # as the launcher passes for every positive softmax scale
         ACROSS_HEADS=False,  # the launcher's choice by grid: ``_switched`` compiles the other
-        D_CHUNK=cfg.chunk_fwd,
+        D_CHUNK=flash.head_chunk(cfg.chunk_fwd, flags["BLOCK_D"]),
         **_FWD_OFF,
     )
     return ("fwd", flash.attn_fwd, ptrs, consts, cfg.fwd)
@@ -293,7 +293,8 @@ def _bwd_jobs(head_dim: int, cfg, flags: dict, p: str) -> list[Job]:
     out = [(
         name, flash.attn_bwd_dkdv, ptrs,
         dict(flags, BLOCK_M=kv.block_m, BLOCK_N=kv.block_n, ATOMIC_DQ=cfg.atomic_dq,
-             RELOAD=cfg.reload, D_CHUNK=cfg.chunk_kv, USE_TMA=kv.tma, STRIDE_ALIGN=align,
+             RELOAD=cfg.reload, D_CHUNK=flash.head_chunk(cfg.chunk_kv, flags["BLOCK_D"]),
+             USE_TMA=kv.tma, STRIDE_ALIGN=align,
              PART=part, MASKED_LAST=cfg.masked_last, PAIRED=False, ACROSS_HEADS=False,
              **_BWD_OFF),
         kv,
@@ -302,7 +303,8 @@ def _bwd_jobs(head_dim: int, cfg, flags: dict, p: str) -> list[Job]:
         out.append((
             "bwd_dq", flash.attn_bwd_dq, dict(ptrs, Out=p),  # it also computes delta from O, dO
             dict(flags, BLOCK_M=q.block_m, BLOCK_N=q.block_n, REVERSE=True, RELOAD=cfg.reload,
-                 D_CHUNK=cfg.chunk_q, USE_TMA=q.tma, STRIDE_ALIGN=align, ACROSS_HEADS=False,
+                 D_CHUNK=flash.head_chunk(cfg.chunk_q, flags["BLOCK_D"]), USE_TMA=q.tma,
+                 STRIDE_ALIGN=align, ACROSS_HEADS=False,
                  **_BWD_OFF),
             q,
         ))  # fmt: skip

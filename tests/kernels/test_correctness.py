@@ -183,6 +183,16 @@ def test_chunked_forward_matches_reference(monkeypatch, d):
     _all_match_reference(monkeypatch, '{"chunk_fwd": 16}', cases, seed=7)
 
 
+def test_a_chunk_wider_than_the_head_dim_contracts_it_whole(monkeypatch):
+    # A chunk of 64 at d=32 (a 32-column tile): the contractions take BLOCK_D // D_CHUNK steps,
+    # so the launch's chunk is at most the padded head dim (flash.head_chunk). Passed as is, the
+    # forward's scores and the backward's products were silently zero (out error 1.8, dQ 12.7).
+    cases = (attn("bf16", 1, 37, 45, 4, 2, 32, "causal"),)
+    _all_match_reference(monkeypatch, '{"chunk_fwd": 64, "tma": false}', cases, seed=8)
+    _all_match_reference(monkeypatch, '{"chunk_kv": 64, "chunk_q": 64, "split_kv": false}', cases,
+                         seed=8)  # fmt: skip
+
+
 def test_chunk_fwd_is_refused_with_a_tma_forward_tile():
     from attnforge_kernels.device import configs
 
