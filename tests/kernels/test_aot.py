@@ -426,7 +426,7 @@ def test_rdna_head_dims_above_128_compile_without_spills(aot_cache):
 def test_the_fp8_forward_chunks_32_columns_on_nvidia_and_16_on_amd(tmp_path):
     # NVIDIA's FP8 MMA contracts 32 columns a step: a forced 16-column forward chunk failed to
     # compile there ("K >= 32", the device's check of 2026-12-06 with chunk_fwd forced on), so the
-    # FP8 forward takes 32 (flash.fwd_chunk). gfx1201's FP8 WMMA takes 16, its default above d=128.
+    # FP8 forward takes 32 (flash.head_chunk). gfx1201's FP8 WMMA takes 16, its default above d=128.
     env = dict(os.environ, ATTNFORGE_KERNELS_CONFIG='{"chunk_fwd": 16, "tma": false}')
     proc = _aot("--arch", "sm90", "--head-dims", "40", "--kernel", "fwd_fp8", "--json",
                 "--no-cache", "--cache-dir", str(tmp_path), env=env)  # fmt: skip
