@@ -10,6 +10,7 @@ causal; forward+backward 3.5x that. Times are medians of ``triton.testing.do_ben
     python -m attnforge_kernels.bench --host
     python -m attnforge_kernels.bench --breakdown [--variant NAME=JSON ...] [--quick]
     python -m attnforge_kernels.bench --dispatch [--seqs N,...] [--head-dims 64,128] [--gqa 1,4,7,8]
+                                                 [--tokens N]
 
 The sweep shapes are made as (b, h, s, d) tensors and handed to the kernels as BSHD views (SDPA's
 layout, transposed). ``--workloads`` times the shapes of ``contract/workloads.py`` (SD 1.5, SDXL,
@@ -30,7 +31,9 @@ call): a forward at a tiny shape, and a decoding step at batch 1 with 4096 keys,
 new key appended (flash_attn's decoding loop), ours also unplanned (the full path every call).
 ``--dispatch`` times the default path against the all-Triton path and Gluon on Hopper
 (attnforge_kernels/tools/dispatch.py); ``--seqs``, ``--head-dims`` and ``--gqa`` time a part of
-that sweep, to fit a time limit. ``--breakdown`` first prints the GPU time of each kernel in a
+that sweep, to fit a time limit, and ``--tokens`` sets its batch (batch x sequence; default 8192,
+which fills the GPU; the sequence length alone, one sequence a shape, times the small grids of a
+single prompt or image). ``--breakdown`` first prints the GPU time of each kernel in a
 fwd+bwd step at (4, 16, 4096, 128), causal and not, for ours, each variant and the SDPA backends,
 with the TFLOP/s of the matrix products each attention kernel issues (``KERNEL_PRODUCTS``): where
 a path's time goes, and how many products it spends (ours: 2 forward, 3 + 4 backward; cuDNN and
@@ -698,6 +701,12 @@ def _add_dispatch(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--gqa", type=_ints, help="--dispatch: only these GQA ratios (comma-separated: 1,4,7,8)"
     )
+    ap.add_argument(
+        "--tokens",
+        type=int,
+        help="--dispatch: batch x sequence of each shape (default 8192; at most a sequence's "
+        "length: one sequence, a small grid)",
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -807,16 +816,19 @@ def _decode(args, variants: dict) -> int:
 
 
 def _dispatch_selection(ap: argparse.ArgumentParser, args) -> dict:
-    """run_dispatch's keyword arguments from --seqs, --head-dims and --gqa (a part of the
-    sweep, to fit a time limit); a bad value or one of them without --dispatch is an error."""
+    """run_dispatch's keyword arguments from --seqs, --head-dims, --gqa (a part of the sweep, to
+    fit a time limit) and --tokens; a bad value or one of them without --dispatch is an error."""
     from .dispatch import HEAD_DIMS, RATIOS
 
-    chosen = {"seqs": args.seqs, "head_dims": args.head_dims, "gqa": args.gqa}
+    chosen = {"seqs": args.seqs, "head_dims": args.head_dims, "gqa": args.gqa,
+              "tokens": args.tokens}  # fmt: skip
     given = {k: v for k, v in chosen.items() if v is not None}
     if given and not args.dispatch:
-        ap.error("--seqs, --head-dims and --gqa select a part of the --dispatch sweep")
+        ap.error("--seqs, --head-dims, --gqa and --tokens select a part of the --dispatch sweep")
     if any(n < 1 for n in given.get("seqs", ())):
         ap.error("--seqs: lengths are 1 or more")
+    if given.get("tokens", 1) < 1:
+        ap.error("--tokens: 1 or more (batch x sequence; a shape runs at least one sequence)")
     if not set(given.get("head_dims", ())) <= set(HEAD_DIMS):
         ap.error(f"--head-dims: the sweep has {', '.join(map(str, HEAD_DIMS))}")
     if not set(given.get("gqa", ())) <= set(RATIOS):

@@ -18,7 +18,9 @@ import statistics
 RATIOS = {1: (16, 16), 4: (32, 8), 7: (28, 4), 8: (32, 4)}
 SEQS = (512, 1024, 2048, 4096, 8192, 16384, 32768)
 HEAD_DIMS = (64, 128)
-TOKENS = 8192  # batch * sequence, so that short sequences still fill the GPU
+# batch * sequence, so that short sequences still fill the GPU (``--tokens`` sets another: at most
+# the sequence length, each shape is one sequence, the small grid of a single prompt or image)
+TOKENS = 8192
 PATHS = {
     "default": None,
     "triton": {"gluon_fwd": False, "gluon_bwd": False},
@@ -98,25 +100,39 @@ def time_under(fn, spec: str | None, grads) -> float:
         return do_bench(fn, warmup=10, rep=50, grad_to_none=grads, return_mode="median")
 
 
-def run_dispatch(seqs=SEQS, head_dims=HEAD_DIMS, gqa=tuple(RATIOS)) -> dict:
-    """Every shape of the sweep, its times per path and mode, printed as it goes."""
+def shapes(seqs=SEQS, head_dims=HEAD_DIMS, gqa=tuple(RATIOS), tokens=TOKENS) -> list[dict]:
+    """The sweep's shapes in its order: per head dim, length and GQA ratio, not causal then
+    causal, each of ``tokens`` // the length sequences (at least one)."""
+    return [
+        {
+            "d": d,
+            "s": s,
+            "b": max(1, tokens // s),
+            "hq": RATIOS[r][0],
+            "hkv": RATIOS[r][1],
+            "causal": causal,
+        }  # fmt: skip
+        for d in head_dims
+        for s in seqs
+        for r in gqa
+        for causal in (False, True)
+    ]
+
+
+def run_dispatch(seqs=SEQS, head_dims=HEAD_DIMS, gqa=tuple(RATIOS), tokens=TOKENS) -> dict:
+    """Every shape of the sweep (``shapes``), its times per path and mode, printed as it goes."""
     import torch
 
     torch.manual_seed(0)
     rows = []
-    for d in head_dims:
-        for s in seqs:
-            b = max(1, TOKENS // s)
-            for ratio in gqa:
-                hq, hkv = RATIOS[ratio]
-                for causal in (False, True):
-                    q = torch.randn(b, s, hq, d, device="cuda", dtype=torch.bfloat16)
-                    k, v = (torch.randn(b, s, hkv, d, device="cuda", dtype=q.dtype) for _ in "kv")
-                    ms, first = _row_times(q, k, v, causal)
-                    row = {"d": d, "s": s, "b": b, "hq": hq, "hkv": hkv, "causal": causal,
-                           "ms": ms, **({"first_ms": first} if first else {})}  # fmt: skip
-                    rows.append(row)
-                    print(_line(row), flush=True)
+    for shape in shapes(seqs, head_dims, gqa, tokens):
+        b, s, d = shape["b"], shape["s"], shape["d"]
+        q = torch.randn(b, s, shape["hq"], d, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(b, s, shape["hkv"], d, device="cuda", dtype=q.dtype) for _ in "kv")
+        ms, first = _row_times(q, k, v, shape["causal"])
+        row = {**shape, "ms": ms, **({"first_ms": first} if first else {})}
+        rows.append(row)
+        print(_line(row), flush=True)
     return {"dispatch_rows": rows}
 
 

@@ -120,8 +120,9 @@ def test_a_row_over_the_target_is_timed_again_and_keeps_its_first_reading(monkey
 
 
 def test_the_command_line_selects_a_part_of_the_sweep():
-    """--seqs, --head-dims and --gqa narrow the sweep (one part per device call); values the
-    sweep does not have, or the options without --dispatch, stop before any GPU work."""
+    """--seqs, --head-dims and --gqa narrow the sweep (one part per device call) and --tokens sets
+    its batch; values the sweep does not have, or the options without --dispatch, stop before any
+    GPU work."""
     import pytest
 
     from attnforge_kernels.tools.benchmark import _dispatch_selection, _parser
@@ -136,7 +137,10 @@ def test_the_command_line_selects_a_part_of_the_sweep():
         "head_dims": (128,),
         "gqa": (1, 7),
     }
+    assert select("--dispatch", "--tokens", "2048") == {"tokens": 2048}
     for bad in (
+        ("--dispatch", "--tokens", "0"),
+        ("--tokens", "2048"),
         ("--dispatch", "--head-dims", "96"),
         ("--dispatch", "--gqa", "2"),
         ("--dispatch", "--seqs", "0"),
@@ -145,3 +149,20 @@ def test_the_command_line_selects_a_part_of_the_sweep():
         with pytest.raises(SystemExit) as exc:
             select(*bad)
         assert exc.value.code == 2, bad
+
+
+def test_the_sweep_fills_the_gpu_by_default_and_runs_one_sequence_under_a_small_token_count():
+    """Each shape runs TOKENS // s sequences (8192 tokens: short sequences still fill the GPU);
+    --tokens at or below a length makes every shape one sequence, a single prompt's small grid."""
+    from attnforge_kernels.tools.dispatch import RATIOS, shapes
+
+    full = shapes(seqs=(512, 2048, 32768), head_dims=(128,))
+    assert len(full) == 3 * len(RATIOS) * 2
+    assert {r["s"]: r["b"] for r in full} == {512: 16, 2048: 4, 32768: 1}
+    small = shapes(seqs=(2048, 3072), head_dims=(128,), gqa=(4,), tokens=2048)
+    assert [(r["s"], r["b"], r["hq"], r["hkv"], r["causal"]) for r in small] == [
+        (2048, 1, 32, 8, False),
+        (2048, 1, 32, 8, True),
+        (3072, 1, 32, 8, False),
+        (3072, 1, 32, 8, True),
+    ]
