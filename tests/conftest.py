@@ -172,12 +172,17 @@ def repo_copy(tmp_path: Path) -> Path:
 
 def outputs_env(base: Path | None = None, env: dict[str, str] | None = None) -> dict[str, str]:
     """The environment with attnforge's build and report folders under `base` (a temporary
-    directory unless given)."""
+    directory unless given), and TMPDIR in this process's temporary folder: `invoke verify-env
+    --validate` keeps its report in a folder of its own under TMPDIR for the user to read, which a
+    test run would otherwise leave in /tmp."""
+    tmp = _outputs() / "tmp"
+    tmp.mkdir(exist_ok=True)
     base = base or _outputs()
     return {
         **(env if env is not None else os.environ),
         "ATTNFORGE_BUILD_DIR": str(base / "build"),
         "ATTNFORGE_REPORTS_DIR": str(base / "reports"),
+        "TMPDIR": str(tmp),
     }
 
 
