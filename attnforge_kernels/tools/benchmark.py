@@ -10,7 +10,7 @@ causal; forward+backward 3.5x that. Times are medians of ``triton.testing.do_ben
     python -m attnforge_kernels.bench --host
     python -m attnforge_kernels.bench --breakdown [--variant NAME=JSON ...] [--quick]
     python -m attnforge_kernels.bench --dispatch [--seqs N,...] [--head-dims 64,128] [--gqa 1,4,7,8]
-                                                 [--tokens N]
+                                                 [--tokens N] [--gpu-time]
 
 The sweep shapes are made as (b, h, s, d) tensors and handed to the kernels as BSHD views (SDPA's
 layout, transposed). ``--workloads`` times the shapes of ``contract/workloads.py`` (SD 1.5, SDXL,
@@ -33,8 +33,8 @@ new key appended (flash_attn's decoding loop), ours also unplanned (the full pat
 (attnforge_kernels/tools/dispatch.py); ``--seqs``, ``--head-dims`` and ``--gqa`` time a part of
 that sweep, to fit a time limit, and ``--tokens`` sets its batch (batch x sequence; default 8192,
 which fills the GPU; the sequence length alone, one sequence a shape, times the small grids of a
-single prompt or image). ``--breakdown`` first prints the GPU time of each kernel in a
-fwd+bwd step at (4, 16, 4096, 128), causal and not, for ours, each variant and the SDPA backends,
+single prompt or image); ``--gpu-time`` times it as the GPU's work alone, as for decoding.
+``--breakdown`` first prints the GPU time of each kernel in a fwd+bwd step at (4, 16, 4096, 128), causal and not, for ours, each variant and the SDPA backends,
 with the TFLOP/s of the matrix products each attention kernel issues (``KERNEL_PRODUCTS``): where
 a path's time goes, and how many products it spends (ours: 2 forward, 3 + 4 backward; cuDNN and
 FlashAttention 2: 2 and 5). Then it runs the sweep as without it.
@@ -335,58 +335,18 @@ def _decode_providers(splits=(), variants=None):
     }
 
 
-def graph_ms(fn, steps: int = 20, rounds: int = 5) -> float:
-    """GPU time of one call of ``fn`` alone, in ms: a CUDA graph of ``steps`` calls, each after
-    ``do_bench``'s 256 MB L2 flush, less a graph of the flushes alone (medians of ``rounds``
-    replays). No host time and no launch gaps; the warm-up runs on the capture stream, so what a
-    kernel keeps per stream (the split scratch) exists before the capture."""
-    import statistics
-
-    import torch
-
-    flush = torch.empty(int(256e6 // 4), dtype=torch.int, device="cuda")
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graphs = []
-    for with_fn in (True, False):
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, stream=stream):
-            for _ in range(steps):
-                flush.zero_()
-                if with_fn:
-                    fn()
-        graphs.append(g)
-
-    def replay_ms(g) -> float:
-        times = []
-        for _ in range(rounds):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            g.replay()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        return statistics.median(times)
-
-    for g in graphs:
-        g.replay()  # the first replay uploads the graph
-    return (replay_ms(graphs[0]) - replay_ms(graphs[1])) / steps
-
-
 def run_decode(
     batches=DECODE_BATCHES, caches=DECODE_CACHES, splits=(), gpu_time: bool = False,
     variants=None,
 ) -> dict:  # fmt: skip
     """Microseconds per decoding step and the K/V read rate (GB/s), per batch and cache length:
     medians of ``do_bench`` (with the host's launch gaps), or with ``gpu_time`` the GPU's time
-    alone (:func:`graph_ms`); ours also under each config override of ``variants``."""
+    alone (:func:`attnforge_kernels.tools.timing.graph_ms`); ours also under each config override
+    of ``variants``."""
     import torch
     from triton.testing import do_bench
+
+    from .timing import graph_ms
 
     torch.manual_seed(0)
     hq, hk, d = DECODE_HEADS
@@ -747,8 +707,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--gpu-time",
         action="store_true",
-        help="--decode: the GPU's time per step alone (CUDA graphs of flushed steps) instead of "
-        "do_bench's, which includes the host's launch gaps",
+        help="--decode and --dispatch: the GPU's time per step alone (CUDA graphs of flushed "
+        "steps) instead of do_bench's, which includes the host's launch gaps",
     )
     ap.add_argument(
         "--host",
@@ -854,7 +814,7 @@ def main(argv=None) -> int:
     if args.dispatch:
         from .dispatch import dispatch_table, run_dispatch
 
-        return _report(run_dispatch(**sweep), args, dispatch_table)
+        return _report(run_dispatch(**sweep, gpu_time=args.gpu_time), args, dispatch_table)
     if args.prefill:
         from .prefill import prefill_table, run_prefill
 

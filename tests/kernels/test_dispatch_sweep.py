@@ -76,6 +76,39 @@ def test_more_rounds_keep_the_drift_cancelled_and_report_medians(monkeypatch):
         assert len({round(t, 9) for t in out[mode].values()}) == 1, out[mode]
 
 
+def test_gpu_time_times_every_path_by_its_graphs_and_the_table_says_so(monkeypatch):
+    """--gpu-time: each timing, the untimed round's too, is the GPU's time alone
+    (graph_time_under), and none is do_bench's; the report's last line names the timer."""
+    import torch
+
+    from attnforge_kernels.tools import dispatch
+
+    used = []
+
+    def graphs(fn, spec, grads):
+        used.append("graph")
+        return 1.0
+
+    def do_bench_timer(fn, spec, grads):
+        used.append("do_bench")
+        return 1.0
+
+    monkeypatch.setattr(dispatch, "graph_time_under", graphs)
+    monkeypatch.setattr(dispatch, "time_under", do_bench_timer)
+    q = torch.zeros(1, 4, 2, 8)
+    dispatch._timings(q, q, q, causal=False, gpu_time=True)
+    assert used == ["graph"] * (2 + 4 * len(dispatch.PATHS))
+    used.clear()
+    dispatch._timings(q, q, q, causal=False)
+    assert set(used) == {"do_bench"}
+    row = {"d": 128, "s": 2048, "b": 1, "hq": 16, "hkv": 16, "causal": True,
+           "ms": {m: {"default": 1.0, "triton": 1.0, "gluon": 1.2} for m in ("fwd", "fwd+bwd")}}  # fmt: skip
+    assert "worst 1.000 (the GPU's time alone);" in dispatch.dispatch_table(
+        {"dispatch_rows": [row], "gpu_time": True}
+    )
+    assert "worst 1.000;" in dispatch.dispatch_table({"dispatch_rows": [row]})
+
+
 def test_a_row_over_the_target_is_timed_again_and_keeps_its_first_reading(monkeypatch):
     """The default path of the first round reads 8% slow (one slow timing, as a shape change can
     leave the clock); the row counts by the median of the confirming rounds, and its line and
@@ -88,7 +121,7 @@ def test_a_row_over_the_target_is_timed_again_and_keeps_its_first_reading(monkey
     level["fwd+bwd"]["default"] = 3.0
     calls = []
 
-    def timings(q, k, v, causal, rounds=1):
+    def timings(q, k, v, causal, rounds=1, gpu_time=False):
         calls.append(rounds)
         return slow if len(calls) == 1 else level
 
