@@ -245,7 +245,11 @@ def gluon_bwd_loader_regs(
 # time from 4096 tokens, 0.81-1.20 at 2048 and 0.94-2.23 below: it runs from 4096. The d=128 Gluon
 # dK/dV kernel made a forward+backward 0.79-0.97 of the time from 2048 tokens and 0.67-1.79 below:
 # it runs from 2048. The d=64 one: 0.77-0.95 from 1024 tokens, 0.81-1.21 at 512 (16 heads, no
-# GQA, was the slow one): it runs from 1024.
+# GQA, was the slow one): it runs from 1024. The Gluon forward's kernel is faster from 2048 tokens
+# since the causal grids were ordered across heads (GPU-filling grids 0.81-1.01, one sequence by
+# GPU time 0.86-1.01; H100, 2026-12-07, docs/benchmarks.md "One sequence a shape"). But its launch
+# is not replayed by the launch plans, so a one-sequence call at 2048 read 1.35x forward and 1.62x
+# forward + backward by do_bench (host-bound): the forward stays at 4096 until it is replayed.
 GLUON_MIN_SEQ = {"fwd": {128: 4096}, "bwd": {64: 1024, 128: 2048}}
 
 
