@@ -34,10 +34,11 @@ new key appended (flash_attn's decoding loop), ours also unplanned (the full pat
 that sweep, to fit a time limit, and ``--tokens`` sets its batch (batch x sequence; default 8192,
 which fills the GPU; the sequence length alone, one sequence a shape, times the small grids of a
 single prompt or image); ``--gpu-time`` times it as the GPU's work alone, as for decoding.
-``--breakdown`` first prints the GPU time of each kernel in a fwd+bwd step at (4, 16, 4096, 128), causal and not, for ours, each variant and the SDPA backends,
-with the TFLOP/s of the matrix products each attention kernel issues (``KERNEL_PRODUCTS``): where
-a path's time goes, and how many products it spends (ours: 2 forward, 3 + 4 backward; cuDNN and
-FlashAttention 2: 2 and 5). Then it runs the sweep as without it.
+``--breakdown`` first prints the GPU time of each kernel in a fwd+bwd step at (4, 16, 4096,
+128), causal and not, for ours, each variant and the SDPA backends, with the TFLOP/s of the
+matrix products each attention kernel issues (``KERNEL_PRODUCTS``): where a path's time goes, and
+how many products it spends (ours: 2 forward, 3 + 4 backward; cuDNN and FlashAttention 2: 2 and
+5). Then it runs the sweep as without it.
 """
 
 from __future__ import annotations

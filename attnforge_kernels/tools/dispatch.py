@@ -107,8 +107,9 @@ def graph_time_under(fn, spec: str | None, grads) -> float:
     """The GPU's time alone of one call of ``fn`` in ms under the config override ``spec``
     (``timing.graph_ms``: CUDA graphs of flushed calls, captured under the override, less the
     flushes), without the host's time that ``do_bench`` reads where the host is slower than the
-    kernels: one-sequence grids of 0.1-0.3 ms read up to 1.2x apart between paths that launch the
-    same kernels (H100, 2026-12-07). ``grads`` stay: the captured backward adds into them."""
+    kernels: on one H100 (2026-12-07), one-sequence grids of 0.1-0.3 ms read 0.36-1.19 apart by
+    do_bench between paths that launch the same kernels. ``grads`` stay: the captured backward
+    adds into them, and nothing reads them."""
     from ..device import configs
     from .timing import graph_ms
 
@@ -127,7 +128,7 @@ def shapes(seqs=SEQS, head_dims=HEAD_DIMS, gqa=tuple(RATIOS), tokens=TOKENS) -> 
             "hq": RATIOS[r][0],
             "hkv": RATIOS[r][1],
             "causal": causal,
-        }  # fmt: skip
+        }
         for d in head_dims
         for s in seqs
         for r in gqa
