@@ -435,10 +435,12 @@ def run_forward(
         _tma_allocator()
         blocks = _cdiv(max_q, flash_sm90.BLOCK_M)
         across = _ordered_grid(cfg, mask, blocks, batch * hq, q)[1]
+        launched = [] if key is not None else None
         flash_sm90.launch(qs.t, ks.t, vs.t, out, lse, scale * LOG2E, causal=mask.right == 0,
-                          across=across)  # fmt: skip
-        if key is not None:
-            launch.FORWARD.put(key, False)  # not a Triton launch: this key is not replayed
+                          across=across,
+                          wrap=None if launched is None else lambda fn: launch.Noting(fn, launched))  # fmt: skip
+        if launched is not None:
+            _record_forward(key, launched, (q, k, v, cu_q, cu_k), values, out, lse, planned)
         return out, lse
 
     strides = (*qs.strides, *ks.strides, *vs.strides, *os_)
@@ -464,9 +466,9 @@ def run_forward(
 
 
 def _record_forward(key, launched: list, call: tuple, values: tuple, out, lse, planned) -> None:
-    """Record the forward's plan under ``key``: one Triton launch (not Gluon's, not autotuning's
-    several), handed to the native path and appended to ``planned``; else False, so that the key
-    is not tried again. ``call``: q, k, v, cu_q, cu_k."""
+    """Record the forward's plan under ``key``: one launch (Triton's, or Hopper's Gluon forward;
+    not autotuning's several), handed to the native path and appended to ``planned``; else False,
+    so that the key is not tried again. ``call``: q, k, v, cu_q, cu_k."""
     rec = launch.record(*launched[0], (*call, out, lse)) if len(launched) == 1 else None
     plan = PyForwardPlan(rec, out, lse) if rec is not None else False
     launch.FORWARD.put(key, plan)

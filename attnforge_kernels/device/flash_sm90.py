@@ -423,16 +423,21 @@ def smem_layouts(dtype) -> tuple:
     )
 
 
-def launch(q, k, v, out, lse, scale_log2: float, causal: bool, across: bool = False) -> None:
+def launch(
+    q, k, v, out, lse, scale_log2: float, causal: bool, across: bool = False, wrap=None
+) -> None:
     """Run the kernel on BSHD tensors ``q`` (b, sq, hq, 128), ``k``/``v`` (b, sk, hk, 128), writing
     ``out`` (like q) and ``lse`` (b, hq, sq) fp32. The caller has checked the scope (module
     docstring) and set Triton's allocator for the in-kernel descriptors. ``across``: the
-    programs launch longest first across heads (``ACROSS_HEADS``)."""
+    programs launch longest first across heads (``ACROSS_HEADS``). ``wrap``: applied to the
+    kernel before its ``[grid](...)`` launch (the caller records the launch for
+    ``attnforge_kernels.launch.plans``' plans), as ``launch_bwd_dkdv``'s."""
     b, sq, hq, _ = q.shape
     sk, hk = k.shape[1], k.shape[2]
     q_layout, kv_layout = smem_layouts(gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16)
     grid = (b * hq, triton.cdiv(sq, BLOCK_M)) if across else (triton.cdiv(sq, BLOCK_M), b * hq)
-    attn_fwd_sm90[grid](
+    kernel = attn_fwd_sm90 if wrap is None else wrap(attn_fwd_sm90)
+    kernel[grid](
         q, k, v, out, lse,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),

@@ -18,10 +18,10 @@ differ misses the plan: a new shape or sequence length takes the full path once 
 plan. The fresh outputs a replay passes are checked 16-byte aligned, as they were recorded.
 
 Not planned, always the full path: the CPU interpreter, a Triton other than 3.6, dropout,
-ALiBi, FP8, autotuning, paths that are not exactly the planned kernels (Hopper's Gluon
-forward, atomic dQ, strided head dims copied contiguous), and any call while a launch hook
-is set (profilers). The backward's plan holds its dQ launch and its dK/dV launch, Triton's or
-Hopper's Gluon kernel. A backward whose forward was planned keys its plan in that forward
+ALiBi, FP8, autotuning, paths that are not exactly the planned kernels (atomic dQ, strided
+head dims copied contiguous), and any call while a launch hook is set (profilers). The
+forward's plan holds its one launch, Triton's or Hopper's Gluon forward; the backward's its dQ
+launch and its dK/dV launch, Triton's or Hopper's Gluon kernel. A backward whose forward was planned keys its plan in that forward
 plan's own table by what it adds to the forward's key (:func:`backward_key`); others use
 ``BACKWARD`` with a key of all their tensors.
 """

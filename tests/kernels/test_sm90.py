@@ -217,3 +217,50 @@ def test_gluon_runs_only_at_the_lengths_it_measured_faster(monkeypatch):
     assert _ok(cfg=forced) and _bwd_ok(cfg=forced)
     with pytest.raises(ValueError, match="gluon_fwd_min_seq must be 0 or more"):
         configs.override(hopper, '{"gluon_fwd_min_seq": -1}')
+
+
+# In a child without the interpreter (gluon.jit kernels are not decorated under it): both Gluon
+# launchers hand their kernel to ``wrap`` and launch what it returns, on the CPU with a recorder
+# that launches nothing.
+_WRAPPED = """
+import json, torch
+from attnforge_kernels.device import flash_sm90 as g
+seen = []
+class Recorder:
+    def __init__(self, fn):
+        self.fn = fn
+    def __getitem__(self, grid):
+        def go(*args, **kwargs):
+            # The outputs the launch writes: out and lse (forward), dk and dv (dK/dV).
+            writes = [a is w for a, w in zip(args[3:6], WRITES)]
+            seen.append((self.fn.__name__, list(grid), writes, kwargs["CAUSAL"]))
+        return go
+bf = dict(dtype=torch.bfloat16)
+q, k, v = torch.zeros(2, 300, 8, 128, **bf), torch.zeros(2, 300, 2, 128, **bf), torch.zeros(2, 300, 2, 128, **bf)
+out, lse, dk, dv = torch.zeros_like(q), torch.zeros(2, 8, 300), torch.zeros_like(k), torch.zeros_like(v)
+WRITES = (out, lse, None)
+g.launch(q, k, v, out, lse, 0.1, causal=True, wrap=Recorder)
+g.launch(q, k, v, out, lse, 0.1, causal=False, across=True, wrap=Recorder)
+WRITES = (q, dk, dv)
+g.launch_bwd_dkdv(q, k, v, q, dk, dv, lse, lse, 0.1, causal=True, wrap=Recorder)
+print(json.dumps(seen))
+"""
+
+
+def test_the_gluon_launchers_launch_through_the_plans_recorder():
+    """The forward's plan records Hopper's Gluon forward as the backward's records its Gluon
+    dK/dV kernel (attnforge_kernels.api.flash_attn.run_forward, _launch_dkdv): each launcher
+    passes its kernel through ``wrap`` with the grid it launches on."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", _WRAPPED], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    from attnforge_kernels.device.configs import GLUON_BWD_TILES
+
+    m = 128  # flash_sm90.BLOCK_M
+    n = GLUON_BWD_TILES[128][1]
+    assert json.loads(proc.stdout) == [
+        ["attn_fwd_sm90", [-(-300 // m), 2 * 8], [True, True, False], True],
+        ["attn_fwd_sm90", [2 * 8, -(-300 // m)], [True, True, False], False],
+        ["attn_bwd_dkdv_sm90", [-(-300 // n), 2 * 2], [True, True, True], True],
+    ]
