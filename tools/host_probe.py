@@ -241,7 +241,7 @@ VERIFY_CASES = [
     {"shape": (2, 64, 64, 4, 4, 64, BF16, "bshd")},
     {"shape": (3, 0, 0, 4, 2, 64, BF16, "bshd"), "varlen": [0, 50, 170, 171]},
     {"shape": (3, 0, 0, 4, 2, 64, BF16, "bshd"), "varlen": [0, 60, 170, 171]},
-    # Hopper runs its Gluon forward and dK/dV kernel here (d=128 from 4096 and 2048 tokens,
+    # Hopper runs its Gluon forward and dK/dV kernel here (d=128 from 2048 tokens,
     # attnforge_kernels.device.configs.GLUON_MIN_SEQ); other GPUs, the Triton kernels.
     {"shape": (1, 4096, 4096, 4, 2, 128, BF16, "bshd")},
     {"shape": (1, 4096, 4096, 4, 2, 128, BF16, "bshd"), "kw": {"causal": True}},

@@ -161,17 +161,21 @@ class AttnConfig:
     gluon_bwd: bool = False
     # The shortest sequence (the fewer of a call's queries and keys) at which the Gluon kernels
     # run where the config asks for them; shorter calls run the Triton kernels, which measured
-    # as fast or faster there (GLUON_MIN_SEQ below). 0: at any length.
+    # as fast or faster there (GLUON_MIN_SEQ below). 0: at any length. A causal call's forward
+    # takes gluon_fwd_causal_min_seq instead.
     gluon_fwd_min_seq: int = 0
+    gluon_fwd_causal_min_seq: int = 0
     gluon_bwd_min_seq: int = 0
     # The forward's single-block path (``SHORT_KV``) where every key of every sequence fits one
     # key block of the forward tile; off only to measure the loop against it.
     short_kv: bool = True
 
-    def gluon_fwd_at(self, head_dim: int, seqlen: int | None = None) -> bool:
+    def gluon_fwd_at(self, head_dim: int, seqlen: int | None = None, causal: bool = False) -> bool:
         """Whether the config runs the Gluon forward at this (unpadded) head dim and, given the
-        call's shorter sequence, at that length (the compile check asks without one)."""
-        long_enough = seqlen is None or seqlen >= self.gluon_fwd_min_seq
+        call's shorter sequence, at that length, a causal call's own threshold for a causal one
+        (the compile check asks without a length)."""
+        least = self.gluon_fwd_causal_min_seq if causal else self.gluon_fwd_min_seq
+        long_enough = seqlen is None or seqlen >= least
         return self.gluon_fwd and head_dim == GLUON_FWD_HEAD_DIM and long_enough
 
     def gluon_bwd_at(self, head_dim: int, seqlen: int | None = None) -> bool:
@@ -239,18 +243,20 @@ def gluon_bwd_loader_regs(
 
 
 # Where the Gluon kernels pay, by head dim: the shortest sequence each runs at (the Hopper
-# configs' gluon_fwd_min_seq / gluon_bwd_min_seq). Measured on an H200 (docs/benchmarks.md,
-# "Hopper dispatch"; `python -m attnforge_kernels.bench --dispatch`): bf16, GQA 1/4/7/8, causal and
-# not, 512-32k tokens, two sweeps. The d=128 Gluon forward took 0.70-1.01 of the Triton forward's
-# time from 4096 tokens, 0.81-1.20 at 2048 and 0.94-2.23 below: it runs from 4096. The d=128 Gluon
-# dK/dV kernel made a forward+backward 0.79-0.97 of the time from 2048 tokens and 0.67-1.79 below:
-# it runs from 2048. The d=64 one: 0.77-0.95 from 1024 tokens, 0.81-1.21 at 512 (16 heads, no
-# GQA, was the slow one): it runs from 1024. The Gluon forward's kernel is faster from 2048 tokens
-# since the causal grids were ordered across heads (GPU-filling grids 0.81-1.01, one sequence by
-# GPU time 0.86-1.01; H100, 2026-12-07, docs/benchmarks.md "One sequence a shape"). But its launch
-# is not replayed by the launch plans, so a one-sequence call at 2048 read 1.35x forward and 1.62x
-# forward + backward by do_bench (host-bound): the forward stays at 4096 until it is replayed.
-GLUON_MIN_SEQ = {"fwd": {128: 4096}, "bwd": {64: 1024, 128: 2048}}
+# configs' gluon_fwd_min_seq, gluon_fwd_causal_min_seq and gluon_bwd_min_seq). Measured on an H200
+# (docs/benchmarks.md, "Hopper dispatch"; `python -m attnforge_kernels.bench --dispatch`): bf16, GQA
+# 1/4/7/8, causal and not, 512-32k tokens, two sweeps. The d=128 Gluon forward took 0.70-1.01 of
+# the Triton forward's time from 4096 tokens, 0.81-1.20 at 2048 and 0.94-2.23 below: it ran from
+# 4096 at first. The d=128 Gluon dK/dV kernel made a forward+backward 0.79-0.97 of the time from
+# 2048 tokens and 0.67-1.79 below: it runs from 2048. The d=64 one: 0.77-0.95 from 1024 tokens,
+# 0.81-1.21 at 512 (16 heads, no GQA, was the slow one): it runs from 1024. The Gluon forward's
+# kernel is faster from 2048 tokens since the causal grids were ordered across heads and its
+# launch is replayed by the launch plans (H100, 2026-12-07, docs/benchmarks.md "One sequence a
+# shape"; the unreplayed launch read 1.35x forward at 2048 by do_bench): the forward of 8192
+# tokens took 0.84-0.88 of the Triton forward's time at 2048 tokens without a mask and 0.93-1.00
+# causal, one sequence 0.87-0.88 and 0.98-1.03 (GQA 7 causal, 28/4 heads: 1.03 by do_bench and by
+# GPU time), and from 2560 tokens 0.79-0.98 either way: it runs from 2048, a causal call from 2560.
+GLUON_MIN_SEQ = {"fwd": {128: 2048}, "fwd_causal": {128: 2560}, "bwd": {64: 1024, 128: 2048}}
 
 
 # Triton's HIP JIT compiles tensors of at most 2 GiB with 32-bit buffer-load offsets; larger ones
@@ -351,6 +357,7 @@ def _hopper(d: int) -> AttnConfig:
             gluon_fwd=True,
             gluon_bwd=True,
             gluon_fwd_min_seq=GLUON_MIN_SEQ["fwd"][128],
+            gluon_fwd_causal_min_seq=GLUON_MIN_SEQ["fwd_causal"][128],
             gluon_bwd_min_seq=GLUON_MIN_SEQ["bwd"][128],
             masked_last=True,
         )
@@ -877,7 +884,7 @@ def override(cfg: AttnConfig, spec: str | None) -> AttnConfig:
 
     Tiles are ``[block_m, block_n, num_warps, num_stages(, waves_per_eu)]`` or objects with
     Tile's field names; keys fwd, bwd_kv, bwd_q, atomic_dq, reload, gluon_fwd, gluon_bwd,
-    gluon_fwd_min_seq, gluon_bwd_min_seq (0 or more), short_kv, masked_last, paired_kv,
+    gluon_fwd_min_seq, gluon_fwd_causal_min_seq, gluon_bwd_min_seq (0 or more), short_kv, masked_last, paired_kv,
     across_heads, paired_waves and across_waves ([low, high] programs per compute unit), split_kv
     (not with atomic_dq or chunk_kv), chunk_kv, chunk_q, chunk_fwd (head-dim chunk: 0 or a power
     of two >= 16, launched at most as wide as the padded head dim, ``flash.head_chunk``;
@@ -911,7 +918,7 @@ def override(cfg: AttnConfig, spec: str | None) -> AttnConfig:
     ):
         if key in data:
             changes[key] = bool(data[key])
-    for key in ("gluon_fwd_min_seq", "gluon_bwd_min_seq"):
+    for key in ("gluon_fwd_min_seq", "gluon_fwd_causal_min_seq", "gluon_bwd_min_seq"):
         if key in data:
             n = int(data[key])
             if n < 0:

@@ -102,7 +102,12 @@ def _t(shape, dtype=torch.bfloat16):
 
 
 # The scope rules at any length; the length rule has a test of its own.
-CFG = replace(configs.config_for("hopper", 128), gluon_fwd=True, gluon_fwd_min_seq=0)
+CFG = replace(
+    configs.config_for("hopper", 128),
+    gluon_fwd=True,
+    gluon_fwd_min_seq=0,
+    gluon_fwd_causal_min_seq=0,
+)
 
 
 def _ok(cfg=CFG, d=128, mask=None, softcap=0.0, slopes=None, varlen=False, drop=None,
@@ -209,12 +214,25 @@ def test_gluon_runs_only_at_the_lengths_it_measured_faster(monkeypatch):
     assert _ok(cfg=hopper, q=q, sk=fwd_min)
     assert not _ok(cfg=hopper, q=q, sk=fwd_min - 1)  # the keys are the shorter sequence
     assert not _ok(cfg=hopper, q=_t((1, fwd_min // 2, 8, 128)), sk=fwd_min)
+    # A causal call has its own threshold, above the unmasked one (at 2048 tokens a causal
+    # one-sequence forward measured up to 1.03x the Triton forward's time).
+    causal_min = configs.GLUON_MIN_SEQ["fwd_causal"][128]
+    assert hopper.gluon_fwd_causal_min_seq == causal_min > fwd_min
+    between = _t((1, causal_min - 1, 8, 128))
+    assert _ok(cfg=hopper, q=between, sk=causal_min - 1)
+    assert not _ok(cfg=hopper, q=between, sk=causal_min - 1, mask=Mask(right=0))
+    q_causal = _t((1, causal_min, 8, 128))
+    assert _ok(cfg=hopper, q=q_causal, sk=causal_min, mask=Mask(right=0))
     k_long = torch.empty((2, bwd_min, 2, 128), dtype=torch.bfloat16)
     assert _bwd_ok(cfg=hopper, sq=bwd_min, dk=k_long)
     assert not _bwd_ok(cfg=hopper, sq=bwd_min - 1, dk=k_long)
     assert hopper.gluon_fwd_at(128) and hopper.gluon_bwd_at(128)  # the compile check's question
-    forced = configs.override(hopper, '{"gluon_fwd_min_seq": 0, "gluon_bwd_min_seq": 0}')
-    assert _ok(cfg=forced) and _bwd_ok(cfg=forced)
+    forced = configs.override(
+        hopper, '{"gluon_fwd_min_seq": 0, "gluon_fwd_causal_min_seq": 0, "gluon_bwd_min_seq": 0}'
+    )
+    assert _ok(cfg=forced) and _ok(cfg=forced, mask=Mask(right=0)) and _bwd_ok(cfg=forced)
+    with pytest.raises(ValueError, match="gluon_fwd_causal_min_seq must be 0 or more"):
+        configs.override(hopper, '{"gluon_fwd_causal_min_seq": -1}')
     with pytest.raises(ValueError, match="gluon_fwd_min_seq must be 0 or more"):
         configs.override(hopper, '{"gluon_fwd_min_seq": -1}')
 

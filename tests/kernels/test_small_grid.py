@@ -52,12 +52,12 @@ def test_forward_config_passes_causal_to_the_small_grid_choice(monkeypatch):
     small = configs.SMALL_GRID_FWD[("hopper", 128)]
     causal = configs.forward_config(cfg, "hopper", 128, 1024, 1024, 32, None, causal=True)
     # 1024 tokens: below the Gluon forward's threshold, the small tile runs on the Triton path.
-    assert causal.fwd == small and not causal.gluon_fwd_at(128, 1024)
+    assert causal.fwd == small and not causal.gluon_fwd_at(128, 1024, causal=True)
     assert configs.forward_config(cfg, "hopper", 128, 1024, 1024, 32, None).fwd == cfg.fwd
     # A causal small grid of 4096 tokens (b1 h16): the small tile for the Triton forward, and the
     # Gluon forward stays on from its threshold (it measured 1.17-1.23x the small tile there).
     causal = configs.forward_config(cfg, "hopper", 128, 4096, 4096, 16, None, causal=True)
-    assert causal.fwd == small and causal.gluon_fwd_at(128, 4096)
+    assert causal.fwd == small and causal.gluon_fwd_at(128, 4096, causal=True)
     # A non-causal small grid of 4096 tokens (b1 h16: 32 x 16 = 512 programs < 4 x 132) keeps the
     # config whole, so the Gluon forward takes it from its own threshold (GLUON_MIN_SEQ).
     assert cfg.gluon_fwd and cfg.gluon_fwd_min_seq <= 4096
