@@ -252,10 +252,10 @@ def gluon_forward_ok(
 ) -> bool:  # fmt: skip
     """Whether a forward call runs the Gluon forward: the config asks for it at this head dim and
     sequence length (Hopper; exactly 128, long enough: ``AttnConfig.gluon_fwd_at``, a causal call
-    by its own threshold), it is not
-    FP8, its output has q's dtype, and it is in ``_gluon_scope``."""
+    by its own threshold), it is not FP8, its output has q's dtype, and it is in
+    ``_gluon_scope``."""
     return (
-        cfg.gluon_fwd_at(q.shape[-1], _shorter_sequence(q, k), causal=mask.right is not None)
+        cfg.gluon_fwd_at(q.shape[-1], _shorter_sequence(q, k), causal=mask.right == 0)
         and not fp8
         and _gluon_scope(q, mask, softcap, slopes, varlen, drop, k, v, out)
     )

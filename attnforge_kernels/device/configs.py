@@ -884,13 +884,12 @@ def override(cfg: AttnConfig, spec: str | None) -> AttnConfig:
 
     Tiles are ``[block_m, block_n, num_warps, num_stages(, waves_per_eu)]`` or objects with
     Tile's field names; keys fwd, bwd_kv, bwd_q, atomic_dq, reload, gluon_fwd, gluon_bwd,
-    gluon_fwd_min_seq, gluon_fwd_causal_min_seq, gluon_bwd_min_seq (0 or more), short_kv, masked_last, paired_kv,
-    across_heads, paired_waves and across_waves ([low, high] programs per compute unit), split_kv
-    (not with atomic_dq or chunk_kv), chunk_kv, chunk_q, chunk_fwd (head-dim chunk: 0 or a power
-    of two >= 16, launched at most as wide as the padded head dim, ``flash.head_chunk``;
-    chunk_fwd not with a forward tile's TMA), and ``tma``:
-    true/false for every tile or a list of the tiles (``["bwd_kv", "bwd_q"]``) that use TMA, the
-    others not.
+    gluon_fwd_min_seq, gluon_fwd_causal_min_seq, gluon_bwd_min_seq (0 or more), short_kv,
+    masked_last, paired_kv, across_heads, paired_waves and across_waves ([low, high] programs per
+    compute unit), split_kv (not with atomic_dq or chunk_kv), chunk_kv, chunk_q, chunk_fwd
+    (head-dim chunk: 0 or a power of two >= 16, launched at most as wide as the padded head dim,
+    ``flash.head_chunk``; chunk_fwd not with a forward tile's TMA), and ``tma``: true/false for
+    every tile or a list of the tiles (``["bwd_kv", "bwd_q"]``) that use TMA, the others not.
     Set through ``ATTNFORGE_KERNELS_CONFIG`` for one-off experiments.
     """
     if not spec:
