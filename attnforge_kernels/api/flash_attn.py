@@ -430,34 +430,30 @@ def run_forward(
         bd = max(bd, 32)  # fp8 dots take K >= 32 on some targets (wgmma k32)
     dummy = cu_q if cu_q is not None else out
     desc_q, desc_k, desc_v = descale if fp8 else (None, None, None)
+    launched = [] if key is not None else None
     if gluon_forward_ok(cfg, qs.t, ks.t, vs.t, out, mask, softcap, slopes, varlen, drop, fp8):
         from ..device import flash_sm90  # Hopper only: Gluon's NVIDIA modules, not elsewhere
 
         _tma_allocator()
         blocks = _cdiv(max_q, flash_sm90.BLOCK_M)
         across = _ordered_grid(cfg, mask, blocks, batch * hq, q)[1]
-        launched = [] if key is not None else None
         flash_sm90.launch(qs.t, ks.t, vs.t, out, lse, scale * LOG2E, causal=mask.right == 0,
-                          across=across,
-                          wrap=None if launched is None else lambda fn: launch.Noting(fn, launched))  # fmt: skip
-        if launched is not None:
-            _record_forward(key, launched, (q, k, v, cu_q, cu_k), values, out, lse, planned)
-        return out, lse
-
-    strides = (*qs.strides, *ks.strides, *vs.strides, *os_)
-    align = flash.stride_align(*strides)
-    strides = _divided(strides, align)
-    launched = [] if key is not None else None
-    f = _Forward(
-        qs=qs, ks=ks, vs=vs, out=out, lse=lse, cu_q=cu_q, cu_k=cu_k, varlen=varlen, dummy=dummy,
-        slopes=slopes, strides=strides, lse_strides=lse_strides, sa_b=sa_b, sa_h=sa_h, max_q=max_q,
-        max_k=max_k, batch=batch, hq=hq, hk=hk, scale=scale, cap_in=cap_in, cap_out=cap_out,
-        mask=mask, drop=drop, desc_q=desc_q, desc_k=desc_k, desc_v=desc_v, d=d, bd=bd,
-        softcap=softcap, fp8=fp8, align=align, hip=hip, launched=launched,
-    )  # fmt: skip
-    run = functools.partial(_launch_forward, f)
-    tune = autotune.key("fwd", q, d, mask, softcap > 0, slopes is not None, varlen)
-    run(autotune.choose(tune + "|dropout" if tune and drop else tune, cfg, run))
+                          across=across, wrap=functools.partial(launch.recording, into=launched))  # fmt: skip
+    else:
+        strides = (*qs.strides, *ks.strides, *vs.strides, *os_)
+        align = flash.stride_align(*strides)
+        strides = _divided(strides, align)
+        f = _Forward(
+            qs=qs, ks=ks, vs=vs, out=out, lse=lse, cu_q=cu_q, cu_k=cu_k, varlen=varlen,
+            dummy=dummy, slopes=slopes, strides=strides, lse_strides=lse_strides, sa_b=sa_b,
+            sa_h=sa_h, max_q=max_q, max_k=max_k, batch=batch, hq=hq, hk=hk, scale=scale,
+            cap_in=cap_in, cap_out=cap_out, mask=mask, drop=drop, desc_q=desc_q, desc_k=desc_k,
+            desc_v=desc_v, d=d, bd=bd, softcap=softcap, fp8=fp8, align=align, hip=hip,
+            launched=launched,
+        )  # fmt: skip
+        run = functools.partial(_launch_forward, f)
+        tune = autotune.key("fwd", q, d, mask, softcap > 0, slopes is not None, varlen)
+        run(autotune.choose(tune + "|dropout" if tune and drop else tune, cfg, run))
     if launched is not None:
         _record_forward(key, launched, (q, k, v, cu_q, cu_k), values, out, lse, planned)
     if drop is not None and drop.sdmask is not None:
@@ -677,7 +673,7 @@ def _launch_dkdv(b: _Backward, c: configs.AttnConfig, dq_acc, dqs):
         blocks = _cdiv(max_k, configs.GLUON_BWD_TILES[ks.t.shape[-1]][1])
         flash_sm90.launch_bwd_dkdv(
             qs.t, ks.t, vs.t, dos.t, dk, dv, lse, delta, scale, causal=mask.right == 0,
-            wrap=None if launched is None else lambda fn: launch.Noting(fn, launched),
+            wrap=functools.partial(launch.recording, into=launched),
             across=_ordered_grid(c, mask, blocks, batch * hk, qs.t)[1],
         )  # fmt: skip
     else:

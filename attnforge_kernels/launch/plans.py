@@ -21,9 +21,9 @@ Not planned, always the full path: the CPU interpreter, a Triton other than 3.6,
 ALiBi, FP8, autotuning, paths that are not exactly the planned kernels (atomic dQ, strided
 head dims copied contiguous), and any call while a launch hook is set (profilers). The
 forward's plan holds its one launch, Triton's or Hopper's Gluon forward; the backward's its dQ
-launch and its dK/dV launch, Triton's or Hopper's Gluon kernel. A backward whose forward was planned keys its plan in that forward
-plan's own table by what it adds to the forward's key (:func:`backward_key`); others use
-``BACKWARD`` with a key of all their tensors.
+launch and its dK/dV launch, Triton's or Hopper's Gluon kernel. A backward whose forward was
+planned keys its plan in that forward plan's own table by what it adds to the forward's key
+(:func:`backward_key`); others use ``BACKWARD`` with a key of all their tensors.
 """
 
 from __future__ import annotations
