@@ -77,6 +77,11 @@ class Tile:
     # allows it (attnforge_kernels.api.flash_attn.tma_ok; bf16/fp16 only).
     tma: bool = False
     maxnreg: int = 0  # NVIDIA only: cap registers per thread (ptxas); 0 leaves ptxas' choice
+    # A TMA tile's stand-in where TMA cannot address a call's tensors (FP8, misaligned views;
+    # ``AttnConfig.without_tma``); None: this tile with pointer loads. For a tile that is only
+    # fast with TMA: Hopper's d=128 forward (4 warps) holds 255 registers with TMA and spills
+    # 448 bytes with pointer loads (Triton 3.9).
+    no_tma: Tile | None = None
 
     def launch_options(self, hip: bool) -> dict:
         opts = {
@@ -201,7 +206,15 @@ class AttnConfig:
         return self.across_heads and causal and _in_window(self.across_waves, programs, units)
 
     def without_tma(self) -> AttnConfig:
-        return replace(self, **{k: replace(getattr(self, k), tma=False) for k in TILE_KEYS})
+        """The config with pointer loads in every tile (a TMA tile's ``no_tma`` where it has one)."""
+        return replace(self, **{k: pointer_tile(getattr(self, k)) for k in TILE_KEYS})
+
+
+def pointer_tile(t: Tile) -> Tile:
+    """``t`` where TMA cannot serve it: its ``no_tma`` stand-in, else itself with pointer loads."""
+    if not t.tma:
+        return t
+    return t.no_tma or replace(t, tma=False)
 
 
 TILE_KEYS = ("fwd", "bwd_kv", "bwd_q")
@@ -327,13 +340,24 @@ def _cdna(d: int, family: str) -> AttnConfig:
     return AttnConfig(Tile(64, 16, 4, 1, 1), Tile(16, 32, 4, 1, 1), Tile(32, 16, 4, 1, 1))
 
 
+# Hopper's d=128 Triton forward tile until 2026-12-07: 8 warps, pointer loads. It still serves
+# the calls the 4-warp TMA tile does not suit (see _hopper).
+HOPPER_FWD_8_WARPS = Tile(128, 64, 8, 3)
+
+
 def _hopper(d: int) -> AttnConfig:
     # The dK/dV tile 64x64 with 4 warps spills (ptxas) yet measured fastest on an H200:
     # fwd+bwd 362 vs 277 TFLOP/s for the spill-free 16x128/8 warps (docs/benchmarks.md). The
     # backward streams Q/dO (dK/dV) and K/V (dQ) by TMA, which frees registers (dK/dV spills
     # 1204 -> 468 bytes at d=128) and allows a third dQ stage: fwd+bwd 370 -> 416 TFLOP/s on an
-    # H100 at (4,16,4096,128). The Triton forward measured slower with TMA and keeps pointer
-    # loads; at d=128 the warp-specialised Gluon forward replaces it where it applies (577 vs 470
+    # H100 at (4,16,4096,128). The d=64 Triton forward measured slower with TMA and keeps pointer
+    # loads. The d=128 one runs 128 query rows on one warp group (4 warps) with K/V by TMA, two
+    # programs an SM (docs/kernels.md, "One warp group a program", reads why): on an H100
+    # (2026-12-07, docs/benchmarks.md "One warp group a program") 3-12% faster without a mask at
+    # 512-8192 tokens, causal within 3%; grids of fewer than SMALL_GRID_WAVES programs an SM,
+    # dropout and calls TMA cannot address keep the 8-warp tile (SMALL_GRID_FULL_FWD,
+    # _DROPOUT_TILES, Tile.no_tma). At d=128 the
+    # warp-specialised Gluon forward replaces it where it applies (577 vs 470
     # TFLOP/s at (4,16,4096,128); at d=64 it measured slower than the Triton kernel), and the
     # Gluon dK/dV kernel replaces the spilling dK/dV tile at d=64 and d=128 (1.55 vs 1.80 ms at
     # (4,16,4096,128), fwd+bwd 460 vs 419 TFLOP/s; 1.96 vs 2.45 ms at (4,32,4096,64)). The Triton
@@ -351,7 +375,7 @@ def _hopper(d: int) -> AttnConfig:
         # The Triton forward tile stays the fallback (odd head dims, varlen, windows, short
         # sequences, ...).
         return AttnConfig(
-            Tile(128, 64, 8, 3),
+            Tile(128, 64, 4, 2, tma=True, no_tma=HOPPER_FWD_8_WARPS),
             Tile(64, 64, 4, 2, tma=True),
             Tile(128, 64, 8, 3, tma=True),
             gluon_fwd=True,
@@ -434,6 +458,27 @@ ACCEPTED_SPILLS = (
         reason=_HOPPER_DKDV.format(1204, 416, "(4,16,4096,128)", 277)
         + "; it now serves only the calls outside the spill-free Gluon dK/dV kernel's scope "
         "(attnforge_kernels/device/flash_sm90.py: varlen, windows, ALiBi, softcap, strides TMA cannot address)",
+    ),
+)
+
+
+# Hopper's d=128 forward (4 warps, K/V by TMA): ptxas spill-store bytes / scratch 116 / 112 on
+# Triton 3.6.0, 124 / 120 on 3.7.1, 76 / 48 on 3.8.0 (the across-heads form 68 / 56), none on
+# 3.9.0 (`python -m attnforge_kernels.aot --arch sm90 --head-dims 128`, 2026-12-07).
+ACCEPTED_SPILLS += (
+    AcceptedSpill(
+        arch="sm90",
+        head_dim=128,
+        kernel="fwd",
+        tile="128x64 w4 s2 tma",
+        spills=124,
+        scratch_bytes=120,
+        reason="the 4-warp forward with K/V by TMA (two programs an SM) ran 3-12% faster than "
+        "the spill-free 8-warp 128x64 w8 s3 without a mask at 512-8192 tokens on an H100 with "
+        "Triton 3.6, where it spills (Qwen-Image 1328x1328: 522 against 498 TFLOP/s), causal "
+        "within 3%, with softcap, ALiBi or a window 5-12% faster (docs/benchmarks.md, 'One warp "
+        "group a program'); spill-free on Triton 3.9",
+        spill_free_on=((3, 9),),
     ),
 )
 
@@ -522,7 +567,8 @@ def _interpreter(d: int) -> AttnConfig:
 # not measured yet.
 _DROPOUT_TILES = {
     ("hopper", 64): {"bwd_kv": Tile(16, 128, 8, 2)},
-    ("hopper", 128): {"bwd_kv": Tile(16, 128, 8, 2)},
+    # d=128's forward: the 4-warp default spills 736 bytes with the mask live (Triton 3.9).
+    ("hopper", 128): {"fwd": HOPPER_FWD_8_WARPS, "bwd_kv": Tile(16, 128, 8, 2)},
     # d=256's forward 64x32 w4 s2 spills with the mask live on Triton 3.6-3.8 (28-72 bytes) and
     # its dQ 64x32 w4 s1 on 3.9 too (32-64); 64x32 w8 s2 and 32x32 w4 s1 do not on 3.6-3.9.
     ("hopper", 256): {"fwd": Tile(64, 32, 8, 2), "bwd_q": Tile(32, 32, 4, 1)},
@@ -538,8 +584,8 @@ _DROPOUT_TILES = {
 # re-picked on an H100 on 2026-12-06 (docs/benchmarks.md, "Small grids and head dims above 128 on
 # Hopper"): d=64 keeps 64x64 w4 s3; d=128's 64x64 w4 s3 (was 64x32 w4 s4) runs causal grids 4-17%
 # faster than that and 1-7% faster than the default tile, but non-causal grids 4-6% slower than the
-# default, so it is causal-only (SMALL_GRID_CAUSAL_ONLY); d=256 has no entry (its default 64x32 w4
-# s2 ran 1.8-2.3x the 32x32 tile there). The AMD rows halve the default BLOCK_M and are compile-checked
+# default of then (128x64 w8 s3), which serves them (SMALL_GRID_FULL_FWD); d=256 has no entry
+# (its default 64x32 w4 s2 ran 1.8-2.3x the 32x32 tile there). The AMD rows halve the default BLOCK_M and are compile-checked
 # only (python -m attnforge_kernels.aot: 0 spills, occupancy no lower than the default's): untuned
 # on AMD hardware, they are the table an AMD runner's bench should refine (timing
 # ATTNFORGE_KERNELS_CONFIG='{"fwd": [...]}' at the workload shapes, attnforge_kernels.bench
@@ -565,10 +611,12 @@ SMALL_GRID_FWD = {
     ("rdna4", 64): Tile(32, 64, 4, 1, 2),
     ("rdna4", 128): Tile(32, 32, 4, 1, 2),
 }
-# SMALL_GRID_FWD rows that serve causal grids only (key ranges ending at the diagonal, so the
-# programs' work is uneven and more, shorter programs balance it); a non-causal small grid keeps
-# the default tile. Keys: (family, padded head dim).
-SMALL_GRID_CAUSAL_ONLY = frozenset({("hopper", 128)})
+# A non-causal small grid's tile where SMALL_GRID_FWD's serves causal grids only (key ranges
+# ending at the diagonal, so the programs' work is uneven and more, shorter programs balance it).
+# Hopper d=128: the 8-warp tile, as the default 4-warp one needs two programs an SM to overlap
+# their softmax and products (on an H100, SD 1.5's d=80 level, 128 programs: 144 TFLOP/s against
+# 203). Keys: (family, padded head dim).
+SMALL_GRID_FULL_FWD = {("hopper", 128): HOPPER_FWD_8_WARPS}
 
 
 # Forward tiles for head dims that are not a power of two (the kernels compute the padded width),
@@ -666,13 +714,13 @@ def small_grid_fwd(cfg: AttnConfig, family: str, head_dim: int, rows: int, heads
     """The forward tile for a grid of ``heads`` (batch x query heads) times ``rows`` query rows
     (the longest sequence) on ``units`` compute units, when it differs from ``cfg.fwd``: the
     SMALL_GRID_FWD tile where the default tile leaves fewer than SMALL_GRID_WAVES programs per
-    unit (for a row of SMALL_GRID_CAUSAL_ONLY, only where ``causal``); None otherwise (and
-    whenever ATTNFORGE_KERNELS_CONFIG names a forward tile)."""
+    unit (SMALL_GRID_FULL_FWD's where it has a row and the call is not ``causal``); None
+    otherwise (and whenever ATTNFORGE_KERNELS_CONFIG names a forward tile)."""
     key = (family, padded_head_dim(head_dim))
     tile = SMALL_GRID_FWD.get(key)
+    if not causal:
+        tile = SMALL_GRID_FULL_FWD.get(key, tile)
     if tile is None or units <= 0 or _env_names_fwd():
-        return None
-    if key in SMALL_GRID_CAUSAL_ONLY and not causal:
         return None
     programs = -(-rows // cfg.fwd.block_m) * heads
     return tile if programs < SMALL_GRID_WAVES * units else None
@@ -856,9 +904,12 @@ def _config_for(family: str, d: int, dropout: bool, spec: str | None) -> AttnCon
 
 def tile_of(t) -> Tile:
     """A tile of a JSON override: ``[block_m, block_n, num_warps, num_stages(, waves_per_eu)]``
-    or an object with Tile's field names."""
+    or an object with Tile's field names (its ``no_tma`` a tile of either form, or null)."""
     try:
-        return Tile(**t) if isinstance(t, dict) else Tile(*t)
+        if isinstance(t, dict):
+            stand_in = t.get("no_tma")
+            return Tile(**{**t, "no_tma": tile_of(stand_in) if stand_in is not None else None})
+        return Tile(*t)
     except TypeError as e:
         raise ValueError(
             f"a tile is [block_m, block_n, num_warps, num_stages(, waves_per_eu)] or an object "

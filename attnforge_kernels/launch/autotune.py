@@ -127,7 +127,7 @@ def _from_dict(d: dict) -> AttnConfig:
         for k, v in d.items()
         if k in names and k not in configs.TILE_KEYS
     }
-    return AttnConfig(**{k: Tile(**d[k]) for k in configs.TILE_KEYS}, **rest)
+    return AttnConfig(**{k: configs.tile_of(d[k]) for k in configs.TILE_KEYS}, **rest)
 
 
 def candidates(default: AttnConfig, family: str, kind: str) -> list[AttnConfig]:
@@ -135,8 +135,10 @@ def candidates(default: AttnConfig, family: str, kind: str) -> list[AttnConfig]:
     field = "fwd" if kind == "fwd" else "bwd_kv"
     out = [default]
     for t in CANDIDATES[_group(family)][field]:
-        # A candidate keeps the default tile's TMA choice: only the shape is searched.
-        c = replace(default, **{field: replace(Tile(*t), tma=getattr(default, field).tma)})
+        # A candidate keeps the default tile's TMA choice and its stand-in for calls TMA cannot
+        # address (Tile.no_tma): only the shape is searched.
+        base = getattr(default, field)
+        c = replace(default, **{field: replace(Tile(*t), tma=base.tma, no_tma=base.no_tma)})
         if c not in out:
             out.append(c)
     return out

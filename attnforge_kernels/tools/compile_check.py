@@ -144,8 +144,9 @@ def _variants(dropout_base, base, fp8: str | None, hip: bool):
     """The dropout variant of each kernel of ``dropout_base`` (the default kernels with the
     dropout config's tiles) as ``<name>_dropout`` and, where the arch multiplies ``fp8``
     natively, the FP8 forward of ``base`` (``fwd_fp8``: e4m3 q/k/v, bf16 output; and
-    ``fwd_fp8_varlen``, its varlen form), whose head-dim chunk is the launcher's
-    (``flash.head_chunk``)."""
+    ``fwd_fp8_varlen``, its varlen form) with the tile's pointer loads, whose head-dim chunk is
+    the launcher's (``flash.head_chunk``)."""
+    from ..device.configs import pointer_tile
     from ..device.flash import head_chunk
 
     out = []
@@ -155,6 +156,9 @@ def _variants(dropout_base, base, fp8: str | None, hip: bool):
     if fp8:
         name, fn, ptrs, consts, tile = base[0]
         c = {k: v for k, v in consts.items() if k not in ("DescQ", "DescK", "DescV")}
+        # TMA streams bf16/fp16 only (flash_attn.tma_ok): FP8 runs the tile's pointer stand-in.
+        tile = pointer_tile(tile)
+        c.update(BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, USE_TMA=False)
         c["D_CHUNK"] = head_chunk(c["D_CHUNK"], c["BLOCK_D"], True, hip)
         p8 = dict(ptrs, Q=f"*{fp8}", K=f"*{fp8}", V=f"*{fp8}", DescQ="*fp32", DescK="*fp32",
                   DescV="*fp32")  # fmt: skip

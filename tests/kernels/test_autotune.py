@@ -53,6 +53,10 @@ def test_candidates_start_with_the_default_and_have_no_duplicates():
     default = config_for("hopper", 128)
     cands = autotune.candidates(default, "hopper", "bwd")
     assert cands[0] == default and len(cands) == len(set(cands))
+    # Only the shape is searched: a forward candidate keeps the default's TMA and its stand-in
+    # for calls TMA cannot address.
+    for c in autotune.candidates(default, "hopper", "fwd")[1:]:
+        assert c.fwd.tma and c.fwd.no_tma == default.fwd.no_tma is not None
 
 
 def test_the_cache_keeps_every_field_of_a_config():

@@ -196,9 +196,13 @@ def test_a_chunk_wider_than_the_head_dim_contracts_it_whole(monkeypatch):
 def test_chunk_fwd_is_refused_with_a_tma_forward_tile():
     from attnforge_kernels.device import configs
 
-    cfg = config_for("hopper", 128)
+    cfg = config_for("hopper", 64)
     assert configs.override(cfg, '{"chunk_fwd": 32}').chunk_fwd == 32
     with pytest.raises(ValueError, match="chunk_fwd runs without the forward tile's tma"):
         configs.override(cfg, '{"chunk_fwd": 16, "tma": true}')
+    # d=128's default forward streams by TMA: a chunk needs its tile's pointer loads named too.
+    with pytest.raises(ValueError, match="chunk_fwd runs without the forward tile's tma"):
+        configs.override(config_for("hopper", 128), '{"chunk_fwd": 32}')
+    assert configs.override(config_for("hopper", 128), '{"chunk_fwd": 32, "tma": false}').chunk_fwd
     with pytest.raises(ValueError, match="chunk_fwd must be 0 or a power of two >= 16"):
         configs.override(cfg, '{"chunk_fwd": 24}')

@@ -29,21 +29,27 @@ def test_small_grids_take_the_small_tile_and_large_ones_keep_the_default():
     assert configs.small_grid_fwd(cfg, "hopper", 64, 1, 1, 0) is None
 
 
-def test_a_causal_only_small_tile_serves_causal_grids_alone():
+def test_a_non_causal_small_grid_runs_its_own_tile_where_the_family_has_one():
     # Hopper d=128: the 64-row tile balanced causal grids' uneven programs, and ran slower than
-    # the default tile where every program has the same work.
-    assert ("hopper", 128) in configs.SMALL_GRID_CAUSAL_ONLY
+    # the 8-warp tile where every program has the same work; the default 4-warp tile needs two
+    # programs an SM, which a small grid does not have.
     cfg = configs.config_for("hopper", 128)
     small = configs.SMALL_GRID_FWD[("hopper", 128)]
+    full = configs.SMALL_GRID_FULL_FWD[("hopper", 128)]
+    assert full == configs.HOPPER_FWD_8_WARPS != cfg.fwd and small != full
     # LLM prefill b1 h32 s1024 on 132 SMs: 8 x 32 = 256 programs < 4 x 132.
     assert configs.small_grid_fwd(cfg, "hopper", 128, 1024, 32, 132, causal=True) == small
-    assert configs.small_grid_fwd(cfg, "hopper", 128, 1024, 32, 132) is None
-    # d=80 runs the padded d=128 row, causal-only too; a large causal grid keeps the default.
+    assert configs.small_grid_fwd(cfg, "hopper", 128, 1024, 32, 132) == full
+    # d=80 runs the padded d=128 rows; a large grid keeps the default, causal or not.
     assert configs.small_grid_fwd(cfg, "hopper", 80, 1024, 16, 132, causal=True) == small
-    assert configs.small_grid_fwd(cfg, "hopper", 80, 1024, 16, 132) is None
+    assert configs.small_grid_fwd(cfg, "hopper", 80, 1024, 16, 132) == full
     assert configs.small_grid_fwd(cfg, "hopper", 128, 6132, 24, 132, causal=True) is None
-    # Every causal-only key names a row of the table.
-    assert configs.SMALL_GRID_CAUSAL_ONLY <= configs.SMALL_GRID_FWD.keys()
+    assert configs.small_grid_fwd(cfg, "hopper", 128, 6132, 24, 132) is None
+    # A family without a row of its own serves both with SMALL_GRID_FWD's tile.
+    assert (
+        configs.small_grid_fwd(cfg, "hopper", 64, 1024, 32, 132)
+        == configs.SMALL_GRID_FWD[("hopper", 64)]
+    )
 
 
 def test_forward_config_passes_causal_to_the_small_grid_choice(monkeypatch):
@@ -53,15 +59,20 @@ def test_forward_config_passes_causal_to_the_small_grid_choice(monkeypatch):
     causal = configs.forward_config(cfg, "hopper", 128, 1024, 1024, 32, None, causal=True)
     # 1024 tokens: below the Gluon forward's threshold, the small tile runs on the Triton path.
     assert causal.fwd == small and not causal.gluon_fwd_at(128, 1024, causal=True)
-    assert configs.forward_config(cfg, "hopper", 128, 1024, 1024, 32, None).fwd == cfg.fwd
+    full = configs.SMALL_GRID_FULL_FWD[("hopper", 128)]
+    assert configs.forward_config(cfg, "hopper", 128, 1024, 1024, 32, None).fwd == full
     # A causal small grid of 4096 tokens (b1 h16): the small tile for the Triton forward, and the
     # Gluon forward stays on from its threshold (it measured 1.17-1.23x the small tile there).
     causal = configs.forward_config(cfg, "hopper", 128, 4096, 4096, 16, None, causal=True)
     assert causal.fwd == small and causal.gluon_fwd_at(128, 4096, causal=True)
-    # A non-causal small grid of 4096 tokens (b1 h16: 32 x 16 = 512 programs < 4 x 132) keeps the
-    # config whole, so the Gluon forward takes it from its own threshold (GLUON_MIN_SEQ).
+    # A non-causal small grid of 4096 tokens (b1 h16: 32 x 16 = 512 programs < 4 x 132): the
+    # 8-warp tile for the Triton forward, and the Gluon forward takes it from its own threshold
+    # (GLUON_MIN_SEQ).
     assert cfg.gluon_fwd and cfg.gluon_fwd_min_seq <= 4096
-    assert configs.forward_config(cfg, "hopper", 128, 4096, 4096, 16, None) is cfg
+    full_grid = configs.forward_config(cfg, "hopper", 128, 4096, 4096, 16, None)
+    assert full_grid.fwd == full and full_grid.gluon_fwd_at(128, 4096)
+    # A GPU-filling grid keeps the config whole.
+    assert configs.forward_config(cfg, "hopper", 128, 4096, 4096, 64, None) is cfg
 
 
 def test_every_small_tile_is_smaller_than_the_default_forward_tile():

@@ -2,6 +2,7 @@
 the same results as the reference under the CPU interpreter, boundaries included."""
 
 import json
+from dataclasses import asdict, replace
 
 import pytest
 import torch
@@ -13,12 +14,23 @@ from attnforge_kernels.device import configs
 from attnforge_kernels.device.configs import Tile, config_for, override
 
 
-def test_hopper_streams_the_backward_by_tma_and_keeps_pointer_loads_in_the_forward():
+def test_hopper_streams_the_backward_by_tma_and_the_d128_forward_with_a_pointer_stand_in():
     for d in (64, 128):
         cfg = config_for("hopper", d)
-        assert cfg.bwd_kv.tma and cfg.bwd_q.tma and not cfg.fwd.tma
-    # The dropout dK/dV tile stays spill-free without TMA; other families never use it.
-    assert not config_for("hopper", 128, dropout=True).bwd_kv.tma
+        assert cfg.bwd_kv.tma and cfg.bwd_q.tma
+    assert not config_for("hopper", 64).fwd.tma
+    # d=128: the 4-warp forward streams K/V by TMA; where TMA cannot serve a call (FP8, a
+    # misaligned view) the 8-warp pointer tile does, not the 4-warp tile's spilling pointer form.
+    cfg = config_for("hopper", 128)
+    assert cfg.fwd.tma and cfg.fwd.num_warps == 4 and cfg.fwd.no_tma == configs.HOPPER_FWD_8_WARPS
+    off = cfg.without_tma()
+    assert off.fwd == configs.HOPPER_FWD_8_WARPS and not off.fwd.tma
+    assert off.bwd_kv == replace(cfg.bwd_kv, tma=False)
+    assert off.without_tma() == off
+    # The dropout tiles stay spill-free without TMA (the forward's 4-warp tile spills with the
+    # mask live); other families never use it.
+    drop = config_for("hopper", 128, dropout=True)
+    assert not drop.bwd_kv.tma and drop.fwd == configs.HOPPER_FWD_8_WARPS
     for family in ("rdna3.5", "cdna3", "ampere", "interpreter"):
         cfg = config_for(family, 128)
         assert not (cfg.fwd.tma or cfg.bwd_kv.tma or cfg.bwd_q.tma), family
@@ -39,6 +51,13 @@ def test_override_sets_tma_for_all_tiles_or_the_listed_ones():
     }  # fmt: skip
     assert "maxnreg" not in obj.fwd.launch_options(hip=True)
     assert on.without_tma() == base
+    # A stand-in round-trips through the override's (and the autotune cache's) object form.
+    stand_in = {"block_m": 64, "block_n": 32, "num_warps": 4, "num_stages": 2, "tma": True,
+                "no_tma": [32, 32, 4, 1]}  # fmt: skip
+    assert override(base, json.dumps({"fwd": stand_in})).fwd == Tile(
+        64, 32, 4, 2, tma=True, no_tma=Tile(32, 32, 4, 1)
+    )
+    assert configs.tile_of(asdict(config_for("hopper", 128).fwd)) == config_for("hopper", 128).fwd
 
 
 def test_tma_needs_16_byte_aligned_starts_and_strides():
