@@ -356,9 +356,9 @@ def _hopper(d: int) -> AttnConfig:
     # (2026-12-07, docs/benchmarks.md "One warp group a program") 3-12% faster without a mask at
     # 512-8192 tokens, causal within 3%; grids of fewer than SMALL_GRID_WAVES programs an SM,
     # dropout and calls TMA cannot address keep the 8-warp tile (SMALL_GRID_FULL_FWD,
-    # _DROPOUT_TILES, Tile.no_tma). At d=128 the
-    # warp-specialised Gluon forward replaces it where it applies (577 vs 470
-    # TFLOP/s at (4,16,4096,128); at d=64 it measured slower than the Triton kernel), and the
+    # _DROPOUT_TILES, Tile.no_tma). At d=128 the warp-specialised Gluon forward replaces it where
+    # it applies (577 vs 470 TFLOP/s at (4,16,4096,128); at d=64 it measured slower than the
+    # Triton kernel), and the
     # Gluon dK/dV kernel replaces the spilling dK/dV tile at d=64 and d=128 (1.55 vs 1.80 ms at
     # (4,16,4096,128), fwd+bwd 460 vs 419 TFLOP/s; 1.96 vs 2.45 ms at (4,32,4096,64)). The Triton
     # tiles stay the fallback for calls outside their scope.
@@ -459,13 +459,9 @@ ACCEPTED_SPILLS = (
         + "; it now serves only the calls outside the spill-free Gluon dK/dV kernel's scope "
         "(attnforge_kernels/device/flash_sm90.py: varlen, windows, ALiBi, softcap, strides TMA cannot address)",
     ),
-)
-
-
-# Hopper's d=128 forward (4 warps, K/V by TMA): ptxas spill-store bytes / scratch 116 / 112 on
-# Triton 3.6.0, 124 / 120 on 3.7.1, 76 / 48 on 3.8.0 (the across-heads form 68 / 56), none on
-# 3.9.0 (`python -m attnforge_kernels.aot --arch sm90 --head-dims 128`, 2026-12-07).
-ACCEPTED_SPILLS += (
+    # Hopper's d=128 forward (4 warps, K/V by TMA): ptxas spill-store bytes / scratch 116 / 112 on
+    # Triton 3.6.0, 124 / 120 on 3.7.1, 76 / 48 on 3.8.0 (the across-heads form 68 / 56), none on
+    # 3.9.0 (`python -m attnforge_kernels.aot --arch sm90 --head-dims 128`, 2026-12-07).
     AcceptedSpill(
         arch="sm90",
         head_dim=128,
