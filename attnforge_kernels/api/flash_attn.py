@@ -20,6 +20,7 @@ from ..device.flash import (
     attn_bwd_dkdv,
     attn_bwd_dq,
     attn_fwd,
+    attn_fwd_merge,
     head_chunk,
 )
 from ..device.interpreter import patch_interpreter
@@ -370,6 +371,16 @@ def _launch_forward(f: _Forward, c: configs.AttnConfig) -> None:
     c = _tma_config(c, ("fwd",), qs.t, ks.t, vs.t)
     t = c.fwd
     grid, across = _ordered_grid(c, mask, _cdiv(max_q, t.block_m), batch * hq, qs.t)
+    split = _tail_split(f, t, grid, across, c)
+    tail_args = {}
+    if split is not None:  # (blocks, heads - split + split x parts): flash.py _tail_order
+        parts, heads = split
+        tail = grid[1] - heads
+        rows = heads * parts * grid[0] * t.block_m
+        part = torch.empty((rows, bd), dtype=torch.float32, device=out.device)
+        part_l = torch.empty(rows, dtype=torch.float32, device=out.device)
+        grid = (grid[0], tail + heads * parts)
+        tail_args = dict(tail=tail, Part=part, PartL=part_l, SPLIT=parts)
     launch.recording(attn_fwd, launched)[grid](
         qs.t, ks.t, vs.t, out, lse, cu_q if varlen else dummy, cu_k if varlen else dummy,
         slopes if slopes is not None else lse, *strides, *lse_strides, sa_b, sa_h, max_q, max_k, hq,
@@ -381,8 +392,28 @@ def _launch_forward(f: _Forward, c: configs.AttnConfig) -> None:
         HAS_DROPOUT=drop is not None, RETURN_SDMASK=drop is not None and drop.sdmask is not None,
         IS_FP8=fp8, USE_TMA=t.tma, SHORT_KV=c.short_kv and max_k <= t.block_n, STRIDE_ALIGN=align,
         POS_SCALE=scale > 0, ACROSS_HEADS=across, D_CHUNK=head_chunk(c.chunk_fwd, bd, fp8, hip),
-        **t.launch_options(hip),
+        **tail_args, **t.launch_options(hip),
     )  # fmt: skip
+    if split is not None:
+        launch.recording(attn_fwd_merge, launched)[(grid[0], heads)](
+            out, lse, part, part_l, *strides[9:12], *lse_strides, max_q, hq, tail, HEAD_DIM=d,
+            BLOCK_D=bd, BLOCK_M=t.block_m, SPLIT=parts, STRIDE_ALIGN=align,
+            **configs.merge_tile(t).launch_options(hip),
+        )  # fmt: skip
+
+
+def _tail_split(f: _Forward, t: configs.Tile, grid: tuple, across: bool, c) -> tuple | None:
+    """(SPLIT, tail) where the forward launch splits its last tiles along the keys
+    (``configs.tail_split``), else None: calls of one key range a row (no window, varlen,
+    dropout, FP8, head-dim chunks or short keys)."""
+    if (
+        across or f.varlen or f.drop is not None or f.fp8 or c.chunk_fwd
+        or f.mask.left is not None or f.mask.right is not None
+        or (c.short_kv and f.max_k <= t.block_n)
+    ):  # fmt: skip
+        return None
+    units = configs.compute_units(f.out.device)
+    return configs.tail_split(t, grid[0], grid[1], _cdiv(f.max_k, t.block_n), units)
 
 
 def run_forward(

@@ -51,6 +51,12 @@ def attention_grid(quick: bool) -> list[Case]:
     for mask in ("full", "causal"):
         cases.append(attn("bf16", 2, 1000, 1000, 4, 2, 128, mask, "bhsd"))
         cases.append(attn("fp16", 1, 6889, 6889, 2, 2, 128, mask, "bhsd"))
+    # Grids whose last wave the Triton forward splits along the keys on a GPU of 132 SMs (H100,
+    # H200; configs.tail_split), with softcap or ALiBi, which Hopper's Gluon forward leaves to
+    # it: Qwen-Image 1664x928's 24 heads (2 heads in 2 parts), 68 heads of 16 tiles (2 heads in
+    # 8 parts) in bhsd.
+    cases.append(attn("bf16", 1, 6132, 6132, 24, 24, 128, "softcap"))
+    cases.append(attn("bf16", 4, 2048, 2048, 17, 1, 128, "alibi", "bhsd"))
     return cases
 
 
@@ -68,6 +74,8 @@ def attention_boundary() -> list[Case]:
         attn("bf16", 3, 129, 200, 2, 1, 80, "causal", "varlen"),
         attn("bf16", 1, 129, 77, 2, 2, 64, "alibi"),
         attn("bf16", 1, 129, 77, 2, 2, 64, "softcap"),
+        # The Triton forward's last wave split along the keys on 132 SMs (2 heads in 8 parts).
+        attn("bf16", 4, 2048, 2048, 17, 1, 128, "softcap"),
     ]
     return cases
 

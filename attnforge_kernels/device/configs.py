@@ -82,6 +82,10 @@ class Tile:
     # fast with TMA: Hopper's d=128 forward (4 warps) holds 255 registers with TMA and spills
     # 448 bytes with pointer loads (Triton 3.9).
     no_tma: Tile | None = None
+    # The forward: programs of this tile one SM (CU) holds at once, where known (0: not known).
+    # With it the launcher splits the tiles of a grid's last, partial wave along the keys
+    # (``tail_split``).
+    per_sm: int = 0
 
     def launch_options(self, hip: bool) -> dict:
         opts = {
@@ -375,7 +379,7 @@ def _hopper(d: int) -> AttnConfig:
         # The Triton forward tile stays the fallback (odd head dims, varlen, windows, short
         # sequences, ...).
         return AttnConfig(
-            Tile(128, 64, 4, 2, tma=True, no_tma=HOPPER_FWD_8_WARPS),
+            Tile(128, 64, 4, 2, tma=True, no_tma=HOPPER_FWD_8_WARPS, per_sm=2),
             Tile(64, 64, 4, 2, tma=True),
             Tile(128, 64, 8, 3, tma=True),
             gluon_fwd=True,
@@ -475,6 +479,19 @@ ACCEPTED_SPILLS = (
         "within 3%, with softcap, ALiBi or a window 5-12% faster (docs/benchmarks.md, 'One warp "
         "group a program'); spill-free on Triton 3.9",
         spill_free_on=((3, 9),),
+    ),
+    AcceptedSpill(
+        arch="sm90",
+        head_dim=128,
+        kernel="fwd_split",
+        tile="128x64 w4 s2 tma",
+        spills=60,
+        scratch_bytes=56,
+        reason="the forward with its last wave's tiles split along the keys (tail_split) holds "
+        "the part's key range beside the 4-warp tile's 255 registers; with these spills it ran "
+        "4-5% faster than the whole-tile launch where it applies on an H100 with Triton 3.6 "
+        "(Qwen-Image 1664x928: 502-506 against 481-483 TFLOP/s; docs/benchmarks.md, 'The last "
+        "wave split along the keys'); 16-60 bytes on Triton 3.7-3.9",
     ),
 )
 
@@ -1103,3 +1120,36 @@ def is_hip() -> bool:
     import torch
 
     return bool(getattr(torch.version, "hip", None)) and not INTERPRET
+
+
+# tail_split: the most key parts a tile of the last wave is cut into, and the fewest key blocks
+# a part runs.
+TAIL_SPLIT_MAX = 8
+TAIL_SPLIT_MIN_BLOCKS = 4
+
+
+def merge_tile(tile: Tile) -> Tile:
+    """The launch shape of ``attn_fwd_merge`` after a split forward of tile ``tile``: its rows on
+    8 warps (block_n unused; with 4, a 128 x 128 fp32 tile spilled 80 bytes at Hopper's d=128)."""
+    return Tile(tile.block_m, 0, 8, 1)
+
+
+def tail_split(tile: Tile, blocks: int, heads: int, key_blocks: int, units: int):
+    """(SPLIT, split heads) for a forward grid of ``blocks`` x ``heads`` (batch x heads) equal
+    programs (one key range a row) of ``key_blocks`` key blocks each on ``units`` SMs/CUs, else
+    None. A grid of several waves whose last wave is partial ends with most SMs idle while its
+    last programs run. Cutting the programs of the last heads that hold that wave's tiles into
+    SPLIT parts of the keys each (merged after: flash.py ``_tail_order``, ``attn_fwd_merge``)
+    spreads that work over the idle SMs. Only for a tile that says how many of its programs an
+    SM holds (``Tile.per_sm``)."""
+    slots = units * tile.per_sm
+    tiles = blocks * heads
+    if not slots or tiles <= slots or not tiles % slots:
+        return None
+    split_heads = -(-(tiles % slots) // blocks)
+    parts = min(
+        slots // (split_heads * blocks), TAIL_SPLIT_MAX, key_blocks // TAIL_SPLIT_MIN_BLOCKS
+    )
+    if parts < 2 or split_heads >= heads:
+        return None
+    return parts, split_heads

@@ -389,6 +389,36 @@ def _grid_order(REVERSE: tl.constexpr, ACROSS_HEADS: tl.constexpr):
 
 
 @triton.jit
+def _tail_order(tail, SPLIT: tl.constexpr):
+    """(block, batch x head, part, slot) of a forward program whose grid splits its last heads'
+    tiles along the keys (``attn_fwd``'s SPLIT). The grid is (blocks, tail + SPLIT x split
+    heads): rows below ``tail`` take their (batch x head)'s tiles whole (part -1); the SPLIT rows
+    after each take one split head's tiles, part 0..SPLIT-1 of its keys each, and write partial
+    results to scratch ``slot`` for ``attn_fwd_merge``. Every number is the program id's and the
+    arguments' without a division by a runtime value, so the compiler re-reads it instead of
+    holding it through the key loop (the same mapping from a 1-D grid spilled 104 bytes at
+    Hopper's d=128)."""
+    pid_m = tl.program_id(0)
+    row = tl.program_id(1)
+    split = row >= tail
+    over = tl.maximum(row - tail, 0)
+    pid_bh = tl.where(split, tail + over // SPLIT, row)
+    part = tl.where(split, over % SPLIT, -1)
+    return pid_m, pid_bh, part, over * tl.num_programs(0) + pid_m
+
+
+@triton.jit
+def _part_ranges(lo, full_lo, full_hi, hi, part, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``_key_ranges``' ranges cut to key part ``part`` of SPLIT (equal runs of whole key blocks;
+    part -1: all of them)."""
+    per = tl.cdiv(tl.cdiv(hi - lo, BLOCK_N), SPLIT) * BLOCK_N
+    p_lo = tl.where(part < 0, lo, lo + part * per)
+    p_hi = tl.where(part < 0, hi, tl.minimum(p_lo + per, hi))
+    return (tl.minimum(tl.maximum(lo, p_lo), p_hi), tl.minimum(tl.maximum(full_lo, p_lo), p_hi),
+            tl.minimum(tl.maximum(full_hi, p_lo), p_hi), tl.minimum(tl.maximum(hi, p_lo), p_hi))
+
+
+@triton.jit
 def _fwd_step(acc, l_i, m_i, q, k_base, v_base, sk_s, sv_s, n0, offs_m, offs_d, seqlen_k, diag,
               qk_scale, cap_in, cap_out, alibi2, left, right, k0, k1, c3, thresh, bh,
               HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr,
@@ -537,6 +567,7 @@ def attn_fwd(
     USE_TMA: tl.constexpr = False, SHORT_KV: tl.constexpr = False,
     STRIDE_ALIGN: tl.constexpr = 1, POS_SCALE: tl.constexpr = True,
     ACROSS_HEADS: tl.constexpr = False, D_CHUNK: tl.constexpr = 0,
+    tail=0, Part=None, PartL=None, SPLIT: tl.constexpr = 0,
 ):
     """Rng/drop_scale (dropout), SDMask (S_dmask) and DescQ/K/V (FP8: fp32 (batch, Hk) descale
     factors, Q's per KV head as flash_attn 3 has them) are None when their variant is off.
@@ -550,11 +581,16 @@ def attn_fwd(
     D_CHUNK (``AttnConfig.chunk_fwd``, RDNA above d=128): Q.K^T D_CHUNK head-dim columns
     at a time from memory (``_fwd_step``); not with USE_TMA."""
     tl.static_assert(D_CHUNK == 0 or not USE_TMA)
+    tl.static_assert(SPLIT == 0 or not (IS_VARLEN or HAS_DROPOUT or RETURN_SDMASK or SHORT_KV))
     sq_b, sq_s, sq_h = _aligned(sq_b, sq_s, sq_h, STRIDE_ALIGN)
     sk_b, sk_s, sk_h = _aligned(sk_b, sk_s, sk_h, STRIDE_ALIGN)
     sv_b, sv_s, sv_h = _aligned(sv_b, sv_s, sv_h, STRIDE_ALIGN)
     so_b, so_s, so_h = _aligned(so_b, so_s, so_h, STRIDE_ALIGN)
-    pid_m, pid_bh = _grid_order(REVERSE, ACROSS_HEADS)
+    if SPLIT > 0:
+        pid_m, pid_bh, part, slot = _tail_order(tail, SPLIT)
+    else:
+        pid_m, pid_bh = _grid_order(REVERSE, ACROSS_HEADS)
+        part, slot = -1, 0
     b = pid_bh // num_heads_q
     h = pid_bh % num_heads_q
     hk = h // group
@@ -609,6 +645,8 @@ def attn_fwd(
     else:
         lo, full_lo, full_hi, hi = _key_ranges(m0, seqlen_q, seqlen_k, left, right, BLOCK_M,
                                                BLOCK_N, HAS_LEFT, HAS_RIGHT)
+        if SPLIT > 0:
+            lo, full_lo, full_hi, hi = _part_ranges(lo, full_lo, full_hi, hi, part, SPLIT, BLOCK_N)
         if HAS_LEFT:
             acc, l_i, m_i = _fwd_loop(acc, l_i, m_i, q, k_src, v_src, sk_s, sv_s, lo, full_lo,
                                       offs_m, offs_d, seqlen_k, diag, qk_scale, cap_in, cap_out,
@@ -630,6 +668,14 @@ def attn_fwd(
                                   BLOCK_D)
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
+    if SPLIT > 0:
+        # Read again from the program id (not held through the key loop, where it spilled).
+        part, slot = _tail_order(tail, SPLIT)[2:]
+        if part >= 0:  # a key part: normalised output and log2-LSE to scratch, merged after
+            rows = slot.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+            tl.store(_tile(Part, rows, BLOCK_D, offs_d), acc / l_safe[:, None])
+            tl.store(PartL + rows, tl.where(empty, float("-inf"), m_i + tl.log2(l_safe)))
+            return
     if HAS_DROPOUT:
         out = acc * (drop_scale / l_safe)[:, None]
     elif IS_FP8:
@@ -651,6 +697,51 @@ def attn_fwd(
     o_mask = _tile_mask(row_ok, offs_d, HEAD_DIM, EVEN_D)
     tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=o_mask)
     tl.store(_row_base(LSE, b64, h, q_start, sl_b, sl_h) + offs_m, lse, mask=row_ok)
+
+
+@triton.jit(do_not_specialize=["seqlen_q", "tail"])
+def attn_fwd_merge(
+    Out, LSE, Part, PartL, so_b, so_s, so_h, sl_b, sl_h, seqlen_q, num_heads_q, tail,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, SPLIT: tl.constexpr,
+    STRIDE_ALIGN: tl.constexpr = 1,
+):
+    """The split heads of an ``attn_fwd`` launch with SPLIT (``_tail_order``): program (block,
+    j) merges the SPLIT key parts of (batch x head) ``tail + j``'s tile ``block`` (normalised
+    outputs and log2-LSEs in Part/PartL) into Out and LSE, as the whole tile would have written
+    them. A row no part saw (all -inf) gets 0 and LSE +inf."""
+    so_b, so_s, so_h = _aligned(so_b, so_s, so_h, STRIDE_ALIGN)
+    pid_m = tl.program_id(0)
+    j = tl.program_id(1)
+    blocks = tl.num_programs(0)
+    pid_bh = tail + j
+    b64 = (pid_bh // num_heads_q).to(tl.int64)
+    h = pid_bh % num_heads_q
+    offs_r = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    # Part p of this tile is at slot (j x SPLIT + p) x blocks + block (``_tail_order``).
+    first = ((j * SPLIT).to(tl.int64) * blocks + pid_m) * BLOCK_M
+    step = blocks.to(tl.int64) * BLOCK_M
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    for p in tl.static_range(SPLIT):
+        m = tl.maximum(m, tl.load(PartL + first + p * step + offs_r))
+    m_use = tl.where(m == float("-inf"), 0.0, m)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    for p in tl.static_range(SPLIT):
+        rows = first + p * step + offs_r
+        w = tl.exp2(tl.load(PartL + rows) - m_use)
+        acc += tl.load(_tile(Part, rows, BLOCK_D, offs_d)) * w[:, None]
+        l_i += w
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    offs_m = pid_m * BLOCK_M + offs_r
+    row_ok = offs_m < seqlen_q
+    EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
+    o_ptrs = _tile(Out + b64 * so_b + h.to(tl.int64) * so_h, offs_m, so_s, offs_d)
+    tl.store(o_ptrs, (acc / l_safe[:, None]).to(Out.dtype.element_ty),
+             mask=_tile_mask(row_ok, offs_d, HEAD_DIM, EVEN_D))
+    lse = tl.where(empty, float("inf"), (m_use + tl.log2(l_safe)) * LN2_C)
+    tl.store(_row_base(LSE, b64, h, 0, sl_b, sl_h) + offs_m, lse, mask=row_ok)
 
 
 # --------------------------------------------------------------------------------------------

@@ -134,7 +134,7 @@ def _signature(fn, ptr_types: dict, constexprs: dict, pointer_range: bool = Fals
 # launcher passes them: the default kernels compile as they did before the variants existed.
 _FWD_OFF = dict(
     Rng=None, drop_scale=None, SDMask=None, DescQ=None, DescK=None, DescV=None,
-    HAS_DROPOUT=False, RETURN_SDMASK=False, IS_FP8=False,
+    HAS_DROPOUT=False, RETURN_SDMASK=False, IS_FP8=False, Part=None, PartL=None, SPLIT=0,
 )  # fmt: skip
 _BWD_OFF = dict(Rng=None, drop_scale=None, HAS_DROPOUT=False)
 _DROPOUT = dict(Rng="*i64", drop_scale="fp32")
@@ -215,6 +215,26 @@ def _small_grid_kv(base, family: str, head_dim: int):
     _, fn, ptrs, consts, _ = split[0]
     c = dict(consts, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, USE_TMA=tile.tma, PART=0)
     return [("bwd_dkdv_small", fn, ptrs, c, tile)]
+
+
+def _tail_split(base, cfg):
+    """The forward as the launcher runs it with its last tiles split along the keys
+    (``configs.tail_split``: non-causal, a tile that says ``per_sm``), as ``fwd_split``, and its
+    merge kernel, as ``fwd_merge``."""
+    from ..device import flash
+    from ..device.configs import merge_tile
+
+    if not cfg.fwd.per_sm:
+        return []
+    name, fn, ptrs, consts, tile = base[0]
+    c = {k: v for k, v in consts.items() if k not in ("Part", "PartL")}
+    c.update(HAS_RIGHT=False, REVERSE=False, SPLIT=2)
+    p = dict(ptrs, Part="*fp32", PartL="*fp32")
+    merge = dict(HEAD_DIM=c["HEAD_DIM"], BLOCK_D=c["BLOCK_D"], BLOCK_M=c["BLOCK_M"], SPLIT=2,
+                 STRIDE_ALIGN=c["STRIDE_ALIGN"])  # fmt: skip
+    mp = dict(Out=ptrs["Out"], LSE="*fp32", Part="*fp32", PartL="*fp32")
+    return [("fwd_split", fn, p, c, tile),
+            ("fwd_merge", flash.attn_fwd_merge, mp, merge, merge_tile(tile))]  # fmt: skip
 
 
 def _head_dim_fwd(base, family: str, head_dim: int):
@@ -512,6 +532,7 @@ def jobs_for(arch: str, spec: dict, head_dims, over_2gib: bool = False) -> list[
             + _switched(base, cfg.across_heads, "ACROSS_HEADS", ORDERED)
         )
         variants += _small_grid(base, spec["family"], d)
+        variants += _tail_split(base, cfg)
         variants += _small_grid_kv(base, spec["family"], d)
         variants += _head_dim_fwd(base, spec["family"], d)
         variants += _short_kv(base, spec["family"], d)
@@ -649,6 +670,7 @@ def check_arch(
         if consts.get("D_CHUNK"):
             r.tile += f" c{consts['D_CHUNK']}"  # head-dim chunk of the contractions
         judge(r, spec["lds_bytes"])
+        holds(r, tile)
         reports.append(r)
         if progress is not None:
             progress(arch, d, name, seconds)
@@ -688,6 +710,17 @@ def judge(r: KernelReport, lds_limit: int, accepted=None) -> None:
                 )
     if r.lds_bytes > lds_limit:
         r.problems.append(f"LDS {r.lds_bytes} > {lds_limit}")
+
+
+def holds(r: KernelReport, tile) -> None:
+    """Add to ``r``'s problems where its tile says more programs an SM/CU (``Tile.per_sm``, which
+    the forward's last-wave split counts on) than the compile allows: occupancy (warps a
+    scheduler or SIMD) x 4 / the tile's warps."""
+    if tile.per_sm and r.occupancy and r.occupancy * 4 / tile.num_warps < tile.per_sm:
+        r.problems.append(
+            f"holds {r.occupancy * 4 / tile.num_warps:g} programs an SM, the tile says "
+            f"{tile.per_sm} (Tile.per_sm)"
+        )
 
 
 def exit_status(reports) -> int:
