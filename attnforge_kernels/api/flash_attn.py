@@ -403,9 +403,10 @@ def _launch_forward(f: _Forward, c: configs.AttnConfig) -> None:
 
 
 def _tail_split(f: _Forward, t: configs.Tile, grid: tuple, across: bool, c) -> tuple | None:
-    """(SPLIT, tail) where the forward launch splits its last tiles along the keys
-    (``configs.tail_split``), else None: calls of one key range a row (no window, varlen,
-    dropout, FP8, head-dim chunks or short keys)."""
+    """(SPLIT, split heads) where the forward launch splits its last tiles along the keys
+    (``configs.tail_split``), else None: calls of one key range a row (no causal mask or window,
+    varlen, dropout, FP8, head-dim chunks or short keys), on a grid whose second dimension has
+    room for the parts."""
     if (
         across or f.varlen or f.drop is not None or f.fp8 or c.chunk_fwd
         or f.mask.left is not None or f.mask.right is not None
@@ -413,7 +414,10 @@ def _tail_split(f: _Forward, t: configs.Tile, grid: tuple, across: bool, c) -> t
     ):  # fmt: skip
         return None
     units = configs.compute_units(f.out.device)
-    return configs.tail_split(t, grid[0], grid[1], _cdiv(f.max_k, t.block_n), units)
+    split = configs.tail_split(t, grid[0], grid[1], _cdiv(f.max_k, t.block_n), units)
+    if split is not None and grid[1] + split[1] * (split[0] - 1) > MAX_GRID_Y:
+        return None
+    return split
 
 
 def run_forward(

@@ -489,7 +489,7 @@ ACCEPTED_SPILLS = (
         scratch_bytes=56,
         reason="the forward with its last wave's tiles split along the keys (tail_split) holds "
         "the part's key range beside the 4-warp tile's 255 registers; with these spills it ran "
-        "4-5% faster than the whole-tile launch where it applies on an H100 with Triton 3.6 "
+        "4-6% faster than the whole-tile launch where it applies on an H100 with Triton 3.6 "
         "(Qwen-Image 1664x928: 502-506 against 481-483 TFLOP/s; docs/benchmarks.md, 'The last "
         "wave split along the keys'); 16-60 bytes on Triton 3.7-3.9",
     ),

@@ -669,7 +669,7 @@ def attn_fwd(
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
     if SPLIT > 0:
-        # Read again from the program id (not held through the key loop, where it spilled).
+        # Read again from the program id, not kept from the top (as timed; the same spills).
         part, slot = _tail_order(tail, SPLIT)[2:]
         if part >= 0:  # a key part: normalised output and log2-LSE to scratch, merged after
             rows = slot.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
