@@ -371,7 +371,7 @@ def _launch_forward(f: _Forward, c: configs.AttnConfig) -> None:
     c = _tma_config(c, ("fwd",), qs.t, ks.t, vs.t)
     t = c.fwd
     grid, across = _ordered_grid(c, mask, _cdiv(max_q, t.block_m), batch * hq, qs.t)
-    split = _tail_split(f, t, grid, across, c)
+    split = _tail_split(f, t, grid, c)
     tail_args = {}
     if split is not None:  # (blocks, heads - split + split x parts): flash.py _tail_order
         parts, heads = split
@@ -394,7 +394,7 @@ def _launch_forward(f: _Forward, c: configs.AttnConfig) -> None:
         POS_SCALE=scale > 0, ACROSS_HEADS=across, D_CHUNK=head_chunk(c.chunk_fwd, bd, fp8, hip),
         **tail_args, **t.launch_options(hip),
     )  # fmt: skip
-    if split is not None:
+    if split is not None:  # strides[9:12]: out's (q, k, v, out, each (b, s, h))
         launch.recording(attn_fwd_merge, launched)[(grid[0], heads)](
             out, lse, part, part_l, *strides[9:12], *lse_strides, max_q, hq, tail, HEAD_DIM=d,
             BLOCK_D=bd, BLOCK_M=t.block_m, SPLIT=parts, STRIDE_ALIGN=align,
@@ -402,13 +402,14 @@ def _launch_forward(f: _Forward, c: configs.AttnConfig) -> None:
         )  # fmt: skip
 
 
-def _tail_split(f: _Forward, t: configs.Tile, grid: tuple, across: bool, c) -> tuple | None:
+def _tail_split(f: _Forward, t: configs.Tile, grid: tuple, c) -> tuple | None:
     """(SPLIT, split heads) where the forward launch splits its last tiles along the keys
-    (``configs.tail_split``), else None: calls of one key range a row (no causal mask or window,
-    varlen, dropout, FP8, head-dim chunks or short keys), on a grid whose second dimension has
-    room for the parts."""
+    (``configs.tail_split``), else None: a tile that says ``per_sm``, calls of one key range a
+    row (no causal mask or window, so never a grid ordered across heads; no varlen, dropout,
+    FP8, head-dim chunks or short keys), on a grid whose second dimension has room for the
+    parts."""
     if (
-        across or f.varlen or f.drop is not None or f.fp8 or c.chunk_fwd
+        not t.per_sm or f.varlen or f.drop is not None or f.fp8 or c.chunk_fwd
         or f.mask.left is not None or f.mask.right is not None
         or (c.short_kv and f.max_k <= t.block_n)
     ):  # fmt: skip
