@@ -639,9 +639,12 @@ SMALL_GRID_FULL_FWD = {("hopper", 128): HOPPER_FWD_8_WARPS}
 # (2, 4096, 8, 40) against 79 for the default 128x64 w8 s4 and the small-grid 64x64 w4 s3, and
 # 27 against 22 for its 77-key cross-attention (docs/benchmarks.md, issue 30 section 2); measured
 # before the forward's strides were aligned (STRIDE_ALIGN), which took it to 221-231 TFLOP/s (the
-# d=64 default 128x64 w8 s4 then ran 4% faster in kernel time: not yet adopted). AMD has no
-# entry: untuned there; an AMD runner's ``attnforge_kernels.bench --workloads --variant`` would fill
-# it.
+# d=64 default 128x64 w8 s4 then ran 4% faster in kernel time: not yet adopted; on 2026-12-07 it
+# ran 230 against this tile's 233). The same tile with K/V by TMA (2026-12-07, H100, Triton 3.6,
+# three rounds at (2, 4096, 8, 40) fp16) ran 245 against 234-236 TFLOP/s stored bshd but 222-223
+# against 244-245 stored bhsd, so pointer loads stay (docs/benchmarks.md, "d=64 forward tiles and
+# d=40 by TMA"). AMD has no entry: untuned there; an AMD runner's
+# ``attnforge_kernels.bench --workloads --variant`` would fill it.
 HEAD_DIM_FWD = {
     ("hopper", 40): Tile(128, 64, 4, 3),
 }
