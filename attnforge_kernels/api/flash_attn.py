@@ -371,7 +371,8 @@ def _launch_forward(f: _Forward, c: configs.AttnConfig) -> None:
     c = _tma_config(c, ("fwd",), qs.t, ks.t, vs.t)
     t = c.fwd
     grid, across = _ordered_grid(c, mask, _cdiv(max_q, t.block_m), batch * hq, qs.t)
-    split = _tail_split(f, t, grid, c)
+    short_kv = c.short_kv and max_k <= t.block_n  # the kernel's single-block path
+    split = _tail_split(f, t, grid, c, short_kv)
     tail_args = {}
     if split is not None:  # (blocks, heads - split + split x parts): flash.py _tail_order
         parts, heads = split
@@ -390,7 +391,7 @@ def _launch_forward(f: _Forward, c: configs.AttnConfig) -> None:
         IS_VARLEN=varlen, HAS_LEFT=mask.left is not None, HAS_RIGHT=mask.right is not None,
         HAS_SOFTCAP=softcap > 0, HAS_ALIBI=slopes is not None, REVERSE=mask.right is not None,
         HAS_DROPOUT=drop is not None, RETURN_SDMASK=drop is not None and drop.sdmask is not None,
-        IS_FP8=fp8, USE_TMA=t.tma, SHORT_KV=c.short_kv and max_k <= t.block_n, STRIDE_ALIGN=align,
+        IS_FP8=fp8, USE_TMA=t.tma, SHORT_KV=short_kv, STRIDE_ALIGN=align,
         POS_SCALE=scale > 0, ACROSS_HEADS=across, D_CHUNK=head_chunk(c.chunk_fwd, bd, fp8, hip),
         **tail_args, **t.launch_options(hip),
     )  # fmt: skip
@@ -402,16 +403,16 @@ def _launch_forward(f: _Forward, c: configs.AttnConfig) -> None:
         )  # fmt: skip
 
 
-def _tail_split(f: _Forward, t: configs.Tile, grid: tuple, c) -> tuple | None:
+def _tail_split(f: _Forward, t: configs.Tile, grid: tuple, c, short_kv: bool) -> tuple | None:
     """(SPLIT, split heads) where the forward launch splits its last tiles along the keys
     (``configs.tail_split``), else None: a tile that says ``per_sm``, calls of one key range a
     row (no causal mask or window, so never a grid ordered across heads; no varlen, dropout,
-    FP8, head-dim chunks or short keys), on a grid whose second dimension has room for the
-    parts."""
+    FP8, head-dim chunks or the single-block path ``short_kv``), on a grid whose second
+    dimension has room for the parts."""
     if (
         not t.per_sm or f.varlen or f.drop is not None or f.fp8 or c.chunk_fwd
         or f.mask.left is not None or f.mask.right is not None
-        or (c.short_kv and f.max_k <= t.block_n)
+        or short_kv
     ):  # fmt: skip
         return None
     units = configs.compute_units(f.out.device)
