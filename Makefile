@@ -25,8 +25,9 @@ demo: setup
 
 # The test workers share the cores with the engine, the registry and the processes each test
 # starts; every torch process would size its OpenMP pool by the core count and spin at its
-# barriers while the others wait for the cores (measured: 21% more CPU for the same tests, below
-# docs/benchmarks.md "CI on a fresh clone"). One thread each, in images too (`invoke validate`
+# barriers while the others wait for the cores (measured: 21% more CPU for the same tests,
+# docs/history/benchmarks-2026.md "CI on a fresh clone: less work, engine modules first, one
+# thread per torch process"). One thread each, in images too (`invoke validate`
 # passes these variables into the image).
 TEST_THREADS := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 # The checkout's own packages compiled once before the tests: where PYTHONDONTWRITEBYTECODE=1 is

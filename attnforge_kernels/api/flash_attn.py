@@ -896,7 +896,8 @@ class FlashAttnOutFunction(torch.autograd.Function):
     cu_seqlens and ALiBi slopes where given). The same gradients and the same checks (a saved
     tensor modified in place, a second backward without ``retain_graph``); a few microseconds
     less of autograd's host time a step than the 13 inputs, two outputs and 8 saved slots of
-    :class:`FlashAttnFunction` (docs/benchmarks.md, "The training step's host time")."""
+    :class:`FlashAttnFunction` (docs/history/benchmarks-2026.md, "The training step's host
+    time")."""
 
     @staticmethod
     def forward(ctx, q, k, v, call):

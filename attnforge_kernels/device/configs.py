@@ -231,15 +231,15 @@ def _in_window(waves: tuple[float, float], programs: int, units: int) -> bool:
     return not units or low * units <= programs < high * units
 
 
-# The head dims the warp-specialised Gluon kernels (attnforge_kernels/device/flash_sm90.py) are built for. They
-# live here, not there, because the routing rule and the AOT report read them in processes that
-# must not import Gluon (the CPU interpreter, AMD). The forward: d=128 only. The dK/dV kernel, by
-# head dim: (query rows per streamed block, keys per program, stages), as measured on an H100
-# (docs/benchmarks.md, "Warp-specialised Gluon dK/dV"). Both split 128 keys over the two
-# consumers. d=128: 64-row Q and dO blocks through three stages (165 KiB of shared memory with K
-# and V; two stages measured the same at 4096 and 2% slower at 6889). d=64: 128-row blocks
-# through two stages (98 KiB), whose S^T and dP^T fit beside the smaller dK and dV (dK/dV 1.96 ms
-# at (4,32,4096,64) against 2.02 for 64-row blocks, causal 1.16 against 1.31).
+# The head dims the warp-specialised Gluon kernels (attnforge_kernels/device/flash_sm90.py) are
+# built for. They live here, not there, because the routing rule and the AOT report read them in
+# processes that must not import Gluon (the CPU interpreter, AMD). The forward: d=128 only. The
+# dK/dV kernel, by head dim: (query rows per streamed block, keys per program, stages), as measured
+# on an H100 (docs/history/benchmarks-2026.md, "Warp-specialised Gluon dK/dV"). Both split 128 keys
+# over the two consumers. d=128: 64-row Q and dO blocks through three stages (165 KiB of shared
+# memory with K and V; two stages measured the same at 4096 and 2% slower at 6889). d=64: 128-row
+# blocks through two stages (98 KiB), whose S^T and dP^T fit beside the smaller dK and dV (dK/dV
+# 1.96 ms at (4,32,4096,64) against 2.02 for 64-row blocks, causal 1.16 against 1.31).
 GLUON_FWD_HEAD_DIM = 128
 GLUON_BWD_TILES = {64: (128, 128, 2), 128: (64, 128, 3)}
 # The dK/dV kernel's loader warp gets 24 registers (setmaxnreg; the consumers 240), except where a
@@ -650,23 +650,23 @@ HEAD_DIM_FWD = {
 }
 
 
-# Forward tiles for short key sequences: cross-attention to CLIP's 77 text tokens (SD 1.5, SDXL)
-# and self-attention at the smallest latent levels. When the longest key sequence fits one key block
-# of the tile (max_k <= block_n), the forward runs it through the kernel's single-block path
-# (SHORT_KV: one K/V load, no loop, no rescale of the accumulator), whatever the grid size; it
-# takes precedence over HEAD_DIM_FWD and SMALL_GRID_FWD. Keys: (family, padded head dim).
-# Hopper: from one sweep at the workload shapes with 77 keys on an H100 (kernel time by CUDA
-# graph, docs/benchmarks.md "Short keys and d=40"): SDXL cross-attention 14.1 against 16.7 us
+# Forward tiles for short key sequences: cross-attention to CLIP's 77 text tokens (SD 1.5, SDXL) and
+# self-attention at the smallest latent levels. When the longest key sequence fits one key block of
+# the tile (max_k <= block_n), the forward runs it through the kernel's single-block path (SHORT_KV:
+# one K/V load, no loop, no rescale of the accumulator), whatever the grid size; it takes precedence
+# over HEAD_DIM_FWD and SMALL_GRID_FWD. Keys: (family, padded head dim). Hopper: from one sweep at
+# the workload shapes with 77 keys on an H100 (kernel time by CUDA graph,
+# docs/history/benchmarks-2026.md "Short keys and d=40"): SDXL cross-attention 14.1 against 16.7 us
 # (4096 queries, d=64) and 8.1 against 10.0 (1024), SD 1.5 d=80 6.1 against 6.7, d=160 6.3 against
 # 7.7 for the loop with the default or small-grid tile (d=256: 8 warps, as 4 spill 8 bytes).
 # CDNA3/CDNA4: 64x128 where it compiles without spills at no lower occupancy than the default
 # forward on Triton 3.6 to 3.9 (python -m attnforge_kernels.aot, gfx942/gfx950); not cdna4 at d=64,
 # whose default has one wave more, nor d=256 anywhere, nor CDNA2 (gfx90a d=128 spills 2-6 VGPRs on
 # Triton 3.7/3.9, d=64 loses a wave on 3.8/3.9). RDNA: every 128-key tile tried spills
-# (gfx1100/gfx1151 40-843 VGPRs, gfx1201 27-344 above d=64) or lowers occupancy (gfx1201 d=64:
-# 8 -> 5), so RDNA keeps the loop. The AMD rows are compile-checked only: untimed on AMD
-# hardware, they are for an AMD runner's
-# `attnforge_kernels.bench --workloads --variant 'NAME={"fwd": [...]}'` to confirm or replace.
+# (gfx1100/gfx1151 40-843 VGPRs, gfx1201 27-344 above d=64) or lowers occupancy (gfx1201 d=64: 8 ->
+# 5), so RDNA keeps the loop. The AMD rows are compile-checked only: untimed on AMD hardware, they
+# are for an AMD runner's `attnforge_kernels.bench --workloads --variant 'NAME={"fwd": [...]}'` to
+# confirm or replace.
 SHORT_KV_FWD: dict[tuple[str, int], Tile] = {
     ("hopper", 64): Tile(64, 128, 4, 1),
     ("hopper", 128): Tile(64, 128, 4, 1),

@@ -452,8 +452,8 @@ def _kv_config(family: str, d: int) -> KVConfig:
             # Programs of 4096 keys or more read faster with 64-key tiles where they fill one
             # wave (batch 1 at 16 splits, batch 16 at 1), slower at half a wave (batch 4 x 16k at
             # 2 splits: 122.2 against 100.0 us) or at two and more (batch 64: 12.0 against 11.1
-            # ms); shorter splits keep 128 (docs/benchmarks.md, "The long-split tile where a
-            # launch fills one wave").
+            # ms); shorter splits keep 128 (docs/history/benchmarks-2026.md, "The long-split
+            # tile where a launch fills one wave").
             return KVConfig(Tile(16, 128, 4, 3), Tile(128, 64, 8, 3),
                             decode_long=Tile(16, 64, 4, 3), long_keys=4096)  # fmt: skip
         if d <= 128:

@@ -61,10 +61,10 @@ _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_globa
 LN2_C = gl.constexpr(0.6931471805599453)
 _LOG2E_C = gl.constexpr(1.4426950408889634)
 
-# Measured on an H100 (docs/benchmarks.md, "Warp-specialised Gluon forward"): 128-row tiles
-# split over two consumer warpgroups, 128-key blocks, three K/V stages (224 KiB of shared memory
-# with Q), consumers raised to 240 registers and the producer warp lowered to 24 (setmaxnreg).
-# Its head dim (128) is configs.GLUON_FWD_HEAD_DIM.
+# Measured on an H100 (docs/history/benchmarks-2026.md, "Warp-specialised Gluon forward"): 128-row
+# tiles split over two consumer warpgroups, 128-key blocks, three K/V stages (224 KiB of shared
+# memory with Q), consumers raised to 240 registers and the producer warp lowered to 24
+# (setmaxnreg). Its head dim (128) is configs.GLUON_FWD_HEAD_DIM.
 BLOCK_M = 128
 BLOCK_N = 128
 STAGES = 3

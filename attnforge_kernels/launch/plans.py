@@ -4,7 +4,7 @@ At the small shapes diffusion and LLM users run, a call is bound by host time: o
 one tiny forward took 68-70 µs, of which 29-31 µs were Triton's launch path (binding and
 specialising the kernel's 55 parameters, 11-12 µs; its cache key, launch metadata and hooks;
 a 6 µs C launch) and most of the rest our own Python deriving configs, strides and flags
-(docs/benchmarks.md, "Launch plans: a call's host time taken apart").
+(docs/history/benchmarks-2026.md, "Launch plans: a call's host time taken apart").
 
 A plan is what one call through the full path launched, keyed by everything that call's
 decisions read: the device, each input's dtype, shape, strides, device and data pointer modulo

@@ -2,14 +2,14 @@
 // autograd node around it, in C++.
 //
 // At the small shapes diffusion and LLM users train, a step of flash_attn_func is bound by host
-// time, and what is left of it after the Python plans is Python's autograd.Function: the
-// `.apply` around a Python forward and a Python backward on autograd's device thread
-// (docs/benchmarks.md, "The training step's host time"). Here a planned call allocates its
-// outputs, launches the recorded Triton kernels with the driver's launch call
-// (cuLaunchKernel, or hipModuleLaunchKernel on ROCm) and builds a C++ autograd node, as
-// PyTorch's own attention ops do. Every decision is still Python's: a plan is what the Python
-// path launched for a call with the same key (attnforge_kernels/launch/replay.py exports it), and a
-// call or a backward without a plan here goes back to Python.
+// time, and what is left of it after the Python plans is Python's autograd.Function: the `.apply`
+// around a Python forward and a Python backward on autograd's device thread
+// (docs/history/benchmarks-2026.md, "The training step's host time"). Here a planned call allocates
+// its outputs, launches the recorded Triton kernels with the driver's launch call (cuLaunchKernel,
+// or hipModuleLaunchKernel on ROCm) and builds a C++ autograd node, as PyTorch's own attention ops
+// do. Every decision is still Python's: a plan is what the Python path launched for a call with the
+// same key (attnforge_kernels/launch/replay.py exports it), and a call or a backward without a plan
+// here goes back to Python.
 //
 // A launch is kept as the kernel's parameters, 8 bytes each (the value's own bytes first, as a
 // little-endian host passes them), and the parameters that take the call's tensors; the

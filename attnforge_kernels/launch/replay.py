@@ -4,9 +4,9 @@
 At the small shapes users train, what is left of a ``flash_attn_func`` step's host time after
 the Python plans is Python's ``autograd.Function``: the ``.apply`` around a Python forward and
 a Python backward on autograd's device thread, 85-100 µs a step for a Function that only
-allocates, on an H100 host (docs/benchmarks.md, "The training step's host time"). PyTorch's own
-attention ops make their launches and their autograd node in C++. So does this module, for the
-calls the Python path has planned already:
+allocates, on an H100 host (docs/history/benchmarks-2026.md, "The training step's host time").
+PyTorch's own attention ops make their launches and their autograd node in C++. So does this
+module, for the calls the Python path has planned already:
 
 - ``flash_attn_func`` and ``flash_attn_varlen_func`` (without dropout, ALiBi or
   ``return_attn_probs``) first ask :func:`forward`. A call whose key (the tensors' dtypes,

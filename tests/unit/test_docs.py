@@ -1,6 +1,7 @@
 """The docs hold together: every figure README.md states is one docs/benchmarks.md holds, every
-relative link of README.md and docs/ leads to a file, and the user-facing pages name features,
-not the issue numbers the work was tracked under (the history log keeps those)."""
+relative link of README.md and docs/ leads to a file, every section a page, comment or docstring
+names (`docs/kernels.md, "Known spills"`) is on the page it names, and the user-facing pages name
+features, not the issue numbers the work was tracked under (the history log keeps those)."""
 
 from __future__ import annotations
 
@@ -110,3 +111,68 @@ def test_user_facing_pages_name_features_not_issue_numbers(page: Path):
         if ISSUE.search(line)
     ]
     assert not found, f"{page.relative_to(REPO)} names issue numbers: {found}"
+
+
+# A page's section named in prose or a comment: `docs/benchmarks.md, "CI time"` or
+# `(docs/kernels.md "Known spills")`, wrapped over lines and comment markers. Sections move to the
+# history log as the pages are cut down; a name left pointing at the old page sends a reader to
+# nothing. Not a reference: a page of another project's (ollama/ollama docs/gpu.md).
+SECTION_REF = re.compile(
+    r'(?:(\S+)\s)?(?<![\w/.-])(docs/[\w/.-]+\.md)(?:,\s*|\s+)\(?"([^"(){}\[\]=\\]{3,160})"'
+)
+OTHER_PROJECT = re.compile(r"[(`]*[\w.-]+/[\w.-]+")
+SOURCES = ("*.md", "*.py", "*.cpp", "*.sh", "*.yaml", "Makefile")
+
+
+def section_refs(text: str) -> list[tuple[str, str]]:
+    """(page, section name) for each named section, comment markers and line breaks read as
+    spaces, a trailing ``...`` or full stop dropped."""
+    lines = (re.sub(r"^\s*(?:#|//|\*)(?=\s|$)", "", line) for line in text.splitlines())
+    flat = " ".join(" ".join(lines).split())
+    return [
+        (page, re.sub(r"\s*(?:\.\.\.|…)$", "", name).rstrip(". "))
+        for before, page, name in SECTION_REF.findall(flat)
+        if not OTHER_PROJECT.fullmatch(before)
+    ]
+
+
+def sections(page: Path) -> list[str]:
+    """What a reference can name on a page: its headings and its bold run-in labels, code
+    marks dropped."""
+    text = page.read_text()
+    heads = re.findall(r"^#+ (.+)$", text, flags=re.M)
+    bold = re.findall(r"\*\*([^*]+)\*\*", " ".join(text.split()))
+    return [h.replace("`", "").strip() for h in heads] + [
+        b.replace("`", "").strip().rstrip(".:") for b in bold
+    ]
+
+
+def test_the_section_reader_reads_wrapped_and_commented_references(tmp_path):
+    text = (
+        '# measured on an H100 (docs/history/benchmarks-2026.md, "The long-split\n'
+        '# tile where a launch fills one wave"); see docs/kernels.md "Known spills ...".\n'
+        'path = REPO / "docs/kernels.md"  # not a reference\n'
+        'see ollama/ollama docs/gpu.md ("Overrides on Linux")\n'
+    )
+    assert section_refs(text) == [
+        ("docs/history/benchmarks-2026.md", "The long-split tile where a launch fills one wave"),
+        ("docs/kernels.md", "Known spills"),
+    ]
+    page = tmp_path / "p.md"
+    page.write_text("## `observe`: the image confirms\n- **Backward.** Two launches.\n")
+    assert sections(page) == ["observe: the image confirms", "Backward"]
+
+
+def test_every_named_section_is_on_the_page_it_names():
+    skip = {".git", ".venv", "build", "node_modules"}
+    broken = []
+    for pattern in SOURCES:
+        for path in REPO.rglob(pattern):
+            rel = path.relative_to(REPO)
+            if skip & set(rel.parts) or HISTORY in path.parents:
+                continue
+            for page, name in section_refs(path.read_text(errors="replace")):
+                target = REPO / page
+                if not target.is_file() or not any(s.startswith(name) for s in sections(target)):
+                    broken.append(f'{rel}: {page} "{name}"')
+    assert not broken, "named sections not on their page:\n" + "\n".join(sorted(set(broken)))
