@@ -137,14 +137,23 @@ def section_refs(text: str) -> list[tuple[str, str]]:
 
 
 def sections(page: Path) -> list[str]:
-    """What a reference can name on a page: its headings and its bold run-in labels, code
-    marks dropped."""
+    """What a reference can name on a page, code marks dropped: its headings, its bold run-in
+    labels, a paragraph's opening label (``Waves: ...``) and a table row's first cell."""
     text = page.read_text()
     heads = re.findall(r"^#+ (.+)$", text, flags=re.M)
     bold = re.findall(r"\*\*([^*]+)\*\*", " ".join(text.split()))
-    return [h.replace("`", "").strip() for h in heads] + [
-        b.replace("`", "").strip().rstrip(".:") for b in bold
-    ]
+    opening = re.findall(r"(?:\A|\n\n)([^\n:|#]{1,60}):", text)
+    cells = re.findall(r"^\| ([^|]+) \|", text, flags=re.M)
+    return [n.replace("`", "").strip().rstrip(".:") for n in heads + bold + opening + cells]
+
+
+# A section of the same page: `"Waves" above`, `("One warp group a program" below)`.
+NEARBY_REF = re.compile(r'"([^"]{3,120})"\)?,? (?:below|above)\b')
+
+
+def on_page(page: Path, name: str) -> bool:
+    name = name.replace("`", "").rstrip(". ")
+    return any(s.startswith(name) for s in sections(page))
 
 
 def test_the_section_reader_reads_wrapped_and_commented_references(tmp_path):
@@ -159,8 +168,12 @@ def test_the_section_reader_reads_wrapped_and_commented_references(tmp_path):
         ("docs/kernels.md", "Known spills"),
     ]
     page = tmp_path / "p.md"
-    page.write_text("## `observe`: the image confirms\n- **Backward.** Two launches.\n")
-    assert sections(page) == ["observe: the image confirms", "Backward"]
+    page.write_text(
+        "## `observe`: the image confirms\n- **Backward.** Two launches.\n\nWaves: fewer.\n\n"
+        "| labels | kept |\n"
+    )
+    assert sections(page) == ["observe: the image confirms", "Backward", "Waves", "labels"]
+    assert on_page(page, "`observe`") and not on_page(page, "Forward")
 
 
 def test_every_named_section_is_on_the_page_it_names():
@@ -171,8 +184,12 @@ def test_every_named_section_is_on_the_page_it_names():
             rel = path.relative_to(REPO)
             if skip & set(rel.parts) or HISTORY in path.parents:
                 continue
-            for page, name in section_refs(path.read_text(errors="replace")):
-                target = REPO / page
-                if not target.is_file() or not any(s.startswith(name) for s in sections(target)):
+            text = path.read_text(errors="replace")
+            for page, name in section_refs(text):
+                if not (REPO / page).is_file() or not on_page(REPO / page, name):
                     broken.append(f'{rel}: {page} "{name}"')
+            if path.suffix == ".md":
+                for name in NEARBY_REF.findall(" ".join(text.split())):
+                    if not on_page(path, name):
+                        broken.append(f'{rel}: "{name}" on the same page')
     assert not broken, "named sections not on their page:\n" + "\n".join(sorted(set(broken)))
