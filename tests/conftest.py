@@ -19,6 +19,21 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def repo_files(*patterns: str) -> dict[str, str]:
+    """The checkout's own files that match git pathspecs (``"*.py"``): tracked ones and untracked
+    ones git does not ignore, relative path -> text (build outputs, venvs and caches are not
+    among them)."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", *patterns],
+        cwd=REPO, capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    return {
+        rel: (REPO / rel).read_text(encoding="utf-8") for rel in listed if (REPO / rel).is_file()
+    }
+
+
 # Where `tools/setup.sh tritons` puts the Tritons the stacks ship besides the venv's (a folder each
 # for PYTHONPATH) and every one's wheel (wheels/, which the rehearsals relabel).
 TRITONS_DIR = Path(os.environ.get("ATTNFORGE_TRITONS_DIR", REPO / "build" / "tritons"))

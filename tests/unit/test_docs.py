@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, repo_files
 
 HISTORY = REPO / "docs" / "history"
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
@@ -121,7 +121,7 @@ SECTION_REF = re.compile(
     r'(?:(\S+)\s)?(?<![\w/.-])(docs/[\w/.-]+\.md)(?:,\s*|\s+)\(?"([^"(){}\[\]=\\]{3,160})"'
 )
 OTHER_PROJECT = re.compile(r"[(`]*[\w.-]+/[\w.-]+")
-SOURCES = ("*.md", "*.py", "*.cpp", "*.sh", "*.yaml", "Makefile")
+SOURCES = ("*.md", "*.py", "*.cpp", "*.sh", "*.yaml", "Makefile")  # git pathspecs
 
 
 def section_refs(text: str) -> list[tuple[str, str]]:
@@ -151,9 +151,10 @@ def sections(page: Path) -> list[str]:
 NEARBY_REF = re.compile(r'"([^"]{3,120})"\)?,? (?:below|above)\b')
 
 
-def on_page(page: Path, name: str) -> bool:
+def on_page(found: list[str], name: str) -> bool:
+    """Whether a page whose ``sections`` are ``found`` has the section ``name``."""
     name = name.replace("`", "").rstrip(". ")
-    return any(s.startswith(name) for s in sections(page))
+    return any(s.startswith(name) for s in found)
 
 
 def test_the_section_reader_reads_wrapped_and_commented_references(tmp_path):
@@ -172,24 +173,27 @@ def test_the_section_reader_reads_wrapped_and_commented_references(tmp_path):
         "## `observe`: the image confirms\n- **Backward.** Two launches.\n\nWaves: fewer.\n\n"
         "| labels | kept |\n"
     )
-    assert sections(page) == ["observe: the image confirms", "Backward", "Waves", "labels"]
-    assert on_page(page, "`observe`") and not on_page(page, "Forward")
+    found = sections(page)
+    assert found == ["observe: the image confirms", "Backward", "Waves", "labels"]
+    assert on_page(found, "`observe`") and not on_page(found, "Forward")
 
 
 def test_every_named_section_is_on_the_page_it_names():
-    skip = {".git", ".venv", "build", "node_modules"}
+    pages: dict[str, list[str]] = {}  # each named page's sections, read once
+
+    def has(page: str, name: str) -> bool:
+        if page not in pages:
+            pages[page] = sections(REPO / page) if (REPO / page).is_file() else []
+        return on_page(pages[page], name)
+
     broken = []
-    for pattern in SOURCES:
-        for path in REPO.rglob(pattern):
-            rel = path.relative_to(REPO)
-            if skip & set(rel.parts) or HISTORY in path.parents:
-                continue
-            text = path.read_text(errors="replace")
-            for page, name in section_refs(text):
-                if not (REPO / page).is_file() or not on_page(REPO / page, name):
-                    broken.append(f'{rel}: {page} "{name}"')
-            if path.suffix == ".md":
-                for name in NEARBY_REF.findall(" ".join(text.split())):
-                    if not on_page(path, name):
-                        broken.append(f'{rel}: "{name}" on the same page')
+    for rel, text in repo_files(*SOURCES).items():
+        if rel.startswith("docs/history/"):
+            continue
+        broken += [
+            f'{rel}: {page} "{name}"' for page, name in section_refs(text) if not has(page, name)
+        ]
+        if rel.endswith(".md"):
+            nearby = NEARBY_REF.findall(" ".join(text.split()))
+            broken += [f'{rel}: "{name}" on the same page' for name in nearby if not has(rel, name)]
     assert not broken, "named sections not on their page:\n" + "\n".join(sorted(set(broken)))

@@ -5,10 +5,8 @@ remove it)."""
 from __future__ import annotations
 
 import ast
-import subprocess
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.conftest import repo_files
 
 
 def module_name(rel: str) -> str:
@@ -88,20 +86,12 @@ def circles(edges: dict[str, set[str]]) -> list[set[str]]:
     return found
 
 
-def repo_files() -> dict[str, str]:
-    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.py"], cwd=REPO, capture_output=True,
-                            text=True, check=True).stdout.split()  # fmt: skip
-    return {
-        rel: (REPO / rel).read_text(encoding="utf-8") for rel in listed if (REPO / rel).is_file()
-    }
-
-
 def test_the_repository_has_no_import_circle():
-    assert [sorted(c) for c in circles(graph(repo_files()))] == []
+    assert [sorted(c) for c in circles(graph(repo_files("*.py")))] == []
 
 
 def test_the_graph_covers_the_kernels_and_the_tools():
-    edges = graph(repo_files())
+    edges = graph(repo_files("*.py"))
     assert "attnforge_kernels.launch.replay" in edges["attnforge_kernels.api.flash_attn"]
     # checks.attention imports the API inside a function
     assert "attnforge_kernels.api.flash_attn" in edges["attnforge_kernels.checks.attention"]
