@@ -65,7 +65,9 @@ def load(path: Path, date: str | None, peak: float | None = None) -> tuple[str, 
 def provenance(doc: dict) -> str:
     device = doc.get("device", "device not recorded")
     soft = ", ".join(f"{k} {doc[k]}" for k in ("torch", "triton") if doc.get(k))
-    return f"*{doc['_date']}, {device}{', ' + soft if soft else ''}; from `{doc['_file']}`.*"
+    rounds = doc.get("rounds", 1)
+    best = f"; each time the best of {rounds} rounds, every provider in turn" if rounds > 1 else ""
+    return f"*{doc['_date']}, {device}{', ' + soft if soft else ''}{best}; from `{doc['_file']}`.*"
 
 
 def fmt(value, digits: int = 1) -> str:

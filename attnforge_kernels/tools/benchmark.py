@@ -1,12 +1,16 @@
 """Benchmark: the kernels against PyTorch SDPA's flash and cuDNN backends, on one GPU, in one run.
 
 FLOPs are counted as flash-attention does (perf.md section 0): forward 4*b*h*sq*sk*d, halved when
-causal; forward+backward 3.5x that. Times are medians of ``triton.testing.do_bench``.
+causal; forward+backward 3.5x that. Times are medians of ``triton.testing.do_bench``; with
+``--rounds N`` every provider is timed in turn N times and keeps its fastest median, so that a GPU
+clock that moves during the run (minutes of full load) costs every provider alike.
 
-    python -m attnforge_kernels.bench [--quick] [--json FILE] [--variant NAME=JSON ...]
+    python -m attnforge_kernels.bench [--quick] [--json FILE] [--variant NAME=JSON ...] [--rounds N]
     python -m attnforge_kernels.bench --workloads [--layout bshd|bhsd|both] [--mode fwd|fwd+bwd]
+                                                  [--rounds N]
     python -m attnforge_kernels.bench --decode [--quick] [--splits N,N,...] [--batches N,...]
                                                [--caches N,...] [--gpu-time] [--variant NAME=JSON]
+                                               [--rounds N]
     python -m attnforge_kernels.bench --host
     python -m attnforge_kernels.bench --breakdown [--variant NAME=JSON ...] [--quick]
     python -m attnforge_kernels.bench --dispatch [--seqs N,...] [--head-dims 64,128] [--gqa 1,4,7,8]
@@ -107,21 +111,28 @@ def _providers(variants: dict):
     return provs
 
 
-def _time_each(provs: dict, time_ms, work: float) -> tuple[dict, dict, dict]:
+def _time_each(provs: dict, time_ms, work: float, rounds: int = 1):
     """``time_ms(fn)`` for every provider, and the rate ``work / ms`` (work in the rate's unit
-    times a millisecond: TFLOP/s from flops / 1e9, GB/s from bytes / 1e6): (ms, rate and error,
-    each by name). A backend that cannot run a shape gets None and its error, never fatal."""
-    times: dict = {}
-    rates: dict = {}
+    times a millisecond: TFLOP/s from flops / 1e9, GB/s from bytes / 1e6): (ms, rate, error and
+    every round's ms, each by name). A backend that cannot run a shape gets None and its error,
+    never fatal. With ``rounds`` above 1 the providers are timed in turn that many times (each
+    once, then each again) and each keeps its fastest round: a GPU whose clock moves between
+    consecutive timings then costs every provider alike (an H100 ran one fwd+bwd call, ours and
+    cuDNN's alike, 10-13% apart in alternate timings minutes into a run: docs/benchmarks.md,
+    "Run-to-run spread and rounds")."""
+    runs: dict = {name: [] for name in provs}
     errors: dict = {}
-    for name, fn in provs.items():
-        try:
-            ms = time_ms(fn)
-            times[name], rates[name] = ms, work / ms
-        except Exception as e:  # reported, not fatal
-            times[name] = rates[name] = None
-            errors[name] = f"{type(e).__name__}: {str(e)[:200]}"
-    return times, rates, errors
+    for _ in range(rounds):
+        for name, fn in provs.items():
+            if name in errors:
+                continue
+            try:
+                runs[name].append(time_ms(fn))
+            except Exception as e:  # reported, not fatal
+                errors[name] = f"{type(e).__name__}: {str(e)[:200]}"
+    times = {name: None if name in errors else min(runs[name]) for name in provs}
+    rates = {name: None if ms is None else work / ms for name, ms in times.items()}
+    return times, rates, errors, runs
 
 
 def _override_for(fn):
@@ -237,8 +248,9 @@ def _make(b, s, h, d, dtype, layout: str):
     return torch.randn(b, h, s, d, device="cuda", dtype=dtype).transpose(1, 2)
 
 
-def run_workloads(layouts, modes, variants: dict) -> dict:
-    """TFLOP/s of the workload shapes, per storage layout and mode."""
+def run_workloads(layouts, modes, variants: dict, rounds: int = 1) -> dict:
+    """TFLOP/s of the workload shapes, per storage layout and mode; each provider's best of
+    ``rounds`` interleaved timings (:func:`_time_each`)."""
     import torch
 
     torch.manual_seed(0)
@@ -253,13 +265,15 @@ def run_workloads(layouts, modes, variants: dict) -> dict:
                 _make(b, n, heads, d, dt, layout) for n, heads in ((sq, h), (sk, hkv), (sk, hkv))
             )
             for mode in modes:
-                times, rates, errors = _time_each(
+                times, rates, errors, runs = _time_each(
                     provs,
                     lambda fn, a=(q, k, v, sh["causal"], mode): _time(fn, *a),
                     workload_flops(sh, mode) / 1e9,
+                    rounds,
                 )
                 row = {"name": sh["name"], "layout": layout, "mode": mode, "tflops": rates,
-                       "ms": times, **({"errors": errors} if errors else {})}  # fmt: skip
+                       "ms": times, **({"ms_rounds": runs} if rounds > 1 else {}),
+                       **({"errors": errors} if errors else {})}  # fmt: skip
                 rows.append(row)
                 cells = " ".join(
                     f"{n}={t:7.1f}" if t is not None else f"{n}=   n/a"
@@ -267,7 +281,7 @@ def run_workloads(layouts, modes, variants: dict) -> dict:
                 )
                 print(f"{sh['name']:40s} {layout} {mode:8s} {cells}", flush=True)
             del q, k, v
-    return {"workload_rows": rows}
+    return {"workload_rows": rows, "rounds": rounds}
 
 
 def workload_table(result) -> str:
@@ -338,12 +352,12 @@ def _decode_providers(splits=(), variants=None):
 
 def run_decode(
     batches=DECODE_BATCHES, caches=DECODE_CACHES, splits=(), gpu_time: bool = False,
-    variants=None,
+    variants=None, rounds: int = 1,
 ) -> dict:  # fmt: skip
     """Microseconds per decoding step and the K/V read rate (GB/s), per batch and cache length:
     medians of ``do_bench`` (with the host's launch gaps), or with ``gpu_time`` the GPU's time
     alone (:func:`attnforge_kernels.tools.timing.graph_ms`); ours also under each config override
-    of ``variants``."""
+    of ``variants``; each provider's best of ``rounds`` interleaved timings (:func:`_time_each`)."""
     import torch
     from triton.testing import do_bench
 
@@ -367,10 +381,11 @@ def run_decode(
                         return graph_ms(lambda: fn(*a))
                     return do_bench(lambda: fn(*a), warmup=25, rep=100, return_mode="median")
 
-            times, rates, errors = _time_each(provs, step_ms, kv_bytes / 1e6)
+            times, rates, errors, runs = _time_each(provs, step_ms, kv_bytes / 1e6, rounds)
             row = {"batch": b, "cache": s,
                    "us": {n: None if ms is None else ms * 1e3 for n, ms in times.items()},
-                   "gbps": rates, **({"errors": errors} if errors else {})}  # fmt: skip
+                   "gbps": rates, **({"ms_rounds": runs} if rounds > 1 else {}),
+                   **({"errors": errors} if errors else {})}  # fmt: skip
             rows.append(row)
             cells = " ".join(
                 f"{n}={t:8.1f}us" if t is not None else f"{n}=     n/a"
@@ -379,7 +394,12 @@ def run_decode(
             print(f"decode b={b:3d} cache={s:6d} {cells}", flush=True)
             del q, kc, vc, step_ms  # step_ms holds the cache too: free it before the next
             torch.cuda.empty_cache()
-    return {"decode_rows": rows, "heads": list(DECODE_HEADS), "gpu_time": gpu_time}
+    return {
+        "decode_rows": rows,
+        "heads": list(DECODE_HEADS),
+        "gpu_time": gpu_time,
+        "rounds": rounds,
+    }
 
 
 def decode_table(result) -> str:
@@ -564,7 +584,7 @@ def breakdown_text(result: dict, shape, causal: bool) -> str:
     return "\n".join(lines)
 
 
-def run(shapes, variants: dict, memory: bool = True) -> dict:
+def run(shapes, variants: dict, memory: bool = True, rounds: int = 1) -> dict:
     import torch
 
     torch.manual_seed(0)
@@ -572,17 +592,19 @@ def run(shapes, variants: dict, memory: bool = True) -> dict:
     rows = []
     for b, h, s, d, causal, mode in shapes:
         q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        times, rates, errors = _time_each(
+        times, rates, errors, runs = _time_each(
             provs,
             lambda fn, a=(q, k, v, causal, mode): _time(fn, *a),
             flops(b, h, s, d, causal, mode) / 1e9,
+            rounds,
         )
         row = {"shape": [b, h, s, d], "causal": causal, "mode": mode, "tflops": rates,
-               "ms": times, **({"errors": errors} if errors else {})}  # fmt: skip
+               "ms": times, **({"ms_rounds": runs} if rounds > 1 else {}),
+               **({"errors": errors} if errors else {})}  # fmt: skip
         rows.append(row)
         print(_fmt_row(row), flush=True)
         del q, k, v
-    result = {"rows": rows}
+    result = {"rows": rows, "rounds": rounds}
     if memory:
         mem = {}
         for name in ("ours", "sdpa-flash", "sdpa-cudnn"):
@@ -717,6 +739,14 @@ def _parser() -> argparse.ArgumentParser:
         help="back-to-back time per call: a tiny forward, a batch-1 decoding step (and with an "
         "appended key)",
     )
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="the sweep, --workloads and --decode: time the providers in turn this many times "
+        "and keep each one's fastest (default 1), so that a GPU clock that moves during the run "
+        "costs every provider alike",
+    )
     _add_dispatch(ap)
     ap.add_argument(
         "--prefill",
@@ -773,7 +803,7 @@ def _decode(args, variants: dict) -> int:
     if args.caches:
         sizes["caches"] = args.caches
     return _report(run_decode(splits=args.splits, gpu_time=args.gpu_time, variants=variants,
-                              **sizes), args, decode_table)  # fmt: skip
+                              rounds=args.rounds, **sizes), args, decode_table)  # fmt: skip
 
 
 def _dispatch_selection(ap: argparse.ArgumentParser, args) -> dict:
@@ -801,6 +831,13 @@ def main(argv=None) -> int:
     ap = _parser()
     args = ap.parse_args(argv)
     sweep = _dispatch_selection(ap, args)
+    if args.rounds < 1:
+        ap.error("--rounds: 1 or more")
+    if args.rounds > 1 and (args.host or args.dispatch or args.prefill):
+        ap.error(
+            "--rounds times the sweep, --workloads and --decode (not --host, --dispatch "
+            "or --prefill)"
+        )
     import torch
 
     if not torch.cuda.is_available():
@@ -823,7 +860,7 @@ def main(argv=None) -> int:
     if args.workloads:
         layouts = ("bshd", "bhsd") if args.layout == "both" else (args.layout,)
         modes = (args.mode,) if args.mode else ("fwd", "fwd+bwd")
-        return _report(run_workloads(layouts, modes, variants), args, workload_table)
+        return _report(run_workloads(layouts, modes, variants, args.rounds), args, workload_table)
     parts = {}
     if args.breakdown:
         for causal in (False, True):
@@ -832,7 +869,7 @@ def main(argv=None) -> int:
     shapes = QUICK if args.quick else SHAPES
     if args.mode:
         shapes = [s for s in shapes if s[5] == args.mode]
-    result = run(shapes, variants, memory=not args.no_memory)
+    result = run(shapes, variants, memory=not args.no_memory, rounds=args.rounds)
     if parts:
         result["breakdown"] = {"shape": list(BREAKDOWN_SHAPE), **parts}
     return _report(result, args, table)

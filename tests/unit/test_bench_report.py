@@ -283,3 +283,48 @@ def test_a_failure_on_the_way_leaves_the_last_tables_plots_and_page_as_they_were
     for p in out.iterdir():
         assert p.read_text() == f"the last good {p.name}"
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+# per workload row with --rounds 3: ours, ours[triton], SDPA-flash, SDPA-cuDNN in turn, three
+# times; cuDNN refuses in the second round and is not timed in the third (11 calls a row)
+ROUNDS_SCRIPT = [2.0, 2.0, 2.0, 2.0, 1.0, 3.0, 1.5, REFUSED, 1.5, 1.0, 4.0]
+
+
+def test_with_rounds_each_provider_is_timed_in_turn_and_keeps_its_fastest_round(
+    tmp_path, monkeypatch
+):
+    argv = ["--workloads", "--layout", "bshd", "--mode", "fwd", "--variant", TRITON]
+    doc = run_bench(monkeypatch, tmp_path, [*argv, "--rounds", "3"], ROUNDS_SCRIPT)
+    assert doc["rounds"] == 3 and len(doc["workload_rows"]) == 14
+    for row in doc["workload_rows"]:  # the script's order holds only if the turns interleave
+        assert row["ms"] == {
+            "ours": 1.0,
+            "ours[triton]": 1.0,
+            "sdpa-flash": 1.5,
+            "sdpa-cudnn": None,
+        }
+        assert row["ms_rounds"] == {"ours": [2.0, 1.0, 1.5], "ours[triton]": [2.0, 3.0, 1.0],
+                                    "sdpa-flash": [2.0, 1.5, 4.0], "sdpa-cudnn": [2.0]}  # fmt: skip
+        assert "No available kernel" in row["errors"]["sdpa-cudnn"]
+    text = bench_report.workload_tables({**doc, "_date": "2026-12-07", "_file": "w.json"})
+    assert "each time the best of 3 rounds, every provider in turn; from `w.json`" in text
+    once = run_bench(monkeypatch, tmp_path, argv, [1.0, 1.25, 1.5, 0.8])
+    assert once["rounds"] == 1 and "ms_rounds" not in once["workload_rows"][0]
+    assert once["workload_rows"][0]["ms"]["ours[triton]"] == 1.25
+    assert "best of" not in bench_report.workload_tables({**once, "_date": "d", "_file": "f"})
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--rounds", "0"], "--rounds: 1 or more"),
+        (["--host", "--rounds", "2"], "--rounds times the sweep, --workloads and --decode"),
+        (["--dispatch", "--rounds", "3"], "--rounds times the sweep, --workloads and --decode"),
+    ],
+)
+def test_bad_rounds_are_refused_before_anything_runs(argv, said, capsys):
+    from attnforge_kernels.tools import benchmark
+
+    with pytest.raises(SystemExit) as done:
+        benchmark.main(argv)
+    assert done.value.code == 2 and said in capsys.readouterr().err
