@@ -197,3 +197,63 @@ def test_every_named_section_is_on_the_page_it_names():
             nearby = NEARBY_REF.findall(" ".join(text.split()))
             broken += [f'{rel}: "{name}" on the same page' for name in nearby if not has(rel, name)]
     assert not broken, "named sections not on their page:\n" + "\n".join(sorted(set(broken)))
+
+
+# The kernels' commands the pages show, by module, and where their argument parser is: a page that
+# shows a flag the command no longer takes (or a value it refuses) fails here, not in a reader's
+# hands on a GPU machine.
+COMMANDS = {
+    "attnforge_kernels.bench": "attnforge_kernels.tools.benchmark",
+    "attnforge_kernels.aot": "attnforge_kernels.tools.compile_check",
+}
+COMMAND = re.compile(r"^(?:python3? -m |\S*python3? -m )(attnforge_kernels\.(?:bench|aot))(?=\s|$)")
+
+
+def shown_commands(text: str) -> list[str]:
+    """The commands a page shows: each line of a fenced block (``\\`` continuations joined) and
+    each inline code span (wrapped over lines), as written; not the module's bare name, nor a
+    synopsis (``[--arch ...]``, ``a | b``, ``...``)."""
+    fenced = re.compile(r"^```[^\n]*\n(.*?)^```", re.M | re.S)
+    found = [
+        line.strip()
+        for block in fenced.findall(text)
+        for line in block.replace("\\\n", " ").splitlines()
+    ]
+    found += [" ".join(s.split()) for s in re.findall(r"`([^`]+)`", fenced.sub("", text))]
+    synopsis = re.compile(r"\[|\s\|\s|\.\.\.")
+    return [c for c in found if COMMAND.match(c) and len(c.split()) > 3 and not synopsis.search(c)]
+
+
+def test_the_command_reader_finds_fenced_wrapped_and_inline_commands():
+    text = (
+        "Run `python -m attnforge_kernels.bench --workloads\n--rounds 3` or:\n\n```\n"
+        "python -m attnforge_kernels.aot --arch gfx942 \\\n    --head-dims 64\nls\n```\n"
+        "and `python -m attnforge_kernels.benchmark` is another module; "
+        "`python -m attnforge_kernels.aot` a name; `python -m attnforge_kernels.aot --arch X "
+        "[--arch Y ...] | --all` and `python -m attnforge_kernels.bench --variant ...` synopses."
+    )
+    assert shown_commands(text) == [
+        "python -m attnforge_kernels.aot --arch gfx942      --head-dims 64",
+        "python -m attnforge_kernels.bench --workloads --rounds 3",
+    ]
+
+
+@pytest.mark.parametrize("page", USER_PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_kernels_command_a_page_shows_parses(page: Path):
+    import importlib
+    import shlex
+
+    bad = []
+    for command in shown_commands(page.read_text()):
+        module = importlib.import_module(COMMANDS[COMMAND.match(command).group(1)])
+        parser = module._parser()
+
+        def refuse(message, command=command):
+            raise ValueError(f"{command}: {message}")
+
+        parser.error = refuse
+        try:
+            parser.parse_args(shlex.split(command)[3:])
+        except ValueError as e:
+            bad.append(str(e))
+    assert not bad, "\n".join(bad)
