@@ -113,9 +113,10 @@ def _providers(variants: dict):
 
 def _time_each(provs: dict, time_ms, work: float, rounds: int = 1):
     """``time_ms(fn)`` for every provider, and the rate ``work / ms`` (work in the rate's unit
-    times a millisecond: TFLOP/s from flops / 1e9, GB/s from bytes / 1e6): (ms, rate, error and
-    every round's ms, each by name). A backend that cannot run a shape gets None and its error,
-    never fatal. With ``rounds`` above 1 the providers are timed in turn that many times (each
+    times a millisecond: TFLOP/s from flops / 1e9, GB/s from bytes / 1e6): (ms and rate, each by
+    name, and what a row adds: ``ms_rounds``, every round's ms, with ``rounds`` above 1, and
+    ``errors`` where a provider failed). A backend that cannot run a shape gets None and its
+    error, never fatal. With ``rounds`` above 1 the providers are timed in turn that many times (each
     once, then each again) and each keeps its fastest round: a GPU whose clock moves between
     consecutive timings then costs every provider alike (an H100 ran one fwd+bwd call, ours and
     cuDNN's alike, 10-13% apart in alternate timings minutes into a run: docs/benchmarks.md,
@@ -132,7 +133,8 @@ def _time_each(provs: dict, time_ms, work: float, rounds: int = 1):
                 errors[name] = f"{type(e).__name__}: {str(e)[:200]}"
     times = {name: None if name in errors else min(runs[name]) for name in provs}
     rates = {name: None if ms is None else work / ms for name, ms in times.items()}
-    return times, rates, errors, runs
+    notes = {"ms_rounds": runs} if rounds > 1 else {}
+    return times, rates, {**notes, "errors": errors} if errors else notes
 
 
 def _override_for(fn):
@@ -265,15 +267,14 @@ def run_workloads(layouts, modes, variants: dict, rounds: int = 1) -> dict:
                 _make(b, n, heads, d, dt, layout) for n, heads in ((sq, h), (sk, hkv), (sk, hkv))
             )
             for mode in modes:
-                times, rates, errors, runs = _time_each(
+                times, rates, notes = _time_each(
                     provs,
                     lambda fn, a=(q, k, v, sh["causal"], mode): _time(fn, *a),
                     workload_flops(sh, mode) / 1e9,
                     rounds,
                 )
                 row = {"name": sh["name"], "layout": layout, "mode": mode, "tflops": rates,
-                       "ms": times, **({"ms_rounds": runs} if rounds > 1 else {}),
-                       **({"errors": errors} if errors else {})}  # fmt: skip
+                       "ms": times, **notes}  # fmt: skip
                 rows.append(row)
                 cells = " ".join(
                     f"{n}={t:7.1f}" if t is not None else f"{n}=   n/a"
@@ -381,11 +382,10 @@ def run_decode(
                         return graph_ms(lambda: fn(*a))
                     return do_bench(lambda: fn(*a), warmup=25, rep=100, return_mode="median")
 
-            times, rates, errors, runs = _time_each(provs, step_ms, kv_bytes / 1e6, rounds)
+            times, rates, notes = _time_each(provs, step_ms, kv_bytes / 1e6, rounds)
             row = {"batch": b, "cache": s,
                    "us": {n: None if ms is None else ms * 1e3 for n, ms in times.items()},
-                   "gbps": rates, **({"ms_rounds": runs} if rounds > 1 else {}),
-                   **({"errors": errors} if errors else {})}  # fmt: skip
+                   "gbps": rates, **notes}  # fmt: skip
             rows.append(row)
             cells = " ".join(
                 f"{n}={t:8.1f}us" if t is not None else f"{n}=     n/a"
@@ -592,15 +592,14 @@ def run(shapes, variants: dict, memory: bool = True, rounds: int = 1) -> dict:
     rows = []
     for b, h, s, d, causal, mode in shapes:
         q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        times, rates, errors, runs = _time_each(
+        times, rates, notes = _time_each(
             provs,
             lambda fn, a=(q, k, v, causal, mode): _time(fn, *a),
             flops(b, h, s, d, causal, mode) / 1e9,
             rounds,
         )
         row = {"shape": [b, h, s, d], "causal": causal, "mode": mode, "tflops": rates,
-               "ms": times, **({"ms_rounds": runs} if rounds > 1 else {}),
-               **({"errors": errors} if errors else {})}  # fmt: skip
+               "ms": times, **notes}  # fmt: skip
         rows.append(row)
         print(_fmt_row(row), flush=True)
         del q, k, v
