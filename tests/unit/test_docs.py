@@ -223,7 +223,14 @@ def shown_commands(text: str) -> list[str]:
     ]
     found += [" ".join(s.split()) for s in re.findall(r"`([^`]+)`", fenced.sub("", text))]
     synopsis = re.compile(r"\[|\s\|\s|\.\.\.")
-    return [c for c in found if COMMAND.match(c) and len(c.split()) > 3 and not synopsis.search(c)]
+    quoted = re.compile(r"'[^']*'|\"[^\"]*\"")  # a JSON override's lists are not a synopsis
+
+    def command(c: str) -> bool:
+        return (
+            bool(COMMAND.match(c)) and len(c.split()) > 3 and not synopsis.search(quoted.sub("", c))
+        )
+
+    return [c for c in found if command(c)]
 
 
 def test_the_command_reader_finds_fenced_wrapped_and_inline_commands():
@@ -232,11 +239,14 @@ def test_the_command_reader_finds_fenced_wrapped_and_inline_commands():
         "python -m attnforge_kernels.aot --arch gfx942 \\\n    --head-dims 64\nls\n```\n"
         "and `python -m attnforge_kernels.benchmark` is another module; "
         "`python -m attnforge_kernels.aot` a name; `python -m attnforge_kernels.aot --arch X "
-        "[--arch Y ...] | --all` and `python -m attnforge_kernels.bench --variant ...` synopses."
+        "[--arch Y ...] | --all` and `python -m attnforge_kernels.bench --variant ...` synopses; "
+        "`python -m attnforge_kernels.bench --decode\n--variant 's4={\"kv_decode\": [16, 128, 4, 4]}'`"
+        " a command with a JSON list."
     )
     assert shown_commands(text) == [
         "python -m attnforge_kernels.aot --arch gfx942      --head-dims 64",
         "python -m attnforge_kernels.bench --workloads --rounds 3",
+        "python -m attnforge_kernels.bench --decode --variant 's4={\"kv_decode\": [16, 128, 4, 4]}'",
     ]
 
 
